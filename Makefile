@@ -1,0 +1,50 @@
+# ferry — the front door. Every target sets up what it needs on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+DEPS_STAMP := $(VENV)/.stamp-deps
+PROTO_STAMP := ferry/v1/.stamp-proto
+PROTOS := $(wildcard proto/ferry/v1/*.proto)
+# Extra pytest arguments, e.g. make test PYTEST_ARGS="-k namesrv -x"
+PYTEST_ARGS ?=
+# Where `make run` keeps its data.
+DATA_DIR ?= var
+
+.PHONY: help venv proto test run lint bench clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+
+venv: $(DEPS_STAMP)  ## create .venv with ferry and its development tools
+
+$(DEPS_STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+proto: $(PROTO_STAMP)  ## generate ferry/v1 from proto/ (python, grpc and typing stubs)
+
+$(PROTO_STAMP): $(PROTOS) $(DEPS_STAMP)
+	rm -f ferry/v1/*_pb2*.py ferry/v1/*_pb2*.pyi
+	PATH="$(abspath $(BIN)):$$PATH" $(PY) -m grpc_tools.protoc -I proto \
+		--python_out=. --grpc_python_out=. --mypy_out=. --mypy_grpc_out=. $(PROTOS)
+	touch $@
+
+test: $(PROTO_STAMP)  ## run the whole test suite (what CI runs)
+	$(BIN)/pytest -n 2 --dist loadfile $(PYTEST_ARGS)
+
+run: $(PROTO_STAMP)  ## start a local ferry on loopback until Ctrl-C (data in ./var)
+	$(BIN)/ferry dev --data-dir $(DATA_DIR)
+
+lint: $(PROTO_STAMP)  ## ruff over the code
+	$(BIN)/ruff check ferry services tests benchmarks
+	$(BIN)/ruff format --check ferry services tests benchmarks
+
+bench: $(PROTO_STAMP)  ## run the benchmarks and append the figures to BENCHMARKS.md
+	$(PY) -m benchmarks --out BENCHMARKS.md
+
+clean:  ## remove the venv, generated code and caches (not ./var)
+	rm -rf $(VENV) ferry/v1/*_pb2*.py ferry/v1/*_pb2*.pyi $(PROTO_STAMP) .pytest_cache .ruff_cache *.egg-info

@@ -1,0 +1,57 @@
+"""The `ferry` command: run ferry's processes and talk to a running cluster."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import grpc
+
+from ferry.cli import dev, namesrv_cmds
+from ferry.client.namesrv import NoNameServerAnswered
+from ferry.runtime.errors import FerryError
+from services.namesrv import cli as namesrv_cli
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ferry",
+        description="ferry: a RocketMQ-style replicated message broker. "
+        "Run `ferry COMMAND --help` for each command's options.",
+        epilog="Exit status: 0 ok, 1 the server refused or found nothing, 2 bad usage, 3 no server answered.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("namesrv", help="run a name server", description="Run a name server until SIGTERM/Ctrl-C.")
+    namesrv_cli.add_arguments(p)
+    p.set_defaults(func=namesrv_cli.run)
+
+    namesrv_cmds.add_commands(sub)
+    dev.add_command(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except NoNameServerAnswered as exc:
+        print(f"ferry: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except grpc.RpcError as exc:
+        print(f"ferry: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return EXIT_UNREACHABLE if exc.code() == grpc.StatusCode.UNAVAILABLE else EXIT_ERROR
+    except FerryError as exc:
+        print(f"ferry: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

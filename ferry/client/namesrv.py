@@ -1,0 +1,108 @@
+"""A blocking name-server client that fails over between name servers.
+
+Name servers do not talk to each other and each holds the full registry, so a
+read can go to any of them: the client tries them in order and moves on when
+one does not answer (UNAVAILABLE or a deadline). Any other error is the
+server's answer and is raised as is.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+
+from ferry.model import check_addr
+from ferry.runtime.errors import InvalidArgument
+from ferry.v1 import common_pb2, namesrv_pb2, namesrv_pb2_grpc
+
+ENV_VAR = "FERRY_NAMESRV_ADDR"
+DEFAULT_ADDR = "127.0.0.1:9876"
+_UNANSWERED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+class NoNameServerAnswered(Exception):
+    """None of the name servers could be reached."""
+
+    def __init__(self, failures: Sequence[tuple[str, str]]) -> None:
+        tried = "; ".join(f"{addr}: {why}" for addr, why in failures)
+        super().__init__(
+            f"no name server answered (tried {tried}). Is one running? "
+            f"Name them with -n 'host:port;host:port' or {ENV_VAR}."
+        )
+        self.failures = list(failures)
+
+
+def parse_addrs(text: str | None) -> list[str]:
+    """`"host:port;host:port"` (RocketMQ's namesrvAddr form; commas accepted too)."""
+    raw = text if text else os.environ.get(ENV_VAR) or DEFAULT_ADDR
+    addrs = [a.strip() for a in raw.replace(",", ";").split(";") if a.strip()]
+    if not addrs:
+        raise InvalidArgument("namesrv", f"{raw!r} names no name server; expected host:port;host:port")
+    for addr in addrs:
+        check_addr(addr, "namesrv")
+    return addrs
+
+
+class NamesrvClient:
+    def __init__(self, addrs: Sequence[str], timeout_s: float = 3.0, max_message_bytes: int = 64 * 1024 * 1024) -> None:
+        if not addrs:
+            raise ValueError("at least one name server address is needed")
+        self.addrs = list(addrs)
+        self.timeout_s = timeout_s
+        options = [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ]
+        self._channels = {a: grpc.insecure_channel(a, options=options) for a in self.addrs}
+        self._stubs = {a: namesrv_pb2_grpc.NameServerStub(c) for a, c in self._channels.items()}
+
+    def close(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
+
+    def __enter__(self) -> NamesrvClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def call(self, method: str, request: Any) -> Any:
+        """Call `method` on the first name server that answers."""
+        failures = []
+        for addr in self.addrs:
+            try:
+                return getattr(self._stubs[addr], method)(request, timeout=self.timeout_s)
+            except grpc.RpcError as exc:
+                if exc.code() not in _UNANSWERED:
+                    raise
+                failures.append((addr, _short(exc)))
+        raise NoNameServerAnswered(failures)
+
+    def call_each(self, method: str, request: Any) -> dict[str, Any]:
+        """Call `method` on every name server: addr -> response or the RpcError."""
+        results: dict[str, Any] = {}
+        for addr in self.addrs:
+            try:
+                results[addr] = getattr(self._stubs[addr], method)(request, timeout=self.timeout_s)
+            except grpc.RpcError as exc:
+                results[addr] = exc
+        return results
+
+    def route(self, topic: str) -> common_pb2.TopicRouteData:
+        return self.call("GetRouteInfoByTopic", namesrv_pb2.GetRouteInfoByTopicRequest(topic=topic))
+
+    def cluster_info(self) -> namesrv_pb2.ClusterInfo:
+        return self.call("GetBrokerClusterInfo", namesrv_pb2.GetBrokerClusterInfoRequest())
+
+    def topics(self) -> list[str]:
+        return list(self.call("GetAllTopicList", namesrv_pb2.GetAllTopicListRequest()).topic_list)
+
+
+def _short(exc: grpc.RpcError) -> str:
+    details = exc.details() or ""
+    if "Connection refused" in details or "connection refused" in details:
+        return "connection refused"
+    return f"{exc.code().name}: {details[:120]}"

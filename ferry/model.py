@@ -1,0 +1,114 @@
+"""Domain types and validation shared by the name server and brokers.
+
+No gRPC and no generated code here: `convert.py` beside each servicer maps
+between these and the `ferry.v1` messages.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ferry.runtime.errors import InvalidArgument
+
+# RocketMQ PermName bits.
+PERM_PRIORITY = 8
+PERM_READ = 4
+PERM_WRITE = 2
+PERM_INHERIT = 1
+PERM_READ_WRITE = PERM_READ | PERM_WRITE
+
+MASTER_ID = 0
+MAX_QUEUE_NUMS = 65536
+TOPIC_MAX_LENGTH = 127
+NAME_MAX_LENGTH = 255
+
+TOPIC_PATTERN = re.compile(r"[%|a-zA-Z0-9_-]+")
+NAME_PATTERN = re.compile(r"[%|a-zA-Z0-9_.:-]+")
+HOST_PATTERN = re.compile(r"[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\]")
+
+BROKER_ROLES = ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
+
+
+@dataclass(frozen=True, slots=True)
+class DataVersion:
+    """Version of a metadata table; equality compares all three fields."""
+
+    timestamp: int = 0
+    counter: int = 0
+    state_version: int = 0
+
+    def next(self, now_ms: int) -> DataVersion:
+        return DataVersion(now_ms, self.counter + 1, self.state_version)
+
+
+def perm_to_string(perm: int) -> str:
+    return ("R" if perm & PERM_READ else "-") + ("W" if perm & PERM_WRITE else "-") + (
+        "X" if perm & PERM_INHERIT else "-"
+    )
+
+
+def check_topic(topic: str, field: str = "topic") -> str:
+    if not topic:
+        raise InvalidArgument(field, "must not be empty")
+    if len(topic) > TOPIC_MAX_LENGTH:
+        raise InvalidArgument(field, f"{topic[:40]!r}... is {len(topic)} characters; the limit is {TOPIC_MAX_LENGTH}")
+    if not TOPIC_PATTERN.fullmatch(topic):
+        raise InvalidArgument(field, f"{topic!r} has characters outside [%|a-zA-Z0-9_-]")
+    return topic
+
+
+def check_name(value: str, field: str) -> str:
+    """A cluster, broker-group, consumer-group or KV name."""
+    if not value:
+        raise InvalidArgument(field, "must not be empty")
+    if len(value) > NAME_MAX_LENGTH:
+        raise InvalidArgument(field, f"is {len(value)} characters; the limit is {NAME_MAX_LENGTH}")
+    if not NAME_PATTERN.fullmatch(value):
+        raise InvalidArgument(field, f"{value!r} has characters outside [%|a-zA-Z0-9_.:-]")
+    return value
+
+
+def check_addr(value: str, field: str, required: bool = True) -> str:
+    """A `host:port` address (IPv6 hosts in brackets); empty allowed when not required."""
+    if not value:
+        if required:
+            raise InvalidArgument(field, "must not be empty; expected host:port")
+        return value
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not HOST_PATTERN.fullmatch(host) or len(value) > NAME_MAX_LENGTH:
+        raise InvalidArgument(field, f"{value!r} is not host:port")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidArgument(field, f"{value!r} has no valid port (1-65535)")
+    return value
+
+
+def check_broker_id(broker_id: int, field: str = "broker_id") -> int:
+    if broker_id < 0:
+        raise InvalidArgument(field, f"{broker_id} is negative; 0 is the master, > 0 a slave")
+    return broker_id
+
+
+def check_role(role: str, broker_id: int) -> str:
+    """An optional brokerRole, consistent with the id (master 0, slave > 0)."""
+    if not role:
+        return role
+    if role not in BROKER_ROLES:
+        raise InvalidArgument("broker_role", f"{role!r} is not one of {', '.join(BROKER_ROLES)}")
+    if role == "SLAVE" and broker_id == MASTER_ID:
+        raise InvalidArgument("broker_id", "a SLAVE must have broker_id > 0")
+    if role != "SLAVE" and broker_id != MASTER_ID:
+        raise InvalidArgument("broker_id", f"a {role} must have broker_id 0, not {broker_id}")
+    return role
+
+
+def check_queue_nums(value: int, field: str) -> int:
+    if value < 0 or value > MAX_QUEUE_NUMS:
+        raise InvalidArgument(field, f"{value} is outside 0..{MAX_QUEUE_NUMS}")
+    return value
+
+
+def check_perm(value: int, field: str = "perm") -> int:
+    if value < 0 or value > 15:
+        raise InvalidArgument(field, f"{value} is outside 0..15 (READ=4, WRITE=2, INHERIT=1, PRIORITY=8)")
+    return value

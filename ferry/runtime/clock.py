@@ -1,0 +1,55 @@
+"""Injectable clocks.
+
+`wall()` is for timestamps users see (epoch seconds); `monotonic()` is for
+intervals, deadlines and expiry. Components take a `Clock` so tests advance a
+`FakeClock` instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+
+class Clock(Protocol):
+    def wall(self) -> float: ...
+
+    def wall_ms(self) -> int: ...
+
+    def monotonic(self) -> float: ...
+
+
+class SystemClock:
+    """The real clocks of this machine."""
+
+    def wall(self) -> float:
+        return time.time()
+
+    def wall_ms(self) -> int:
+        return time.time_ns() // 1_000_000
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+
+class FakeClock:
+    """A clock that only moves when told to; both readings advance together."""
+
+    def __init__(self, wall: float = 1_700_000_000.0, monotonic: float = 1_000.0) -> None:
+        self._wall = wall
+        self._monotonic = monotonic
+
+    def wall(self) -> float:
+        return self._wall
+
+    def wall_ms(self) -> int:
+        return int(self._wall * 1000)
+
+    def monotonic(self) -> float:
+        return self._monotonic
+
+    def advance(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError("a clock does not go backwards")
+        self._wall += seconds
+        self._monotonic += seconds

@@ -1,0 +1,134 @@
+"""The gRPC server runtime shared by every ferry process.
+
+`GrpcServer` builds a `grpc.aio` server with ferry's options (no SO_REUSEPORT,
+explicit message-size limits, keepalive that notices dead peers), registers the
+health service and server reflection for every service, and owns the health
+state: NOT_SERVING until the process calls `set_serving()`, NOT_SERVING again
+as soon as `stop()` begins, then a graceful stop.
+
+`run_until_signalled` runs an app until SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+@dataclass(frozen=True)
+class Service:
+    """One servicer and how to add it: `add(servicer, server)` and its full name."""
+
+    name: str
+    servicer: Any
+    add: Callable[[Any, grpc.aio.Server], None]
+
+
+def server_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    return [
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        # Ping idle connections so a peer that vanished without a FIN is noticed.
+        ("grpc.keepalive_time_ms", 10_000),
+        ("grpc.keepalive_timeout_ms", 5_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+        ("grpc.http2.max_ping_strikes", 0),
+    ]
+
+
+class GrpcServer:
+    def __init__(
+        self,
+        services: Sequence[Service],
+        host: str,
+        port: int,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        self._services = list(services)
+        self._host = host
+        self._requested_port = port
+        self._max_message_bytes = max_message_bytes
+        self._server: grpc.aio.Server | None = None
+        self._health = HealthServicer()
+        self.port = 0
+
+    @property
+    def health(self) -> HealthServicer:
+        return self._health
+
+    async def start(self) -> int:
+        """Bind and start; health stays NOT_SERVING. Returns the bound port."""
+        server = grpc.aio.server(options=server_options(self._max_message_bytes))
+        for service in self._services:
+            service.add(service.servicer, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        names = [s.name for s in self._services]
+        reflection.enable_server_reflection(
+            [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+            server,
+        )
+        await self._set_all(NOT_SERVING)
+        address = f"{self._host}:{self._requested_port}"
+        try:
+            self.port = server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise OSError(f"cannot listen on {address}: {exc} (is the port in use?)") from None
+        if self.port == 0:
+            raise OSError(f"cannot listen on {address} (is the port in use?)")
+        await server.start()
+        self._server = server
+        log.info("gRPC listening on %s:%d (%s)", self._host, self.port, ", ".join(names))
+        return self.port
+
+    async def set_serving(self) -> None:
+        await self._set_all(SERVING)
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Report NOT_SERVING, let calls in flight finish for `grace_s`, then stop."""
+        await self._set_all(NOT_SERVING)
+        if self._server is not None:
+            await self._server.stop(grace_s)
+            self._server = None
+
+    async def _set_all(self, status: int) -> None:
+        await self._health.set("", status)
+        for service in self._services:
+            await self._health.set(service.name, status)
+
+
+def install_stop_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+
+async def run_until_signalled(
+    start: Callable[[], Awaitable[None]], stop: Callable[[], Awaitable[None]]
+) -> None:
+    """Start an app, wait for SIGTERM/SIGINT, then stop it."""
+    stopping = asyncio.Event()
+    install_stop_signals(stopping)
+    await start()
+    try:
+        await stopping.wait()
+        log.info("signal received; stopping")
+    finally:
+        await stop()

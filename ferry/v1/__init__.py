@@ -1,0 +1,1 @@
+"""Generated protobuf and gRPC code for the `ferry.v1` API (`make proto` writes it)."""

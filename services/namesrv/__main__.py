@@ -1,0 +1,5 @@
+import sys
+
+from services.namesrv.cli import main
+
+sys.exit(main())

@@ -1,0 +1,110 @@
+"""Composition root of the name server: builds the clock, KV store, route
+table, metrics, servicer and gRPC server, and owns the start/stop order and
+the housekeeping task (the only background task; it expires brokers)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from ferry.runtime.clock import Clock, SystemClock
+from ferry.runtime.files import atomic_write_bytes
+from ferry.runtime.metrics_http import MetricsEndpoint, start_metrics_endpoint
+from ferry.runtime.server import DEFAULT_MAX_MESSAGE_BYTES, GrpcServer, Service
+from ferry.v1 import namesrv_pb2, namesrv_pb2_grpc
+from services.namesrv.kvconfig import FILE_NAME, KVConfigStore
+from services.namesrv.metrics import NamesrvMetrics
+from services.namesrv.routes import DEFAULT_HEARTBEAT_TIMEOUT_S, RouteTable
+from services.namesrv.servicer import NameServerServicer
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = namesrv_pb2.DESCRIPTOR.services_by_name["NameServer"].full_name
+
+
+@dataclass(frozen=True)
+class NamesrvConfig:
+    host: str = "0.0.0.0"
+    port: int = 9876
+    metrics_port: int = 9877  # -1: no metrics endpoint
+    home: Path = field(default_factory=lambda: Path.home() / "ferry" / "namesrv")
+    heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
+    scan_interval_s: float = 5.0
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    grace_s: float = 5.0
+    port_file: Path | None = None  # written with the bound ports once serving
+
+
+class NamesrvApp:
+    def __init__(self, config: NamesrvConfig, clock: Clock | None = None, registry: CollectorRegistry | None = None) -> None:
+        self.config = config
+        self.clock = clock or SystemClock()
+        self.registry = registry or CollectorRegistry()
+        self.kv = KVConfigStore(Path(config.home) / FILE_NAME)
+        self.routes = RouteTable(self.clock, config.heartbeat_timeout_s)
+        self.metrics = NamesrvMetrics(self.registry, self.routes)
+        self.servicer = NameServerServicer(self.routes, self.kv, self.metrics, self.clock)
+        self.server = GrpcServer(
+            [Service(SERVICE_NAME, self.servicer, namesrv_pb2_grpc.add_NameServerServicer_to_server)],
+            config.host,
+            config.port,
+            config.max_message_bytes,
+        )
+        self._metrics_endpoint: MetricsEndpoint | None = None
+        self._housekeeping: asyncio.Task | None = None
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    @property
+    def metrics_port(self) -> int:
+        return self._metrics_endpoint.port if self._metrics_endpoint else -1
+
+    async def start(self) -> None:
+        await self.kv.save_if_recovered()
+        await self.server.start()
+        if self.config.metrics_port >= 0:
+            self._metrics_endpoint = start_metrics_endpoint(self.config.host, self.config.metrics_port, self.registry)
+        self._housekeeping = asyncio.create_task(self._housekeep(), name="namesrv-housekeeping")
+        await self.server.set_serving()
+        if self.config.port_file:
+            info = {"grpc_port": self.port, "metrics_port": self.metrics_port, "pid": os.getpid()}
+            atomic_write_bytes(Path(self.config.port_file), json.dumps(info).encode())
+        log.info(
+            "name server ready: grpc=%s:%d metrics=%d home=%s", self.config.host, self.port, self.metrics_port, self.config.home
+        )
+
+    async def stop(self) -> None:
+        self.servicer.begin_shutdown()
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._housekeeping
+        await self.server.stop(self.config.grace_s)
+        if self._metrics_endpoint is not None:
+            self._metrics_endpoint.stop()
+        log.info("name server stopped")
+
+    def expire_now(self) -> int:
+        """One housekeeping pass: expire brokers past their heartbeat timeout."""
+        removals = self.routes.expire(self.clock.monotonic())
+        self.metrics.removed(removals)
+        for r in removals:
+            log.warning("broker expired (no heartbeat in time): addr=%s group=%s id=%d", r.broker_addr, r.broker_name, r.broker_id)
+        return len(removals)
+
+    async def _housekeep(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.scan_interval_s)
+            try:
+                self.expire_now()
+            except Exception:
+                log.exception("housekeeping pass failed; trying again next period")

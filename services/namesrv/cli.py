@@ -1,0 +1,75 @@
+"""`ferry namesrv` / `python -m services.namesrv`: run a name server."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+from pathlib import Path
+
+from ferry.runtime.errors import CorruptFileError
+from ferry.runtime.logs import setup_logging
+from ferry.runtime.server import run_until_signalled
+from services.namesrv.app import NamesrvApp, NamesrvConfig
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    parser.add_argument("--host", default=env("FERRY_NAMESRV_HOST", "0.0.0.0"),
+                        help="address to listen on (default 0.0.0.0; $FERRY_NAMESRV_HOST)")
+    parser.add_argument("--port", type=int, default=int(env("FERRY_NAMESRV_PORT", "9876")),
+                        help="gRPC port, 0 picks a free one (default 9876; $FERRY_NAMESRV_PORT)")
+    parser.add_argument("--metrics-port", type=int, default=int(env("FERRY_NAMESRV_METRICS_PORT", "9877")),
+                        help="Prometheus /metrics port, 0 picks a free one, -1 disables (default 9877)")
+    parser.add_argument("--home", type=Path, default=Path(env("FERRY_NAMESRV_HOME", str(Path.home() / "ferry" / "namesrv"))),
+                        help="directory for kvConfig.json (default ~/ferry/namesrv; $FERRY_NAMESRV_HOME)")
+    parser.add_argument("--heartbeat-timeout", type=float, default=120.0, metavar="SECONDS",
+                        help="expire a broker this long after its last registration or heartbeat, unless "
+                             "it asked for its own timeout (default 120)")
+    parser.add_argument("--scan-interval", type=float, default=5.0, metavar="SECONDS",
+                        help="how often expired brokers are removed (default 5)")
+    parser.add_argument("--max-message-mb", type=int, default=64,
+                        help="largest gRPC message accepted, MiB; a registration of 100,000 topics is ~5 MiB (default 64)")
+    parser.add_argument("--port-file", type=Path, default=None,
+                        help="write {grpc_port, metrics_port, pid} as JSON here once serving (for scripts using port 0)")
+    parser.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING or ERROR; $FERRY_LOG_LEVEL")
+
+
+def run(args: argparse.Namespace) -> int:
+    setup_logging(args.log_level)
+    if args.heartbeat_timeout <= 0 or args.scan_interval <= 0 or args.max_message_mb <= 0:
+        log.error("--heartbeat-timeout, --scan-interval and --max-message-mb must be positive")
+        return 2
+    config = NamesrvConfig(
+        host=args.host,
+        port=args.port,
+        metrics_port=args.metrics_port,
+        home=args.home.expanduser(),
+        heartbeat_timeout_s=args.heartbeat_timeout,
+        scan_interval_s=args.scan_interval,
+        max_message_bytes=args.max_message_mb * 1024 * 1024,
+        port_file=args.port_file,
+    )
+
+    async def main() -> None:
+        app = NamesrvApp(config)
+        await run_until_signalled(app.start, app.stop)
+
+    try:
+        asyncio.run(main())
+    except CorruptFileError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+    except OSError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m services.namesrv", description="Run a ferry name server.")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

@@ -1,0 +1,441 @@
+"""The name server's route tables (RocketMQ's RouteInfoManager), SPEC §5.
+
+Tables:
+  topic_queue_table   topic -> broker_name -> QueueData
+  broker_addr_table   broker_name -> BrokerGroup (cluster, broker_id -> address)
+  cluster_addr_table  cluster -> set of broker names
+  live                broker address -> LiveBroker (liveness, DataVersion, HA
+                      address, instance id, generation, heartbeat timeout)
+  filter_servers      broker address -> filter server addresses
+
+Ownership and atomicity: every method is synchronous and the name server runs
+one event loop, so each call applies completely before any other reader runs;
+no reader ever sees a half-applied registration. Nothing here does I/O, logs
+per request, or knows about gRPC.
+
+Generations: a live entry carries a `generation`, new whenever an address is
+registered by a different broker instance (or registered again after it was
+removed). Removals that were decided earlier — a KeepAlive stream ending, an
+expiry, an unregister naming an instance — only apply while the generation (or
+instance) still matches, so they never remove a newer registration.
+
+Time: liveness uses the injected clock's monotonic reading; the wall clock is
+only for the timestamps users see. `expire(now)` is a pure function of `now`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from ferry.model import (
+    MASTER_ID,
+    PERM_WRITE,
+    DataVersion,
+    check_addr,
+    check_broker_id,
+    check_name,
+    check_perm,
+    check_queue_nums,
+    check_role,
+    check_topic,
+)
+from ferry.runtime.clock import Clock
+from ferry.runtime.errors import FailedPrecondition, InvalidArgument, NotFound
+
+DEFAULT_HEARTBEAT_TIMEOUT_S = 120.0
+MAX_HEARTBEAT_TIMEOUT_S = 24 * 3600.0
+
+# Why a broker left the tables (the `reason` label of the unregister metric).
+GRACEFUL = "graceful"
+EXPIRED = "expired"
+CONNECTION_LOST = "connection_lost"
+
+
+class QueueData(NamedTuple):
+    broker_name: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int
+    topic_sys_flag: int
+
+
+class TopicQueues(NamedTuple):
+    """What a registration says about one topic."""
+
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int
+    topic_sys_flag: int = 0
+
+
+@dataclass(slots=True)
+class BrokerGroup:
+    cluster: str
+    broker_name: str
+    broker_addrs: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class LiveBroker:
+    cluster_name: str
+    broker_name: str
+    broker_id: int
+    broker_addr: str
+    last_update_mono: float
+    last_update_wall_ms: int
+    heartbeat_timeout_s: float
+    data_version: DataVersion
+    ha_server_addr: str
+    instance_id: str
+    generation: int
+    broker_role: str = ""
+    metrics_addr: str = ""
+    keep_alive: bool = False
+
+    def alive_at(self, now_mono: float) -> bool:
+        return now_mono - self.last_update_mono <= self.heartbeat_timeout_s
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """A RegisterBroker request in plain values. `topics is None`: no topic body."""
+
+    cluster_name: str
+    broker_addr: str
+    broker_name: str
+    broker_id: int
+    ha_server_addr: str = ""
+    data_version: DataVersion = DataVersion()
+    topics: Mapping[str, TopicQueues] | None = None
+    filter_servers: tuple[str, ...] = ()
+    heartbeat_timeout_s: float = 0.0
+    instance_id: str = ""
+    broker_role: str = ""
+    metrics_addr: str = ""
+    incremental: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterResult:
+    master_addr: str
+    ha_server_addr: str
+    topic_config_applied: bool
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Removal:
+    broker_addr: str
+    broker_name: str
+    broker_id: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    queue_datas: list[QueueData]
+    broker_datas: list[BrokerGroup]
+    filter_servers: dict[str, list[str]]
+
+
+class RouteTable:
+    def __init__(self, clock: Clock, default_heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S) -> None:
+        self._clock = clock
+        self._default_timeout_s = default_heartbeat_timeout_s
+        self.topic_queue_table: dict[str, dict[str, QueueData]] = {}
+        self.broker_addr_table: dict[str, BrokerGroup] = {}
+        self.cluster_addr_table: dict[str, set[str]] = {}
+        self.live: dict[str, LiveBroker] = {}
+        self.filter_servers: dict[str, list[str]] = {}
+        self._next_generation = 1
+        # Bumped on every change a route answer could show; lets callers cache.
+        self.version = 0
+
+    # ------------------------------------------------------------------ writes
+
+    def register(self, reg: Registration) -> RegisterResult:
+        """Apply a RegisterBroker (SPEC §5.2). Validates everything before changing anything."""
+        self._validate(reg)
+        now_mono = self._clock.monotonic()
+        addr = reg.broker_addr
+        previous = self.live.get(addr)
+
+        if reg.incremental and (previous is None or previous.broker_name != reg.broker_name):
+            raise FailedPrecondition(
+                f"broker {addr} ({reg.broker_name}) is not registered here; an incremental "
+                "registration needs a full one first"
+            )
+        # The same address registered in another group or cluster: leave that one first.
+        if previous is not None and (
+            previous.broker_name != reg.broker_name or previous.cluster_name != reg.cluster_name
+        ):
+            self._drop(addr, previous.broker_name)
+            previous = None
+
+        self.cluster_addr_table.setdefault(reg.cluster_name, set()).add(reg.broker_name)
+        group = self.broker_addr_table.get(reg.broker_name)
+        first = group is None
+        if group is None:
+            group = self.broker_addr_table[reg.broker_name] = BrokerGroup(reg.cluster_name, reg.broker_name)
+        elif group.cluster != reg.cluster_name:
+            self.cluster_addr_table.get(group.cluster, set()).discard(reg.broker_name)
+            self._discard_empty_cluster(group.cluster)
+            group.cluster = reg.cluster_name
+        # Role switch: one host:port has one id in its group.
+        for other_id in [i for i, a in group.broker_addrs.items() if a == addr and i != reg.broker_id]:
+            del group.broker_addrs[other_id]
+        old_addr = group.broker_addrs.get(reg.broker_id)
+        group.broker_addrs[reg.broker_id] = addr
+        first = first or old_addr is None
+        if old_addr is not None and old_addr != addr:
+            # Another address held this id (e.g. a new master): the old one lost its place.
+            self.live.pop(old_addr, None)
+            self.filter_servers.pop(old_addr, None)
+
+        applied = False
+        if reg.topics is not None and reg.broker_id == MASTER_ID:
+            if reg.incremental:
+                self._apply_topics(reg.broker_name, reg.topics, replace=False)
+                applied = True
+            elif first or previous is None or previous.data_version != reg.data_version:
+                self._apply_topics(reg.broker_name, reg.topics, replace=True)
+                applied = True
+
+        if previous is not None and reg.instance_id and previous.instance_id == reg.instance_id:
+            generation, keep_alive = previous.generation, previous.keep_alive
+        else:
+            generation, keep_alive = self._new_generation(), False
+        data_version = reg.data_version
+        if reg.incremental and previous is not None:
+            data_version = previous.data_version  # only a full registration sets the version
+        self.live[addr] = LiveBroker(
+            cluster_name=reg.cluster_name,
+            broker_name=reg.broker_name,
+            broker_id=reg.broker_id,
+            broker_addr=addr,
+            last_update_mono=now_mono,
+            last_update_wall_ms=self._clock.wall_ms(),
+            heartbeat_timeout_s=reg.heartbeat_timeout_s or self._default_timeout_s,
+            data_version=data_version,
+            ha_server_addr=reg.ha_server_addr,
+            instance_id=reg.instance_id,
+            generation=generation,
+            broker_role=reg.broker_role,
+            metrics_addr=reg.metrics_addr,
+            keep_alive=keep_alive,
+        )
+        if reg.filter_servers:
+            self.filter_servers[addr] = list(reg.filter_servers)
+        else:
+            self.filter_servers.pop(addr, None)
+        self.version += 1
+
+        master_addr = ha_addr = ""
+        if reg.broker_id != MASTER_ID:
+            candidate = group.broker_addrs.get(MASTER_ID)
+            master = self.live.get(candidate) if candidate else None
+            if master is not None and master.alive_at(now_mono):
+                master_addr, ha_addr = candidate or "", master.ha_server_addr
+        return RegisterResult(master_addr, ha_addr, applied, generation)
+
+    def unregister(
+        self, cluster_name: str, broker_addr: str, broker_name: str, broker_id: int, instance_id: str = ""
+    ) -> Removal | None:
+        """Remove a broker (SPEC §5.3). With `instance_id`, only that instance's registration."""
+        check_name(cluster_name, "cluster_name")
+        check_addr(broker_addr, "broker_addr")
+        check_name(broker_name, "broker_name")
+        check_broker_id(broker_id)
+        live = self.live.get(broker_addr)
+        if live is not None and instance_id and live.instance_id != instance_id:
+            return None  # a newer instance registered since: this unregister is stale
+        if live is not None and live.broker_name != broker_name:
+            return None  # the address belongs to another group now
+        group = self.broker_addr_table.get(broker_name)
+        if live is None and (group is None or broker_addr not in group.broker_addrs.values()):
+            return None
+        return self._drop(broker_addr, broker_name, reason=GRACEFUL, broker_id=broker_id)
+
+    def remove_if_current(self, broker_addr: str, generation: int, reason: str) -> Removal | None:
+        """Remove a broker only if its registration is still `generation`."""
+        live = self.live.get(broker_addr)
+        if live is None or live.generation != generation:
+            return None
+        return self._drop(broker_addr, live.broker_name, reason=reason, broker_id=live.broker_id)
+
+    def expire(self, now_mono: float) -> list[Removal]:
+        """Remove every broker whose last update is older than its heartbeat timeout."""
+        stale = [(a, b.generation) for a, b in self.live.items() if not b.alive_at(now_mono)]
+        removed = []
+        for addr, generation in stale:
+            removal = self.remove_if_current(addr, generation, EXPIRED)
+            if removal is not None:
+                removed.append(removal)
+        return removed
+
+    def query_data_version(
+        self, cluster_name: str, broker_addr: str, broker_name: str, broker_id: int, data_version: DataVersion
+    ) -> tuple[bool, DataVersion | None]:
+        """(changed, stored version); refreshes the broker's liveness when known."""
+        check_name(cluster_name, "cluster_name")
+        check_addr(broker_addr, "broker_addr")
+        check_name(broker_name, "broker_name")
+        check_broker_id(broker_id)
+        live = self.live.get(broker_addr)
+        if live is None:
+            return True, None
+        self._touch(live)
+        return live.data_version != data_version, live.data_version
+
+    def heartbeat(self, cluster_name: str, broker_addr: str) -> bool:
+        """Refresh liveness; False when the broker is not registered here."""
+        check_name(cluster_name, "cluster_name")
+        check_addr(broker_addr, "broker_addr")
+        live = self.live.get(broker_addr)
+        if live is None or live.cluster_name != cluster_name:
+            return False
+        self._touch(live)
+        return True
+
+    def bind_keep_alive(self, cluster_name: str, broker_addr: str, instance_id: str = "") -> int:
+        """Attach a KeepAlive stream to the current registration; returns its generation."""
+        check_name(cluster_name, "cluster_name")
+        check_addr(broker_addr, "broker_addr")
+        live = self.live.get(broker_addr)
+        if live is None or live.cluster_name != cluster_name:
+            raise FailedPrecondition(f"broker {broker_addr} of cluster {cluster_name} is not registered here; register first")
+        if instance_id and live.instance_id != instance_id:
+            raise FailedPrecondition(
+                f"broker {broker_addr} is registered by instance {live.instance_id!r}, not {instance_id!r}; register again"
+            )
+        live.keep_alive = True
+        self._touch(live)
+        return live.generation
+
+    def touch_generation(self, broker_addr: str, generation: int) -> bool:
+        live = self.live.get(broker_addr)
+        if live is None or live.generation != generation:
+            return False
+        self._touch(live)
+        return True
+
+    def wipe_write_perm(self, broker_name: str) -> int:
+        """Drain a group: clear WRITE on its queues of every topic; returns topics changed."""
+        return self._change_write_perm(broker_name, wipe=True)
+
+    def add_write_perm(self, broker_name: str) -> int:
+        """Undrain a group: set WRITE on its queues of every topic; returns topics changed."""
+        return self._change_write_perm(broker_name, wipe=False)
+
+    # ------------------------------------------------------------------ reads
+
+    def route(self, topic: str) -> Route:
+        check_topic(topic)
+        queues = self.topic_queue_table.get(topic)
+        groups = [self.broker_addr_table[n] for n in queues or () if n in self.broker_addr_table]
+        if not queues or not groups:
+            raise NotFound(f"No topic route info in name server for the topic: {topic}")
+        filter_servers = {}
+        if self.filter_servers:
+            for group in groups:
+                for addr in group.broker_addrs.values():
+                    if addr in self.filter_servers:
+                        filter_servers[addr] = list(self.filter_servers[addr])
+        return Route(list(queues.values()), groups, filter_servers)
+
+    def topics(self) -> list[str]:
+        return sorted(self.topic_queue_table)
+
+    def live_count(self) -> int:
+        return len(self.live)
+
+    # ------------------------------------------------------------------ internals
+
+    def _validate(self, reg: Registration) -> None:
+        check_name(reg.cluster_name, "cluster_name")
+        check_addr(reg.broker_addr, "broker_addr")
+        check_name(reg.broker_name, "broker_name")
+        check_broker_id(reg.broker_id)
+        check_role(reg.broker_role, reg.broker_id)
+        check_addr(reg.ha_server_addr, "ha_server_addr", required=False)
+        check_addr(reg.metrics_addr, "metrics_addr", required=False)
+        for i, fs in enumerate(reg.filter_servers):
+            check_addr(fs, f"body.filter_server_list[{i}]")
+        if reg.heartbeat_timeout_s < 0 or reg.heartbeat_timeout_s > MAX_HEARTBEAT_TIMEOUT_S:
+            raise InvalidArgument(
+                "heartbeat_timeout_ms", f"{int(reg.heartbeat_timeout_s * 1000)} is outside 0..{int(MAX_HEARTBEAT_TIMEOUT_S * 1000)}"
+            )
+        if len(reg.instance_id) > 128:
+            raise InvalidArgument("instance_id", "is longer than 128 characters")
+        for topic, q in (reg.topics or {}).items():
+            field_prefix = f"body.topic_config.topic_config_table[{topic[:40]!r}]"
+            check_topic(topic, field_prefix)
+            check_queue_nums(q.read_queue_nums, field_prefix + ".read_queue_nums")
+            check_queue_nums(q.write_queue_nums, field_prefix + ".write_queue_nums")
+            check_perm(q.perm, field_prefix + ".perm")
+
+    def _apply_topics(self, broker_name: str, topics: Mapping[str, TopicQueues], replace: bool) -> None:
+        table = self.topic_queue_table
+        for topic, q in topics.items():
+            queues = table.get(topic)
+            if queues is None:
+                queues = table[topic] = {}
+            queues[broker_name] = QueueData(broker_name, q.read_queue_nums, q.write_queue_nums, q.perm, q.topic_sys_flag)
+        if replace:
+            # A full registration is the master's whole table: topics it no longer has leave.
+            gone = [t for t, queues in table.items() if broker_name in queues and t not in topics]
+            self._remove_group_from_topics(broker_name, gone)
+
+    def _drop(self, addr: str, broker_name: str, reason: str = GRACEFUL, broker_id: int | None = None) -> Removal:
+        """The unregister cascade for one address of one group."""
+        live = self.live.pop(addr, None)
+        self.filter_servers.pop(addr, None)
+        group = self.broker_addr_table.get(broker_name)
+        removed_id = live.broker_id if live is not None else broker_id
+        if group is not None:
+            for i in [i for i, a in group.broker_addrs.items() if a == addr]:
+                del group.broker_addrs[i]
+            if not group.broker_addrs:
+                del self.broker_addr_table[broker_name]
+                self.cluster_addr_table.get(group.cluster, set()).discard(broker_name)
+                self._discard_empty_cluster(group.cluster)
+                self._remove_group_from_topics(broker_name, list(self.topic_queue_table))
+        self.version += 1
+        return Removal(addr, broker_name, -1 if removed_id is None else removed_id, reason)
+
+    def _remove_group_from_topics(self, broker_name: str, topics: Iterable[str]) -> None:
+        table = self.topic_queue_table
+        for topic in topics:
+            queues = table.get(topic)
+            if queues is not None and queues.pop(broker_name, None) is not None and not queues:
+                del table[topic]
+
+    def _discard_empty_cluster(self, cluster: str) -> None:
+        if not self.cluster_addr_table.get(cluster, True):
+            del self.cluster_addr_table[cluster]
+
+    def _change_write_perm(self, broker_name: str, wipe: bool) -> int:
+        check_name(broker_name, "broker_name")
+        changed = 0
+        for queues in self.topic_queue_table.values():
+            q = queues.get(broker_name)
+            if q is None:
+                continue
+            perm = q.perm & ~PERM_WRITE if wipe else q.perm | PERM_WRITE
+            if perm != q.perm:
+                queues[broker_name] = q._replace(perm=perm)
+                changed += 1
+        if changed:
+            self.version += 1
+        return changed
+
+    def _touch(self, live: LiveBroker) -> None:
+        live.last_update_mono = self._clock.monotonic()
+        live.last_update_wall_ms = self._clock.wall_ms()
+
+    def _new_generation(self) -> int:
+        generation = self._next_generation
+        self._next_generation += 1
+        return generation

@@ -1,0 +1,157 @@
+"""`ferry.v1.NameServer`: converts requests, calls the route table or the KV
+store, converts the answer back. Errors map to gRPC codes through
+`ferry.runtime.grpc_errors`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from ferry.runtime import errors
+from ferry.runtime.clock import Clock
+from ferry.runtime.grpc_errors import grpc_method, status_of
+from ferry.v1 import common_pb2, namesrv_pb2, namesrv_pb2_grpc
+from services.namesrv import convert
+from services.namesrv.kvconfig import ORDER_TOPIC_CONFIG, KVConfigStore
+from services.namesrv.metrics import NamesrvMetrics
+from services.namesrv.routes import CONNECTION_LOST, GRACEFUL, RouteTable
+
+log = logging.getLogger(__name__)
+
+
+class NameServerServicer(namesrv_pb2_grpc.NameServerServicer):
+    def __init__(self, routes: RouteTable, kv: KVConfigStore, metrics: NamesrvMetrics, clock: Clock) -> None:
+        self._routes = routes
+        self._kv = kv
+        self._metrics = metrics
+        self._clock = clock
+        self._stopping = False
+        # topic -> answer, valid for one route-table version (cleared when it changes).
+        self._route_cache: dict[str, common_pb2.TopicRouteData] = {}
+        self._route_cache_version = -1
+
+    def begin_shutdown(self) -> None:
+        """Streams cut by our own shutdown are not the brokers' fault: keep them."""
+        self._stopping = True
+
+    @grpc_method
+    async def RegisterBroker(self, request, context):
+        result = self._routes.register(convert.registration(request))
+        self._metrics.registered(result.topic_config_applied)
+        kv_table = self._kv.namespace(ORDER_TOPIC_CONFIG) or {}
+        return convert.register_response(result, kv_table)
+
+    @grpc_method
+    async def UnregisterBroker(self, request, context):
+        removal = self._routes.unregister(
+            request.cluster_name, request.broker_addr, request.broker_name, request.broker_id, request.instance_id
+        )
+        self._metrics.removed([removal])
+        if removal is not None:
+            log.info("unregistered broker addr=%s group=%s id=%d", removal.broker_addr, removal.broker_name, removal.broker_id)
+        return namesrv_pb2.UnregisterBrokerResponse(removed=removal is not None)
+
+    @grpc_method
+    async def QueryDataVersion(self, request, context):
+        changed, stored = self._routes.query_data_version(
+            request.cluster_name, request.broker_addr, request.broker_name, request.broker_id,
+            convert.data_version(request.data_version),
+        )
+        response = namesrv_pb2.QueryDataVersionResponse(changed=changed)
+        if stored is not None:
+            response.data_version.CopyFrom(convert.data_version_pb(stored))
+        return response
+
+    @grpc_method
+    async def BrokerHeartbeat(self, request, context):
+        return namesrv_pb2.BrokerHeartbeatResponse(
+            registered=self._routes.heartbeat(request.cluster_name, request.broker_addr)
+        )
+
+    async def KeepAlive(
+        self, request_iterator: AsyncIterator[namesrv_pb2.KeepAliveRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[namesrv_pb2.KeepAliveResponse]:
+        addr = ""
+        generation = None
+        reason = CONNECTION_LOST
+        try:
+            async for request in request_iterator:
+                if generation is None:
+                    addr = request.broker_addr
+                    generation = self._routes.bind_keep_alive(request.cluster_name, addr, request.instance_id)
+                    log.info("keep-alive stream open for broker addr=%s generation=%d", addr, generation)
+                else:
+                    self._routes.touch_generation(addr, generation)
+                yield namesrv_pb2.KeepAliveResponse(server_timestamp=self._clock.wall_ms())
+            reason = GRACEFUL
+        except errors.FerryError as exc:
+            await context.abort(status_of(exc), exc.message)
+        except (asyncio.CancelledError, grpc.RpcError):
+            reason = CONNECTION_LOST
+            raise
+        finally:
+            if generation is not None and not self._stopping:
+                removal = self._routes.remove_if_current(addr, generation, reason)
+                self._metrics.removed([removal])
+                if removal is not None:
+                    log.warning(
+                        "keep-alive stream of broker addr=%s ended (%s); removed it from the routes",
+                        addr, reason,
+                    )
+
+    @grpc_method
+    async def GetRouteInfoByTopic(self, request, context):
+        routes = self._routes
+        if self._route_cache_version != routes.version:
+            self._route_cache.clear()
+            self._route_cache_version = routes.version
+        cached = self._route_cache.get(request.topic)
+        if cached is None:
+            cached = convert.route_pb(routes.route(request.topic))
+            if len(self._route_cache) < 100_000:
+                self._route_cache[request.topic] = cached
+        return cached
+
+    @grpc_method
+    async def GetBrokerClusterInfo(self, request, context):
+        return convert.cluster_info_pb(self._routes)
+
+    @grpc_method
+    async def GetAllTopicList(self, request, context):
+        return namesrv_pb2.TopicList(topic_list=self._routes.topics())
+
+    @grpc_method
+    async def PutKVConfig(self, request, context):
+        await self._kv.put(request.namespace, request.key, request.value)
+        return namesrv_pb2.PutKVConfigResponse()
+
+    @grpc_method
+    async def GetKVConfig(self, request, context):
+        value = self._kv.get(request.namespace, request.key)
+        if value is None:
+            raise errors.NotFound(f"No config item, Namespace: {request.namespace} Key: {request.key}")
+        return namesrv_pb2.GetKVConfigResponse(value=value)
+
+    @grpc_method
+    async def DeleteKVConfig(self, request, context):
+        return namesrv_pb2.DeleteKVConfigResponse(deleted=await self._kv.delete(request.namespace, request.key))
+
+    @grpc_method
+    async def GetKVListByNamespace(self, request, context):
+        table = self._kv.namespace(request.namespace)
+        if table is None:
+            raise errors.NotFound(f"No config item, Namespace: {request.namespace}")
+        return namesrv_pb2.KVTable(table=table)
+
+    @grpc_method
+    async def WipeWritePermOfBroker(self, request, context):
+        count = self._routes.wipe_write_perm(request.broker_name)
+        return namesrv_pb2.WipeWritePermOfBrokerResponse(wipe_topic_count=count)
+
+    @grpc_method
+    async def AddWritePermOfBroker(self, request, context):
+        count = self._routes.add_write_perm(request.broker_name)
+        return namesrv_pb2.AddWritePermOfBrokerResponse(add_topic_count=count)
