@@ -1,0 +1,111 @@
+"""Shared fixtures: fake clock, in-process servers on 127.0.0.1:0, predicates with deadlines."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from prometheus_client import CollectorRegistry
+
+from ferry.runtime.clock import FakeClock
+from ferry.v1 import namesrv_pb2_grpc
+from services.namesrv.app import NamesrvApp, NamesrvConfig
+
+
+def wait_for(predicate: Callable[[], Any], timeout_s: float = 5.0, what: str = "condition", interval_s: float = 0.02) -> Any:
+    """Poll `predicate` until it returns a truthy value; fail saying `what` did not happen."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last value: {last!r})")
+
+
+class LoopThread:
+    """An asyncio event loop in a background thread, for running servers in-process."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="test-loop", daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Any, timeout_s: float = 30.0) -> Any:
+        future: Future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return future.result(timeout_s)
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a plain function on the loop thread (safe access to server state)."""
+
+        async def wrapper() -> Any:
+            return fn(*args)
+
+        return self.run(wrapper())
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        self.loop.close()
+
+
+@dataclass
+class RunningNamesrv:
+    app: NamesrvApp
+    loop: LoopThread
+    addr: str
+    home: Path
+    channel: grpc.Channel
+    stub: namesrv_pb2_grpc.NameServerStub
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.app.metrics_port}/metrics"
+
+    def stop(self) -> None:
+        self.channel.close()
+        self.loop.run(self.app.stop())
+
+
+def start_namesrv(loop: LoopThread, home: Path, **config: Any) -> RunningNamesrv:
+    settings = {"host": "127.0.0.1", "port": 0, "metrics_port": 0, "home": home, "grace_s": 0.5, **config}
+    clock = settings.pop("clock", None)
+
+    async def build_and_start() -> NamesrvApp:
+        app = NamesrvApp(NamesrvConfig(**settings), clock=clock, registry=CollectorRegistry())
+        await app.start()
+        return app
+
+    app = loop.run(build_and_start())
+    addr = f"127.0.0.1:{app.port}"
+    channel = grpc.insecure_channel(addr, options=[("grpc.max_send_message_length", 64 << 20)])
+    return RunningNamesrv(app, loop, addr, home, channel, namesrv_pb2_grpc.NameServerStub(channel))
+
+
+@pytest.fixture
+def fake_clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def loop_thread() -> Iterator[LoopThread]:
+    lt = LoopThread()
+    yield lt
+    lt.close()
+
+
+@pytest.fixture
+def namesrv(loop_thread: LoopThread, tmp_path: Path) -> Iterator[RunningNamesrv]:
+    """A real name server on 127.0.0.1:0 (in-process), with a blocking stub."""
+    ns = start_namesrv(loop_thread, tmp_path / "namesrv")
+    yield ns
+    ns.stop()
