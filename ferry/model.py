@@ -43,8 +43,10 @@ class DataVersion:
 
 
 def perm_to_string(perm: int) -> str:
-    return ("R" if perm & PERM_READ else "-") + ("W" if perm & PERM_WRITE else "-") + (
-        "X" if perm & PERM_INHERIT else "-"
+    return (
+        ("R" if perm & PERM_READ else "-")
+        + ("W" if perm & PERM_WRITE else "-")
+        + ("X" if perm & PERM_INHERIT else "-")
     )
 
 
@@ -52,7 +54,9 @@ def check_topic(topic: str, field: str = "topic") -> str:
     if not topic:
         raise InvalidArgument(field, "must not be empty")
     if len(topic) > TOPIC_MAX_LENGTH:
-        raise InvalidArgument(field, f"{topic[:40]!r}... is {len(topic)} characters; the limit is {TOPIC_MAX_LENGTH}")
+        raise InvalidArgument(
+            field, f"{topic[:40]!r}... is {len(topic)} characters; the limit is {TOPIC_MAX_LENGTH}"
+        )
     if not TOPIC_PATTERN.fullmatch(topic):
         raise InvalidArgument(field, f"{topic!r} has characters outside [%|a-zA-Z0-9_-]")
     return topic
@@ -110,5 +114,7 @@ def check_queue_nums(value: int, field: str) -> int:
 
 def check_perm(value: int, field: str = "perm") -> int:
     if value < 0 or value > 15:
-        raise InvalidArgument(field, f"{value} is outside 0..15 (READ=4, WRITE=2, INHERIT=1, PRIORITY=8)")
+        raise InvalidArgument(
+            field, f"{value} is outside 0..15 (READ=4, WRITE=2, INHERIT=1, PRIORITY=8)"
+        )
     return value

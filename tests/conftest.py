@@ -20,7 +20,12 @@ from ferry.v1 import namesrv_pb2_grpc
 from services.namesrv.app import NamesrvApp, NamesrvConfig
 
 
-def wait_for(predicate: Callable[[], Any], timeout_s: float = 5.0, what: str = "condition", interval_s: float = 0.02) -> Any:
+def wait_for(
+    predicate: Callable[[], Any],
+    timeout_s: float = 5.0,
+    what: str = "condition",
+    interval_s: float = 0.02,
+) -> Any:
     """Poll `predicate` until it returns a truthy value; fail saying `what` did not happen."""
     deadline = time.monotonic() + timeout_s
     last = None
@@ -77,7 +82,14 @@ class RunningNamesrv:
 
 
 def start_namesrv(loop: LoopThread, home: Path, **config: Any) -> RunningNamesrv:
-    settings = {"host": "127.0.0.1", "port": 0, "metrics_port": 0, "home": home, "grace_s": 0.5, **config}
+    settings = {
+        "host": "127.0.0.1",
+        "port": 0,
+        "metrics_port": 0,
+        "home": home,
+        "grace_s": 0.5,
+        **config,
+    }
     clock = settings.pop("clock", None)
 
     async def build_and_start() -> NamesrvApp:

@@ -20,15 +20,25 @@ def register_request(
 ) -> namesrv_pb2.RegisterBrokerRequest:
     """A RegisterBroker request; `topics` maps topic -> queue count (perm 6)."""
     topics = {"TopicTest": 4} if topics is None else topics
-    wrapper = common_pb2.TopicConfigSerializeWrapper(data_version=common_pb2.DataVersion(timestamp=1000 + counter, counter=counter))
+    wrapper = common_pb2.TopicConfigSerializeWrapper(
+        data_version=common_pb2.DataVersion(timestamp=1000 + counter, counter=counter)
+    )
     for name, queues in topics.items():
         wrapper.topic_config_table[name].CopyFrom(
-            common_pb2.TopicConfig(topic_name=name, read_queue_nums=queues, write_queue_nums=queues, perm=6)
+            common_pb2.TopicConfig(
+                topic_name=name, read_queue_nums=queues, write_queue_nums=queues, perm=6
+            )
         )
     body = namesrv_pb2.RegisterBrokerBody(topic_config=wrapper)
     request = namesrv_pb2.RegisterBrokerRequest(
-        cluster_name=cluster, broker_addr=addr, broker_name=broker_name, broker_id=broker_id,
-        ha_server_addr=ha_addr, body=body, instance_id=instance_id, **fields,
+        cluster_name=cluster,
+        broker_addr=addr,
+        broker_name=broker_name,
+        broker_id=broker_id,
+        ha_server_addr=ha_addr,
+        body=body,
+        instance_id=instance_id,
+        **fields,
     )
     if with_crc:
         request.body_crc32 = body_crc32(body)

@@ -27,13 +27,24 @@ class Child:
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("dev", help="run a local ferry on loopback until Ctrl-C (make run)",
-                       description="Start ferry's processes on 127.0.0.1, print their endpoints and example "
-                                   "commands, and stop them all on Ctrl-C. Currently: one name server.")
-    p.add_argument("--data-dir", type=Path, default=Path("var"), help="where data and logs go (default ./var)")
-    p.add_argument("--namesrv-port", type=int, default=9876, help="name server gRPC port (default 9876)")
-    p.add_argument("--metrics-port", type=int, default=9877, help="name server metrics port (default 9877)")
-    p.add_argument("--ready-timeout", type=float, default=30.0, help="seconds to wait for each process")
+    p = sub.add_parser(
+        "dev",
+        help="run a local ferry on loopback until Ctrl-C (make run)",
+        description="Start ferry's processes on 127.0.0.1, print their endpoints and example "
+        "commands, and stop them all on Ctrl-C. Currently: one name server.",
+    )
+    p.add_argument(
+        "--data-dir", type=Path, default=Path("var"), help="where data and logs go (default ./var)"
+    )
+    p.add_argument(
+        "--namesrv-port", type=int, default=9876, help="name server gRPC port (default 9876)"
+    )
+    p.add_argument(
+        "--metrics-port", type=int, default=9877, help="name server metrics port (default 9877)"
+    )
+    p.add_argument(
+        "--ready-timeout", type=float, default=30.0, help="seconds to wait for each process"
+    )
     p.set_defaults(func=run)
 
 
@@ -47,7 +58,9 @@ def _start(name: str, argv: list[str], data_dir: Path) -> Child:
     log_file = open(log_path, "ab")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(
         [sys.executable, *argv, "--port-file", str(port_file)],
-        stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
         start_new_session=True,  # our Ctrl-C is ours to forward, in order
     )
     log_file.close()
@@ -59,7 +72,9 @@ def _wait_ready(child: Child, timeout_s: float) -> dict:
     while time.monotonic() < deadline:
         if child.proc.poll() is not None:
             tail = child.log_path.read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"{child.name} exited with status {child.proc.returncode}; its log ends:\n{tail}")
+            raise RuntimeError(
+                f"{child.name} exited with status {child.proc.returncode}; its log ends:\n{tail}"
+            )
         if child.port_file.exists():
             return json.loads(child.port_file.read_text())
         time.sleep(0.05)
@@ -92,13 +107,28 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
     try:
-        ns = _start("namesrv", ["-m", "services.namesrv", "--host", "127.0.0.1", "--port", str(args.namesrv_port),
-                                "--metrics-port", str(args.metrics_port), "--home", str(data_dir / "namesrv")], data_dir)
+        ns = _start(
+            "namesrv",
+            [
+                "-m",
+                "services.namesrv",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(args.namesrv_port),
+                "--metrics-port",
+                str(args.metrics_port),
+                "--home",
+                str(data_dir / "namesrv"),
+            ],
+            data_dir,
+        )
         children.append(ns)
         ports = _wait_ready(ns, args.ready_timeout)
         addr = f"127.0.0.1:{ports['grpc_port']}"
-        print(f"""ferry is running on loopback (data and logs in {data_dir}/):
-  name server  grpc {addr}   metrics http://127.0.0.1:{ports['metrics_port']}/metrics   pid {ns.proc.pid}
+        print(
+            f"""ferry is running on loopback (data and logs in {data_dir}/):
+  name server  grpc {addr}   metrics http://127.0.0.1:{ports["metrics_port"]}/metrics   pid {ns.proc.pid}
 
 Try:
   .venv/bin/grpcurl -plaintext {addr} list
@@ -106,11 +136,16 @@ Try:
   .venv/bin/ferry cluster -n {addr}
   .venv/bin/ferry kv put -n {addr} ORDER_TOPIC_CONFIG TopicTest 'broker-a:4'
 
-Ctrl-C stops everything.""", flush=True)
+Ctrl-C stops everything.""",
+            flush=True,
+        )
         while not stop_requested:
             for child in children:
                 if child.proc.poll() is not None:
-                    print(f"{child.name} exited with status {child.proc.returncode}; see {child.log_path}", flush=True)
+                    print(
+                        f"{child.name} exited with status {child.proc.returncode}; see {child.log_path}",
+                        flush=True,
+                    )
                     return 1
             time.sleep(0.2)
         return 0

@@ -26,7 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("namesrv", help="run a name server", description="Run a name server until SIGTERM/Ctrl-C.")
+    p = sub.add_parser(
+        "namesrv", help="run a name server", description="Run a name server until SIGTERM/Ctrl-C."
+    )
     namesrv_cli.add_arguments(p)
     p.set_defaults(func=namesrv_cli.run)
 

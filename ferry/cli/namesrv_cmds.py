@@ -16,10 +16,16 @@ from ferry.v1 import namesrv_pb2
 
 
 def add_namesrv_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-n", "--namesrv", default=None, metavar="'HOST:PORT;HOST:PORT'",
-                        help="name servers to ask, in order (default $FERRY_NAMESRV_ADDR, else 127.0.0.1:9876)")
-    parser.add_argument("--timeout", type=float, default=3.0, metavar="SECONDS",
-                        help="per name server (default 3)")
+    parser.add_argument(
+        "-n",
+        "--namesrv",
+        default=None,
+        metavar="'HOST:PORT;HOST:PORT'",
+        help="name servers to ask, in order (default $FERRY_NAMESRV_ADDR, else 127.0.0.1:9876)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=3.0, metavar="SECONDS", help="per name server (default 3)"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -34,17 +40,31 @@ def route(args: argparse.Namespace) -> int:
         print(message_json(data))
         return 0
     print(f"topic {args.topic}")
-    print(table(
-        ["BROKER", "READ QUEUES", "WRITE QUEUES", "PERM"],
-        [[q.broker_name, q.read_queue_nums, q.write_queue_nums, f"{q.perm} ({perm_to_string(q.perm)})"]
-         for q in sorted(data.queue_datas, key=lambda q: q.broker_name)],
-    ))
+    print(
+        table(
+            ["BROKER", "READ QUEUES", "WRITE QUEUES", "PERM"],
+            [
+                [
+                    q.broker_name,
+                    q.read_queue_nums,
+                    q.write_queue_nums,
+                    f"{q.perm} ({perm_to_string(q.perm)})",
+                ]
+                for q in sorted(data.queue_datas, key=lambda q: q.broker_name)
+            ],
+        )
+    )
     print()
-    print(table(
-        ["CLUSTER", "BROKER", "ID", "ADDRESS"],
-        [[b.cluster, b.broker_name, i, b.broker_addrs[i]]
-         for b in sorted(data.broker_datas, key=lambda b: b.broker_name) for i in sorted(b.broker_addrs)],
-    ))
+    print(
+        table(
+            ["CLUSTER", "BROKER", "ID", "ADDRESS"],
+            [
+                [b.cluster, b.broker_name, i, b.broker_addrs[i]]
+                for b in sorted(data.broker_datas, key=lambda b: b.broker_name)
+                for i in sorted(b.broker_addrs)
+            ],
+        )
+    )
     return 0
 
 
@@ -70,8 +90,21 @@ def cluster(args: argparse.Namespace) -> int:
             for broker_id in sorted(group.broker_addrs):
                 addr = group.broker_addrs[broker_id]
                 live = info.broker_live_table.get(addr)
-                role = (live.broker_role if live and live.broker_role else ("MASTER" if broker_id == 0 else "SLAVE"))
-                rows.append([cluster_name, name, broker_id, addr, role, _age(live.last_update_timestamp if live else 0)])
+                role = (
+                    live.broker_role
+                    if live and live.broker_role
+                    else ("MASTER" if broker_id == 0 else "SLAVE")
+                )
+                rows.append(
+                    [
+                        cluster_name,
+                        name,
+                        broker_id,
+                        addr,
+                        role,
+                        _age(live.last_update_timestamp if live else 0),
+                    ]
+                )
     if not rows:
         print("no brokers registered")
         return 0
@@ -82,29 +115,59 @@ def cluster(args: argparse.Namespace) -> int:
 def kv(args: argparse.Namespace) -> int:
     with client(args) as c:
         if args.kv_action == "get":
-            value = c.call("GetKVConfig", namesrv_pb2.GetKVConfigRequest(namespace=args.namespace, key=args.key)).value
+            value = c.call(
+                "GetKVConfig",
+                namesrv_pb2.GetKVConfigRequest(namespace=args.namespace, key=args.key),
+            ).value
             print(json.dumps({"value": value}) if args.json else value)
         elif args.kv_action in ("put", "delete"):
             return _kv_write_all(c, args)
         else:
-            items = dict(c.call("GetKVListByNamespace", namesrv_pb2.GetKVListByNamespaceRequest(namespace=args.namespace)).table)
-            print(json.dumps(items, indent=2, sort_keys=True) if args.json else
-                  table(["KEY", "VALUE"], sorted(items.items())))
+            items = dict(
+                c.call(
+                    "GetKVListByNamespace",
+                    namesrv_pb2.GetKVListByNamespaceRequest(namespace=args.namespace),
+                ).table
+            )
+            print(
+                json.dumps(items, indent=2, sort_keys=True)
+                if args.json
+                else table(["KEY", "VALUE"], sorted(items.items()))
+            )
     return 0
 
 
 def _kv_write_all(c: NamesrvClient, args: argparse.Namespace) -> int:
     """Writes go to every name server: they do not share state."""
     if args.kv_action == "put":
-        results = c.call_each("PutKVConfig", namesrv_pb2.PutKVConfigRequest(
-            namespace=args.namespace, key=args.key, value=args.value))
+        results = c.call_each(
+            "PutKVConfig",
+            namesrv_pb2.PutKVConfigRequest(
+                namespace=args.namespace, key=args.key, value=args.value
+            ),
+        )
     else:
-        results = c.call_each("DeleteKVConfig", namesrv_pb2.DeleteKVConfigRequest(namespace=args.namespace, key=args.key))
+        results = c.call_each(
+            "DeleteKVConfig",
+            namesrv_pb2.DeleteKVConfigRequest(namespace=args.namespace, key=args.key),
+        )
     failed = {a: r for a, r in results.items() if isinstance(r, grpc.RpcError)}
     if args.json:
-        print(json.dumps({a: ({"error": f"{r.code().name}: {r.details()}"} if a in failed else
-                              ({"deleted": r.deleted} if args.kv_action == "delete" else {"ok": True}))
-                          for a, r in results.items()}, indent=2))
+        print(
+            json.dumps(
+                {
+                    a: (
+                        {"error": f"{r.code().name}: {r.details()}"}
+                        if a in failed
+                        else (
+                            {"deleted": r.deleted} if args.kv_action == "delete" else {"ok": True}
+                        )
+                    )
+                    for a, r in results.items()
+                },
+                indent=2,
+            )
+        )
     else:
         for addr, r in results.items():
             if addr in failed:
@@ -112,27 +175,46 @@ def _kv_write_all(c: NamesrvClient, args: argparse.Namespace) -> int:
             elif args.kv_action == "put":
                 print(f"{addr}: put {args.namespace}/{args.key}")
             else:
-                print(f"{addr}: " + ("deleted" if r.deleted else "did not exist") + f" {args.namespace}/{args.key}")
+                print(
+                    f"{addr}: "
+                    + ("deleted" if r.deleted else "did not exist")
+                    + f" {args.namespace}/{args.key}"
+                )
     return 1 if failed else 0
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("route", help="print a topic's route", description="Print which broker groups carry TOPIC, "
-                       "with their queues and addresses (GetRouteInfoByTopic).")
+    p = sub.add_parser(
+        "route",
+        help="print a topic's route",
+        description="Print which broker groups carry TOPIC, "
+        "with their queues and addresses (GetRouteInfoByTopic).",
+    )
     p.add_argument("topic")
     add_namesrv_option(p)
     p.set_defaults(func=route)
 
-    p = sub.add_parser("cluster", help="list clusters, broker groups and brokers",
-                       description="List every broker the name server knows, like mqadmin clusterList.")
+    p = sub.add_parser(
+        "cluster",
+        help="list clusters, broker groups and brokers",
+        description="List every broker the name server knows, like mqadmin clusterList.",
+    )
     add_namesrv_option(p)
     p.set_defaults(func=cluster)
 
-    p = sub.add_parser("kv", help="read and write the name servers' KV config",
-                       description="Namespaced key/value config kept by the name server (kvConfig.json). "
-                                   "Reads ask the first name server that answers; put and delete go to every one.")
+    p = sub.add_parser(
+        "kv",
+        help="read and write the name servers' KV config",
+        description="Namespaced key/value config kept by the name server (kvConfig.json). "
+        "Reads ask the first name server that answers; put and delete go to every one.",
+    )
     kv_sub = p.add_subparsers(dest="kv_action", required=True)
-    for action, extra in (("get", ["key"]), ("put", ["key", "value"]), ("delete", ["key"]), ("list", [])):
+    for action, extra in (
+        ("get", ["key"]),
+        ("put", ["key", "value"]),
+        ("delete", ["key"]),
+        ("list", []),
+    ):
         q = kv_sub.add_parser(action, help=f"{action} {'a key' if extra else 'a namespace'}")
         q.add_argument("namespace")
         for name in extra:

@@ -18,4 +18,6 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 def message_json(message: Any) -> str:
     """A message as JSON with RocketMQ's camelCase names (queueDatas, brokerAddrs, ...)."""
-    return json.dumps(MessageToDict(message, always_print_fields_with_no_presence=True), indent=2, sort_keys=True)
+    return json.dumps(
+        MessageToDict(message, always_print_fields_with_no_presence=True), indent=2, sort_keys=True
+    )

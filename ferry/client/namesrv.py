@@ -40,14 +40,21 @@ def parse_addrs(text: str | None) -> list[str]:
     raw = text if text else os.environ.get(ENV_VAR) or DEFAULT_ADDR
     addrs = [a.strip() for a in raw.replace(",", ";").split(";") if a.strip()]
     if not addrs:
-        raise InvalidArgument("namesrv", f"{raw!r} names no name server; expected host:port;host:port")
+        raise InvalidArgument(
+            "namesrv", f"{raw!r} names no name server; expected host:port;host:port"
+        )
     for addr in addrs:
         check_addr(addr, "namesrv")
     return addrs
 
 
 class NamesrvClient:
-    def __init__(self, addrs: Sequence[str], timeout_s: float = 3.0, max_message_bytes: int = 64 * 1024 * 1024) -> None:
+    def __init__(
+        self,
+        addrs: Sequence[str],
+        timeout_s: float = 3.0,
+        max_message_bytes: int = 64 * 1024 * 1024,
+    ) -> None:
         if not addrs:
             raise ValueError("at least one name server address is needed")
         self.addrs = list(addrs)

@@ -107,7 +107,10 @@ def load_json_with_backup(
             os.replace(path, aside)
             log.warning(
                 "%s is corrupt (%s); loaded its backup %s and kept the corrupt file as %s",
-                path, main_error, bak.name, aside.name,
+                path,
+                main_error,
+                bak.name,
+                aside.name,
             )
         else:
             log.warning("%s is missing; loaded its backup %s", path, bak.name)

@@ -51,6 +51,8 @@ def grpc_method(fn: F) -> F:
             await context.abort(status_of(exc), exc.message)
         except Exception:
             log.exception("unexpected error in %s", fn.__qualname__)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {fn.__name__}; see the server log")
+            await context.abort(
+                grpc.StatusCode.INTERNAL, f"internal error in {fn.__name__}; see the server log"
+            )
 
     return wrapper  # type: ignore[return-value]

@@ -43,7 +43,12 @@ class NamesrvConfig:
 
 
 class NamesrvApp:
-    def __init__(self, config: NamesrvConfig, clock: Clock | None = None, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        config: NamesrvConfig,
+        clock: Clock | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
         self.config = config
         self.clock = clock or SystemClock()
         self.registry = registry or CollectorRegistry()
@@ -52,7 +57,11 @@ class NamesrvApp:
         self.metrics = NamesrvMetrics(self.registry, self.routes)
         self.servicer = NameServerServicer(self.routes, self.kv, self.metrics, self.clock)
         self.server = GrpcServer(
-            [Service(SERVICE_NAME, self.servicer, namesrv_pb2_grpc.add_NameServerServicer_to_server)],
+            [
+                Service(
+                    SERVICE_NAME, self.servicer, namesrv_pb2_grpc.add_NameServerServicer_to_server
+                )
+            ],
             config.host,
             config.port,
             config.max_message_bytes,
@@ -72,14 +81,20 @@ class NamesrvApp:
         await self.kv.save_if_recovered()
         await self.server.start()
         if self.config.metrics_port >= 0:
-            self._metrics_endpoint = start_metrics_endpoint(self.config.host, self.config.metrics_port, self.registry)
+            self._metrics_endpoint = start_metrics_endpoint(
+                self.config.host, self.config.metrics_port, self.registry
+            )
         self._housekeeping = asyncio.create_task(self._housekeep(), name="namesrv-housekeeping")
         await self.server.set_serving()
         if self.config.port_file:
             info = {"grpc_port": self.port, "metrics_port": self.metrics_port, "pid": os.getpid()}
             atomic_write_bytes(Path(self.config.port_file), json.dumps(info).encode())
         log.info(
-            "name server ready: grpc=%s:%d metrics=%d home=%s", self.config.host, self.port, self.metrics_port, self.config.home
+            "name server ready: grpc=%s:%d metrics=%d home=%s",
+            self.config.host,
+            self.port,
+            self.metrics_port,
+            self.config.home,
         )
 
     async def stop(self) -> None:
@@ -98,7 +113,12 @@ class NamesrvApp:
         removals = self.routes.expire(self.clock.monotonic())
         self.metrics.removed(removals)
         for r in removals:
-            log.warning("broker expired (no heartbeat in time): addr=%s group=%s id=%d", r.broker_addr, r.broker_name, r.broker_id)
+            log.warning(
+                "broker expired (no heartbeat in time): addr=%s group=%s id=%d",
+                r.broker_addr,
+                r.broker_name,
+                r.broker_id,
+            )
         return len(removals)
 
     async def _housekeep(self) -> None:

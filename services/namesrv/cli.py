@@ -18,24 +18,61 @@ log = logging.getLogger(__name__)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     env = os.environ.get
-    parser.add_argument("--host", default=env("FERRY_NAMESRV_HOST", "0.0.0.0"),
-                        help="address to listen on (default 0.0.0.0; $FERRY_NAMESRV_HOST)")
-    parser.add_argument("--port", type=int, default=int(env("FERRY_NAMESRV_PORT", "9876")),
-                        help="gRPC port, 0 picks a free one (default 9876; $FERRY_NAMESRV_PORT)")
-    parser.add_argument("--metrics-port", type=int, default=int(env("FERRY_NAMESRV_METRICS_PORT", "9877")),
-                        help="Prometheus /metrics port, 0 picks a free one, -1 disables (default 9877)")
-    parser.add_argument("--home", type=Path, default=Path(env("FERRY_NAMESRV_HOME", str(Path.home() / "ferry" / "namesrv"))),
-                        help="directory for kvConfig.json (default ~/ferry/namesrv; $FERRY_NAMESRV_HOME)")
-    parser.add_argument("--heartbeat-timeout", type=float, default=120.0, metavar="SECONDS",
-                        help="expire a broker this long after its last registration or heartbeat, unless "
-                             "it asked for its own timeout (default 120)")
-    parser.add_argument("--scan-interval", type=float, default=5.0, metavar="SECONDS",
-                        help="how often expired brokers are removed (default 5)")
-    parser.add_argument("--max-message-mb", type=int, default=64,
-                        help="largest gRPC message accepted, MiB; a registration of 100,000 topics is ~5 MiB (default 64)")
-    parser.add_argument("--port-file", type=Path, default=None,
-                        help="write {grpc_port, metrics_port, pid} as JSON here once serving (for scripts using port 0)")
-    parser.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING or ERROR; $FERRY_LOG_LEVEL")
+    parser.add_argument(
+        "--host",
+        default=env("FERRY_NAMESRV_HOST", "0.0.0.0"),
+        help="address to listen on (default 0.0.0.0; $FERRY_NAMESRV_HOST)",
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=int(env("FERRY_NAMESRV_PORT", "9876")),
+        help="gRPC port, 0 picks a free one (default 9876; $FERRY_NAMESRV_PORT)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(env("FERRY_NAMESRV_METRICS_PORT", "9877")),
+        help="Prometheus /metrics port, 0 picks a free one, -1 disables (default 9877)",
+    )
+    parser.add_argument(
+        "--home",
+        type=Path,
+        default=Path(env("FERRY_NAMESRV_HOME", str(Path.home() / "ferry" / "namesrv"))),
+        help="directory for kvConfig.json (default ~/ferry/namesrv; $FERRY_NAMESRV_HOME)",
+    )
+    parser.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="expire a broker this long after its last registration or heartbeat, unless "
+        "it asked for its own timeout (default 120)",
+    )
+    parser.add_argument(
+        "--scan-interval",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="how often expired brokers are removed (default 5)",
+    )
+    parser.add_argument(
+        "--max-message-mb",
+        type=int,
+        default=64,
+        help="largest gRPC message accepted, MiB; a registration of 100,000 topics is ~5 MiB (default 64)",
+    )
+    parser.add_argument(
+        "--port-file",
+        type=Path,
+        default=None,
+        help="write {grpc_port, metrics_port, pid} as JSON here once serving (for scripts using port 0)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default=None,
+        help="DEBUG, INFO (default), WARNING or ERROR; $FERRY_LOG_LEVEL",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m services.namesrv", description="Run a ferry name server.")
+    parser = argparse.ArgumentParser(
+        prog="python -m services.namesrv", description="Run a ferry name server."
+    )
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -22,12 +22,16 @@ def data_version(msg: common_pb2.DataVersion) -> DataVersion:
 
 
 def data_version_pb(dv: DataVersion) -> common_pb2.DataVersion:
-    return common_pb2.DataVersion(timestamp=dv.timestamp, counter=dv.counter, state_version=dv.state_version)
+    return common_pb2.DataVersion(
+        timestamp=dv.timestamp, counter=dv.counter, state_version=dv.state_version
+    )
 
 
 def registration(req: namesrv_pb2.RegisterBrokerRequest) -> Registration:
     if req.body_crc32 and body_crc32(req.body) != req.body_crc32:
-        raise InvalidArgument("body_crc32", "crc32 not match: the body was changed or truncated in transit")
+        raise InvalidArgument(
+            "body_crc32", "crc32 not match: the body was changed or truncated in transit"
+        )
     if req.heartbeat_timeout_ms < 0:
         raise InvalidArgument("heartbeat_timeout_ms", f"{req.heartbeat_timeout_ms} is negative")
     topics = None
@@ -42,7 +46,9 @@ def registration(req: namesrv_pb2.RegisterBrokerRequest) -> Registration:
                     f"body.topic_config.topic_config_table[{name[:40]!r}].topic_name",
                     f"{tc.topic_name[:40]!r} differs from its key",
                 )
-            topics[name] = TopicQueues(tc.read_queue_nums, tc.write_queue_nums, tc.perm, tc.topic_sys_flag)
+            topics[name] = TopicQueues(
+                tc.read_queue_nums, tc.write_queue_nums, tc.perm, tc.topic_sys_flag
+            )
     return Registration(
         cluster_name=req.cluster_name,
         broker_addr=req.broker_addr,
@@ -60,7 +66,9 @@ def registration(req: namesrv_pb2.RegisterBrokerRequest) -> Registration:
     )
 
 
-def register_response(result: RegisterResult, kv_table: dict[str, str]) -> namesrv_pb2.RegisterBrokerResponse:
+def register_response(
+    result: RegisterResult, kv_table: dict[str, str]
+) -> namesrv_pb2.RegisterBrokerResponse:
     return namesrv_pb2.RegisterBrokerResponse(
         master_addr=result.master_addr,
         ha_server_addr=result.ha_server_addr,
@@ -83,7 +91,9 @@ def route_pb(route: Route) -> common_pb2.TopicRouteData:
     msg = common_pb2.TopicRouteData(
         queue_datas=[_queue_data_pb(q) for q in route.queue_datas],
         broker_datas=[
-            common_pb2.BrokerData(cluster=g.cluster, broker_name=g.broker_name, broker_addrs=g.broker_addrs)
+            common_pb2.BrokerData(
+                cluster=g.cluster, broker_name=g.broker_name, broker_addrs=g.broker_addrs
+            )
             for g in route.broker_datas
         ],
     )

@@ -51,7 +51,9 @@ class KVConfigStore:
         self._table: dict[str, dict[str, str]] = dict((document or {}).get("configTable", {}))
         log.info(
             "kv config: %d namespaces from %s (%s)",
-            len(self._table), self.path, self.loaded_from,
+            len(self._table),
+            self.path,
+            self.loaded_from,
         )
 
     @property
@@ -72,7 +74,9 @@ class KVConfigStore:
         _check(namespace, "namespace")
         _check(key, "key")
         if len(value) > MAX_VALUE_LENGTH:
-            raise InvalidArgument("value", f"is {len(value)} characters; the limit is {MAX_VALUE_LENGTH}")
+            raise InvalidArgument(
+                "value", f"is {len(value)} characters; the limit is {MAX_VALUE_LENGTH}"
+            )
         async with self._lock:
             self._table.setdefault(namespace, {})[key] = value
             await self._persist()

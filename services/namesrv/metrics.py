@@ -18,7 +18,9 @@ class _RouteCollector(Collector):
         self._routes = routes
 
     def collect(self) -> Iterable[Metric]:
-        live = GaugeMetricFamily("ferry_namesrv_live_brokers", "Brokers registered and not expired.")
+        live = GaugeMetricFamily(
+            "ferry_namesrv_live_brokers", "Brokers registered and not expired."
+        )
         live.add_metric([], self._routes.live_count())
         yield live
         topics = GaugeMetricFamily("ferry_namesrv_topics", "Topics with a route.")
@@ -30,7 +32,10 @@ class _RouteCollector(Collector):
             labels=["cluster", "broker_name", "broker_id", "addr"],
         )
         for addr, b in self._routes.live.items():
-            last.add_metric([b.cluster_name, b.broker_name, str(b.broker_id), addr], b.last_update_wall_ms / 1000.0)
+            last.add_metric(
+                [b.cluster_name, b.broker_name, str(b.broker_id), addr],
+                b.last_update_wall_ms / 1000.0,
+            )
         yield last
 
 
@@ -52,7 +57,9 @@ class NamesrvMetrics:
             self.unregisters.labels(reason)
         for changed in ("true", "false"):
             self.registrations.labels(changed)
-        build = GaugeMetricFamily("ferry_build_info", "ferry build information.", labels=["version", "component"])
+        build = GaugeMetricFamily(
+            "ferry_build_info", "ferry build information.", labels=["version", "component"]
+        )
         build.add_metric([ferry.__version__, "namesrv"], 1)
         registry.register(_Static([build]))
         registry.register(_RouteCollector(routes))

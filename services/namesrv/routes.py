@@ -141,7 +141,9 @@ class Route:
 
 
 class RouteTable:
-    def __init__(self, clock: Clock, default_heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S) -> None:
+    def __init__(
+        self, clock: Clock, default_heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
+    ) -> None:
         self._clock = clock
         self._default_timeout_s = default_heartbeat_timeout_s
         self.topic_queue_table: dict[str, dict[str, QueueData]] = {}
@@ -178,13 +180,17 @@ class RouteTable:
         group = self.broker_addr_table.get(reg.broker_name)
         first = group is None
         if group is None:
-            group = self.broker_addr_table[reg.broker_name] = BrokerGroup(reg.cluster_name, reg.broker_name)
+            group = self.broker_addr_table[reg.broker_name] = BrokerGroup(
+                reg.cluster_name, reg.broker_name
+            )
         elif group.cluster != reg.cluster_name:
             self.cluster_addr_table.get(group.cluster, set()).discard(reg.broker_name)
             self._discard_empty_cluster(group.cluster)
             group.cluster = reg.cluster_name
         # Role switch: one host:port has one id in its group.
-        for other_id in [i for i, a in group.broker_addrs.items() if a == addr and i != reg.broker_id]:
+        for other_id in [
+            i for i, a in group.broker_addrs.items() if a == addr and i != reg.broker_id
+        ]:
             del group.broker_addrs[other_id]
         old_addr = group.broker_addrs.get(reg.broker_id)
         group.broker_addrs[reg.broker_id] = addr
@@ -241,7 +247,12 @@ class RouteTable:
         return RegisterResult(master_addr, ha_addr, applied, generation)
 
     def unregister(
-        self, cluster_name: str, broker_addr: str, broker_name: str, broker_id: int, instance_id: str = ""
+        self,
+        cluster_name: str,
+        broker_addr: str,
+        broker_name: str,
+        broker_id: int,
+        instance_id: str = "",
     ) -> Removal | None:
         """Remove a broker (SPEC §5.3). With `instance_id`, only that instance's registration."""
         check_name(cluster_name, "cluster_name")
@@ -276,7 +287,12 @@ class RouteTable:
         return removed
 
     def query_data_version(
-        self, cluster_name: str, broker_addr: str, broker_name: str, broker_id: int, data_version: DataVersion
+        self,
+        cluster_name: str,
+        broker_addr: str,
+        broker_name: str,
+        broker_id: int,
+        data_version: DataVersion,
     ) -> tuple[bool, DataVersion | None]:
         """(changed, stored version); refreshes the broker's liveness when known."""
         check_name(cluster_name, "cluster_name")
@@ -305,7 +321,9 @@ class RouteTable:
         check_addr(broker_addr, "broker_addr")
         live = self.live.get(broker_addr)
         if live is None or live.cluster_name != cluster_name:
-            raise FailedPrecondition(f"broker {broker_addr} of cluster {cluster_name} is not registered here; register first")
+            raise FailedPrecondition(
+                f"broker {broker_addr} of cluster {cluster_name} is not registered here; register first"
+            )
         if instance_id and live.instance_id != instance_id:
             raise FailedPrecondition(
                 f"broker {broker_addr} is registered by instance {live.instance_id!r}, not {instance_id!r}; register again"
@@ -365,7 +383,8 @@ class RouteTable:
             check_addr(fs, f"body.filter_server_list[{i}]")
         if reg.heartbeat_timeout_s < 0 or reg.heartbeat_timeout_s > MAX_HEARTBEAT_TIMEOUT_S:
             raise InvalidArgument(
-                "heartbeat_timeout_ms", f"{int(reg.heartbeat_timeout_s * 1000)} is outside 0..{int(MAX_HEARTBEAT_TIMEOUT_S * 1000)}"
+                "heartbeat_timeout_ms",
+                f"{int(reg.heartbeat_timeout_s * 1000)} is outside 0..{int(MAX_HEARTBEAT_TIMEOUT_S * 1000)}",
             )
         if len(reg.instance_id) > 128:
             raise InvalidArgument("instance_id", "is longer than 128 characters")
@@ -376,19 +395,25 @@ class RouteTable:
             check_queue_nums(q.write_queue_nums, field_prefix + ".write_queue_nums")
             check_perm(q.perm, field_prefix + ".perm")
 
-    def _apply_topics(self, broker_name: str, topics: Mapping[str, TopicQueues], replace: bool) -> None:
+    def _apply_topics(
+        self, broker_name: str, topics: Mapping[str, TopicQueues], replace: bool
+    ) -> None:
         table = self.topic_queue_table
         for topic, q in topics.items():
             queues = table.get(topic)
             if queues is None:
                 queues = table[topic] = {}
-            queues[broker_name] = QueueData(broker_name, q.read_queue_nums, q.write_queue_nums, q.perm, q.topic_sys_flag)
+            queues[broker_name] = QueueData(
+                broker_name, q.read_queue_nums, q.write_queue_nums, q.perm, q.topic_sys_flag
+            )
         if replace:
             # A full registration is the master's whole table: topics it no longer has leave.
             gone = [t for t, queues in table.items() if broker_name in queues and t not in topics]
             self._remove_group_from_topics(broker_name, gone)
 
-    def _drop(self, addr: str, broker_name: str, reason: str = GRACEFUL, broker_id: int | None = None) -> Removal:
+    def _drop(
+        self, addr: str, broker_name: str, reason: str = GRACEFUL, broker_id: int | None = None
+    ) -> Removal:
         """The unregister cascade for one address of one group."""
         live = self.live.pop(addr, None)
         self.filter_servers.pop(addr, None)

@@ -23,7 +23,9 @@ log = logging.getLogger(__name__)
 
 
 class NameServerServicer(namesrv_pb2_grpc.NameServerServicer):
-    def __init__(self, routes: RouteTable, kv: KVConfigStore, metrics: NamesrvMetrics, clock: Clock) -> None:
+    def __init__(
+        self, routes: RouteTable, kv: KVConfigStore, metrics: NamesrvMetrics, clock: Clock
+    ) -> None:
         self._routes = routes
         self._kv = kv
         self._metrics = metrics
@@ -47,17 +49,29 @@ class NameServerServicer(namesrv_pb2_grpc.NameServerServicer):
     @grpc_method
     async def UnregisterBroker(self, request, context):
         removal = self._routes.unregister(
-            request.cluster_name, request.broker_addr, request.broker_name, request.broker_id, request.instance_id
+            request.cluster_name,
+            request.broker_addr,
+            request.broker_name,
+            request.broker_id,
+            request.instance_id,
         )
         self._metrics.removed([removal])
         if removal is not None:
-            log.info("unregistered broker addr=%s group=%s id=%d", removal.broker_addr, removal.broker_name, removal.broker_id)
+            log.info(
+                "unregistered broker addr=%s group=%s id=%d",
+                removal.broker_addr,
+                removal.broker_name,
+                removal.broker_id,
+            )
         return namesrv_pb2.UnregisterBrokerResponse(removed=removal is not None)
 
     @grpc_method
     async def QueryDataVersion(self, request, context):
         changed, stored = self._routes.query_data_version(
-            request.cluster_name, request.broker_addr, request.broker_name, request.broker_id,
+            request.cluster_name,
+            request.broker_addr,
+            request.broker_name,
+            request.broker_id,
             convert.data_version(request.data_version),
         )
         response = namesrv_pb2.QueryDataVersionResponse(changed=changed)
@@ -72,7 +86,9 @@ class NameServerServicer(namesrv_pb2_grpc.NameServerServicer):
         )
 
     async def KeepAlive(
-        self, request_iterator: AsyncIterator[namesrv_pb2.KeepAliveRequest], context: grpc.aio.ServicerContext
+        self,
+        request_iterator: AsyncIterator[namesrv_pb2.KeepAliveRequest],
+        context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[namesrv_pb2.KeepAliveResponse]:
         addr = ""
         generation = None
@@ -81,8 +97,12 @@ class NameServerServicer(namesrv_pb2_grpc.NameServerServicer):
             async for request in request_iterator:
                 if generation is None:
                     addr = request.broker_addr
-                    generation = self._routes.bind_keep_alive(request.cluster_name, addr, request.instance_id)
-                    log.info("keep-alive stream open for broker addr=%s generation=%d", addr, generation)
+                    generation = self._routes.bind_keep_alive(
+                        request.cluster_name, addr, request.instance_id
+                    )
+                    log.info(
+                        "keep-alive stream open for broker addr=%s generation=%d", addr, generation
+                    )
                 else:
                     self._routes.touch_generation(addr, generation)
                 yield namesrv_pb2.KeepAliveResponse(server_timestamp=self._clock.wall_ms())
@@ -99,7 +119,8 @@ class NameServerServicer(namesrv_pb2_grpc.NameServerServicer):
                 if removal is not None:
                     log.warning(
                         "keep-alive stream of broker addr=%s ended (%s); removed it from the routes",
-                        addr, reason,
+                        addr,
+                        reason,
                     )
 
     @grpc_method
@@ -132,12 +153,16 @@ class NameServerServicer(namesrv_pb2_grpc.NameServerServicer):
     async def GetKVConfig(self, request, context):
         value = self._kv.get(request.namespace, request.key)
         if value is None:
-            raise errors.NotFound(f"No config item, Namespace: {request.namespace} Key: {request.key}")
+            raise errors.NotFound(
+                f"No config item, Namespace: {request.namespace} Key: {request.key}"
+            )
         return namesrv_pb2.GetKVConfigResponse(value=value)
 
     @grpc_method
     async def DeleteKVConfig(self, request, context):
-        return namesrv_pb2.DeleteKVConfigResponse(deleted=await self._kv.delete(request.namespace, request.key))
+        return namesrv_pb2.DeleteKVConfigResponse(
+            deleted=await self._kv.delete(request.namespace, request.key)
+        )
 
     @grpc_method
     async def GetKVListByNamespace(self, request, context):

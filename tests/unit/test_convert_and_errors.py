@@ -64,12 +64,16 @@ def test_status_table(error, code):
     assert status_of(error) is code
 
 
-@pytest.mark.parametrize("addr", ["127.0.0.1:10911", "broker-a-0.broker-a.ferry.svc:10911", "[::1]:9876"])
+@pytest.mark.parametrize(
+    "addr", ["127.0.0.1:10911", "broker-a-0.broker-a.ferry.svc:10911", "[::1]:9876"]
+)
 def test_good_addresses(addr):
     assert check_addr(addr, "a") == addr
 
 
-@pytest.mark.parametrize("addr", ["", "host", ":80", "host:", "host:0", "host:65536", "ho st:80", "host:8o"])
+@pytest.mark.parametrize(
+    "addr", ["", "host", ":80", "host:", "host:0", "host:65536", "ho st:80", "host:8o"]
+)
 def test_bad_addresses(addr):
     with pytest.raises(errors.InvalidArgument, match="^a: "):
         check_addr(addr, "a")

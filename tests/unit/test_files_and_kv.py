@@ -105,8 +105,10 @@ def test_kv_file_of_wrong_shape_without_backup_stops(tmp_path):
         KVConfigStore(path)
 
 
-@pytest.mark.parametrize(("ns", "key", "value", "field"), [("", "k", "v", "namespace"), ("ns", "", "v", "key"),
-                                                           ("ns", "k", "x" * 70_000, "value")])
+@pytest.mark.parametrize(
+    ("ns", "key", "value", "field"),
+    [("", "k", "v", "namespace"), ("ns", "", "v", "key"), ("ns", "k", "x" * 70_000, "value")],
+)
 def test_kv_bad_input_changes_nothing(tmp_path, ns, key, value, field):
     path = tmp_path / "kvConfig.json"
     store = KVConfigStore(path)

@@ -50,7 +50,9 @@ def table(fake_clock: FakeClock) -> RouteTable:
 
 
 def snapshot(t: RouteTable):
-    return copy.deepcopy((t.topic_queue_table, t.broker_addr_table, t.cluster_addr_table, t.live, t.filter_servers))
+    return copy.deepcopy(
+        (t.topic_queue_table, t.broker_addr_table, t.cluster_addr_table, t.live, t.filter_servers)
+    )
 
 
 def queue_nums(t: RouteTable, topic: str, group: str = "broker-a") -> int:
@@ -65,9 +67,9 @@ def test_master_registration_creates_route(table):
     assert result.topic_config_applied
     assert (result.master_addr, result.ha_server_addr) == ("", "")
     route = table.route("T2")
-    assert [(q.broker_name, q.read_queue_nums, q.write_queue_nums, q.perm) for q in route.queue_datas] == [
-        ("broker-a", 8, 8, 6)
-    ]
+    assert [
+        (q.broker_name, q.read_queue_nums, q.write_queue_nums, q.perm) for q in route.queue_datas
+    ] == [("broker-a", 8, 8, 6)]
     assert [(g.cluster, g.broker_name, g.broker_addrs) for g in route.broker_datas] == [
         ("DefaultCluster", "broker-a", {0: A_MASTER})
     ]
@@ -116,8 +118,12 @@ def test_topic_config_applied_on_first_registration_and_changed_version_only(tab
 def test_data_version_compares_state_version_too(table):
     table.register(reg(topics={"T1": 4}))
     fenced = Registration(
-        cluster_name="DefaultCluster", broker_addr=A_MASTER, broker_name="broker-a", broker_id=0,
-        data_version=DataVersion(1001, 1, state_version=7), topics={"T1": TopicQueues(2, 2, 6)},
+        cluster_name="DefaultCluster",
+        broker_addr=A_MASTER,
+        broker_name="broker-a",
+        broker_id=0,
+        data_version=DataVersion(1001, 1, state_version=7),
+        topics={"T1": TopicQueues(2, 2, 6)},
     )
     assert table.register(fenced).topic_config_applied
     assert queue_nums(table, "T1") == 2
@@ -255,7 +261,9 @@ def test_unregister_slave_does_not_touch_topics(table):
 
 def test_unregister_last_broker_removes_group_cluster_queues_and_empty_topics(table):
     table.register(reg(topics={"Shared": 4, "OnlyA": 4}))
-    table.register(reg(B_MASTER, broker_name="broker-b", topics={"Shared": 4}, cluster="OtherCluster"))
+    table.register(
+        reg(B_MASTER, broker_name="broker-b", topics={"Shared": 4}, cluster="OtherCluster")
+    )
     table.register(reg(A_SLAVE, broker_id=1))
     table.unregister("DefaultCluster", A_MASTER, "broker-a", 0)
     table.unregister("DefaultCluster", A_SLAVE, "broker-a", 1)
@@ -281,7 +289,9 @@ def test_stale_unregister_after_reregistration_changes_nothing(table):
     before = snapshot(table)
     assert table.unregister("DefaultCluster", A_MASTER, "broker-a", 0, instance_id="run-1") is None
     assert snapshot(table) == before
-    assert table.unregister("DefaultCluster", A_MASTER, "broker-a", 0, instance_id="run-2") is not None
+    assert (
+        table.unregister("DefaultCluster", A_MASTER, "broker-a", 0, instance_id="run-2") is not None
+    )
 
 
 def test_stale_stream_end_after_reregistration_changes_nothing(table):
@@ -295,7 +305,9 @@ def test_stale_stream_end_after_reregistration_changes_nothing(table):
 def test_same_instance_reregistering_keeps_its_stream(table):
     table.register(reg(topics={"T1": 4}, instance_id="run-1"))
     generation = table.bind_keep_alive("DefaultCluster", A_MASTER, "run-1")
-    table.register(reg(topics={"T1": 4}, instance_id="run-1", counter=2))  # periodic re-registration
+    table.register(
+        reg(topics={"T1": 4}, instance_id="run-1", counter=2)
+    )  # periodic re-registration
     assert table.live[A_MASTER].keep_alive
     removal = table.remove_if_current(A_MASTER, generation, CONNECTION_LOST)
     assert removal is not None and removal.reason == CONNECTION_LOST
@@ -320,12 +332,18 @@ def test_expiry_after_timeout_and_not_before(table, fake_clock):
     fake_clock.advance(10)
     assert table.expire(fake_clock.monotonic()) == []  # exactly at the timeout: still alive
     fake_clock.advance(0.5)
-    assert [(r.broker_addr, r.reason) for r in table.expire(fake_clock.monotonic())] == [(B_MASTER, EXPIRED)]
+    assert [(r.broker_addr, r.reason) for r in table.expire(fake_clock.monotonic())] == [
+        (B_MASTER, EXPIRED)
+    ]
     fake_clock.advance(109)
     assert table.expire(fake_clock.monotonic()) == []
     fake_clock.advance(1)
     assert [r.broker_addr for r in table.expire(fake_clock.monotonic())] == [A_MASTER]
-    assert table.topic_queue_table == {} and table.broker_addr_table == {} and table.cluster_addr_table == {}
+    assert (
+        table.topic_queue_table == {}
+        and table.broker_addr_table == {}
+        and table.cluster_addr_table == {}
+    )
 
 
 def test_heartbeat_and_query_data_version_postpone_expiry(table, fake_clock):
@@ -348,13 +366,19 @@ def test_heartbeat_of_unknown_broker(table):
 
 
 def test_query_data_version_changed_and_unchanged(table):
-    assert table.query_data_version("DefaultCluster", A_MASTER, "broker-a", 0, DataVersion(1, 1)) == (True, None)
+    assert table.query_data_version(
+        "DefaultCluster", A_MASTER, "broker-a", 0, DataVersion(1, 1)
+    ) == (True, None)
     table.register(reg(topics={"T1": 4}, counter=3))
-    assert table.query_data_version("DefaultCluster", A_MASTER, "broker-a", 0, DataVersion(1003, 3)) == (
+    assert table.query_data_version(
+        "DefaultCluster", A_MASTER, "broker-a", 0, DataVersion(1003, 3)
+    ) == (
         False,
         DataVersion(1003, 3),
     )
-    assert table.query_data_version("DefaultCluster", A_MASTER, "broker-a", 0, DataVersion(1004, 4)) == (
+    assert table.query_data_version(
+        "DefaultCluster", A_MASTER, "broker-a", 0, DataVersion(1004, 4)
+    ) == (
         True,
         DataVersion(1003, 3),
     )
@@ -364,11 +388,19 @@ def test_wipe_and_add_write_perm(table):
     table.register(reg(topics={"T1": 4, "T2": 4, "T3": 4}))
     table.register(reg(B_MASTER, broker_name="broker-b", topics={"T1": 4}))
     assert table.wipe_write_perm("broker-a") == 3
-    assert {t: q["broker-a"].perm for t, q in table.topic_queue_table.items()} == {"T1": 4, "T2": 4, "T3": 4}
+    assert {t: q["broker-a"].perm for t, q in table.topic_queue_table.items()} == {
+        "T1": 4,
+        "T2": 4,
+        "T3": 4,
+    }
     assert table.topic_queue_table["T1"]["broker-b"].perm == 6
     assert table.wipe_write_perm("broker-a") == 0  # already drained
     assert table.add_write_perm("broker-a") == 3
-    assert {t: q["broker-a"].perm for t, q in table.topic_queue_table.items()} == {"T1": 6, "T2": 6, "T3": 6}
+    assert {t: q["broker-a"].perm for t, q in table.topic_queue_table.items()} == {
+        "T1": 6,
+        "T2": 6,
+        "T3": 6,
+    }
     assert table.add_write_perm("broker-unknown") == 0
 
 
