@@ -246,3 +246,21 @@ class NamesrvProcess:
     def stop(self) -> None:
         stop_pid(self.proc)
         self._log.close()
+
+
+GROUP_MASTER = "127.0.0.1:10911"
+GROUP_SLAVE = "127.0.0.1:10921"
+
+
+def register_group(ns, topics: dict[str, int]) -> None:
+    """Register broker-a as a SYNC_MASTER at GROUP_MASTER and its slave at GROUP_SLAVE."""
+    from tests.helpers import register_request
+
+    ns.stub.RegisterBroker(
+        register_request(addr=GROUP_MASTER, topics=topics, broker_role="SYNC_MASTER")
+    )
+    ns.stub.RegisterBroker(
+        register_request(
+            broker_id=1, addr=GROUP_SLAVE, ha_addr="127.0.0.1:10922", broker_role="SLAVE"
+        )
+    )

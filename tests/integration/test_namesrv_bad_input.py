@@ -11,6 +11,7 @@ from ferry.v1 import common_pb2, namesrv_pb2
 from ferry.wire import body_crc32
 from tests.conftest import RunningNamesrv
 from tests.helpers import register_request
+from tests.integration.support import register_group
 
 MASTER = "127.0.0.1:10911"
 SLAVE = "127.0.0.1:10921"
@@ -39,14 +40,7 @@ def snapshot(ns: RunningNamesrv) -> tuple:
 
 @pytest.fixture
 def seeded(ns: RunningNamesrv) -> RunningNamesrv:
-    ns.stub.RegisterBroker(
-        register_request(
-            addr=MASTER, topics={"TopicTest": 4, "Orders": 8}, broker_role="SYNC_MASTER"
-        )
-    )
-    ns.stub.RegisterBroker(
-        register_request(broker_id=1, addr=SLAVE, ha_addr="127.0.0.1:10922", broker_role="SLAVE")
-    )
+    register_group(ns, {"TopicTest": 4, "Orders": 8})
     ns.stub.PutKVConfig(namesrv_pb2.PutKVConfigRequest(namespace="app", key="k", value="v"))
     return ns
 

@@ -13,20 +13,14 @@ from ferry.v1 import namesrv_pb2
 from tests.conftest import LoopThread, RunningNamesrv, start_namesrv
 from tests.helpers import register_request
 from tests.integration.support import free_port, run_ferry
+from tests.integration.support import register_group as support_register_group
 
 MASTER = "127.0.0.1:10911"
 SLAVE = "127.0.0.1:10921"
 
 
 def register_group(ns: RunningNamesrv) -> None:
-    ns.stub.RegisterBroker(
-        register_request(
-            addr=MASTER, topics={"TopicTest": 4, "Orders": 2}, broker_role="SYNC_MASTER"
-        )
-    )
-    ns.stub.RegisterBroker(
-        register_request(broker_id=1, addr=SLAVE, ha_addr="127.0.0.1:10922", broker_role="SLAVE")
-    )
+    support_register_group(ns, {"TopicTest": 4, "Orders": 2})
 
 
 @pytest.fixture
