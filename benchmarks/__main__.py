@@ -1,0 +1,99 @@
+"""`python -m benchmarks`: run the named benchmarks and append their figures to a Markdown file.
+
+Each entry of `BENCHMARKS` names a module with `TITLE` and
+`run(quick: bool, workdir: Path) -> BenchResult`. Modules are imported only
+when they run. Without --out the section is printed, not written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import shlex
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+from benchmarks.report import BenchResult, cpu_snapshot, render_section
+
+BENCHMARKS: dict[str, str] = {
+    "namesrv": "benchmarks.namesrv_bench",
+}
+
+HEADER = """# Benchmarks
+
+Appended by `make bench` (`python -m benchmarks --out BENCHMARKS.md`), newest last.
+Each section records the machine and compares every figure with a baseline measured
+in the same run; ratios are value / baseline.
+"""
+
+
+def _append(path: Path, section: str) -> None:
+    """Append `section` after a blank line; a new file starts with `HEADER`."""
+    if path.exists():
+        text = path.read_text()
+        prefix = (
+            "" if not text or text.endswith("\n\n") else "\n" if text.endswith("\n") else "\n\n"
+        )
+    else:
+        prefix = HEADER + "\n"
+    with open(path, "a") as out:
+        out.write(prefix + section)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks", description="Run ferry's benchmarks."
+    )
+    parser.add_argument("--out", type=Path, help="append the section to this Markdown file")
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=sorted(BENCHMARKS),
+        metavar="NAME",
+        help=f"run only this benchmark (repeatable): {', '.join(sorted(BENCHMARKS))}",
+    )
+    parser.add_argument("--quick", action="store_true", help="short smoke run, not a measurement")
+    parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    args = parser.parse_args(argv)
+    if args.list:
+        print("\n".join(sorted(BENCHMARKS)))
+        return 0
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+    cpu_before = cpu_snapshot()
+    results: list[BenchResult] = []
+    failures: list[str] = []
+    for name in args.only or list(BENCHMARKS):
+        print(f"running {name} ...", file=sys.stderr, flush=True)
+        module = importlib.import_module(BENCHMARKS[name])
+        try:
+            with tempfile.TemporaryDirectory(prefix=f"ferry-bench-{name}-") as workdir:
+                results.append(module.run(args.quick, Path(workdir)))
+        except Exception as exc:
+            traceback.print_exc()
+            failures.append(f"{name}: {type(exc).__name__}: {exc}")
+
+    command = shlex.join(
+        ["python", "-m", "benchmarks", *(argv if argv is not None else sys.argv[1:])]
+    )
+    section = render_section(results, command, args.quick, failures, cpu_before)
+    print(section)
+    if args.out is not None:
+        _append(args.out, section)
+        print(f"appended to {args.out}", file=sys.stderr)
+    for result in results:
+        for figure in result.figures:
+            if figure.met is False:
+                print(
+                    f"target missed: {figure.name}: {figure.value:.2f} {figure.unit} "
+                    f"(target {figure.target_text()})",
+                    file=sys.stderr,
+                )
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

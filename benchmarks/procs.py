@@ -1,0 +1,137 @@
+"""Servers under test as child processes, and CPU pinning.
+
+`ServerProcess` starts `python -m MODULE ... --port-file F`, waits for the
+port file, and stops the child by its PID (SIGTERM, then SIGKILL). Use it as a
+context manager so the child is stopped on every path. `pinned` pins the
+calling process (the load generator) to some CPUs and restores the old mask.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_plan() -> tuple[set[int] | None, set[int] | None]:
+    """(server CPUs, load-generator CPUs): one core each when we have two, else no pinning."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None, None
+    return {cpus[0]}, set(cpus[1:])
+
+
+@contextlib.contextmanager
+def pinned(cpus: set[int] | None) -> Iterator[None]:
+    if cpus is None:
+        yield
+        return
+    old = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, old)
+
+
+class ServerProcess:
+    """A server child process that writes {grpc_port, pid, ...} to a port file when ready."""
+
+    def __init__(
+        self,
+        module: str,
+        args: Sequence[str],
+        workdir: Path,
+        name: str,
+        cpus: set[int] | None = None,
+        ready_timeout_s: float = 30.0,
+    ) -> None:
+        self.module = module
+        self.args = list(args)
+        self.workdir = workdir
+        self.name = name
+        self.cpus = cpus
+        self.ready_timeout_s = ready_timeout_s
+        self.port_file = workdir / f"{name}.port.json"
+        self.log_path = workdir / f"{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.info: dict[str, Any] = {}
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.info['grpc_port']}"
+
+    def start(self) -> ServerProcess:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port_file.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", self.module, *self.args, "--port-file", str(self.port_file)]
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+            )
+        if self.cpus is not None:
+            # Before the child starts any thread; threads inherit the main thread's mask.
+            os.sched_setaffinity(self.proc.pid, self.cpus)
+        deadline = time.monotonic() + self.ready_timeout_s
+        while not self.port_file.exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited with {self.proc.returncode} before it was ready:\n"
+                    + self.log_tail()
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{self.name} wrote no port file within {self.ready_timeout_s}s:\n"
+                    + self.log_tail()
+                )
+            time.sleep(0.02)
+        self.info = json.loads(self.port_file.read_text())
+        if self.info.get("pid") != self.proc.pid:
+            raise RuntimeError(f"{self.name}: port file names pid {self.info.get('pid')}")
+        return self
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the child has used so far."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout_s)
+
+    def __enter__(self) -> ServerProcess:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
