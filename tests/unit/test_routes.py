@@ -217,6 +217,11 @@ def test_incremental_registration_needs_a_full_one_first(table):
         ({"topics": {"T1": TopicQueues(4, 4, 99)}}, "perm"),
         ({"topics": {"bad topic!": TopicQueues(4, 4, 6)}}, "topic_config_table"),
         ({"topics": {"x" * 128: TopicQueues(4, 4, 6)}}, "topic_config_table"),
+        (
+            {"topics": {"T1": TopicQueues(4, 4, 6), "a\nb": TopicQueues(4, 4, 6)}},
+            "topic_config_table",
+        ),
+        ({"topics": {"": TopicQueues(4, 4, 6)}}, "topic_config_table"),
         ({"heartbeat_timeout_s": -1.0}, "heartbeat_timeout_ms"),
     ],
 )
