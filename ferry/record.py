@@ -170,6 +170,26 @@ class Blank:
     size: int
 
 
+def peek(head: bytes | bytearray | memoryview) -> int | Blank:
+    """From a record's first 8 bytes: its TOTALSIZE, or the `Blank` it is.
+
+    Raises:
+        RecordError: fewer than 8 bytes, or a magic that is neither kind.
+    """
+    if len(head) < BLANK_SIZE:
+        raise RecordError(f"{len(head)} bytes: too few for a record header")
+    total, magic = _SIZE_MAGIC.unpack_from(head, 0)
+    if magic == BLANK_MAGIC:
+        if total < BLANK_SIZE:
+            raise RecordError(f"BLANK marker has size {total}")
+        return Blank(total)
+    if magic != MESSAGE_MAGIC:
+        raise RecordError(f"bad magic 0x{magic:08X}")
+    if total < MIN_RECORD_SIZE:
+        raise RecordError(f"record claims {total} bytes, less than the minimum {MIN_RECORD_SIZE}")
+    return total
+
+
 def decode(
     buf: bytes | bytearray | memoryview,
     pos: int = 0,

@@ -1,0 +1,249 @@
+"""The commit log's files (SPEC §4.1): fixed-size segments named by their start
+commit offset as 20 zero-padded digits, preallocated, written append-only.
+
+Rolling: a record goes into the current file only if it leaves at least 8
+bytes behind it (room for a BLANK marker); otherwise a BLANK marker fills the
+rest of the file and the record starts the next one. So no record crosses a
+file boundary, and the file holding offset `o` starts at `o - o % file_size`.
+
+Ownership: one appender owns a `CommitLog` (all writes come from it); reads
+may come from anywhere below `max_offset`. This module does blocking file I/O:
+async callers run it in a thread. Byte positions inside a record belong to
+`ferry.record`; this module only knows record sizes and the BLANK marker.
+
+Not here yet (issue #3): recovery (`checkpoint`, `abort`), flush policies and
+the consume-queue dispatcher.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ferry import record
+from ferry.record import Blank, Record, RecordError
+
+NAME_DIGITS = 20
+_NAME = re.compile(r"\d{20}")
+_ZERO_CHUNK = bytes(4 << 20)
+
+
+class CommitLogError(Exception):
+    """The commit log's files are not usable as they are; the message names the file."""
+
+
+@dataclass
+class _Segment:
+    start: int
+    path: Path
+    fd: int
+
+
+def segment_name(start: int) -> str:
+    return f"{start:0{NAME_DIGITS}d}"
+
+
+class CommitLog:
+    def __init__(self, directory: Path, file_size: int, preallocate: bool = True) -> None:
+        if file_size < record.MIN_RECORD_SIZE + record.BLANK_SIZE:
+            raise CommitLogError(f"file size {file_size} is too small for one record")
+        self.directory = Path(directory)
+        self.file_size = file_size
+        self._preallocate = preallocate
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._segments: list[_Segment] = self._open_existing()
+        self._dirty: list[_Segment] = []
+        # Until recovery says otherwise, everything in the files counts as written.
+        self._write_offset = self._segments[-1].start + file_size if self._segments else 0
+
+    # ------------------------------------------------------------ state
+
+    @property
+    def min_offset(self) -> int:
+        return self._segments[0].start if self._segments else 0
+
+    @property
+    def max_offset(self) -> int:
+        """The write position: the end of the last record (or BLANK) written."""
+        return self._write_offset
+
+    def segment_starts(self) -> list[int]:
+        return [s.start for s in self._segments]
+
+    def set_write_offset(self, offset: int) -> None:
+        """Recovery's verdict: everything from `offset` on is discarded (zeroed
+        in its file, later files deleted)."""
+        if offset < self.min_offset or (
+            self._segments and offset > self._segments[-1].start + self.file_size
+        ):
+            raise CommitLogError(
+                f"offset {offset} is outside the files [{self.min_offset}, {self._write_end()}]"
+            )
+        start = offset - offset % self.file_size
+        while self._segments and self._segments[-1].start > start:
+            segment = self._segments.pop()
+            if segment in self._dirty:
+                self._dirty.remove(segment)
+            os.close(segment.fd)
+            segment.path.unlink()
+        if self._segments and offset < self._segments[-1].start + self.file_size:
+            self._zero(self._segments[-1], offset - start)
+        self._write_offset = offset
+
+    # ------------------------------------------------------------ writes
+
+    def append(self, size: int, encode: Callable[[int], bytes]) -> int:
+        """Append one record of `size` bytes; `encode(offset)` returns its bytes."""
+        return self.append_many([(size, encode)])[0]
+
+    def append_many(self, items: Sequence[tuple[int, Callable[[int], bytes]]]) -> list[int]:
+        """Append records in order with one write per file touched; returns their offsets.
+
+        Each item is `(size, encode)`; `encode(commit_offset)` must return exactly
+        `size` bytes (the record stores its own offset).
+        """
+        offsets = []
+        buf = bytearray()
+        buf_start = self._write_offset
+        for size, encode in items:
+            if size + record.BLANK_SIZE > self.file_size:
+                raise RecordError(
+                    f"a record of {size} bytes cannot fit in a {self.file_size}-byte file"
+                )
+            position = buf_start + len(buf)
+            file_end = position - position % self.file_size + self.file_size
+            if size + record.BLANK_SIZE > file_end - position:
+                buf += record.encode_blank(file_end - position)
+                self._write(buf_start, buf)
+                buf = bytearray()
+                buf_start = position = file_end
+            data = encode(position)
+            if len(data) != size:
+                raise RecordError(f"encoder returned {len(data)} bytes, not the {size} announced")
+            buf += data
+            offsets.append(position)
+        self._write(buf_start, buf)
+        self._write_offset = buf_start + len(buf)
+        return offsets
+
+    def flush(self) -> None:
+        """Make everything written durable (fdatasync of the files written since the last flush)."""
+        for segment in self._dirty:
+            os.fdatasync(segment.fd)
+        self._dirty.clear()
+
+    # ------------------------------------------------------------ reads
+
+    def read(self, offset: int, size: int) -> bytes:
+        """`size` bytes at `offset`, inside one file and below the write position."""
+        if offset < self.min_offset or offset + size > self._write_offset or size < 0:
+            raise CommitLogError(
+                f"[{offset}, {offset + size}) is outside [{self.min_offset}, {self._write_offset})"
+            )
+        segment = self._segment_for(offset)
+        if offset + size > segment.start + self.file_size:
+            raise CommitLogError(
+                f"[{offset}, {offset + size}) crosses the end of file {segment.path.name}"
+            )
+        return os.pread(segment.fd, size, offset - segment.start)
+
+    def records(self, offset: int, check_crc: bool = True) -> Iterator[tuple[int, Record]]:
+        """Every record from `offset` (a record start) up to the write position,
+        skipping BLANK markers into the next file."""
+        while offset < self._write_offset:
+            segment = self._segment_for(offset)
+            head = self.read(offset, min(record.BLANK_SIZE, self._write_offset - offset))
+            try:
+                total = record.peek(head)
+            except RecordError as exc:
+                raise CommitLogError(f"{segment.path.name} at offset {offset}: {exc}") from None
+            if isinstance(total, Blank):
+                offset = segment.start + self.file_size
+                continue
+            if offset + total > self._write_offset:
+                raise CommitLogError(
+                    f"{segment.path.name} at offset {offset}: record of {total} bytes passes the end"
+                )
+            decoded = record.decode(self.read(offset, total), 0, check_crc=check_crc)
+            assert isinstance(decoded, Record)
+            yield offset, decoded
+            offset += total
+
+    def close(self) -> None:
+        for segment in self._segments:
+            os.close(segment.fd)
+        self._segments = []
+
+    # ------------------------------------------------------------ internals
+
+    def _open_existing(self) -> list[_Segment]:
+        segments = []
+        for path in sorted(self.directory.iterdir()):
+            if path.name.startswith("."):
+                continue
+            if not _NAME.fullmatch(path.name):
+                raise CommitLogError(
+                    f"{path}: not a commit-log file name (20 digits); move it out of {self.directory}"
+                )
+            start = int(path.name)
+            if start % self.file_size:
+                raise CommitLogError(
+                    f"{path}: start offset {start} is not a multiple of mappedFileSizeCommitLog={self.file_size}; "
+                    "was the file size changed?"
+                )
+            if path.stat().st_size != self.file_size:
+                raise CommitLogError(
+                    f"{path}: {path.stat().st_size} bytes, expected {self.file_size}"
+                )
+            if segments and start != segments[-1].start + self.file_size:
+                raise CommitLogError(
+                    f"{path}: a file is missing before it (gap after {segments[-1].path.name})"
+                )
+            segments.append(_Segment(start, path, os.open(path, os.O_RDWR)))
+        return segments
+
+    def _has_segment(self, start: int) -> bool:
+        return bool(self._segments) and self._segments[-1].start >= start
+
+    def _write_end(self) -> int:
+        return self._segments[-1].start + self.file_size if self._segments else 0
+
+    def _segment_for(self, offset: int) -> _Segment:
+        index = (offset - self.min_offset) // self.file_size
+        if not 0 <= index < len(self._segments):
+            raise CommitLogError(f"no file holds offset {offset}")
+        return self._segments[index]
+
+    def _write(self, start: int, data: bytearray) -> None:
+        if not data:
+            return
+        file_start = start - start % self.file_size
+        if not self._has_segment(file_start):
+            self._create(file_start)
+        segment = self._segment_for(start)
+        if segment not in self._dirty:
+            self._dirty.append(segment)
+        view = memoryview(data)
+        position = start - segment.start
+        while view:
+            written = os.pwrite(segment.fd, view, position)
+            view = view[written:]
+            position += written
+
+    def _create(self, start: int) -> None:
+        path = self.directory / segment_name(start)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        if self._preallocate:
+            os.posix_fallocate(fd, 0, self.file_size)
+        else:
+            os.ftruncate(fd, self.file_size)
+        self._segments.append(_Segment(start, path, fd))
+
+    def _zero(self, segment: _Segment, position: int) -> None:
+        while position < self.file_size:
+            n = min(len(_ZERO_CHUNK), self.file_size - position)
+            os.pwrite(segment.fd, _ZERO_CHUNK[:n], position)
+            position += n
