@@ -205,17 +205,15 @@ def decode(
     available = len(view) - pos
     if pos < 0 or available < BLANK_SIZE:
         raise RecordError(f"{max(available, 0)} bytes at {pos}: too few for a record header")
-    total, magic = _SIZE_MAGIC.unpack_from(view, pos)
-    if magic == BLANK_MAGIC:
-        if total < BLANK_SIZE:
-            raise RecordError(f"BLANK marker at {pos} has size {total}")
-        return Blank(total)
-    if magic != MESSAGE_MAGIC:
-        raise RecordError(f"bad magic 0x{magic:08X} at {pos}")
-    if total < MIN_RECORD_SIZE or total > max_size:
-        raise RecordError(
-            f"record at {pos} claims {total} bytes (valid: {MIN_RECORD_SIZE}..{max_size})"
-        )
+    try:
+        head = peek(view[pos : pos + BLANK_SIZE])
+    except RecordError as exc:
+        raise RecordError(f"at {pos}: {exc}") from None
+    if isinstance(head, Blank):
+        return head
+    total = head
+    if total > max_size:
+        raise RecordError(f"record at {pos} claims {total} bytes; the limit is {max_size}")
     if total > available:
         raise RecordError(
             f"record at {pos} claims {total} bytes, only {available} follow (torn write?)"
