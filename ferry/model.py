@@ -19,11 +19,13 @@ PERM_INHERIT = 1
 PERM_READ_WRITE = PERM_READ | PERM_WRITE
 
 MASTER_ID = 0
+PERM_MAX = 15
 MAX_QUEUE_NUMS = 65536
 TOPIC_MAX_LENGTH = 127
 NAME_MAX_LENGTH = 255
 
-TOPIC_PATTERN = re.compile(r"[%|a-zA-Z0-9_-]+")
+TOPIC_CHARS = r"[%|a-zA-Z0-9_-]"
+TOPIC_PATTERN = re.compile(TOPIC_CHARS + "+")
 NAME_PATTERN = re.compile(r"[%|a-zA-Z0-9_.:-]+")
 HOST_PATTERN = re.compile(r"[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\]")
 
@@ -113,7 +115,7 @@ def check_queue_nums(value: int, field: str) -> int:
 
 
 def check_perm(value: int, field: str = "perm") -> int:
-    if value < 0 or value > 15:
+    if value < 0 or value > PERM_MAX:
         raise InvalidArgument(
             field, f"{value} is outside 0..15 (READ=4, WRITE=2, INHERIT=1, PRIORITY=8)"
         )

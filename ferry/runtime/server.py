@@ -70,10 +70,6 @@ class GrpcServer:
         self._health = HealthServicer()
         self.port = 0
 
-    @property
-    def health(self) -> HealthServicer:
-        return self._health
-
     async def start(self) -> int:
         """Bind and start; health stays NOT_SERVING. Returns the bound port."""
         server = grpc.aio.server(options=server_options(self._max_message_bytes))

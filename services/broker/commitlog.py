@@ -76,9 +76,7 @@ class CommitLog:
     def set_write_offset(self, offset: int) -> None:
         """Recovery's verdict: everything from `offset` on is discarded (zeroed
         in its file, later files deleted)."""
-        if offset < self.min_offset or (
-            self._segments and offset > self._segments[-1].start + self.file_size
-        ):
+        if offset < self.min_offset or offset > self._write_end():
             raise CommitLogError(
                 f"offset {offset} is outside the files [{self.min_offset}, {self._write_end()}]"
             )
@@ -89,7 +87,7 @@ class CommitLog:
                 self._dirty.remove(segment)
             os.close(segment.fd)
             segment.path.unlink()
-        if self._segments and offset < self._segments[-1].start + self.file_size:
+        if self._segments and offset < self._write_end():
             self._zero(self._segments[-1], offset - start)
         self._write_offset = offset
 

@@ -34,7 +34,10 @@ from typing import NamedTuple
 from ferry.model import (
     MASTER_ID,
     MAX_QUEUE_NUMS,
+    PERM_MAX,
     PERM_WRITE,
+    TOPIC_CHARS,
+    TOPIC_MAX_LENGTH,
     DataVersion,
     check_addr,
     check_broker_id,
@@ -125,7 +128,6 @@ class RegisterResult:
     master_addr: str
     ha_server_addr: str
     topic_config_applied: bool
-    generation: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +145,8 @@ class Route:
     filter_servers: dict[str, list[str]]
 
 
-_TOPIC_LINES = re.compile(r"(?:[%|a-zA-Z0-9_-]{1,127}\n)*")
+# Every name, one per line, by the same rule as `check_topic`.
+_TOPIC_LINES = re.compile(rf"(?:{TOPIC_CHARS}{{1,{TOPIC_MAX_LENGTH}}}\n)*")
 
 
 def _validate_topics(topics: Mapping[str, TopicQueues]) -> None:
@@ -154,7 +157,9 @@ def _validate_topics(topics: Mapping[str, TopicQueues]) -> None:
     names_ok = lines.count("\n") == len(topics) and _TOPIC_LINES.fullmatch(lines) is not None
     limit = MAX_QUEUE_NUMS
     values_ok = all(
-        0 <= q.read_queue_nums <= limit and 0 <= q.write_queue_nums <= limit and 0 <= q.perm <= 15
+        0 <= q.read_queue_nums <= limit
+        and 0 <= q.write_queue_nums <= limit
+        and 0 <= q.perm <= PERM_MAX
         for q in topics.values()
     )
     if names_ok and values_ok:
@@ -271,7 +276,7 @@ class RouteTable:
             master = self.live.get(candidate) if candidate else None
             if master is not None and master.alive_at(now_mono):
                 master_addr, ha_addr = candidate or "", master.ha_server_addr
-        return RegisterResult(master_addr, ha_addr, applied, generation)
+        return RegisterResult(master_addr, ha_addr, applied)
 
     def unregister(
         self,
