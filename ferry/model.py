@@ -120,3 +120,46 @@ def check_perm(value: int, field: str = "perm") -> int:
             field, f"{value} is outside 0..15 (READ=4, WRITE=2, INHERIT=1, PRIORITY=8)"
         )
     return value
+
+
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+# RocketMQ's default messageDelayLevel: level n (1-based) waits DELAY_LEVELS_S[n - 1].
+DELAY_LEVELS_S = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
+TOPIC_FILTER_TYPES = ("SINGLE_TAG", "MULTI_TAG")
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    """A topic as a broker stores it (RocketMQ TopicConfig; one entry of topics.json)."""
+
+    topic_name: str
+    read_queue_nums: int = 8
+    write_queue_nums: int = 8
+    perm: int = PERM_READ_WRITE
+    topic_filter_type: str = "SINGLE_TAG"
+    topic_sys_flag: int = 0
+    order: bool = False
+    attributes: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def queue_nums(self) -> int:
+        """Queues that exist on disk: the larger of the read and write counts."""
+        return max(self.read_queue_nums, self.write_queue_nums)
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionGroupConfig:
+    """A consumer group's settings (RocketMQ SubscriptionGroupConfig)."""
+
+    group_name: str
+    consume_enable: bool = True
+    consume_from_min_enable: bool = True
+    consume_broadcast_enable: bool = True
+    retry_queue_nums: int = 1
+    retry_max_times: int = 16
+    broker_id: int = 0
+    which_broker_when_consume_slowly: int = 1
+    notify_consumer_ids_changed_enable: bool = True
+    group_sys_flag: int = 0
+    consume_message_orderly: bool = False
+    attributes: tuple[tuple[str, str], ...] = ()

@@ -11,8 +11,8 @@ may come from anywhere below `max_offset`. This module does blocking file I/O:
 async callers run it in a thread. Byte positions inside a record belong to
 `ferry.record`; this module only knows record sizes and the BLANK marker.
 
-Not here yet (issue #3): recovery (`checkpoint`, `abort`), flush policies and
-the consume-queue dispatcher.
+Recovery, flushing and dispatch live in `store.py`, `recovery.py` and
+`dispatcher.py`; they drive this class.
 """
 
 from __future__ import annotations
@@ -73,9 +73,10 @@ class CommitLog:
     def segment_starts(self) -> list[int]:
         return [s.start for s in self._segments]
 
-    def set_write_offset(self, offset: int) -> None:
+    def set_write_offset(self, offset: int, zero_to: int | None = None) -> None:
         """Recovery's verdict: everything from `offset` on is discarded (zeroed
-        in its file, later files deleted)."""
+        in its file up to `zero_to` — default the file's end — and later files
+        deleted)."""
         if offset < self.min_offset or offset > self._write_end():
             raise CommitLogError(
                 f"offset {offset} is outside the files [{self.min_offset}, {self._write_end()}]"
@@ -88,7 +89,8 @@ class CommitLog:
             os.close(segment.fd)
             segment.path.unlink()
         if self._segments and offset < self._write_end():
-            self._zero(self._segments[-1], offset - start)
+            end = self._write_end() if zero_to is None else min(zero_to, self._write_end())
+            self._zero(self._segments[-1], offset - start, end - start)
         self._write_offset = offset
 
     # ------------------------------------------------------------ writes
@@ -129,9 +131,32 @@ class CommitLog:
 
     def flush(self) -> None:
         """Make everything written durable (fdatasync of the files written since the last flush)."""
-        for segment in self._dirty:
-            os.fdatasync(segment.fd)
+        for fd in self.take_dirty():
+            os.fdatasync(fd)
+
+    def take_dirty(self) -> list[int]:
+        """The files written since the last call, to fdatasync (possibly in a
+        thread, while the appender goes on writing)."""
+        fds = [segment.fd for segment in self._dirty]
         self._dirty.clear()
+        return fds
+
+    def file_end(self, offset: int) -> int:
+        """The end of the file that holds `offset`."""
+        return offset - offset % self.file_size + self.file_size
+
+    def read_into_chunk(self, offset: int, max_bytes: int) -> bytes:
+        """Up to `max_bytes` from `offset`, stopping at the write position and at
+        the end of the file (for scans; may end mid-record)."""
+        end = min(self._write_offset, self.file_end(offset), offset + max_bytes)
+        return self.read(offset, max(0, end - offset))
+
+    def read_raw(self, offset: int, size: int) -> bytes:
+        """Like `read`, but may look past the write position (recovery scans the
+        whole file before it knows where the data ends)."""
+        segment = self._segment_for(offset)
+        size = min(size, segment.start + self.file_size - offset)
+        return os.pread(segment.fd, size, offset - segment.start)
 
     # ------------------------------------------------------------ reads
 
@@ -240,8 +265,8 @@ class CommitLog:
             os.ftruncate(fd, self.file_size)
         self._segments.append(_Segment(start, path, fd))
 
-    def _zero(self, segment: _Segment, position: int) -> None:
-        while position < self.file_size:
-            n = min(len(_ZERO_CHUNK), self.file_size - position)
+    def _zero(self, segment: _Segment, position: int, end: int) -> None:
+        while position < end:
+            n = min(len(_ZERO_CHUNK), end - position)
             os.pwrite(segment.fd, _ZERO_CHUNK[:n], position)
             position += n
