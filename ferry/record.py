@@ -318,6 +318,8 @@ def dispatch_info(buf: bytes | bytearray | memoryview, pos: int, check_crc: bool
     props_at = at + 3 + topic_len
     if props_at + props_len != end:
         raise RecordError(f"record at {pos}: lengths add up to {props_at + props_len - pos}, TOTALSIZE says {total}")
+    if not buf[at + topic_len] or (props_len and buf[end - 1] != 2):
+        raise RecordError(f"record at {pos}: topic or properties end in zeros (a torn write)")
     if check_crc and zlib.crc32(memoryview(buf)[pos + HEAD_SIZE : pos + HEAD_SIZE + body_len]) & 0x7FFFFFFF != crc:
         raise RecordError(f"record at {pos}: body CRC mismatch")
     try:
@@ -422,6 +424,8 @@ def scan_valid(buf: bytes | memoryview, pos: int, end: int) -> tuple[int, str | 
         (props_len,) = unpack_u16(buf, at + 1 + topic_len)
         if at + 3 + topic_len + props_len != record_end:
             return pos, "field lengths do not add up to TOTALSIZE"
+        if not buf[at + topic_len] or (props_len and buf[record_end - 1] != 2):
+            return pos, "topic or properties end in zeros (a torn write)"
         (crc,) = unpack_i(buf, pos + 8)
         if crc32(view[pos + HEAD_SIZE : at]) & 0x7FFFFFFF != crc:
             return pos, "body CRC mismatch"

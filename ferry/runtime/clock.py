@@ -53,3 +53,17 @@ class FakeClock:
             raise ValueError("a clock does not go backwards")
         self._wall += seconds
         self._monotonic += seconds
+
+
+async def wait_event(event, timeout_s: float) -> bool:
+    """Wait for an `asyncio.Event` (or any awaitable-producing `.wait()`) at most
+    `timeout_s`; True if it was set. Unlike `asyncio.wait_for` on Python 3.11,
+    a cancellation arriving just as the event is set is never swallowed."""
+    import asyncio
+
+    try:
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
+        return True
+    except TimeoutError:
+        return False

@@ -101,6 +101,9 @@ class GrpcServer:
     async def set_serving(self) -> None:
         await self._set_all(SERVING)
 
+    async def set_not_serving(self) -> None:
+        await self._set_all(NOT_SERVING)
+
     async def stop(self, grace_s: float = 5.0) -> None:
         """Report NOT_SERVING, let calls in flight finish for `grace_s`, then stop."""
         await self._set_all(NOT_SERVING)

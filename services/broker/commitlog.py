@@ -17,6 +17,7 @@ Recovery, flushing and dispatch live in `store.py`, `recovery.py` and
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -25,6 +26,8 @@ from pathlib import Path
 
 from ferry import record
 from ferry.record import Blank, Record, RecordError
+
+log = logging.getLogger(__name__)
 
 NAME_DIGITS = 20
 _NAME = re.compile(r"\d{20}")
@@ -203,7 +206,8 @@ class CommitLog:
     # ------------------------------------------------------------ internals
 
     def _open_existing(self) -> list[_Segment]:
-        segments = []
+        segments: list[_Segment] = []
+        size_problems: list[Path] = []
         for path in sorted(self.directory.iterdir()):
             if path.name.startswith("."):
                 continue
@@ -218,14 +222,22 @@ class CommitLog:
                     "was the file size changed?"
                 )
             if path.stat().st_size != self.file_size:
-                raise CommitLogError(
-                    f"{path}: {path.stat().st_size} bytes, expected {self.file_size}"
-                )
+                size_problems.append(path)
             if segments and start != segments[-1].start + self.file_size:
                 raise CommitLogError(
                     f"{path}: a file is missing before it (gap after {segments[-1].path.name})"
                 )
             segments.append(_Segment(start, path, os.open(path, os.O_RDWR)))
+        for path in size_problems:
+            size = path.stat().st_size
+            if path != segments[-1].path or size > self.file_size:
+                for segment in segments:
+                    os.close(segment.fd)
+                raise CommitLogError(f"{path}: {size} bytes, expected {self.file_size}")
+            # The newest file cut short (a crash while it grew, or a copy): its
+            # missing end reads as zeros, which recovery treats as "no data".
+            log.warning("%s is %d bytes, not %d: extending it with zeros", path, size, self.file_size)
+            os.ftruncate(segments[-1].fd, self.file_size)
         return segments
 
     def _has_segment(self, start: int) -> bool:

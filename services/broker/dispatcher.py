@@ -20,6 +20,7 @@ from collections.abc import Callable
 from ferry import record
 from ferry.model import DELAY_LEVELS_S, SCHEDULE_TOPIC
 from ferry.record import Blank, RecordError
+from ferry.runtime.clock import wait_event
 from services.broker.commitlog import CommitLog
 from services.broker.consumequeue import ConsumeQueues
 
@@ -133,10 +134,7 @@ class Dispatcher:
         if self._wake is None:
             self._wake = asyncio.Event()
         while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), idle_wait_s)
-            except TimeoutError:
-                pass
+            await wait_event(self._wake, idle_wait_s)
             self._wake.clear()
             try:
                 while self.dispatch_some():

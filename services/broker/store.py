@@ -32,7 +32,7 @@ from pathlib import Path
 
 from ferry import record
 from ferry.model import DELAY_LEVELS_S
-from ferry.runtime.clock import Clock
+from ferry.runtime.clock import Clock, wait_event
 from services.broker.commitlog import CommitLog
 from services.broker.consumequeue import ConsumeQueues, sync_fds
 from services.broker.dispatcher import Dispatcher
@@ -274,6 +274,12 @@ class MessageStore:
         self._opened = False
         log.info("store closed cleanly at commit offset %d", snapshot[0])
 
+    def set_store_host(self, host: tuple[str, int]) -> None:
+        """The advertised address stored in records and message ids (known once
+        the gRPC server has bound its port)."""
+        self._store_host = record.pack_host(host)
+        self._msg_id_prefix = record.message_id(host, 0)[:16]
+
     # ------------------------------------------------------------ state
 
     @property
@@ -372,7 +378,8 @@ class MessageStore:
         if self._flush_wake is not None:
             self._flush_wake.set()
         try:
-            await asyncio.wait_for(asyncio.shield(future), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await asyncio.shield(future)
             return True
         except TimeoutError:
             return False
@@ -385,10 +392,7 @@ class MessageStore:
         interval = self.config.flush_interval_s
         last_checkpoint = time.monotonic()
         while True:
-            try:
-                await asyncio.wait_for(self._flush_wake.wait(), interval)
-            except TimeoutError:
-                pass
+            await wait_event(self._flush_wake, interval)
             self._flush_wake.clear()
             now = time.monotonic()
             full = now - last_checkpoint >= interval
@@ -518,7 +522,8 @@ class MessageStore:
             future = loop.create_future()
             self._long_polls.setdefault(key, []).append(future)
             try:
-                await asyncio.wait_for(future, min(remaining, 1.0))
+                async with asyncio.timeout(min(remaining, 1.0)):
+                    await future
             except TimeoutError:
                 pass
             finally:

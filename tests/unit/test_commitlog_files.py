@@ -152,7 +152,7 @@ def test_reopen_finds_files_and_set_write_offset_discards_the_tail(tmp_path):
     [
         ("notes.txt", FILE_SIZE, "20 digits"),
         ("00000000000000000100", FILE_SIZE, "not a multiple"),
-        ("00000000000000000000", 10, "expected 1024"),
+        ("00000000000000000000", FILE_SIZE + 1, "expected 1024"),
     ],
 )
 def test_foreign_or_damaged_files_stop_with_the_file_named(tmp_path, name, content_size, message):
@@ -161,6 +161,25 @@ def test_foreign_or_damaged_files_stop_with_the_file_named(tmp_path, name, conte
     (directory / name).write_bytes(bytes(content_size))
     with pytest.raises(CommitLogError, match=message):
         CommitLog(directory, FILE_SIZE)
+
+
+def test_short_file_before_the_newest_is_refused(tmp_path):
+    directory = tmp_path / "commitlog"
+    directory.mkdir()
+    (directory / f"{0:020d}").write_bytes(bytes(10))
+    (directory / f"{FILE_SIZE:020d}").write_bytes(bytes(FILE_SIZE))
+    with pytest.raises(CommitLogError, match="00000000000000000000: 10 bytes, expected 1024"):
+        CommitLog(directory, FILE_SIZE)
+
+
+def test_short_newest_file_is_extended_with_zeros(tmp_path):
+    directory = tmp_path / "commitlog"
+    directory.mkdir()
+    (directory / f"{0:020d}").write_bytes(b"\x01" * 10)
+    log = CommitLog(directory, FILE_SIZE)
+    assert (directory / f"{0:020d}").stat().st_size == FILE_SIZE
+    assert log.read_raw(0, 12) == b"\x01" * 10 + b"\0\0"
+    log.close()
 
 
 def test_gap_between_files_is_reported(tmp_path):

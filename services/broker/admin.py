@@ -1,0 +1,183 @@
+"""The broker's administration use cases: topics, subscription groups, the
+broker's permission, runtime figures.
+
+Every change is persisted (by the metadata table) before the call returns,
+and topic changes are registered with the name servers at once through the
+`announce` callbacks (the registrar's), so a producer can use a topic as soon
+as `ferry topic create` returns. A slave mirrors its master's tables and
+refuses changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from ferry import __version__
+from ferry.model import (
+    SCHEDULE_TOPIC,
+    DataVersion,
+    SubscriptionGroupConfig,
+    TopicConfig,
+    check_perm,
+    check_topic,
+)
+from ferry.runtime.clock import Clock
+from ferry.runtime.errors import InvalidArgument, PermissionDenied
+from services.broker.store import MessageStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RuntimeInfo:
+    broker_role: str
+    cluster_name: str
+    broker_name: str
+    broker_id: int
+    commit_log_min_offset: int
+    commit_log_max_offset: int
+    confirm_offset: int
+    dispatch_behind_bytes: int
+    put_tps: float
+    get_tps: float
+    topic_count: int
+    flush_disk_type: str
+    broker_permission: int
+    start_timestamp: int
+    version: str
+    master_addr: str
+    table: dict[str, str]
+
+
+class _Rate:
+    """Per-second rate of a growing counter, over the last sampling window."""
+
+    def __init__(self) -> None:
+        self._last = (time.monotonic(), 0)
+        self.value = 0.0
+
+    def update(self, count: int) -> float:
+        now = time.monotonic()
+        then, before = self._last
+        if now - then >= 1.0:
+            self.value = (count - before) / (now - then)
+            self._last = (now, count)
+        return self.value
+
+
+class AdminService:
+    def __init__(
+        self,
+        identity: tuple[str, str, int, str],  # cluster, broker name, broker id, role
+        metadata,  # services.broker.metadata.BrokerMetadata
+        store: MessageStore,
+        clock: Clock,
+        permission: list[int],
+        announce_topics: Callable[[Sequence[TopicConfig]], Awaitable[None]] | None = None,
+        announce_all: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self.cluster_name, self.broker_name, self.broker_id, self.role = identity
+        self.metadata = metadata
+        self.store = store
+        self.clock = clock
+        self._permission = permission  # one mutable cell shared with the messaging service
+        self.announce_topics = announce_topics
+        self.announce_all = announce_all
+        self.started_ms = clock.wall_ms()
+        self.master_addr = ""
+        self._put_rate = _Rate()
+        self._get_rate = _Rate()
+
+    @property
+    def permission(self) -> int:
+        return self._permission[0]
+
+    def _writable_tables(self) -> None:
+        if self.role == "SLAVE":
+            raise PermissionDenied(
+                f"broker {self.broker_name} here is a SLAVE: its topics and groups mirror its "
+                "master's; change them on the master"
+            )
+
+    async def update_topic(self, config: TopicConfig) -> DataVersion:
+        self._writable_tables()
+        check_topic(config.topic_name, "topic_config.topic_name")
+        if config.topic_name == SCHEDULE_TOPIC:
+            raise InvalidArgument("topic_config.topic_name", f"{SCHEDULE_TOPIC} is a system topic")
+        version = self.metadata.topics.put(config)
+        log.info(
+            "topic updated topic=%s read=%d write=%d perm=%d",
+            config.topic_name,
+            config.read_queue_nums,
+            config.write_queue_nums,
+            config.perm,
+        )
+        if self.announce_topics is not None:
+            await self.announce_topics([self.metadata.topics.get(config.topic_name) or config])
+        return version
+
+    async def delete_topic(self, topic: str) -> DataVersion:
+        self._writable_tables()
+        check_topic(topic)
+        if topic == SCHEDULE_TOPIC:
+            raise InvalidArgument("topic", f"{SCHEDULE_TOPIC} is a system topic")
+        version = self.metadata.topics.delete(topic)
+        self.store.delete_topic(topic)
+        self.metadata.consumer_offsets.remove_topic(topic)
+        log.info("topic deleted topic=%s", topic)
+        if self.announce_all is not None:
+            await self.announce_all()
+        return version
+
+    def update_group(self, config: SubscriptionGroupConfig) -> DataVersion:
+        self._writable_tables()
+        return self.metadata.subscription_groups.put(config)
+
+    def delete_group(self, group: str) -> DataVersion:
+        self._writable_tables()
+        version = self.metadata.subscription_groups.delete(group)
+        self.metadata.consumer_offsets.remove_group(group)
+        return version
+
+    async def update_permission(self, perm: int) -> tuple[int, int]:
+        check_perm(perm, "broker_permission")
+        previous = self._permission[0]
+        self._permission[0] = perm
+        log.warning("brokerPermission changed from %d to %d", previous, perm)
+        if self.announce_all is not None:
+            await self.announce_all()
+        return previous, perm
+
+    def runtime_info(self, flush_disk_type: str) -> RuntimeInfo:
+        store = self.store
+        topics, _ = self.metadata.topics.snapshot()
+        return RuntimeInfo(
+            broker_role=self.role,
+            cluster_name=self.cluster_name,
+            broker_name=self.broker_name,
+            broker_id=self.broker_id,
+            commit_log_min_offset=store.min_offset,
+            commit_log_max_offset=store.max_offset,
+            confirm_offset=store.confirm_offset,
+            dispatch_behind_bytes=store.dispatcher.behind_bytes,
+            put_tps=self._put_rate.update(store.put_message_count),
+            get_tps=self._get_rate.update(store.get_message_count),
+            topic_count=len(topics),
+            flush_disk_type=flush_disk_type,
+            broker_permission=self.permission,
+            start_timestamp=self.started_ms,
+            version=__version__,
+            master_addr=self.master_addr,
+            table={
+                "flushedOffset": str(store.flushed_offset),
+                "dispatchedOffset": str(store.dispatcher.offset),
+                "putMessageTotal": str(store.put_message_count),
+                "getMessageTotal": str(store.get_message_count),
+                "commitLogFiles": str(len(store.commit_log.segment_starts())),
+                "consumeQueues": str(len(store.queues.all())),
+            },
+        )
+

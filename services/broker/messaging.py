@@ -1,0 +1,321 @@
+"""The broker's use cases for producers and consumers: send, pull, offsets.
+
+Between the servicer (which only converts) and the message store (which
+trusts its arguments) sit the rules: topic names, existence and permissions,
+the broker's own permission and role, queue choice, size limits, the DELAY
+property that diverts a message to the delay topic, tag filters and long
+polling. Every check runs before anything is written, so a rejected request
+changes nothing.
+
+Runs on the event loop thread, like the store.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ferry import record
+from ferry.model import PERM_READ, PERM_WRITE, SCHEDULE_TOPIC, TopicConfig, check_name, check_topic
+from ferry.runtime.errors import InvalidArgument, NotFound, PermissionDenied, ResourceExhausted
+from services.broker.store import GetResult, GetStatus, MessageIn, MessageStore, PutResult, PutStatus
+
+log = logging.getLogger(__name__)
+
+PROPERTY_DELAY = "DELAY"
+PROPERTY_REAL_TOPIC = "REAL_TOPIC"
+PROPERTY_REAL_QUEUE_ID = "REAL_QID"
+DEFAULT_PULL_NUMS = 32
+MAX_PULL_NUMS = 4096
+MAX_WAIT_MS = 60_000
+
+
+class TopicLookup(Protocol):
+    def get(self, topic: str) -> TopicConfig | None: ...
+
+
+class SendStatus(enum.Enum):
+    SEND_OK = "SEND_OK"
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
+    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingMessage:
+    body: bytes
+    tags: str = ""
+    keys: str = ""
+    properties: Mapping[str, str] = field(default_factory=dict)
+    flag: int = 0
+    born_timestamp: int = 0
+
+
+@dataclass(frozen=True)
+class SendOutcome:
+    status: SendStatus
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commit_offset: int
+    msg_ids: list[str]
+
+
+@dataclass(frozen=True)
+class PullOutcome:
+    result: GetResult
+    suggest_which_broker_id: int = 0
+
+
+# Replication (issue #4) plugs in here: given a stored batch, wait for a slave.
+ReplicationWait = Callable[[PutResult], Awaitable[SendStatus]]
+
+
+class MessagingService:
+    def __init__(
+        self,
+        store: MessageStore,
+        topics: TopicLookup,
+        broker_permission: Callable[[], int],
+        is_slave: bool,
+        max_message_size: int,
+        broker_name: str = "",
+        born_host: tuple[str, int] = ("127.0.0.1", 0),
+    ) -> None:
+        self.store = store
+        self.topics = topics
+        self.broker_permission = broker_permission
+        self.is_slave = is_slave
+        self.max_message_size = max_message_size
+        self.broker_name = broker_name
+        self.replication_wait: ReplicationWait | None = None
+        self._round_robin: dict[str, itertools.count] = {}
+        self._born_host = record.pack_host(born_host)
+
+    # ------------------------------------------------------------ send
+
+    async def send(
+        self,
+        topic: str,
+        queue_id: int | None,
+        messages: Sequence[OutgoingMessage],
+        wait_store_msg_ok: bool = True,
+        batch: bool = False,
+    ) -> SendOutcome:
+        check_topic(topic)
+        if topic == SCHEDULE_TOPIC:
+            raise InvalidArgument(
+                "topic", f"{SCHEDULE_TOPIC} is a system topic; send with the DELAY property instead"
+            )
+        if self.is_slave:
+            raise PermissionDenied(
+                f"broker {self.broker_name} here is a SLAVE and takes no writes; send to its master"
+            )
+        perm = self.broker_permission()
+        if not perm & PERM_WRITE:
+            raise PermissionDenied(
+                f"broker {self.broker_name} is not writable (brokerPermission={perm}); "
+                "it is being drained or is read-only"
+            )
+        config = self.topics.get(topic)
+        if config is None:
+            raise NotFound(
+                f"topic {topic!r} does not exist on broker {self.broker_name}; create it with "
+                f"`ferry topic create {topic} -b BROKER` (autoCreateTopic is off)"
+            )
+        if not config.perm & PERM_WRITE:
+            raise PermissionDenied(f"topic {topic!r} is not writable (perm={config.perm})")
+        if not messages:
+            raise InvalidArgument("messages", "a batch needs at least one message")
+        queue_id = self._pick_queue(config, queue_id)
+        store_topic, store_queue = topic, queue_id
+        encoded = []
+        for index, message in enumerate(messages):
+            where = f"messages[{index}]" if batch else "body"
+            properties, delay_level = self._properties(message, topic, queue_id, where)
+            if delay_level:
+                if batch:
+                    raise InvalidArgument(
+                        f"messages[{index}].properties",
+                        "DELAY is not supported in a batch; send delayed messages one by one",
+                    )
+                store_topic, store_queue = SCHEDULE_TOPIC, delay_level - 1
+            encoded.append(
+                MessageIn(
+                    body=message.body,
+                    properties=properties,
+                    flag=message.flag,
+                    born_timestamp=message.born_timestamp or self.store.clock.wall_ms(),
+                    born_host=self._born_host,
+                )
+            )
+        result = await self.store.put(store_topic, store_queue, encoded, wait_flush=wait_store_msg_ok)
+        status = SendStatus.SEND_OK
+        if result.status is PutStatus.FLUSH_DISK_TIMEOUT:
+            status = SendStatus.FLUSH_DISK_TIMEOUT
+        if self.replication_wait is not None and wait_store_msg_ok:
+            replicated = await self.replication_wait(result)
+            if status is SendStatus.SEND_OK:
+                status = replicated
+        return SendOutcome(
+            status,
+            store_topic,
+            result.queue_id,
+            result.queue_offset,
+            result.commit_offsets[0],
+            result.msg_ids,
+        )
+
+    def _pick_queue(self, config: TopicConfig, queue_id: int | None) -> int:
+        count = config.write_queue_nums
+        if count <= 0:
+            raise PermissionDenied(f"topic {config.topic_name!r} has no write queues")
+        if queue_id is None or queue_id == -1:
+            counter = self._round_robin.setdefault(config.topic_name, itertools.count())
+            return next(counter) % count
+        if not 0 <= queue_id < count:
+            raise InvalidArgument(
+                "queue_id",
+                f"{queue_id} is out of range: topic {config.topic_name!r} has {count} write "
+                f"queues (0..{count - 1}); use -1 to let the broker pick",
+            )
+        return queue_id
+
+    def _properties(
+        self, message: OutgoingMessage, topic: str, queue_id: int, where: str
+    ) -> tuple[bytes, int]:
+        body = message.body
+        if not body:
+            raise InvalidArgument(where if where == "body" else f"{where}.body", "must not be empty")
+        if len(body) > self.max_message_size:
+            raise ResourceExhausted(
+                f"{where if where == 'body' else where + '.body'} is {len(body)} bytes; "
+                f"maxMessageSize is {self.max_message_size}"
+            )
+        properties = dict(message.properties)
+        if message.tags:
+            properties[record.PROPERTY_TAGS] = message.tags
+        if message.keys:
+            properties[record.PROPERTY_KEYS] = message.keys
+        delay_level = 0
+        raw_delay = properties.get(PROPERTY_DELAY)
+        if raw_delay is not None:
+            try:
+                delay_level = int(raw_delay)
+            except ValueError:
+                raise InvalidArgument(
+                    f"{where}.properties", f"DELAY {raw_delay[:20]!r} is not a level 1..18"
+                ) from None
+            levels = len(self.store.config.delay_levels_s)
+            if delay_level <= 0:
+                properties.pop(PROPERTY_DELAY)
+                delay_level = 0
+            else:
+                delay_level = min(delay_level, levels)
+                properties[PROPERTY_DELAY] = str(delay_level)
+                properties[PROPERTY_REAL_TOPIC] = topic
+                properties[PROPERTY_REAL_QUEUE_ID] = str(queue_id)
+        try:
+            encoded = record.encode_properties(properties)
+        except record.RecordError as exc:
+            raise InvalidArgument(f"{where}.properties", str(exc)) from None
+        if len(encoded) > record.MAX_PROPERTIES_BYTES:
+            raise InvalidArgument(
+                f"{where}.properties",
+                f"{len(encoded)} bytes encoded; the limit is {record.MAX_PROPERTIES_BYTES}",
+            )
+        return encoded, delay_level
+
+    # ------------------------------------------------------------ pull
+
+    async def pull(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        queue_offset: int,
+        max_nums: int,
+        max_wait_ms: int,
+        sub_expression: str = "",
+    ) -> PullOutcome:
+        check_name(group, "consumer_group")
+        config = self._readable_topic(topic, queue_id)
+        if queue_offset < 0:
+            raise InvalidArgument("queue_offset", f"{queue_offset} is negative")
+        if max_nums < 0:
+            raise InvalidArgument("max_msg_nums", f"{max_nums} is negative")
+        if max_wait_ms < 0:
+            raise InvalidArgument("max_wait_ms", f"{max_wait_ms} is negative")
+        del config
+        count = min(max_nums or DEFAULT_PULL_NUMS, MAX_PULL_NUMS)
+        tag_hashes = parse_sub_expression(sub_expression)
+        result = self.store.get_messages(topic, queue_id, queue_offset, count, tag_hashes)
+        if result.status is GetStatus.NO_NEW_MSG and max_wait_ms > 0:
+            await self.store.wait_for_messages(
+                topic, queue_id, queue_offset, min(max_wait_ms, MAX_WAIT_MS) / 1000
+            )
+            result = self.store.get_messages(topic, queue_id, queue_offset, count, tag_hashes)
+        return PullOutcome(result, 0)
+
+    def _readable_topic(self, topic: str, queue_id: int) -> TopicConfig:
+        check_topic(topic)
+        config = self.topics.get(topic)
+        if config is None:
+            raise NotFound(f"topic {topic!r} does not exist on broker {self.broker_name}")
+        perm = self.broker_permission()
+        if not perm & PERM_READ:
+            raise PermissionDenied(
+                f"broker {self.broker_name} is not readable (brokerPermission={perm})"
+            )
+        if not config.perm & PERM_READ:
+            raise PermissionDenied(f"topic {topic!r} is not readable (perm={config.perm})")
+        self.check_queue(config, queue_id)
+        return config
+
+    def check_queue(self, config: TopicConfig, queue_id: int) -> None:
+        count = config.queue_nums
+        if not 0 <= queue_id < count:
+            raise InvalidArgument(
+                "queue_id",
+                f"{queue_id} is out of range: topic {config.topic_name!r} has {count} queues "
+                f"(0..{count - 1})",
+            )
+
+    # ------------------------------------------------------------ offsets
+
+    def queue_offsets(self, topic: str, queue_id: int) -> tuple[int, int]:
+        """(min, max) queue offsets of one queue."""
+        check_topic(topic)
+        config = self.topics.get(topic)
+        if config is None:
+            raise NotFound(f"topic {topic!r} does not exist on broker {self.broker_name}")
+        self.check_queue(config, queue_id)
+        return self.store.queue_min_offset(topic, queue_id), self.store.queue_max_offset(
+            topic, queue_id
+        )
+
+
+def parse_sub_expression(expression: str) -> frozenset[int] | None:
+    """RocketMQ's tag expression `a || b`: the tag hashes to keep, None for all."""
+    text = expression.strip()
+    if not text or text == "*":
+        return None
+    tags = [t.strip() for t in text.split("||")]
+    if any(not t for t in tags):
+        raise InvalidArgument("sub_expression", f"{expression!r} is not `tag || tag ...` or `*`")
+    return frozenset(record.tags_hash(t) for t in tags)
+
+
+__all__ = [
+    "GetStatus",
+    "MessagingService",
+    "OutgoingMessage",
+    "PullOutcome",
+    "SendOutcome",
+    "SendStatus",
+    "parse_sub_expression",
+]

@@ -1,0 +1,259 @@
+"""The broker's gRPC servicers: `Broker`, `BrokerAdmin` and `SlaveSync`.
+
+They only adapt: convert the request, call one use case, convert the result.
+Domain errors become status codes through `ferry.runtime.grpc_errors`. While
+the broker is starting or stopping every call is UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import grpc
+
+from ferry.model import check_name, check_topic
+from ferry.runtime.errors import InvalidArgument, NotFound, Unavailable
+from ferry.runtime.grpc_errors import grpc_method
+from ferry.v1 import (
+    broker_admin_pb2,
+    broker_admin_pb2_grpc,
+    broker_pb2,
+    broker_pb2_grpc,
+    common_pb2,
+    slave_sync_pb2,
+    slave_sync_pb2_grpc,
+)
+from services.broker import convert
+from services.broker.admin import AdminService
+from services.broker.messaging import MessagingService
+
+
+class Gate:
+    """Open while the broker serves; closed while starting and stopping."""
+
+    def __init__(self) -> None:
+        self.open = False
+
+    def check(self) -> None:
+        if not self.open:
+            raise Unavailable("the broker is starting up or shutting down; try again shortly")
+
+
+class BrokerServicer(broker_pb2_grpc.BrokerServicer):
+    def __init__(
+        self,
+        messaging: MessagingService,
+        offsets,  # services.broker.metadata.ConsumerOffsetTable
+        gate: Gate,
+        store_host: tuple[str, int],
+    ) -> None:
+        self.messaging = messaging
+        self.offsets = offsets
+        self.gate = gate
+        self.store_host = store_host
+
+    @grpc_method
+    async def SendMessage(
+        self, request: broker_pb2.SendMessageRequest, context: grpc.aio.ServicerContext
+    ) -> broker_pb2.SendResult:
+        self.gate.check()
+        outcome = await self.messaging.send(
+            request.topic,
+            convert.queue_id_of(request),
+            [convert.outgoing(request)],
+            convert.wait_of(request),
+        )
+        return convert.send_result_pb(outcome)
+
+    @grpc_method
+    async def SendMessages(
+        self, request: broker_pb2.SendMessagesRequest, context: grpc.aio.ServicerContext
+    ) -> broker_pb2.SendResult:
+        self.gate.check()
+        outcome = await self.messaging.send(
+            request.topic,
+            convert.queue_id_of(request),
+            [convert.outgoing(m) for m in request.messages],
+            convert.wait_of(request),
+            batch=True,
+        )
+        return convert.send_result_pb(outcome)
+
+    @grpc_method
+    async def PullMessage(
+        self, request: broker_pb2.PullMessageRequest, context: grpc.aio.ServicerContext
+    ) -> broker_pb2.PullMessageResponse:
+        self.gate.check()
+        outcome = await self.messaging.pull(
+            request.consumer_group,
+            request.topic,
+            request.queue_id,
+            request.queue_offset,
+            request.max_msg_nums,
+            request.max_wait_ms,
+            request.sub_expression,
+        )
+        return convert.pull_response_pb(
+            outcome.result, outcome.suggest_which_broker_id, self.store_host
+        )
+
+    @grpc_method
+    async def QueryConsumerOffset(
+        self, request: broker_pb2.QueryConsumerOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> broker_pb2.QueryConsumerOffsetResponse:
+        self.gate.check()
+        self._check_queue(request.consumer_group, request.topic, request.queue_id)
+        offset = self.offsets.query(request.consumer_group, request.topic, request.queue_id)
+        if offset is None:
+            raise NotFound(
+                f"consumer group {request.consumer_group!r} has no committed offset for "
+                f"{request.topic}/{request.queue_id}"
+            )
+        return broker_pb2.QueryConsumerOffsetResponse(offset=offset)
+
+    @grpc_method
+    async def UpdateConsumerOffset(
+        self, request: broker_pb2.UpdateConsumerOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> broker_pb2.UpdateConsumerOffsetResponse:
+        self.gate.check()
+        self._check_queue(request.consumer_group, request.topic, request.queue_id)
+        if request.offset < 0:
+            raise InvalidArgument("offset", f"{request.offset} is negative")
+        self.offsets.commit(
+            request.consumer_group, request.topic, request.queue_id, request.offset
+        )
+        return broker_pb2.UpdateConsumerOffsetResponse()
+
+    @grpc_method
+    async def GetMaxOffset(
+        self, request: broker_pb2.GetMaxOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> broker_pb2.GetOffsetResponse:
+        self.gate.check()
+        _, high = self.messaging.queue_offsets(request.topic, request.queue_id)
+        return broker_pb2.GetOffsetResponse(offset=high)
+
+    @grpc_method
+    async def GetMinOffset(
+        self, request: broker_pb2.GetMinOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> broker_pb2.GetOffsetResponse:
+        self.gate.check()
+        low, _ = self.messaging.queue_offsets(request.topic, request.queue_id)
+        return broker_pb2.GetOffsetResponse(offset=low)
+
+    def _check_queue(self, group: str, topic: str, queue_id: int) -> None:
+        check_name(group, "consumer_group")
+        self.messaging.queue_offsets(topic, queue_id)
+
+
+class BrokerAdminServicer(broker_admin_pb2_grpc.BrokerAdminServicer):
+    def __init__(self, admin: AdminService, gate: Gate, flush_disk_type: str) -> None:
+        self.admin = admin
+        self.gate = gate
+        self.flush_disk_type = flush_disk_type
+
+    @grpc_method
+    async def UpdateAndCreateTopic(
+        self, request: broker_admin_pb2.UpdateAndCreateTopicRequest, context
+    ) -> broker_admin_pb2.TableChangeResponse:
+        self.gate.check()
+        if not request.HasField("topic_config"):
+            raise InvalidArgument("topic_config", "is required")
+        version = await self.admin.update_topic(convert.topic_config(request.topic_config))
+        return broker_admin_pb2.TableChangeResponse(data_version=convert.data_version_pb(version))
+
+    @grpc_method
+    async def DeleteTopic(
+        self, request: broker_admin_pb2.DeleteTopicRequest, context
+    ) -> broker_admin_pb2.TableChangeResponse:
+        self.gate.check()
+        check_topic(request.topic)
+        version = await self.admin.delete_topic(request.topic)
+        return broker_admin_pb2.TableChangeResponse(data_version=convert.data_version_pb(version))
+
+    @grpc_method
+    async def UpdateAndCreateSubscriptionGroup(
+        self, request: broker_admin_pb2.UpdateAndCreateSubscriptionGroupRequest, context
+    ) -> broker_admin_pb2.TableChangeResponse:
+        self.gate.check()
+        if not request.HasField("config"):
+            raise InvalidArgument("config", "is required")
+        version = self.admin.update_group(convert.subscription_group(request.config))
+        return broker_admin_pb2.TableChangeResponse(data_version=convert.data_version_pb(version))
+
+    @grpc_method
+    async def DeleteSubscriptionGroup(
+        self, request: broker_admin_pb2.DeleteSubscriptionGroupRequest, context
+    ) -> broker_admin_pb2.TableChangeResponse:
+        self.gate.check()
+        check_name(request.group_name, "group_name")
+        version = self.admin.delete_group(request.group_name)
+        return broker_admin_pb2.TableChangeResponse(data_version=convert.data_version_pb(version))
+
+    @grpc_method
+    async def GetBrokerRuntimeInfo(
+        self, request: broker_admin_pb2.GetBrokerRuntimeInfoRequest, context
+    ) -> broker_admin_pb2.BrokerRuntimeInfo:
+        info = self.admin.runtime_info(self.flush_disk_type)
+        return broker_admin_pb2.BrokerRuntimeInfo(**info.__dict__)
+
+    @grpc_method
+    async def UpdateBrokerPermission(
+        self, request: broker_admin_pb2.UpdateBrokerPermissionRequest, context
+    ) -> broker_admin_pb2.UpdateBrokerPermissionResponse:
+        self.gate.check()
+        previous, current = await self.admin.update_permission(request.broker_permission)
+        return broker_admin_pb2.UpdateBrokerPermissionResponse(
+            previous_permission=previous, broker_permission=current
+        )
+
+
+class SlaveSyncServicer(slave_sync_pb2_grpc.SlaveSyncServicer):
+    def __init__(self, metadata, gate: Gate) -> None:
+        self.metadata = metadata
+        self.gate = gate
+
+    @grpc_method
+    async def GetAllTopicConfig(
+        self, request, context
+    ) -> common_pb2.TopicConfigSerializeWrapper:
+        self.gate.check()
+        table, version = self.metadata.topics.snapshot()
+        return convert.topic_wrapper_pb(table, version)
+
+    @grpc_method
+    async def GetAllConsumerOffset(
+        self, request, context
+    ) -> slave_sync_pb2.ConsumerOffsetSerializeWrapper:
+        self.gate.check()
+        table, version = self.metadata.consumer_offsets.snapshot()
+        wrapper = slave_sync_pb2.ConsumerOffsetSerializeWrapper(
+            data_version=convert.data_version_pb(version)
+        )
+        for key, offsets in table.items():
+            wrapper.offset_table[key].offsets.update(offsets)
+        return wrapper
+
+    @grpc_method
+    async def GetAllDelayOffset(
+        self, request, context
+    ) -> slave_sync_pb2.DelayOffsetSerializeWrapper:
+        self.gate.check()
+        table, version = self.metadata.delay_offsets.snapshot()
+        return slave_sync_pb2.DelayOffsetSerializeWrapper(
+            offset_table=table, data_version=convert.data_version_pb(version)
+        )
+
+    @grpc_method
+    async def GetAllSubscriptionGroupConfig(
+        self, request, context
+    ) -> slave_sync_pb2.SubscriptionGroupWrapper:
+        self.gate.check()
+        table, version = self.metadata.subscription_groups.snapshot()
+        wrapper = slave_sync_pb2.SubscriptionGroupWrapper(
+            data_version=convert.data_version_pb(version)
+        )
+        for name, config in table.items():
+            wrapper.subscription_group_table[name].CopyFrom(convert.subscription_group_pb(config))
+        return wrapper
+
+

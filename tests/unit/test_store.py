@@ -1,0 +1,363 @@
+"""The message store on real files: appends, consume queues, reads, flushing,
+and recovery from clean stops, crashes, torn tails and lost consume queues."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ferry import record
+from ferry.runtime.clock import FakeClock
+from services.broker import store as store_module
+from services.broker.consumequeue import ENTRY_SIZE
+from services.broker.recovery import RecoveryError
+from services.broker.store import (
+    FlushDiskType,
+    GetStatus,
+    MessageIn,
+    MessageStore,
+    PutStatus,
+    StoreConfig,
+)
+
+FILE_SIZE = 4096
+
+
+def config(root: Path, **overrides) -> StoreConfig:
+    base = dict(root=root, commit_log_file_size=FILE_SIZE, consume_queue_entries_per_file=16)
+    base.update(overrides)
+    return StoreConfig(**base)
+
+
+def msg(body: bytes, tags: str = "") -> MessageIn:
+    props = record.encode_properties({"TAGS": tags}) if tags else b""
+    return MessageIn(body=body, properties=props)
+
+
+def body(i: int, size: int = 40) -> bytes:
+    return (b"m%05d-" % i + bytes([65 + i % 26]) * size)[:size]
+
+
+class Harness:
+    """One store on one event loop; `crash()` abandons it like SIGKILL would
+    (no flush, no checkpoint, the abort marker left behind)."""
+
+    def __init__(self, root: Path, **overrides) -> None:
+        self.root = root
+        self.overrides = overrides
+        self.loop = asyncio.new_event_loop()
+        self.store: MessageStore | None = None
+        self.report = None
+
+    def open(self) -> MessageStore:
+        self.store = MessageStore(config(self.root, **self.overrides), FakeClock())
+        self.report = self.store.open()
+        self.run(self.store.start())
+        return self.store
+
+    def run(self, coro):
+        return self.loop.run_until_complete(coro)
+
+    def put(self, topic: str, queue_id: int, messages: list[MessageIn]):
+        assert self.store is not None
+        return self.run(self.store.put(topic, queue_id, messages))
+
+    def dispatch(self) -> None:
+        assert self.store is not None
+        self.store.dispatcher.dispatch_all()
+
+    def stop(self) -> None:
+        assert self.store is not None
+        self.run(self.store.stop())
+        self.store = None
+
+    def crash(self) -> None:
+        assert self.store is not None
+        for task in self.store._tasks:
+            task.cancel()
+        self.run(asyncio.sleep(0))
+        self.store.commit_log.close()
+        self.store.queues.close()
+        self.store = None
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.stop()
+        self.loop.close()
+
+
+@pytest.fixture
+def harness(tmp_path):
+    h = Harness(tmp_path / "store")
+    yield h
+    h.close()
+
+
+def read_all(store: MessageStore, topic: str, queue_id: int) -> list[record.Record]:
+    out: list[record.Record] = []
+    offset = store.queue_min_offset(topic, queue_id)
+    while True:
+        result = store.get_messages(topic, queue_id, offset, 1000)
+        if result.status is not GetStatus.FOUND:
+            return out
+        out.extend(result.records)
+        offset = result.next_begin_offset
+
+
+# ---------------------------------------------------------------- appends and reads
+
+
+def test_put_assigns_queue_offsets_per_queue_and_reads_back(harness):
+    store = harness.open()
+    results = [harness.put("T", i % 2, [msg(body(i))]) for i in range(10)]
+    assert [r.queue_offset for r in results] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert all(r.status is PutStatus.PUT_OK for r in results)
+    harness.dispatch()
+    got = read_all(store, "T", 1)
+    assert [r.body for r in got] == [body(i) for i in range(1, 10, 2)]
+    assert [r.queue_offset for r in got] == [0, 1, 2, 3, 4]
+    assert [r.commit_offset for r in got] == [results[i].commit_offsets[0] for i in range(1, 10, 2)]
+    assert store.queue_max_offset("T", 1) == 5
+
+
+def test_batch_is_contiguous_and_rolls_across_files(harness):
+    store = harness.open()
+    batch = [msg(body(i, 300)) for i in range(30)]  # ~12 KiB: three 4 KiB files
+    result = harness.put("T", 0, batch)
+    assert result.queue_offset == 0 and len(result.commit_offsets) == 30
+    assert len(store.commit_log.segment_starts()) >= 3
+    harness.dispatch()
+    assert [r.body for r in read_all(store, "T", 0)] == [m.body for m in batch]
+
+
+def test_pull_statuses_and_next_offsets(harness):
+    store = harness.open()
+    for i in range(3):
+        harness.put("T", 0, [msg(body(i))])
+    harness.dispatch()
+    assert store.get_messages("T", 0, 3, 10).status is GetStatus.NO_NEW_MSG
+    illegal = store.get_messages("T", 0, 9, 10)
+    assert (illegal.status, illegal.next_begin_offset, illegal.max_offset) == (
+        GetStatus.OFFSET_ILLEGAL,
+        3,
+        3,
+    )
+    found = store.get_messages("T", 0, 1, 10)
+    assert found.status is GetStatus.FOUND and found.next_begin_offset == 3
+    assert store.get_messages("T", 5, 0, 10).status is GetStatus.NO_NEW_MSG
+
+
+def test_tag_filter_skips_other_tags(harness):
+    store = harness.open()
+    for i in range(6):
+        harness.put("T", 0, [msg(body(i), tags="a" if i % 3 == 0 else "b")])
+    harness.dispatch()
+    result = store.get_messages("T", 0, 0, 10, frozenset({record.tags_hash("a")}))
+    assert [r.body for r in result.records] == [body(0), body(3)]
+    assert result.next_begin_offset == 6
+    none = store.get_messages("T", 0, 1, 2, frozenset({record.tags_hash("a")}))
+    assert none.status is GetStatus.NO_MATCHED_MSG and none.next_begin_offset == 3
+
+
+def test_long_poll_returns_when_a_message_is_dispatched(harness):
+    store = harness.open()
+
+    async def scenario():
+        waiter = asyncio.create_task(store.wait_for_messages("T", 0, 0, 10.0))
+        await asyncio.sleep(0.01)
+        assert not waiter.done()
+        await store.put("T", 0, [msg(b"hello")])
+        await asyncio.wait_for(waiter, 5.0)  # the dispatcher wakes it, long before 10 s
+        return store.get_messages("T", 0, 0, 10)
+
+    result = harness.run(scenario())
+    assert result.status is GetStatus.FOUND and result.records[0].body == b"hello"
+
+
+# ---------------------------------------------------------------- flushing
+
+
+def test_sync_flush_shares_fsyncs_between_concurrent_sends(tmp_path, monkeypatch):
+    calls = []
+    real = store_module.sync_fds
+
+    def counting(fds):
+        calls.append(len(fds))
+        real(fds)
+
+    monkeypatch.setattr(store_module, "sync_fds", counting)
+    h = Harness(tmp_path / "s", flush_disk_type=FlushDiskType.SYNC_FLUSH, flush_interval_s=30)
+    store = h.open()
+
+    async def scenario():
+        return await asyncio.gather(*(store.put("T", 0, [msg(body(i))]) for i in range(50)))
+
+    results = h.run(scenario())
+    assert all(r.status is PutStatus.PUT_OK for r in results)
+    assert store.flushed_offset >= max(r.end_offset for r in results)
+    assert 1 <= len(calls) < 50  # group commit: far fewer fsyncs than sends
+    h.close()
+
+
+def test_sync_flush_timeout_reports_flush_disk_timeout_and_keeps_the_message(tmp_path, monkeypatch):
+    import time
+
+    monkeypatch.setattr(store_module, "sync_fds", lambda fds: time.sleep(0.5))
+    h = Harness(
+        tmp_path / "s",
+        flush_disk_type=FlushDiskType.SYNC_FLUSH,
+        sync_flush_timeout_s=0.05,
+        flush_interval_s=30,
+    )
+    store = h.open()
+    result = h.put("T", 0, [msg(b"slow disk")])
+    assert result.status is PutStatus.FLUSH_DISK_TIMEOUT
+    h.dispatch()
+    assert read_all(store, "T", 0)[0].body == b"slow disk"
+    h.close()
+
+
+# ---------------------------------------------------------------- recovery
+
+
+def test_clean_restart_keeps_everything_and_continues_offsets(harness):
+    harness.open()
+    for i in range(20):
+        harness.put("T", i % 3, [msg(body(i))])
+    end = harness.store.max_offset
+    harness.stop()
+    assert not (harness.root / "abort").exists()
+    store = harness.open()
+    assert harness.report.crashed is False and harness.report.end_offset == end
+    assert harness.put("T", 0, [msg(b"next")]).queue_offset == 7
+    harness.dispatch()
+    assert [r.body for r in read_all(store, "T", 1)] == [body(i) for i in range(1, 20, 3)]
+
+
+def test_crash_recovery_keeps_every_written_record(harness):
+    harness.open()
+    results = [harness.put("T", i % 2, [msg(body(i, 200))]) for i in range(60)]
+    harness.crash()
+    assert (harness.root / "abort").exists()
+    store = harness.open()
+    assert harness.report.crashed is True
+    assert harness.report.end_offset == results[-1].end_offset
+    got = read_all(store, "T", 0) + read_all(store, "T", 1)
+    assert sorted(r.body for r in got) == sorted(body(i, 200) for i in range(60))
+
+
+def test_missing_consume_queues_are_rebuilt(harness):
+    harness.open()
+    for i in range(30):
+        harness.put("T", i % 4, [msg(body(i, 150))])
+    harness.stop()
+    shutil.rmtree(harness.root / "consumequeue")
+    store = harness.open()
+    assert harness.report.consume_queues_rebuilt is True
+    for q in range(4):
+        assert [r.body for r in read_all(store, "T", q)] == [body(i, 150) for i in range(q, 30, 4)]
+    assert harness.put("T", 0, [msg(b"x")]).queue_offset == 8
+
+
+def _snapshot(src: Path, dst: Path) -> None:
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst)
+
+
+def test_torn_tail_at_every_byte_of_the_last_record(tmp_path):
+    """Cut the last record at each of its bytes (the rest of the file zeros, as
+    a preallocated file holds): recovery keeps every earlier record, drops only
+    the torn one, and the consume queues agree."""
+    original = tmp_path / "original"
+    h = Harness(original)
+    h.open()
+    results = [h.put("T", i % 2, [msg(body(i, 60), tags="t")]) for i in range(12)]
+    h.crash()
+    h.close()
+    last = results[-1]
+    start, end = last.commit_offsets[0], last.end_offset
+    segment = original / "commitlog" / f"{start - start % FILE_SIZE:020d}"
+    work = tmp_path / "work"
+    for cut in range(start, end):
+        _snapshot(original, work)
+        path = work / "commitlog" / segment.name
+        with open(path, "r+b") as f:
+            f.seek(cut - int(segment.name))
+            f.write(bytes(end - cut))
+        h = Harness(work)
+        store = h.open()
+        assert store.max_offset == start, f"cut at {cut}"
+        q0 = read_all(store, "T", 0)
+        q1 = read_all(store, "T", 1)
+        assert [r.body for r in q0] == [body(i, 60) for i in range(0, 12, 2)], f"cut at {cut}"
+        assert [r.body for r in q1] == [body(i, 60) for i in range(1, 11, 2)], f"cut at {cut}"
+        assert store.queue_max_offset("T", 1) == 5  # the torn record's entry is gone
+        assert h.put("T", 1, [msg(b"again")]).queue_offset == 5
+        h.close()
+
+
+def test_torn_tail_with_the_file_itself_cut_short(tmp_path):
+    h = Harness(tmp_path / "s")
+    h.open()
+    results = [h.put("T", 0, [msg(body(i, 100))]) for i in range(5)]
+    h.crash()
+    h.close()
+    last = results[-1].commit_offsets[0]
+    path = tmp_path / "s" / "commitlog" / f"{0:020d}"
+    os.truncate(path, last + 30)
+    h = Harness(tmp_path / "s")
+    store = h.open()
+    assert store.max_offset == last
+    assert len(read_all(store, "T", 0)) == 4
+    h.close()
+
+
+def test_consume_queue_entries_past_the_recovered_end_are_dropped(tmp_path):
+    h = Harness(tmp_path / "s")
+    h.open()
+    results = [h.put("T", 0, [msg(body(i, 100))]) for i in range(6)]
+    h.dispatch()
+    h.crash()
+    h.close()
+    cut = results[3].commit_offsets[0]
+    path = tmp_path / "s" / "commitlog" / f"{0:020d}"
+    with open(path, "r+b") as f:
+        f.seek(cut + 10)
+        f.write(b"\xff" * 4)  # damage record 3: it and everything after it go
+        f.seek(results[4].commit_offsets[0])
+        f.write(bytes(results[5].end_offset - results[4].commit_offsets[0]))
+    h = Harness(tmp_path / "s")
+    store = h.open()
+    assert store.max_offset == cut
+    assert h.report.cq_entries_dropped == 3
+    assert store.queue_max_offset("T", 0) == 3
+    cq_file = tmp_path / "s" / "consumequeue" / "T" / "0" / f"{0:020d}"
+    assert cq_file.read_bytes()[3 * ENTRY_SIZE : 6 * ENTRY_SIZE] == bytes(3 * ENTRY_SIZE)
+    h.close()
+
+
+def test_damage_before_later_files_with_data_stops_startup_naming_file_and_offset(tmp_path):
+    h = Harness(tmp_path / "s")
+    h.open()
+    results = [h.put("T", 0, [msg(body(i, 300))]) for i in range(40)]  # several files
+    h.stop()
+    h.close()
+    victim = results[2].commit_offsets[0]
+    assert victim < FILE_SIZE
+    path = tmp_path / "s" / "commitlog" / f"{0:020d}"
+    with open(path, "r+b") as f:
+        f.seek(victim + 100)
+        f.write(b"corrupt!")  # inside the body: the CRC no longer matches
+    # Make the checkpoint point at the first file so the scan starts there.
+    (tmp_path / "s" / "checkpoint").unlink()
+    h = Harness(tmp_path / "s")
+    with pytest.raises(RecoveryError, match=f"00000000000000000000 has an invalid record at offset {victim}"):
+        h.open()
+    before = path.read_bytes()
+    assert before[victim + 100 : victim + 108] == b"corrupt!"  # nothing was cut
+    h.loop.close()
