@@ -124,7 +124,26 @@ def check_perm(value: int, field: str = "perm") -> int:
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 # RocketMQ's default messageDelayLevel: level n (1-based) waits DELAY_LEVELS_S[n - 1].
-DELAY_LEVELS_S = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
+DELAY_LEVELS_S = (
+    1,
+    5,
+    10,
+    30,
+    60,
+    120,
+    180,
+    240,
+    300,
+    360,
+    420,
+    480,
+    540,
+    600,
+    1200,
+    1800,
+    3600,
+    7200,
+)
 TOPIC_FILTER_TYPES = ("SINGLE_TAG", "MULTI_TAG")
 
 

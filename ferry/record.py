@@ -259,7 +259,9 @@ def decode(
 # The dispatcher and recovery look at millions of records: they read only the
 # fields they need, straight from the buffer, without building a `Record`.
 
-_DISPATCH = struct.Struct(">iIIi4xqq4x16xq20xi")  # size, magic, crc, queue id, queue/commit offsets, store ts, body len
+_DISPATCH = struct.Struct(
+    ">iIIi4xqq4x16xq20xi"
+)  # size, magic, crc, queue id, queue/commit offsets, store ts, body len
 _PROPS_TAGS = (PROPERTY_TAGS + NAME_VALUE_SEPARATOR).encode()
 _PROPS_SEP = PROPERTY_SEPARATOR.encode()
 
@@ -278,7 +280,9 @@ class DispatchInfo:
     properties: bytes  # raw `k\\x01v\\x02...`; decode with `decode_properties` when needed
 
 
-def dispatch_info(buf: bytes | bytearray | memoryview, pos: int, check_crc: bool = False) -> int | Blank | DispatchInfo:
+def dispatch_info(
+    buf: bytes | bytearray | memoryview, pos: int, check_crc: bool = False
+) -> int | Blank | DispatchInfo:
     """Look at the record or BLANK marker at `buf[pos:]` without decoding the body.
 
     Returns the `Blank`, the record's `DispatchInfo`, or 0 when the bytes at
@@ -305,8 +309,12 @@ def dispatch_info(buf: bytes | bytearray | memoryview, pos: int, check_crc: bool
     if total < MIN_RECORD_SIZE:
         raise RecordError(f"at {pos}: record claims {total} bytes, less than {MIN_RECORD_SIZE}")
     if total > available:
-        raise RecordError(f"record at {pos} claims {total} bytes, only {available} follow (torn write?)")
-    _, _, crc, queue_id, queue_offset, commit_offset, store_ts, body_len = _DISPATCH.unpack_from(buf, pos)
+        raise RecordError(
+            f"record at {pos} claims {total} bytes, only {available} follow (torn write?)"
+        )
+    _, _, crc, queue_id, queue_offset, commit_offset, store_ts, body_len = _DISPATCH.unpack_from(
+        buf, pos
+    )
     end = pos + total
     at = pos + HEAD_SIZE + body_len
     if body_len < 0 or at + 3 > end:
@@ -317,10 +325,16 @@ def dispatch_info(buf: bytes | bytearray | memoryview, pos: int, check_crc: bool
     (props_len,) = _U16.unpack_from(buf, at + 1 + topic_len)
     props_at = at + 3 + topic_len
     if props_at + props_len != end:
-        raise RecordError(f"record at {pos}: lengths add up to {props_at + props_len - pos}, TOTALSIZE says {total}")
+        raise RecordError(
+            f"record at {pos}: lengths add up to {props_at + props_len - pos}, TOTALSIZE says {total}"
+        )
     if not buf[at + topic_len] or (props_len and buf[end - 1] != 2):
         raise RecordError(f"record at {pos}: topic or properties end in zeros (a torn write)")
-    if check_crc and zlib.crc32(memoryview(buf)[pos + HEAD_SIZE : pos + HEAD_SIZE + body_len]) & 0x7FFFFFFF != crc:
+    if (
+        check_crc
+        and zlib.crc32(memoryview(buf)[pos + HEAD_SIZE : pos + HEAD_SIZE + body_len]) & 0x7FFFFFFF
+        != crc
+    ):
         raise RecordError(f"record at {pos}: body CRC mismatch")
     try:
         topic = bytes(buf[at + 1 : at + 1 + topic_len]).decode()

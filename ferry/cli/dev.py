@@ -1,7 +1,7 @@
 """`ferry dev` (what `make run` starts): a local ferry on loopback until Ctrl-C.
 
-Today it runs a name server (issue #2); brokers and replicas join it as they
-are built. Every process is a child started with its own command line, logged
+Today it runs a name server and one broker (`broker-a`, ASYNC_MASTER, with a
+`TopicTest` topic created at start); replicas join as they are built. Every process is a child started with its own command line, logged
 to `DATA_DIR/logs/`, and stopped by PID (SIGTERM, then SIGKILL after a grace
 period) when this command gets SIGINT or SIGTERM, so nothing is left behind.
 """
@@ -31,7 +31,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:
         "dev",
         help="run a local ferry on loopback until Ctrl-C (make run)",
         description="Start ferry's processes on 127.0.0.1, print their endpoints and example "
-        "commands, and stop them all on Ctrl-C. Currently: one name server.",
+        "commands, and stop them all on Ctrl-C. Currently: one name server and one broker.",
     )
     p.add_argument(
         "--data-dir", type=Path, default=Path("var"), help="where data and logs go (default ./var)"
@@ -43,7 +43,13 @@ def add_command(sub: argparse._SubParsersAction) -> None:
         "--metrics-port", type=int, default=9877, help="name server metrics port (default 9877)"
     )
     p.add_argument(
-        "--ready-timeout", type=float, default=30.0, help="seconds to wait for each process"
+        "--broker-port", type=int, default=10911, help="broker gRPC port (default 10911)"
+    )
+    p.add_argument(
+        "--broker-metrics-port", type=int, default=10913, help="broker metrics port (default 10913)"
+    )
+    p.add_argument(
+        "--ready-timeout", type=float, default=60.0, help="seconds to wait for each process"
     )
     p.set_defaults(func=run)
 
@@ -79,6 +85,25 @@ def _wait_ready(child: Child, timeout_s: float) -> dict:
             return json.loads(child.port_file.read_text())
         time.sleep(0.05)
     raise RuntimeError(f"{child.name} was not ready after {timeout_s:.0f}s; see {child.log_path}")
+
+
+def _create_topic(broker_addr: str, topic: str) -> str:
+    """Create the demo topic through the broker's admin API (idempotent)."""
+    import grpc
+
+    from ferry.v1 import broker_admin_pb2, broker_admin_pb2_grpc, common_pb2
+
+    with grpc.insecure_channel(broker_addr) as channel:
+        stub = broker_admin_pb2_grpc.BrokerAdminStub(channel)
+        stub.UpdateAndCreateTopic(
+            broker_admin_pb2.UpdateAndCreateTopicRequest(
+                topic_config=common_pb2.TopicConfig(
+                    topic_name=topic, read_queue_nums=4, write_queue_nums=4, perm=6
+                )
+            ),
+            timeout=10,
+        )
+    return f"topic {topic} (4 queues) created on broker-a"
 
 
 def _stop(children: list[Child], grace_s: float = 10.0) -> None:
@@ -126,15 +151,50 @@ def run(args: argparse.Namespace) -> int:
         children.append(ns)
         ports = _wait_ready(ns, args.ready_timeout)
         addr = f"127.0.0.1:{ports['grpc_port']}"
+        broker = _start(
+            "broker-a",
+            [
+                "-m",
+                "services.broker",
+                "-o",
+                "bindAddress=127.0.0.1",
+                "-o",
+                "brokerIP1=127.0.0.1",
+                "-o",
+                f"namesrvAddr={addr}",
+                "-o",
+                "brokerName=broker-a",
+                "-o",
+                f"listenPort={args.broker_port}",
+                "-o",
+                f"metricsPort={args.broker_metrics_port}",
+                "-o",
+                f"storePathRootDir={data_dir / 'broker-a'}",
+                # 64 MiB files keep a laptop's disk use small; production uses 1 GiB.
+                "-o",
+                "mappedFileSizeCommitLog=67108864",
+            ],
+            data_dir,
+        )
+        children.append(broker)
+        bports = _wait_ready(broker, args.ready_timeout)
+        baddr = f"127.0.0.1:{bports['grpc_port']}"
+        created = _create_topic(baddr, "TopicTest")
         print(
             f"""ferry is running on loopback (data and logs in {data_dir}/):
   name server  grpc {addr}   metrics http://127.0.0.1:{ports["metrics_port"]}/metrics   pid {ns.proc.pid}
+  broker-a     grpc {baddr}   metrics http://127.0.0.1:{bports["metrics_port"]}/metrics   pid {broker.proc.pid}   (ASYNC_MASTER)
+  {created}
 
 Try:
-  .venv/bin/grpcurl -plaintext {addr} list
-  .venv/bin/grpcurl -plaintext -d '{{"service":"ferry.v1.NameServer"}}' {addr} grpc.health.v1.Health/Check
-  .venv/bin/ferry cluster -n {addr}
-  .venv/bin/ferry kv put -n {addr} ORDER_TOPIC_CONFIG TopicTest 'broker-a:4'
+  export FERRY_NAMESRV_ADDR={addr}
+  .venv/bin/ferry cluster
+  .venv/bin/ferry send TopicTest --body 'hello ferry'
+  .venv/bin/ferry send TopicTest --count 10000 --size 128 --batch 64
+  .venv/bin/ferry consume TopicTest --group demo --from-beginning --max 5
+  .venv/bin/ferry runtime -b {baddr}
+  .venv/bin/grpcurl -plaintext {baddr} list
+  .venv/bin/grpcurl -plaintext -d '{{"topic":"TopicTest"}}' {addr} ferry.v1.NameServer/GetRouteInfoByTopic
 
 Ctrl-C stops everything.""",
             flush=True,

@@ -10,6 +10,7 @@ import grpc
 from ferry.cli import dev, namesrv_cmds
 from ferry.client.namesrv import NoNameServerAnswered
 from ferry.runtime.errors import FerryError
+from services.broker import cli as broker_cli
 from services.namesrv import cli as namesrv_cli
 
 EXIT_ERROR = 1
@@ -31,6 +32,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     namesrv_cli.add_arguments(p)
     p.set_defaults(func=namesrv_cli.run)
+
+    p = sub.add_parser(
+        "broker",
+        help="run a broker",
+        description="Run a broker until SIGTERM/Ctrl-C: `ferry broker -c broker.conf "
+        "[-o key=value ...]`. See --help-keys for the broker.conf keys.",
+    )
+    broker_cli.add_arguments(p)
+    p.set_defaults(func=broker_cli.run)
 
     namesrv_cmds.add_commands(sub)
     dev.add_command(sub)

@@ -180,4 +180,3 @@ class AdminService:
                 "consumeQueues": str(len(store.queues.all())),
             },
         )
-

@@ -236,7 +236,9 @@ class CommitLog:
                 raise CommitLogError(f"{path}: {size} bytes, expected {self.file_size}")
             # The newest file cut short (a crash while it grew, or a copy): its
             # missing end reads as zeros, which recovery treats as "no data".
-            log.warning("%s is %d bytes, not %d: extending it with zeros", path, size, self.file_size)
+            log.warning(
+                "%s is %d bytes, not %d: extending it with zeros", path, size, self.file_size
+            )
             os.ftruncate(segments[-1].fd, self.file_size)
         return segments
 

@@ -80,7 +80,9 @@ class ConsumeQueue:
             return
         self.min_offset = self._first_entry(self._files[0])
         last = self._files[-1]
-        count = self._count_entries(last, self.min_offset - last.start if len(self._files) == 1 else 0)
+        count = self._count_entries(
+            last, self.min_offset - last.start if len(self._files) == 1 else 0
+        )
         if count == 0 and len(self._files) > 1:
             # An empty newest file: the end is the end of the one before.
             self.max_offset = last.start
@@ -191,7 +193,9 @@ class ConsumeQueue:
         data = os.pread(f.fd, ENTRY_SIZE, (queue_offset - f.start) * ENTRY_SIZE)
         return ENTRY.unpack(data)
 
-    def entries(self, queue_offset: int, max_count: int, limit: int | None = None) -> list[tuple[int, int, int]]:
+    def entries(
+        self, queue_offset: int, max_count: int, limit: int | None = None
+    ) -> list[tuple[int, int, int]]:
         """Up to `max_count` entries from `queue_offset`, below `limit` (default `max_offset`),
         within one file."""
         end = min(self.max_offset if limit is None else limit, queue_offset + max_count)
@@ -199,7 +203,9 @@ class ConsumeQueue:
             return []
         f = self._file_for(queue_offset, create=False)
         end = min(end, f.start + self.entries_per_file)
-        data = os.pread(f.fd, (end - queue_offset) * ENTRY_SIZE, (queue_offset - f.start) * ENTRY_SIZE)
+        data = os.pread(
+            f.fd, (end - queue_offset) * ENTRY_SIZE, (queue_offset - f.start) * ENTRY_SIZE
+        )
         return list(ENTRY.iter_unpack(data))
 
     def iter_entries(self, queue_offset: int) -> Iterator[tuple[int, int, int]]:

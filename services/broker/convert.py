@@ -24,7 +24,9 @@ def data_version_pb(dv: DataVersion) -> common_pb2.DataVersion:
 
 def topic_config(msg: common_pb2.TopicConfig) -> TopicConfig:
     if msg.topic_filter_type not in _FILTER_NAMES:
-        raise InvalidArgument("topic_config.topic_filter_type", f"{msg.topic_filter_type} is unknown")
+        raise InvalidArgument(
+            "topic_config.topic_filter_type", f"{msg.topic_filter_type} is unknown"
+        )
     return TopicConfig(
         topic_name=msg.topic_name,
         read_queue_nums=msg.read_queue_nums,

@@ -72,7 +72,9 @@ class Dispatcher:
     def dispatch_some(self, limit: int | None = None) -> int:
         """Dispatch records from `offset` (at most `step_bytes`, never past
         `limit` or the write position); returns the bytes consumed."""
-        end = self.commit_log.max_offset if limit is None else min(limit, self.commit_log.max_offset)
+        end = (
+            self.commit_log.max_offset if limit is None else min(limit, self.commit_log.max_offset)
+        )
         start = self.offset
         if start >= end:
             return 0

@@ -22,7 +22,14 @@ from typing import Protocol
 from ferry import record
 from ferry.model import PERM_READ, PERM_WRITE, SCHEDULE_TOPIC, TopicConfig, check_name, check_topic
 from ferry.runtime.errors import InvalidArgument, NotFound, PermissionDenied, ResourceExhausted
-from services.broker.store import GetResult, GetStatus, MessageIn, MessageStore, PutResult, PutStatus
+from services.broker.store import (
+    GetResult,
+    GetStatus,
+    MessageIn,
+    MessageStore,
+    PutResult,
+    PutStatus,
+)
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +160,9 @@ class MessagingService:
                     born_host=self._born_host,
                 )
             )
-        result = await self.store.put(store_topic, store_queue, encoded, wait_flush=wait_store_msg_ok)
+        result = await self.store.put(
+            store_topic, store_queue, encoded, wait_flush=wait_store_msg_ok
+        )
         status = SendStatus.SEND_OK
         if result.status is PutStatus.FLUSH_DISK_TIMEOUT:
             status = SendStatus.FLUSH_DISK_TIMEOUT
@@ -190,7 +199,9 @@ class MessagingService:
     ) -> tuple[bytes, int]:
         body = message.body
         if not body:
-            raise InvalidArgument(where if where == "body" else f"{where}.body", "must not be empty")
+            raise InvalidArgument(
+                where if where == "body" else f"{where}.body", "must not be empty"
+            )
         if len(body) > self.max_message_size:
             raise ResourceExhausted(
                 f"{where if where == 'body' else where + '.body'} is {len(body)} bytes; "

@@ -17,11 +17,18 @@ from services.broker.store import MessageStore
 
 
 class _StoreCollector(Collector):
-    def __init__(self, store: MessageStore, metadata, permission: Callable[[], int], config) -> None:
+    def __init__(
+        self, store: MessageStore, metadata, permission: Callable[[], int], config
+    ) -> None:
         self.store = store
         self.metadata = metadata
         self.permission = permission
-        self.labels = [config.cluster_name, config.broker_name, str(config.broker_id), config.broker_role]
+        self.labels = [
+            config.cluster_name,
+            config.broker_name,
+            str(config.broker_id),
+            config.broker_role,
+        ]
 
     def collect(self) -> Iterable[Metric]:
         names = ["cluster", "broker_name", "broker_id", "role"]
@@ -74,7 +81,9 @@ class _StoreCollector(Collector):
             "brokerPermission (6 read-write, 4 read-only, 2 write-only).",
             self.permission(),
         )
-        build = GaugeMetricFamily("ferry_build_info", "ferry version.", labels=["version", "service"])
+        build = GaugeMetricFamily(
+            "ferry_build_info", "ferry version.", labels=["version", "service"]
+        )
         build.add_metric([ferry.__version__, "broker"], 1)
         yield build
 

@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import json
 import logging
+import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-import struct
 
 from ferry import record
 from ferry.runtime.files import atomic_write_bytes

@@ -84,7 +84,9 @@ class DelayScheduler:
 
     def pending(self, level: int) -> int:
         """Messages of a level not yet re-published."""
-        return max(0, self.store.queue_max_offset(SCHEDULE_TOPIC, level - 1) - self.offsets.get(level))
+        return max(
+            0, self.store.queue_max_offset(SCHEDULE_TOPIC, level - 1) - self.offsets.get(level)
+        )
 
     async def _deliver_level(self, level: int, now: int) -> int:
         queue = self.store.queues.get(SCHEDULE_TOPIC, level - 1)

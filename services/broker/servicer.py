@@ -7,8 +7,6 @@ the broker is starting or stopping every call is UNAVAILABLE.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import grpc
 
 from ferry.model import check_name, check_topic
@@ -119,9 +117,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         self._check_queue(request.consumer_group, request.topic, request.queue_id)
         if request.offset < 0:
             raise InvalidArgument("offset", f"{request.offset} is negative")
-        self.offsets.commit(
-            request.consumer_group, request.topic, request.queue_id, request.offset
-        )
+        self.offsets.commit(request.consumer_group, request.topic, request.queue_id, request.offset)
         return broker_pb2.UpdateConsumerOffsetResponse()
 
     @grpc_method
@@ -213,9 +209,7 @@ class SlaveSyncServicer(slave_sync_pb2_grpc.SlaveSyncServicer):
         self.gate = gate
 
     @grpc_method
-    async def GetAllTopicConfig(
-        self, request, context
-    ) -> common_pb2.TopicConfigSerializeWrapper:
+    async def GetAllTopicConfig(self, request, context) -> common_pb2.TopicConfigSerializeWrapper:
         self.gate.check()
         table, version = self.metadata.topics.snapshot()
         return convert.topic_wrapper_pb(table, version)
@@ -255,5 +249,3 @@ class SlaveSyncServicer(slave_sync_pb2_grpc.SlaveSyncServicer):
         for name, config in table.items():
             wrapper.subscription_group_table[name].CopyFrom(convert.subscription_group_pb(config))
         return wrapper
-
-

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import dataclasses
 import enum
 import logging
 import os
@@ -318,18 +319,12 @@ class MessageStore:
         and `wait_flush`, return once their bytes are fsynced (group commit),
         or with FLUSH_DISK_TIMEOUT after `sync_flush_timeout_s`."""
         result = self._append(topic, queue_id, messages)
-        if self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH and wait_flush:
-            if not await self.wait_flushed(result.end_offset, self.config.sync_flush_timeout_s):
-                return PutResult(
-                    PutStatus.FLUSH_DISK_TIMEOUT,
-                    result.topic,
-                    result.queue_id,
-                    result.queue_offset,
-                    result.commit_offsets,
-                    result.msg_ids,
-                    result.end_offset,
-                    result.store_timestamp,
-                )
+        if (
+            self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
+            and wait_flush
+            and not await self.wait_flushed(result.end_offset, self.config.sync_flush_timeout_s)
+        ):
+            return dataclasses.replace(result, status=PutStatus.FLUSH_DISK_TIMEOUT)
         return result
 
     def _append(self, topic: str, queue_id: int, messages: Sequence[MessageIn]) -> PutResult:
@@ -343,7 +338,14 @@ class MessageStore:
         items = []
         for i, m in enumerate(messages):
             size = record.encoded_size(len(topic_bytes), len(m.body), len(m.properties))
-            items.append((size, _encoder(topic_bytes, queue_id, first_queue_offset + i, m, store_ts, store_host)))
+            items.append(
+                (
+                    size,
+                    _encoder(
+                        topic_bytes, queue_id, first_queue_offset + i, m, store_ts, store_host
+                    ),
+                )
+            )
         offsets = self.commit_log.append_many(items)
         self._next_queue_offset[key] = first_queue_offset + len(messages)
         end = self.commit_log.max_offset

@@ -51,7 +51,9 @@ class Env:
         self.open()
 
     def open(self) -> None:
-        self.store = MessageStore(StoreConfig(root=self.root, commit_log_file_size=1 << 20), self.clock)
+        self.store = MessageStore(
+            StoreConfig(root=self.root, commit_log_file_size=1 << 20), self.clock
+        )
         self.store.open()
         self.run(self.store.start())
         self.service = MessagingService(
@@ -113,7 +115,11 @@ def test_batch_is_one_unit_on_one_queue(env):
         ({"topic": SCHEDULE_TOPIC}, InvalidArgument, "system topic"),
         ({"properties": {"a\x01": "b"}}, InvalidArgument, "separator"),
         ({"properties": {"DELAY": "soon"}}, InvalidArgument, "DELAY"),
-        ({"properties": {"DELAY": "1"}, "bodies": [b"a", b"b"], "batch": True}, InvalidArgument, "batch"),
+        (
+            {"properties": {"DELAY": "1"}, "bodies": [b"a", b"b"], "batch": True},
+            InvalidArgument,
+            "batch",
+        ),
     ],
 )
 def test_bad_sends_are_refused_and_store_nothing(env, kwargs, error, text):

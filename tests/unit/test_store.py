@@ -356,7 +356,9 @@ def test_damage_before_later_files_with_data_stops_startup_naming_file_and_offse
     # Make the checkpoint point at the first file so the scan starts there.
     (tmp_path / "s" / "checkpoint").unlink()
     h = Harness(tmp_path / "s")
-    with pytest.raises(RecoveryError, match=f"00000000000000000000 has an invalid record at offset {victim}"):
+    with pytest.raises(
+        RecoveryError, match=f"00000000000000000000 has an invalid record at offset {victim}"
+    ):
         h.open()
     before = path.read_bytes()
     assert before[victim + 100 : victim + 108] == b"corrupt!"  # nothing was cut

@@ -1,0 +1,276 @@
+"""Composition root of a broker: builds the store, metadata, use cases,
+servicers, registrar and background tasks from a `BrokerConfig`, and owns the
+start/stop order.
+
+Start: recover the store (before anything listens) → open metadata → bind the
+gRPC server and metrics endpoint → start the dispatcher/flusher, the delay
+scheduler (masters) and the offset persister → SERVING → register with every
+name server. Stop: NOT_SERVING → unregister from every name server → stop the
+gRPC server (grace) → stop background tasks → close the store cleanly (flush,
+checkpoint, remove `abort`) → persist metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from ferry.model import SCHEDULE_TOPIC, TopicConfig
+from ferry.runtime.clock import Clock, SystemClock
+from ferry.runtime.files import atomic_write_bytes
+from ferry.runtime.metrics_http import MetricsEndpoint, start_metrics_endpoint
+from ferry.runtime.server import GrpcServer, Service
+from ferry.v1 import (
+    broker_admin_pb2,
+    broker_admin_pb2_grpc,
+    broker_pb2,
+    broker_pb2_grpc,
+    slave_sync_pb2,
+    slave_sync_pb2_grpc,
+)
+from services.broker.admin import AdminService
+from services.broker.config import BrokerConfig
+from services.broker.messaging import MessagingService
+from services.broker.metadata import BrokerMetadata
+from services.broker.metrics import BrokerMetrics
+from services.broker.schedule import DelayScheduler
+from services.broker.servicer import BrokerAdminServicer, BrokerServicer, Gate, SlaveSyncServicer
+from services.broker.store import FlushDiskType, MessageStore, StoreConfig
+
+log = logging.getLogger(__name__)
+
+BROKER_SERVICE = broker_pb2.DESCRIPTOR.services_by_name["Broker"].full_name
+ADMIN_SERVICE = broker_admin_pb2.DESCRIPTOR.services_by_name["BrokerAdmin"].full_name
+SLAVE_SYNC_SERVICE = slave_sync_pb2.DESCRIPTOR.services_by_name["SlaveSync"].full_name
+GRPC_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+def schedule_topic_config(levels: int) -> TopicConfig:
+    return TopicConfig(SCHEDULE_TOPIC, read_queue_nums=levels, write_queue_nums=levels, perm=6)
+
+
+class BrokerApp:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        clock: Clock | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock or SystemClock()
+        self.registry = registry or CollectorRegistry()
+        self.gate = Gate()
+        self.store: MessageStore | None = None
+        self.metadata: BrokerMetadata | None = None
+        self.registrar = None  # services.broker.registration.Registrar, with name servers
+        self.server: GrpcServer | None = None
+        self.scheduler: DelayScheduler | None = None
+        self.permission = [config.broker_permission]
+        self._metrics_endpoint: MetricsEndpoint | None = None
+        self._tasks: list[asyncio.Task] = []
+        self.recovery = None
+
+    # ------------------------------------------------------------ addresses
+
+    @property
+    def port(self) -> int:
+        return self.server.port if self.server else 0
+
+    @property
+    def metrics_port(self) -> int:
+        return self._metrics_endpoint.port if self._metrics_endpoint else -1
+
+    @property
+    def addr(self) -> str:
+        return f"{self.config.broker_ip1}:{self.port}"
+
+    @property
+    def ha_addr(self) -> str:
+        return f"{self.config.ha_host}:{self.config.ha_listen_port}"
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        cfg = self.config
+        store_config = StoreConfig(
+            root=cfg.store_root,
+            commit_log_file_size=cfg.commit_log_file_size,
+            consume_queue_entries_per_file=cfg.consume_queue_entries_per_file,
+            flush_disk_type=FlushDiskType(cfg.flush_disk_type),
+            flush_interval_s=cfg.flush_interval_s,
+            sync_flush_timeout_s=cfg.sync_flush_timeout_s,
+            store_host=(_ipv4_or_loopback(cfg.broker_ip1), cfg.listen_port),
+            delay_levels_s=tuple(cfg.message_delay_levels_s),
+        )
+        self.store = store = MessageStore(store_config, self.clock)
+        self.recovery = await asyncio.to_thread(store.open)
+        self.metadata = metadata = BrokerMetadata.open(cfg.config_dir, self.clock)
+        if not cfg.is_slave:
+            metadata.topics.ensure_system_topic(
+                schedule_topic_config(len(cfg.message_delay_levels_s))
+            )
+        identity = (cfg.cluster_name, cfg.broker_name, cfg.broker_id, cfg.broker_role)
+        messaging = MessagingService(
+            store,
+            metadata.topics,
+            lambda: self.permission[0],
+            is_slave=cfg.is_slave,
+            max_message_size=cfg.max_message_size,
+            broker_name=cfg.broker_name,
+        )
+        self.admin = admin = AdminService(identity, metadata, store, self.clock, self.permission)
+        self.messaging = messaging
+        self.server = GrpcServer(
+            [
+                Service(
+                    BROKER_SERVICE,
+                    BrokerServicer(
+                        messaging, metadata.consumer_offsets, self.gate, store_config.store_host
+                    ),
+                    broker_pb2_grpc.add_BrokerServicer_to_server,
+                ),
+                Service(
+                    ADMIN_SERVICE,
+                    BrokerAdminServicer(admin, self.gate, cfg.flush_disk_type),
+                    broker_admin_pb2_grpc.add_BrokerAdminServicer_to_server,
+                ),
+                Service(
+                    SLAVE_SYNC_SERVICE,
+                    SlaveSyncServicer(metadata, self.gate),
+                    slave_sync_pb2_grpc.add_SlaveSyncServicer_to_server,
+                ),
+            ],
+            cfg.bind_host,
+            cfg.listen_port,
+            GRPC_MAX_MESSAGE_BYTES,
+        )
+        await self.server.start()
+        # The store host in records is the advertised address with the real port.
+        store.set_store_host((_ipv4_or_loopback(cfg.broker_ip1), self.port))
+        self.metrics = BrokerMetrics(
+            self.registry, store, metadata, lambda: self.permission[0], cfg
+        )
+        if cfg.metrics_port >= 0:
+            self._metrics_endpoint = start_metrics_endpoint(
+                cfg.bind_host, cfg.metrics_port, self.registry
+            )
+        await store.start()
+        if not cfg.is_slave:
+            self.scheduler = DelayScheduler(
+                store, metadata.delay_offsets, metadata.topics, self.clock
+            )
+            self._tasks.append(asyncio.create_task(self.scheduler.run(), name="delay-scheduler"))
+        self._tasks.append(asyncio.create_task(self._persist_offsets(), name="offset-persister"))
+        self.gate.open = True
+        await self.server.set_serving()
+        if cfg.namesrv_addrs:
+            from services.broker.registration import BrokerIdentity, Registrar
+
+            self.registrar = Registrar(
+                cfg.namesrv_addrs,
+                BrokerIdentity(
+                    cluster_name=cfg.cluster_name,
+                    broker_name=cfg.broker_name,
+                    broker_id=cfg.broker_id,
+                    broker_addr=self.addr,
+                    ha_server_addr=self.ha_addr,
+                    broker_role=cfg.broker_role,
+                    metrics_addr=(
+                        f"{cfg.broker_ip1}:{self.metrics_port}" if self.metrics_port > 0 else ""
+                    ),
+                ),
+                topics=metadata.topics.snapshot,
+                permission=lambda: self.permission[0],
+                clock=self.clock,
+                period_s=cfg.effective_register_period_s,
+                timeout_s=cfg.register_timeout_s,
+                force_register=cfg.force_register,
+                on_master=self._on_master,
+            )
+            admin.announce_topics = self.registrar.register_topics
+            admin.announce_all = self._register_all
+            await self.registrar.start()
+        else:
+            log.warning("no name server configured (namesrvAddr): running standalone")
+        if cfg.port_file:
+            info = {
+                "grpc_port": self.port,
+                "metrics_port": self.metrics_port,
+                "ha_port": cfg.ha_listen_port,
+                "pid": os.getpid(),
+            }
+            atomic_write_bytes(Path(cfg.port_file), json.dumps(info).encode())
+        log.info(
+            "broker ready: cluster=%s name=%s id=%d role=%s grpc=%s metrics=%d store=%s "
+            "commit_log=[%d,%d)",
+            cfg.cluster_name,
+            cfg.broker_name,
+            cfg.broker_id,
+            cfg.broker_role,
+            self.addr,
+            self.metrics_port,
+            cfg.store_root,
+            store.min_offset,
+            store.max_offset,
+        )
+
+    async def stop(self) -> None:
+        self.gate.open = False
+        if self.server is not None:
+            await self.server.set_not_serving()
+        if self.registrar is not None:
+            await self.registrar.stop()
+        if self.server is not None:
+            await self.server.stop(self.config.grace_s)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        if self.store is not None:
+            await self.store.stop()
+        if self.metadata is not None:
+            self.metadata.persist_all()
+        if self._metrics_endpoint is not None:
+            self._metrics_endpoint.stop()
+        log.info("broker stopped")
+
+    # ------------------------------------------------------------ internals
+
+    async def _register_all(self) -> None:
+        if self.registrar is not None:
+            await self.registrar.register_all(force=True)
+
+    def _on_master(self, master_addr: str, ha_addr: str) -> None:
+        self.admin.master_addr = master_addr
+        log.info("master is now %s (HA %s)", master_addr or "unknown", ha_addr or "unknown")
+
+    async def _persist_offsets(self) -> None:
+        """Consumer and delay offsets change often: persisted every
+        flushConsumerOffsetInterval (5 s), as RocketMQ does, and at shutdown."""
+        assert self.metadata is not None
+        while True:
+            await asyncio.sleep(self.config.flush_consumer_offset_interval_s)
+            try:
+                self.metadata.consumer_offsets.persist()
+                self.metadata.delay_offsets.persist()
+            except OSError as exc:
+                log.error("could not persist offsets: %s; retrying", exc)
+
+
+def _ipv4_or_loopback(host: str) -> str:
+    """Records store an IPv4 store host: a DNS name (Kubernetes) is resolved,
+    and one that does not resolve is stored as 127.0.0.1."""
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        log.warning("brokerIP1 %r does not resolve to IPv4; records store 127.0.0.1", host)
+        return "127.0.0.1"

@@ -1,0 +1,100 @@
+"""`ferry broker` / `python -m services.broker`: run a broker.
+
+Configuration comes from a RocketMQ-style `broker.conf` (`-c`), overridden by
+`-o key=value` (repeatable); `--help-keys` lists every key with its default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+from pathlib import Path
+
+from ferry.runtime.errors import ConfigError, CorruptFileError
+from ferry.runtime.logs import setup_logging
+from ferry.runtime.server import run_until_signalled
+from services.broker.commitlog import CommitLogError
+from services.broker.config import describe_keys, load_config
+from services.broker.consumequeue import ConsumeQueueError
+from services.broker.recovery import RecoveryError
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-c",
+        "--config",
+        type=Path,
+        default=None,
+        metavar="broker.conf",
+        help="RocketMQ-style properties file (brokerClusterName, brokerName, brokerId, "
+        "brokerRole, namesrvAddr, listenPort, storePathRootDir, ...)",
+    )
+    parser.add_argument(
+        "-o",
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set one broker.conf key, overriding the file (repeatable), e.g. -o listenPort=0",
+    )
+    parser.add_argument(
+        "--port-file",
+        type=Path,
+        default=None,
+        help="write {grpc_port, metrics_port, ha_port, pid} as JSON here once serving",
+    )
+    parser.add_argument(
+        "--help-keys", action="store_true", help="list every broker.conf key with its default"
+    )
+    parser.add_argument(
+        "--log-level",
+        default=None,
+        help="DEBUG, INFO (default), WARNING or ERROR; $FERRY_LOG_LEVEL",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.help_keys:
+        print(describe_keys())
+        return 0
+    setup_logging(args.log_level)
+    try:
+        config, warnings = load_config(args.config, args.option)
+    except ConfigError as exc:
+        log.error("cannot start: %s", exc)
+        return 2
+    except OSError as exc:
+        log.error("cannot start: cannot read %s: %s", args.config, exc)
+        return 2
+    for warning in warnings:
+        log.warning("%s", warning)
+    if args.port_file is not None:
+        config = dataclasses.replace(config, port_file=args.port_file)
+
+    from services.broker.app import BrokerApp  # imported here: `ferry --help` stays fast
+
+    async def main() -> None:
+        app = BrokerApp(config)
+        await run_until_signalled(app.start, app.stop)
+
+    try:
+        asyncio.run(main())
+    except (CorruptFileError, CommitLogError, ConsumeQueueError, RecoveryError) as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+    except OSError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m services.broker", description="Run a ferry broker."
+    )
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

@@ -1,0 +1,391 @@
+"""A broker's configuration: RocketMQ's `broker.conf` keys (SPEC §1) plus
+ferry's own, parsed and validated once at startup into a frozen `BrokerConfig`.
+
+Sources, later ones winning: the defaults, the properties file (`-c`), then
+`-o key=value` overrides. Unknown keys are warned about (with the nearest
+known key), never silently ignored; a bad value stops startup with a
+`ConfigError` naming the key, the value and what was expected. RocketMQ's
+durations are milliseconds in the file and seconds (`*_s`) here.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ferry.model import BROKER_ROLES, DELAY_LEVELS_S, check_addr, check_name
+from ferry.runtime.errors import ConfigError, InvalidArgument
+
+FLUSH_DISK_TYPES = ("ASYNC_FLUSH", "SYNC_FLUSH")
+REGISTER_PERIOD_MIN_S = 10.0
+REGISTER_PERIOD_MAX_S = 60.0
+ENV_NAMESRV = "FERRY_NAMESRV_ADDR"
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    cluster_name: str = "DefaultCluster"
+    broker_name: str = "broker-a"
+    broker_id: int = 0
+    broker_role: str = "ASYNC_MASTER"
+    flush_disk_type: str = "ASYNC_FLUSH"
+    namesrv_addrs: tuple[str, ...] = ()
+    bind_host: str = "0.0.0.0"
+    listen_port: int = 10911
+    ha_listen_port: int = 10912
+    metrics_port: int = 10913
+    broker_ip1: str = "127.0.0.1"
+    broker_ip2: str = ""
+    store_root: Path = field(default_factory=lambda: Path.home() / "ferry" / "store")
+    broker_permission: int = 6
+    slave_read_enable: bool = False
+    register_period_s: float = 30.0
+    register_timeout_s: float = 6.0
+    force_register: bool = True
+    ha_master_address: str = ""
+    commit_log_file_size: int = 1 << 30
+    consume_queue_entries_per_file: int = 300_000
+    max_message_size: int = 4 * 1024 * 1024
+    slave_timeout_s: float = 3.0
+    sync_flush_timeout_s: float = 5.0
+    flush_interval_s: float = 0.5
+    flush_consumer_offset_interval_s: float = 5.0
+    ha_transfer_batch_size: int = 32 * 1024
+    ha_heartbeat_interval_s: float = 5.0
+    ha_housekeeping_interval_s: float = 20.0
+    ha_max_gap_not_in_sync: int = 256 * 1024 * 1024
+    ha_secret: str = ""
+    message_delay_levels_s: tuple[float, ...] = tuple(float(s) for s in DELAY_LEVELS_S)
+    grace_s: float = 5.0
+    port_file: Path | None = None
+
+    @property
+    def is_slave(self) -> bool:
+        return self.broker_role == "SLAVE"
+
+    @property
+    def is_master(self) -> bool:
+        return not self.is_slave
+
+    @property
+    def ha_host(self) -> str:
+        return self.broker_ip2 or self.broker_ip1
+
+    @property
+    def effective_register_period_s(self) -> float:
+        """`clamp(registerNameServerPeriod, 10 s, 60 s)`, as RocketMQ does."""
+        return min(max(self.register_period_s, REGISTER_PERIOD_MIN_S), REGISTER_PERIOD_MAX_S)
+
+    @property
+    def commit_log_dir(self) -> Path:
+        return self.store_root / "commitlog"
+
+    @property
+    def consume_queue_dir(self) -> Path:
+        return self.store_root / "consumequeue"
+
+    @property
+    def config_dir(self) -> Path:
+        return self.store_root / "config"
+
+
+# ---------------------------------------------------------------- value parsers
+
+
+def _int(lo: int | None = None, hi: int | None = None) -> Callable[[str, str], int]:
+    def parse(key: str, text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise ConfigError(key, f"{text!r} is not an integer") from None
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            raise ConfigError(
+                key,
+                f"{value} is outside {lo if lo is not None else '-inf'}..{hi if hi is not None else 'inf'}",
+            )
+        return value
+
+    return parse
+
+
+def _ms_to_s(lo_ms: int = 1) -> Callable[[str, str], float]:
+    def parse(key: str, text: str) -> float:
+        return _int(lo_ms)(key, text) / 1000.0
+
+    return parse
+
+
+def _bool(key: str, text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("true", "false"):
+        return value == "true"
+    raise ConfigError(key, f"{text!r} is not true or false")
+
+
+def _choice(options: Sequence[str]) -> Callable[[str, str], str]:
+    def parse(key: str, text: str) -> str:
+        value = text.strip()
+        if value not in options:
+            raise ConfigError(key, f"{value!r} is not one of {', '.join(options)}")
+        return value
+
+    return parse
+
+
+def _name(key: str, text: str) -> str:
+    try:
+        return check_name(text.strip(), key)
+    except InvalidArgument as exc:
+        raise ConfigError(key, exc.reason) from None
+
+
+def _text(key: str, text: str) -> str:
+    return text.strip()
+
+
+def _host(key: str, text: str) -> str:
+    value = text.strip()
+    if not value or any(c.isspace() or c in "/:;," for c in value):
+        raise ConfigError(key, f"{text!r} is not a host name or IP address")
+    return value
+
+
+def _addr_or_empty(key: str, text: str) -> str:
+    value = text.strip()
+    if value:
+        try:
+            check_addr(value, key)
+        except InvalidArgument as exc:
+            raise ConfigError(key, exc.reason) from None
+    return value
+
+
+def _namesrv(key: str, text: str) -> tuple[str, ...]:
+    addrs = tuple(a.strip() for a in text.replace(",", ";").split(";") if a.strip())
+    for addr in addrs:
+        try:
+            check_addr(addr, key)
+        except InvalidArgument as exc:
+            raise ConfigError(key, f"{exc.reason}; expected host:port;host:port") from None
+    return addrs
+
+
+def _path(key: str, text: str) -> Path:
+    value = text.strip()
+    if not value:
+        raise ConfigError(key, "must not be empty")
+    return Path(value).expanduser()
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_delay_levels(key: str, text: str) -> tuple[float, ...]:
+    """RocketMQ's `messageDelayLevel`: `"1s 5s 10s 30s 1m ... 2h"`."""
+    levels = []
+    for item in text.split():
+        unit = _UNITS.get(item[-1:])
+        number = item[:-1]
+        if unit is None or not number.isdigit() or int(number) <= 0:
+            raise ConfigError(key, f"{item!r} is not a delay like 5s, 1m, 2h or 1d")
+        levels.append(int(number) * unit)
+    if not levels:
+        raise ConfigError(key, "names no delay level")
+    return tuple(levels)
+
+
+def _file_size(key: str, text: str) -> int:
+    return _int(4096, 1 << 40)(key, text)
+
+
+def _cq_file_bytes(key: str, text: str) -> int:
+    value = _int(20 * 16)(key, text)
+    if value % 20:
+        raise ConfigError(key, f"{value} is not a multiple of 20 (the consume-queue entry size)")
+    return value // 20
+
+
+# conf key -> (field, parser, meaning)
+KNOWN_KEYS: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
+    "brokerClusterName": ("cluster_name", _name, "cluster this broker belongs to"),
+    "brokerName": ("broker_name", _name, "broker group (master + slaves share it)"),
+    "brokerId": ("broker_id", _int(0), "0 = master, > 0 = slave"),
+    "brokerRole": ("broker_role", _choice(BROKER_ROLES), "ASYNC_MASTER, SYNC_MASTER or SLAVE"),
+    "flushDiskType": ("flush_disk_type", _choice(FLUSH_DISK_TYPES), "ASYNC_FLUSH or SYNC_FLUSH"),
+    "namesrvAddr": ("namesrv_addrs", _namesrv, "name servers, host:port;host:port"),
+    "bindAddress": ("bind_host", _host, "interface the servers listen on (ferry)"),
+    "listenPort": ("listen_port", _int(0, 65535), "gRPC port (0: pick a free one)"),
+    "haListenPort": ("ha_listen_port", _int(0, 65535), "HA replication port"),
+    "metricsPort": ("metrics_port", _int(-1, 65535), "Prometheus /metrics port, -1 off (ferry)"),
+    "brokerIP1": ("broker_ip1", _host, "advertised host of the gRPC address"),
+    "brokerIP2": ("broker_ip2", _host, "advertised host of the HA address (default brokerIP1)"),
+    "storePathRootDir": (
+        "store_root",
+        _path,
+        "store directory (commitlog/, consumequeue/, config/)",
+    ),
+    "brokerPermission": (
+        "broker_permission",
+        _int(0, 15),
+        "6 read-write, 4 read-only, 2 write-only",
+    ),
+    "slaveReadEnable": ("slave_read_enable", _bool, "slaves serve pulls"),
+    "registerNameServerPeriod": (
+        "register_period_s",
+        _ms_to_s(),
+        "ms between registrations (10-60 s)",
+    ),
+    "registerBrokerTimeoutMills": ("register_timeout_s", _ms_to_s(), "ms to wait for name servers"),
+    "forceRegister": ("force_register", _bool, "false: QueryDataVersion before registering"),
+    "haMasterAddress": ("ha_master_address", _addr_or_empty, "master's HA host:port (slaves)"),
+    "mappedFileSizeCommitLog": ("commit_log_file_size", _file_size, "bytes per commit-log file"),
+    "mappedFileSizeConsumeQueue": (
+        "consume_queue_entries_per_file",
+        _cq_file_bytes,
+        "bytes per consume-queue file (a multiple of 20)",
+    ),
+    "maxMessageSize": ("max_message_size", _int(1), "largest message body, bytes"),
+    "slaveTimeout": ("slave_timeout_s", _ms_to_s(), "ms a SYNC_MASTER waits for a slave"),
+    "syncFlushTimeout": (
+        "sync_flush_timeout_s",
+        _ms_to_s(),
+        "ms a SYNC_FLUSH send waits for fsync",
+    ),
+    "flushIntervalCommitLog": ("flush_interval_s", _ms_to_s(), "ms between ASYNC_FLUSH flushes"),
+    "flushConsumerOffsetInterval": (
+        "flush_consumer_offset_interval_s",
+        _ms_to_s(),
+        "ms between consumer/delay offset persists",
+    ),
+    "haTransferBatchSize": ("ha_transfer_batch_size", _int(1024), "bytes per HA frame"),
+    "haSendHeartbeatInterval": ("ha_heartbeat_interval_s", _ms_to_s(), "ms between HA heartbeats"),
+    "haHousekeepingInterval": (
+        "ha_housekeeping_interval_s",
+        _ms_to_s(),
+        "ms of HA silence before closing",
+    ),
+    "haMaxGapNotInSync": (
+        "ha_max_gap_not_in_sync",
+        _int(1),
+        "bytes a slave may lag and be in sync",
+    ),
+    "haSecret": ("ha_secret", _text, "shared secret of the HA handshake (ferry)"),
+    "messageDelayLevel": (
+        "message_delay_levels_s",
+        parse_delay_levels,
+        "delay levels, 1s 5s ... 2h",
+    ),
+    "shutdownGraceSeconds": ("grace_s", _int(0), "seconds calls in flight get at shutdown (ferry)"),
+}
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """Java-properties lines as broker.conf uses them: `key=value`, `key:value`
+    or `key value`; `#`/`!` comments and blank lines skipped."""
+    result: dict[str, str] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#!":
+            continue
+        cut = len(line)
+        for i, ch in enumerate(line):
+            if ch in "=:" or ch.isspace():
+                cut = i
+                break
+        key = line[:cut].strip()
+        rest = line[cut:].lstrip()
+        if rest[:1] in ("=", ":"):
+            rest = rest[1:]
+        result[key] = rest.strip()
+    return result
+
+
+def load_config(
+    path: Path | None,
+    overrides: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+) -> tuple[BrokerConfig, list[str]]:
+    """Build the config from a broker.conf and `key=value` overrides; returns it
+    with the warnings to log (unknown keys).
+
+    Raises:
+        ConfigError: a bad value, naming its key.
+        OSError: the file cannot be read.
+    """
+    env = os.environ if env is None else env
+    values: dict[str, str] = {}
+    sources: dict[str, str] = {}
+    if path is not None:
+        for key, value in parse_properties(Path(path).read_text()).items():
+            values[key] = value
+            sources[key] = str(path)
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(item, "an override must look like key=value (e.g. -o listenPort=0)")
+        values[key.strip()] = value
+        sources[key.strip()] = "-o"
+    warnings = []
+    changes: dict[str, Any] = {}
+    for key, text in values.items():
+        known = KNOWN_KEYS.get(key)
+        if known is None:
+            near = difflib.get_close_matches(key, KNOWN_KEYS, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            warnings.append(f"unknown key {key!r} in {sources[key]}, ignored{hint}")
+            continue
+        name, parse, _ = known
+        changes[name] = parse(key, text)
+    if "namesrv_addrs" not in changes and env.get(ENV_NAMESRV):
+        changes["namesrv_addrs"] = _namesrv(ENV_NAMESRV, env[ENV_NAMESRV])
+    config = replace(BrokerConfig(), **changes)
+    _check(config)
+    return config, warnings
+
+
+def _check(config: BrokerConfig) -> None:
+    if config.broker_role == "SLAVE" and config.broker_id <= 0:
+        raise ConfigError("brokerId", f"a SLAVE needs brokerId > 0, not {config.broker_id}")
+    if config.broker_role != "SLAVE" and config.broker_id != 0:
+        raise ConfigError(
+            "brokerId", f"a {config.broker_role} must have brokerId 0, not {config.broker_id}"
+        )
+    if config.max_message_size + 512 > config.commit_log_file_size:
+        raise ConfigError(
+            "maxMessageSize",
+            f"{config.max_message_size} does not fit in a commit-log file of "
+            f"{config.commit_log_file_size} bytes (mappedFileSizeCommitLog); set maxMessageSize "
+            f"below {config.commit_log_file_size - 512} or raise mappedFileSizeCommitLog",
+        )
+
+
+def describe_keys() -> str:
+    defaults = BrokerConfig()
+    rows = []
+    for key, (name, _, meaning) in KNOWN_KEYS.items():
+        value = getattr(defaults, name)
+        if name.endswith("_s") and isinstance(value, float) and name != "grace_s":
+            shown = str(int(value * 1000))
+        elif isinstance(value, tuple):
+            shown = (
+                ";".join(map(str, value))
+                if name == "namesrv_addrs"
+                else " ".join(f"{v:g}s" for v in value)
+            )
+        elif isinstance(value, bool):
+            shown = str(value).lower()
+        else:
+            shown = str(value)
+        rows.append((key, shown or '""', meaning))
+    width = max(len(r[0]) for r in rows)
+    dwidth = min(max(len(r[1]) for r in rows), 28)
+    lines = [f"{'key'.ljust(width)}  {'default'.ljust(dwidth)}  meaning"]
+    lines += [f"{k.ljust(width)}  {d.ljust(dwidth)}  {m}" for k, d, m in rows]
+    return "\n".join(lines)
+
+
+__all__ = ["KNOWN_KEYS", "BrokerConfig", "describe_keys", "load_config", "parse_properties"]
