@@ -445,3 +445,89 @@ def scan_valid(buf: bytes | memoryview, pos: int, end: int) -> tuple[int, str | 
             return pos, "body CRC mismatch"
         pos = record_end
     return pos, None
+
+
+_HOST_CACHE: dict[bytes, str] = {}
+
+
+def _host_text(raw: bytes) -> str:
+    text = _HOST_CACHE.get(raw)
+    if text is None:
+        if len(_HOST_CACHE) > 4096:
+            _HOST_CACHE.clear()
+        text = f"{socket.inet_ntoa(raw[:4])}:{int.from_bytes(raw[4:], 'big')}"
+        _HOST_CACHE[raw] = text
+    return text
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    """A record as a consumer gets it (the pull path's light decode)."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commit_offset: int
+    body: bytes
+    properties: dict[str, str]
+    flag: int
+    born_timestamp: int
+    store_timestamp: int
+    reconsume_times: int
+    born_host: str  # "ip:port"
+    store_host: str
+    store_host_raw: bytes  # 8 bytes, for the message id
+    size: int
+
+    @property
+    def tags(self) -> str:
+        return self.properties.get(PROPERTY_TAGS, "")
+
+    @property
+    def msg_id(self) -> str:
+        return (self.store_host_raw + self.commit_offset.to_bytes(8, "big")).hex().upper()
+
+
+_PULL_HEAD = struct.Struct(">iI4xiiqq4xq8sq8si8xi")
+
+
+def decode_stored(buf: bytes | bytearray | memoryview, pos: int, size: int) -> StoredMessage:
+    """Decode the record of `size` bytes at `pos` (located by a consume-queue
+    entry) for a consumer: the fields a pull returns, without the body CRC.
+
+    Raises:
+        RecordError: the bytes there are not a whole valid record.
+    """
+    if pos < 0 or size < MIN_RECORD_SIZE or pos + size > len(buf):
+        raise RecordError(f"no record of {size} bytes at {pos}")
+    try:
+        (
+            total, magic, queue_id, flag, queue_offset, commit_offset, born_ts, born_host,
+            store_ts, store_host, reconsume, body_len,
+        ) = _PULL_HEAD.unpack_from(buf, pos)  # fmt: skip
+    except struct.error as exc:
+        raise RecordError(f"record at {pos}: {exc}") from None
+    if magic != MESSAGE_MAGIC or total != size:
+        raise RecordError(
+            f"record at {pos}: not a record of {size} bytes (magic 0x{magic:08X}, size {total})"
+        )
+    at = pos + HEAD_SIZE
+    end = pos + size
+    if body_len < 0 or at + body_len + 3 > end:
+        raise RecordError(f"record at {pos}: body length {body_len} does not fit")
+    body = bytes(buf[at : at + body_len])
+    at += body_len
+    topic_len = buf[at]
+    at += 1
+    if at + topic_len + 2 > end:
+        raise RecordError(f"record at {pos}: topic length {topic_len} does not fit")
+    try:
+        topic = bytes(buf[at : at + topic_len]).decode()
+    except UnicodeDecodeError:
+        raise RecordError(f"record at {pos}: topic is not UTF-8") from None
+    at += topic_len + 2
+    properties = decode_properties(bytes(buf[at:end])) if at < end else {}
+    return StoredMessage(
+        topic, queue_id, queue_offset, commit_offset, body, properties, flag, born_ts, store_ts,
+        reconsume, _host_text(born_host), _host_text(store_host), store_host, size,
+    )  # fmt: skip

@@ -157,30 +157,38 @@ def pull_response_pb(
         max_offset=result.max_offset,
         suggest_which_broker_id=suggest,
     )
-    prefixes = {store_host: record.message_id(store_host, 0)[:16]}
+    prefixes: dict[bytes, str] = {}
     add = response.messages.add
+    tags_key, keys_key = record.PROPERTY_TAGS, record.PROPERTY_KEYS
     for r in result.records:
-        prefix = prefixes.get(r.store_host)
+        prefix = prefixes.get(r.store_host_raw)
         if prefix is None:
-            prefix = prefixes[r.store_host] = record.message_id(r.store_host, 0)[:16]
+            prefix = prefixes[r.store_host_raw] = r.store_host_raw.hex().upper()
         props = r.properties
-        extra = {k: v for k, v in props.items() if k not in _HIDDEN} if props else {}
+        tags = keys = ""
+        if props:
+            tags = props.get(tags_key, "")
+            keys = props.get(keys_key, "")
+            if len(props) > (tags_key in props) + (keys_key in props):
+                props = {k: v for k, v in props.items() if k not in _HIDDEN}
+            else:
+                props = None
         add(
             topic=r.topic,
             queue_id=r.queue_id,
             queue_offset=r.queue_offset,
             commit_offset=r.commit_offset,
             body=r.body,
-            tags=props.get(record.PROPERTY_TAGS, ""),
-            keys=props.get(record.PROPERTY_KEYS, ""),
-            properties=extra,
+            tags=tags,
+            keys=keys,
+            properties=props or None,
             born_timestamp=r.born_timestamp,
             store_timestamp=r.store_timestamp,
             msg_id=f"{prefix}{r.commit_offset:016X}",
             flag=r.flag,
             reconsume_times=r.reconsume_times,
-            store_size=0,
-            born_host=f"{r.born_host[0]}:{r.born_host[1]}",
-            store_host=f"{r.store_host[0]}:{r.store_host[1]}",
+            store_size=r.size,
+            born_host=r.born_host,
+            store_host=r.store_host,
         )
     return response

@@ -207,6 +207,17 @@ class MessagingService:
                 f"{where if where == 'body' else where + '.body'} is {len(body)} bytes; "
                 f"maxMessageSize is {self.max_message_size}"
             )
+        if not message.properties:
+            # The hot path: at most tags and keys.
+            if not message.tags and not message.keys:
+                return b"", 0
+            if _plain(message.tags) and _plain(message.keys):
+                parts = []
+                if message.tags:
+                    parts.append(f"TAGS\x01{message.tags}\x02")
+                if message.keys:
+                    parts.append(f"KEYS\x01{message.keys}\x02")
+                return "".join(parts).encode(), 0
         properties = dict(message.properties)
         if message.tags:
             properties[record.PROPERTY_TAGS] = message.tags
@@ -308,6 +319,10 @@ class MessagingService:
         return self.store.queue_min_offset(topic, queue_id), self.store.queue_max_offset(
             topic, queue_id
         )
+
+
+def _plain(text: str) -> bool:
+    return "\x01" not in text and "\x02" not in text and len(text) < 8192
 
 
 def parse_sub_expression(expression: str) -> frozenset[int] | None:

@@ -117,7 +117,7 @@ class GetStatus(enum.Enum):
 @dataclass(frozen=True)
 class GetResult:
     status: GetStatus
-    records: list[record.Record]
+    records: list[record.StoredMessage]
     next_begin_offset: int
     min_offset: int
     max_offset: int
@@ -472,7 +472,8 @@ class MessageStore:
             return GetResult(GetStatus.NO_NEW_MSG, [], queue_offset, low, high)
         confirm = self.confirm_offset
         entries = queue.entries(queue_offset, max_count)
-        found: list[record.Record] = []
+        found: list[record.StoredMessage] = []
+        decode = record.decode_stored
         next_offset = queue_offset
         budget = self.config.max_pull_bytes
         spans = _spans(entries, self.commit_log.file_size)
@@ -488,9 +489,7 @@ class MessageStore:
                 next_offset += 1
                 if tag_hashes is not None and code not in tag_hashes:
                     continue
-                decoded = record.decode(data, commit_offset - span_start, check_crc=False)
-                assert isinstance(decoded, record.Record)
-                found.append(decoded)
+                found.append(decode(data, commit_offset - span_start, size))
                 budget -= size
             if stop:
                 break
