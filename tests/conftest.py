@@ -121,3 +121,71 @@ def namesrv(loop_thread: LoopThread, tmp_path: Path) -> Iterator[RunningNamesrv]
     ns = start_namesrv(loop_thread, tmp_path / "namesrv")
     yield ns
     ns.stop()
+
+
+# ---------------------------------------------------------------- brokers
+
+
+@dataclass
+class RunningBroker:
+    app: Any  # services.broker.app.BrokerApp
+    loop: LoopThread
+    addr: str
+    channel: grpc.Channel
+
+    @property
+    def broker(self):
+        from ferry.v1 import broker_pb2_grpc
+
+        return broker_pb2_grpc.BrokerStub(self.channel)
+
+    @property
+    def admin(self):
+        from ferry.v1 import broker_admin_pb2_grpc
+
+        return broker_admin_pb2_grpc.BrokerAdminStub(self.channel)
+
+    def stop(self) -> None:
+        self.channel.close()
+        self.loop.run(self.app.stop())
+
+
+def broker_options(store_root: Path, namesrv_addrs: str = "", **keys: Any) -> list[str]:
+    """`-o` overrides for a test broker: loopback, free ports, small files."""
+    options = {
+        "bindAddress": "127.0.0.1",
+        "brokerIP1": "127.0.0.1",
+        "listenPort": 0,
+        "metricsPort": -1,
+        "storePathRootDir": store_root,
+        "mappedFileSizeCommitLog": 1 << 20,
+        "maxMessageSize": 64 * 1024,
+        "shutdownGraceSeconds": 0,
+        **keys,
+    }
+    if namesrv_addrs:
+        options["namesrvAddr"] = namesrv_addrs
+    return [f"{k}={v}" for k, v in options.items()]
+
+
+def start_broker(
+    loop: LoopThread,
+    store_root: Path,
+    namesrv_addrs: str = "",
+    clock: Any = None,
+    **keys: Any,
+) -> RunningBroker:
+    from services.broker.app import BrokerApp
+    from services.broker.config import load_config
+
+    config, _ = load_config(None, broker_options(store_root, namesrv_addrs, **keys), env={})
+
+    async def build_and_start():
+        app = BrokerApp(config, clock=clock, registry=CollectorRegistry())
+        await app.start()
+        return app
+
+    app = loop.run(build_and_start())
+    addr = f"127.0.0.1:{app.port}"
+    channel = grpc.insecure_channel(addr, options=[("grpc.max_receive_message_length", 64 << 20)])
+    return RunningBroker(app, loop, addr, channel)

@@ -146,6 +146,7 @@ class AdminService:
         check_perm(perm, "broker_permission")
         previous = self._permission[0]
         self._permission[0] = perm
+        self.metadata.topics.touch()
         log.warning("brokerPermission changed from %d to %d", previous, perm)
         if self.announce_all is not None:
             await self.announce_all()

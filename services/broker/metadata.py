@@ -240,6 +240,14 @@ class TopicTable(_Table):
         self._write()
         return version
 
+    def touch(self) -> DataVersion:
+        """Bump the version without changing a topic: what registers changed
+        permissions with the name servers (RocketMQ does the same when
+        brokerPermission changes)."""
+        version = self._bump()
+        self._write()
+        return version
+
     def ensure_system_topic(self, config: TopicConfig) -> None:
         if config.topic_name not in self._table:
             self.put(config)

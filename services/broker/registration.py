@@ -1,0 +1,345 @@
+"""The broker side of name-server registration (SPEC §5.5).
+
+At start the broker registers with every name server in parallel, then every
+period (`clamp(registerNameServerPeriod, 10 s, 60 s)`, done by the caller);
+with `forceRegister=false` a round first asks each name server
+`QueryDataVersion` and registers only where the answer is "changed". After a
+name server accepts a registration the broker opens a `KeepAlive` stream to
+it; when the stream breaks (the name server restarted, the network dropped)
+the broker registers with that name server again at once and reopens it. A
+created or updated topic is registered at once (`incremental`). On stop the
+broker unregisters from every name server (with its instance id, so a newer
+run of the same broker is never removed).
+
+An unreachable name server is logged and retried in the next round, never
+fatal. If the broker is not both readable and writable (`brokerPermission`),
+every topic is registered with `perm & brokerPermission`.
+
+This is a gRPC client adapter: it owns one channel per name server and the
+loop and KeepAlive tasks, all on the broker's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from ferry.model import PERM_READ_WRITE, DataVersion, TopicConfig
+from ferry.runtime.clock import Clock, wait_event
+from ferry.v1 import common_pb2, namesrv_pb2, namesrv_pb2_grpc
+from ferry.wire import body_crc32
+
+log = logging.getLogger(__name__)
+
+KEEPALIVE_PING_S = 5.0
+RETRY_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
+_FILTER = {"SINGLE_TAG": common_pb2.SINGLE_TAG, "MULTI_TAG": common_pb2.MULTI_TAG}
+
+
+@dataclass(frozen=True)
+class BrokerIdentity:
+    cluster_name: str
+    broker_name: str
+    broker_id: int
+    broker_addr: str  # advertised gRPC host:port
+    ha_server_addr: str  # advertised HA host:port
+    broker_role: str
+    metrics_addr: str = ""
+
+
+def topic_pb(config: TopicConfig, broker_permission: int) -> common_pb2.TopicConfig:
+    perm = config.perm
+    if broker_permission & PERM_READ_WRITE != PERM_READ_WRITE:
+        perm &= broker_permission
+    return common_pb2.TopicConfig(
+        topic_name=config.topic_name,
+        read_queue_nums=config.read_queue_nums,
+        write_queue_nums=config.write_queue_nums,
+        perm=perm,
+        topic_filter_type=_FILTER.get(config.topic_filter_type, common_pb2.SINGLE_TAG),
+        topic_sys_flag=config.topic_sys_flag,
+        order=config.order,
+        attributes=dict(config.attributes),
+    )
+
+
+class _NameServer:
+    def __init__(self, addr: str) -> None:
+        self.addr = addr
+        self.channel: grpc.aio.Channel | None = None
+        self.stub: namesrv_pb2_grpc.NameServerStub | None = None
+        self.registered = asyncio.Event()
+        self.last_success_wall = 0.0
+        self.failures = 0
+        self.keepalive: asyncio.Task | None = None
+
+
+class Registrar:
+    def __init__(
+        self,
+        namesrv_addrs: Sequence[str],
+        identity: BrokerIdentity,
+        topics: Callable[[], tuple[dict[str, TopicConfig], DataVersion]],
+        permission: Callable[[], int],
+        clock: Clock,
+        period_s: float = 30.0,
+        timeout_s: float = 6.0,
+        force_register: bool = True,
+        on_master: Callable[[str, str], None] | None = None,
+        heartbeat_timeout_ms: int = 0,
+        keepalive_ping_s: float = KEEPALIVE_PING_S,
+    ) -> None:
+        self.identity = identity
+        self.topics = topics
+        self.permission = permission
+        self.clock = clock
+        self.period_s = period_s
+        self.timeout_s = timeout_s
+        self.force_register = force_register
+        self.on_master = on_master
+        self.heartbeat_timeout_ms = heartbeat_timeout_ms
+        self.keepalive_ping_s = keepalive_ping_s
+        self.instance_id = uuid.uuid4().hex
+        self._servers = [_NameServer(a) for a in namesrv_addrs]
+        self._loop_task: asyncio.Task | None = None
+        self._stopping = False
+        self._master = ("", "")
+        self.registrations = 0  # successful RegisterBroker calls (for tests and metrics)
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        for server in self._servers:
+            server.channel = grpc.aio.insecure_channel(
+                server.addr,
+                options=[
+                    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+                    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                ],
+            )
+            server.stub = namesrv_pb2_grpc.NameServerStub(server.channel)
+        await self.register_all(force=True)
+        for server in self._servers:
+            server.keepalive = asyncio.create_task(
+                self._keepalive(server), name=f"keepalive-{server.addr}"
+            )
+        self._loop_task = asyncio.create_task(self._periodic(), name="register-loop")
+
+    async def stop(self) -> None:
+        """Stop the loops, then unregister from every name server (bounded)."""
+        self._stopping = True
+        tasks = [t for t in [self._loop_task, *(s.keepalive for s in self._servers)] if t]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await asyncio.gather(*(self._unregister(s) for s in self._servers))
+        for server in self._servers:
+            if server.channel is not None:
+                await server.channel.close()
+                server.channel = None
+
+    def status(self) -> dict[str, float]:
+        return {s.addr: s.last_success_wall for s in self._servers}
+
+    # ------------------------------------------------------------ registration
+
+    async def register_all(self, force: bool = True) -> dict[str, bool]:
+        """One round with every name server in parallel; addr -> success."""
+        request = self._request()
+        results = await asyncio.gather(
+            *(self._register_one(s, request, force) for s in self._servers)
+        )
+        return {s.addr: ok for s, ok in zip(self._servers, results, strict=True)}
+
+    async def register_topics(self, topics: Sequence[TopicConfig]) -> None:
+        """Register created/updated topics at once (incremental); a name server
+        that does not know this broker (it restarted) gets a full registration."""
+        table, version = self.topics()
+        body = self._body({t.topic_name: t for t in topics}, version)
+        request = self._base_request(body, incremental=True)
+        await asyncio.gather(*(self._register_one(s, request, True) for s in self._servers))
+
+    def _request(self) -> namesrv_pb2.RegisterBrokerRequest:
+        table, version = self.topics()
+        return self._base_request(self._body(table, version), incremental=False)
+
+    def _body(
+        self, table: dict[str, TopicConfig], version: DataVersion
+    ) -> namesrv_pb2.RegisterBrokerBody:
+        perm = self.permission()
+        wrapper = common_pb2.TopicConfigSerializeWrapper(
+            data_version=common_pb2.DataVersion(
+                timestamp=version.timestamp,
+                counter=version.counter,
+                state_version=version.state_version,
+            )
+        )
+        for name, config in table.items():
+            wrapper.topic_config_table[name].CopyFrom(topic_pb(config, perm))
+        return namesrv_pb2.RegisterBrokerBody(topic_config=wrapper)
+
+    def _base_request(
+        self, body: namesrv_pb2.RegisterBrokerBody, incremental: bool
+    ) -> namesrv_pb2.RegisterBrokerRequest:
+        ident = self.identity
+        return namesrv_pb2.RegisterBrokerRequest(
+            cluster_name=ident.cluster_name,
+            broker_addr=ident.broker_addr,
+            broker_name=ident.broker_name,
+            broker_id=ident.broker_id,
+            ha_server_addr=ident.ha_server_addr,
+            body=body,
+            body_crc32=body_crc32(body),
+            heartbeat_timeout_ms=self.heartbeat_timeout_ms,
+            instance_id=self.instance_id,
+            broker_role=ident.broker_role,
+            metrics_addr=ident.metrics_addr,
+            incremental=incremental,
+        )
+
+    async def _register_one(
+        self, server: _NameServer, request: namesrv_pb2.RegisterBrokerRequest, force: bool
+    ) -> bool:
+        assert server.stub is not None
+        try:
+            if not force and server.registered.is_set():
+                answer = await server.stub.QueryDataVersion(
+                    namesrv_pb2.QueryDataVersionRequest(
+                        cluster_name=request.cluster_name,
+                        broker_addr=request.broker_addr,
+                        broker_name=request.broker_name,
+                        broker_id=request.broker_id,
+                        data_version=request.body.topic_config.data_version,
+                    ),
+                    timeout=self.timeout_s,
+                )
+                if not answer.changed:
+                    server.last_success_wall = self.clock.wall()
+                    return True
+            try:
+                response = await server.stub.RegisterBroker(request, timeout=self.timeout_s)
+            except grpc.aio.AioRpcError as exc:
+                if request.incremental and exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    response = await server.stub.RegisterBroker(
+                        self._request(), timeout=self.timeout_s
+                    )
+                else:
+                    raise
+        except grpc.aio.AioRpcError as exc:
+            server.failures += 1
+            log.warning(
+                "registration with name server %s failed: %s: %s (retrying next round)",
+                server.addr,
+                exc.code().name,
+                exc.details(),
+            )
+            return False
+        self.registrations += 1
+        first = not server.registered.is_set()
+        server.registered.set()
+        server.failures = 0
+        server.last_success_wall = self.clock.wall()
+        if first:
+            log.info(
+                "registered with name server %s: topics=%d incremental=%s",
+                server.addr,
+                len(request.body.topic_config.topic_config_table),
+                request.incremental,
+            )
+        else:
+            log.debug("registered with name server %s", server.addr)
+        master = (response.master_addr, response.ha_server_addr)
+        if self.identity.broker_id != 0 and master != self._master:
+            self._master = master
+            if self.on_master is not None:
+                self.on_master(*master)
+        return True
+
+    async def _periodic(self) -> None:
+        while True:
+            await asyncio.sleep(self.period_s)
+            try:
+                await self.register_all(force=self.force_register)
+            except Exception:
+                log.exception("registration round failed; trying again next period")
+
+    # ------------------------------------------------------------ keepalive
+
+    async def _keepalive(self, server: _NameServer) -> None:
+        """Hold a KeepAlive stream open; when it breaks, register again at once."""
+        attempt = 0
+        while not self._stopping:
+            while not server.registered.is_set():
+                if await self._register_one(server, self._request(), True):
+                    break
+                await asyncio.sleep(self._backoff(attempt))
+                attempt += 1
+            assert server.stub is not None
+            stop_pinging = asyncio.Event()
+
+            call = server.stub.KeepAlive(self._pings(stop_pinging))
+            opened = False
+            try:
+                async for _ in call:
+                    opened = True
+                    attempt = 0
+                reason = "the name server closed it"
+            except grpc.aio.AioRpcError as exc:
+                reason = f"{exc.code().name}: {exc.details()}"
+            finally:
+                stop_pinging.set()
+                call.cancel()
+            if self._stopping:
+                return
+            log.warning(
+                "KeepAlive stream to name server %s ended (%s); registering again",
+                server.addr,
+                reason,
+            )
+            if not opened:
+                await asyncio.sleep(self._backoff(attempt))
+                attempt += 1
+            server.registered.clear()
+
+    async def _pings(self, stop: asyncio.Event):
+        """The KeepAlive request stream: the broker's name, then a ping per interval."""
+        yield namesrv_pb2.KeepAliveRequest(
+            cluster_name=self.identity.cluster_name,
+            broker_addr=self.identity.broker_addr,
+            instance_id=self.instance_id,
+        )
+        while not await wait_event(stop, self.keepalive_ping_s):
+            yield namesrv_pb2.KeepAliveRequest()
+
+    def _backoff(self, attempt: int) -> float:
+        """Retry delays grow to one registration period."""
+        steps = (*RETRY_BACKOFF_S, self.period_s)
+        return min(steps[min(attempt, len(steps) - 1)], self.period_s)
+
+    async def _unregister(self, server: _NameServer) -> None:
+        if server.stub is None or not server.registered.is_set():
+            return
+        try:
+            await server.stub.UnregisterBroker(
+                namesrv_pb2.UnregisterBrokerRequest(
+                    cluster_name=self.identity.cluster_name,
+                    broker_addr=self.identity.broker_addr,
+                    broker_name=self.identity.broker_name,
+                    broker_id=self.identity.broker_id,
+                    instance_id=self.instance_id,
+                ),
+                timeout=self.timeout_s,
+            )
+            log.info("unregistered from name server %s", server.addr)
+        except grpc.aio.AioRpcError as exc:
+            log.warning(
+                "could not unregister from name server %s: %s", server.addr, exc.code().name
+            )
