@@ -264,3 +264,53 @@ def register_group(ns, topics: dict[str, int]) -> None:
             broker_id=1, addr=GROUP_SLAVE, ha_addr="127.0.0.1:10922", broker_role="SLAVE"
         )
     )
+
+
+class BrokerServer:
+    """`python -m services.broker` on 127.0.0.1 with OS-picked ports; stopped
+    (or killed) by PID."""
+
+    def __init__(self, store: Path, options: Sequence[str]) -> None:
+        store.mkdir(parents=True, exist_ok=True)
+        self.store = store
+        self.options = list(options)
+        self.port_file = store.parent / f"{store.name}.ports.json"
+        self.log_path = store.parent / f"{store.name}.log"
+        self.proc: subprocess.Popen | None = None
+        self.grpc_port = 0
+
+    def start(self, timeout_s: float = 30.0) -> BrokerServer:
+        self.port_file.unlink(missing_ok=True)
+        args = [sys.executable, "-m", "services.broker", "--port-file", str(self.port_file)]
+        for option in self.options:
+            args += ["-o", option]
+        with self.log_path.open("a") as log:
+            self.proc = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=child_env()
+            )
+
+        def ready():
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"broker exited {self.proc.returncode}: {self.log()[-3000:]}")
+            return self.port_file.exists()
+
+        wait_for(ready, timeout_s, "the broker subprocess to write its port file")
+        info = json.loads(self.port_file.read_text())
+        self.grpc_port = info["grpc_port"]
+        return self
+
+    @property
+    def addr(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            stop_pid(self.proc, signal.SIGKILL)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_pid(self.proc)
