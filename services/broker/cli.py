@@ -77,9 +77,18 @@ def run(args: argparse.Namespace) -> int:
 
     from services.broker.app import BrokerApp  # imported here: `ferry --help` stays fast
 
+    started = False
+
     async def main() -> None:
+        nonlocal started
         app = BrokerApp(config)
-        await run_until_signalled(app.start, app.stop)
+
+        async def start() -> None:
+            nonlocal started
+            await app.start()
+            started = True
+
+        await run_until_signalled(start, app.stop)
 
     try:
         asyncio.run(main())
@@ -87,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         log.error("cannot start: %s", exc)
         return 1
     except OSError as exc:
-        log.error("cannot start: %s", exc)
+        log.error("%s: %s", "failed while stopping" if started else "cannot start", exc)
         return 1
     return 0
 

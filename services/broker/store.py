@@ -26,6 +26,7 @@ import dataclasses
 import enum
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -167,6 +168,8 @@ class MessageStore:
         self._flush_wake: asyncio.Event | None = None
         self._flushed_offset = 0
         self._tasks: list[asyncio.Task] = []
+        self._checkpoint_lock = threading.Lock()
+        self._checkpoint_written = (0, 0)
         self._opened = False
         self.confirm_offset_fn: Callable[[], int] | None = None  # set by HA on a SYNC_MASTER
         self.on_append: Callable[[int], None] | None = None  # HA master: new bytes to stream
@@ -425,16 +428,21 @@ class MessageStore:
         )
 
     def _write_checkpoint_now(self, snapshot: tuple[int, int, list[int]]) -> None:
+        """Write the checkpoint (from the flusher's thread or at stop: serialised)."""
         now = self.clock.wall_ms()
-        save_checkpoint(
-            self.config.root / CHECKPOINT,
-            Checkpoint(
-                flushed_offset=snapshot[0],
-                dispatched_offset=snapshot[1],
-                physic_msg_timestamp=now,
-                logics_msg_timestamp=now,
-            ),
-        )
+        with self._checkpoint_lock:
+            if snapshot[:2] < self._checkpoint_written:
+                return  # a late flusher thread: never move the checkpoint back
+            self._checkpoint_written = snapshot[:2]
+            save_checkpoint(
+                self.config.root / CHECKPOINT,
+                Checkpoint(
+                    flushed_offset=snapshot[0],
+                    dispatched_offset=snapshot[1],
+                    physic_msg_timestamp=now,
+                    logics_msg_timestamp=now,
+                ),
+            )
 
     def _release_flush_waiters(self) -> None:
         flushed = self._flushed_offset
