@@ -7,9 +7,9 @@ import sys
 
 import grpc
 
-from ferry.cli import dev, namesrv_cmds
+from ferry.cli import broker_cmds, dev, namesrv_cmds
 from ferry.client.namesrv import NoNameServerAnswered
-from ferry.runtime.errors import FerryError
+from ferry.runtime.errors import ConfigError, FerryError, InvalidArgument
 from services.broker import cli as broker_cli
 from services.namesrv import cli as namesrv_cli
 
@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=broker_cli.run)
 
     namesrv_cmds.add_commands(sub)
+    broker_cmds.add_commands(sub)
     dev.add_command(sub)
     return parser
 
@@ -58,9 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     except grpc.RpcError as exc:
         print(f"ferry: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return EXIT_UNREACHABLE if exc.code() == grpc.StatusCode.UNAVAILABLE else EXIT_ERROR
-    except FerryError as exc:
+    except (InvalidArgument, ConfigError) as exc:
         print(f"ferry: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except FerryError as exc:  # NOT_FOUND and other refusals
+        print(f"ferry: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
 

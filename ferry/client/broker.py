@@ -1,0 +1,426 @@
+"""Blocking clients for brokers: one broker's API, a producer and a consumer
+that find brokers through the name servers.
+
+- `BrokerClient`: the `Broker` and `BrokerAdmin` RPCs of one broker.
+- `Producer`: resolves a topic's route through any name server, picks a
+  writable queue of a master round-robin, and retries another broker's queue
+  when one does not answer (`UNAVAILABLE`/deadline), up to `retries` times —
+  RocketMQ's `retryTimesWhenSendFailed`.
+- `Consumer`: pulls queue by queue over every readable queue of the route,
+  starting from the group's committed offset (or the queue's min offset with
+  `from_beginning`, else its max: RocketMQ's CONSUME_FROM_LAST_OFFSET), and
+  commits what it consumed. Pulls go to the master; when the master is gone
+  from the route, to the lowest slave id present.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from ferry.client.namesrv import NamesrvClient
+from ferry.model import MASTER_ID, PERM_READ, PERM_WRITE
+from ferry.v1 import (
+    broker_admin_pb2,
+    broker_admin_pb2_grpc,
+    broker_pb2,
+    broker_pb2_grpc,
+    common_pb2,
+)
+
+_RETRIABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+]
+ROUTE_TTL_S = 30.0
+
+
+class NoRoute(Exception):
+    """The topic has no route on the name servers (it was never created, or
+    every broker carrying it is gone)."""
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(
+            f"topic {topic!r} has no route on the name servers; create it with "
+            f"`ferry topic create {topic} -c CLUSTER` (or check `ferry cluster`)"
+        )
+        self.topic = topic
+
+
+class BrokerClient:
+    def __init__(self, addr: str, timeout_s: float = 10.0) -> None:
+        self.addr = addr
+        self.timeout_s = timeout_s
+        self.channel = grpc.insecure_channel(addr, options=_OPTIONS)
+        self.broker = broker_pb2_grpc.BrokerStub(self.channel)
+        self.admin = broker_admin_pb2_grpc.BrokerAdminStub(self.channel)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> BrokerClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # producers and consumers
+    def send(self, topic: str, body: bytes, queue_id: int | None = None, **fields: Any):
+        request = broker_pb2.SendMessageRequest(topic=topic, body=body, **fields)
+        if queue_id is not None:
+            request.queue_id = queue_id
+        return self.broker.SendMessage(request, timeout=self.timeout_s)
+
+    def send_batch(
+        self, topic: str, entries: Sequence[broker_pb2.SendEntry], queue_id: int | None = None
+    ):
+        request = broker_pb2.SendMessagesRequest(topic=topic, messages=entries)
+        if queue_id is not None:
+            request.queue_id = queue_id
+        return self.broker.SendMessages(request, timeout=self.timeout_s)
+
+    def pull(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        queue_offset: int,
+        max_msgs: int = 32,
+        wait_ms: int = 0,
+        sub_expression: str = "",
+    ) -> broker_pb2.PullMessageResponse:
+        return self.broker.PullMessage(
+            broker_pb2.PullMessageRequest(
+                consumer_group=group,
+                topic=topic,
+                queue_id=queue_id,
+                queue_offset=queue_offset,
+                max_msg_nums=max_msgs,
+                max_wait_ms=wait_ms,
+                sub_expression=sub_expression,
+            ),
+            timeout=self.timeout_s + wait_ms / 1000,
+        )
+
+    def query_offset(self, group: str, topic: str, queue_id: int) -> int | None:
+        try:
+            return self.broker.QueryConsumerOffset(
+                broker_pb2.QueryConsumerOffsetRequest(
+                    consumer_group=group, topic=topic, queue_id=queue_id
+                ),
+                timeout=self.timeout_s,
+            ).offset
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise
+
+    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        self.broker.UpdateConsumerOffset(
+            broker_pb2.UpdateConsumerOffsetRequest(
+                consumer_group=group, topic=topic, queue_id=queue_id, offset=offset
+            ),
+            timeout=self.timeout_s,
+        )
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        return self.broker.GetMaxOffset(
+            broker_pb2.GetMaxOffsetRequest(topic=topic, queue_id=queue_id), timeout=self.timeout_s
+        ).offset
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        return self.broker.GetMinOffset(
+            broker_pb2.GetMinOffsetRequest(topic=topic, queue_id=queue_id), timeout=self.timeout_s
+        ).offset
+
+    # administration
+    def update_topic(self, config: common_pb2.TopicConfig) -> common_pb2.DataVersion:
+        return self.admin.UpdateAndCreateTopic(
+            broker_admin_pb2.UpdateAndCreateTopicRequest(topic_config=config),
+            timeout=self.timeout_s,
+        ).data_version
+
+    def delete_topic(self, topic: str) -> common_pb2.DataVersion:
+        return self.admin.DeleteTopic(
+            broker_admin_pb2.DeleteTopicRequest(topic=topic), timeout=self.timeout_s
+        ).data_version
+
+    def runtime_info(self) -> broker_admin_pb2.BrokerRuntimeInfo:
+        return self.admin.GetBrokerRuntimeInfo(
+            broker_admin_pb2.GetBrokerRuntimeInfoRequest(), timeout=self.timeout_s
+        )
+
+    def update_permission(self, perm: int) -> broker_admin_pb2.UpdateBrokerPermissionResponse:
+        return self.admin.UpdateBrokerPermission(
+            broker_admin_pb2.UpdateBrokerPermissionRequest(broker_permission=perm),
+            timeout=self.timeout_s,
+        )
+
+
+@dataclass(frozen=True)
+class QueueRef:
+    broker_name: str
+    queue_id: int
+
+
+class _Route:
+    def __init__(self, data: common_pb2.TopicRouteData, fetched: float) -> None:
+        self.data = data
+        self.fetched = fetched
+        self.addrs = {b.broker_name: dict(b.broker_addrs) for b in data.broker_datas}
+
+    def master(self, broker_name: str) -> str | None:
+        return self.addrs.get(broker_name, {}).get(MASTER_ID)
+
+    def read_addr(self, broker_name: str) -> str | None:
+        addrs = self.addrs.get(broker_name, {})
+        if MASTER_ID in addrs:
+            return addrs[MASTER_ID]
+        return addrs[min(addrs)] if addrs else None
+
+    def write_queues(self) -> list[QueueRef]:
+        return [
+            QueueRef(q.broker_name, i)
+            for q in sorted(self.data.queue_datas, key=lambda q: q.broker_name)
+            if q.perm & PERM_WRITE and self.master(q.broker_name)
+            for i in range(q.write_queue_nums)
+        ]
+
+    def read_queues(self) -> list[QueueRef]:
+        return [
+            QueueRef(q.broker_name, i)
+            for q in sorted(self.data.queue_datas, key=lambda q: q.broker_name)
+            if q.perm & PERM_READ and self.read_addr(q.broker_name)
+            for i in range(q.read_queue_nums)
+        ]
+
+
+class _Routes:
+    """Topic routes from the name servers, cached for `ttl_s`, and one client per broker."""
+
+    def __init__(
+        self, namesrv: NamesrvClient, timeout_s: float, ttl_s: float = ROUTE_TTL_S
+    ) -> None:
+        self.namesrv = namesrv
+        self.timeout_s = timeout_s
+        self.ttl_s = ttl_s
+        self._routes: dict[str, _Route] = {}
+        self._clients: dict[str, BrokerClient] = {}
+
+    def get(self, topic: str, refresh: bool = False) -> _Route:
+        route = self._routes.get(topic)
+        if refresh or route is None or time.monotonic() - route.fetched > self.ttl_s:
+            try:
+                data = self.namesrv.route(topic)
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.NOT_FOUND:
+                    raise NoRoute(topic) from None
+                raise
+            route = self._routes[topic] = _Route(data, time.monotonic())
+        return route
+
+    def client(self, addr: str) -> BrokerClient:
+        c = self._clients.get(addr)
+        if c is None:
+            c = self._clients[addr] = BrokerClient(addr, self.timeout_s)
+        return c
+
+    def close(self) -> None:
+        for c in self._clients.values():
+            c.close()
+        self._clients.clear()
+
+
+@dataclass
+class Sent:
+    """A send's result and where it went."""
+
+    result: broker_pb2.SendResult
+    broker_name: str
+    broker_addr: str
+
+
+class Producer:
+    def __init__(self, namesrv: NamesrvClient, retries: int = 2, timeout_s: float = 10.0) -> None:
+        self._routes = _Routes(namesrv, timeout_s)
+        self.retries = retries
+        self._counter = itertools.count()
+
+    def close(self) -> None:
+        self._routes.close()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def send(
+        self,
+        topic: str,
+        body: bytes,
+        tags: str = "",
+        keys: str = "",
+        properties: Mapping[str, str] | None = None,
+    ) -> Sent:
+        def call(client: BrokerClient, queue_id: int):
+            return client.send(
+                topic, body, queue_id=queue_id, tags=tags, keys=keys, properties=properties or {}
+            )
+
+        return self._with_retries(topic, call)
+
+    def send_batch(self, topic: str, entries: Sequence[broker_pb2.SendEntry]) -> Sent:
+        """One batch, stored and acknowledged as one unit on one queue."""
+        return self._with_retries(topic, lambda c, q: c.send_batch(topic, entries, queue_id=q))
+
+    def _with_retries(self, topic: str, call) -> Sent:
+        refresh = False
+        avoid: set[str] = set()
+        last: grpc.RpcError | None = None
+        for _ in range(self.retries + 1):
+            route = self._routes.get(topic, refresh)
+            queues = route.write_queues()
+            if not queues:
+                raise NoRoute(topic)
+            candidates = [q for q in queues if q.broker_name not in avoid] or queues
+            queue = candidates[next(self._counter) % len(candidates)]
+            addr = route.master(queue.broker_name)
+            assert addr is not None
+            try:
+                return Sent(
+                    call(self._routes.client(addr), queue.queue_id), queue.broker_name, addr
+                )
+            except grpc.RpcError as exc:
+                if exc.code() not in _RETRIABLE:
+                    raise
+                last = exc
+                avoid.add(queue.broker_name)
+                refresh = True
+        assert last is not None
+        raise last
+
+
+@dataclass
+class Consumed:
+    broker_name: str
+    queue_id: int
+    message: broker_pb2.MessageExt
+
+
+@dataclass
+class _Position:
+    offset: int
+    committed: int
+
+
+@dataclass
+class Consumer:
+    namesrv: NamesrvClient
+    group: str
+    topic: str
+    from_beginning: bool = False
+    sub_expression: str = ""
+    timeout_s: float = 10.0
+    _routes: _Routes = field(init=False)
+    _positions: dict[QueueRef, _Position] = field(init=False, default_factory=dict)
+    _next: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        self._routes = _Routes(self.namesrv, self.timeout_s)
+
+    def close(self) -> None:
+        self._routes.close()
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def poll(self, max_msgs: int = 32, wait_ms: int = 1000) -> list[Consumed]:
+        """Pull from the queues in turn; returns the first non-empty batch, or []
+        after every queue was tried (the last one waits up to `wait_ms`)."""
+        route = self._routes.get(self.topic)
+        queues = route.read_queues()
+        if not queues:
+            raise NoRoute(self.topic)
+        for i in range(len(queues)):
+            queue = queues[(self._next + i) % len(queues)]
+            last = i == len(queues) - 1
+            got = self._pull(route, queue, max_msgs, wait_ms if last else 0)
+            if got:
+                self._next = (self._next + i + 1) % len(queues)
+                return got
+        return []
+
+    def _pull(self, route: _Route, queue: QueueRef, max_msgs: int, wait_ms: int) -> list[Consumed]:
+        addr = route.read_addr(queue.broker_name)
+        if addr is None:
+            return []
+        client = self._routes.client(addr)
+        position = self._positions.get(queue)
+        try:
+            if position is None:
+                position = self._start_position(client, queue)
+                self._positions[queue] = position
+            response = client.pull(
+                self.group,
+                self.topic,
+                queue.queue_id,
+                position.offset,
+                max_msgs,
+                wait_ms,
+                self.sub_expression,
+            )
+        except grpc.RpcError as exc:
+            if exc.code() in _RETRIABLE:
+                self._routes.get(self.topic, refresh=True)
+                return []
+            raise
+        if response.status in (broker_pb2.OFFSET_ILLEGAL, broker_pb2.OFFSET_MOVED):
+            position.offset = response.next_begin_offset
+            return []
+        if response.status == broker_pb2.NO_MATCHED_MSG:
+            position.offset = response.next_begin_offset
+            return []
+        if response.status != broker_pb2.FOUND:
+            return []
+        position.offset = response.next_begin_offset
+        return [Consumed(queue.broker_name, queue.queue_id, m) for m in response.messages]
+
+    def _start_position(self, client: BrokerClient, queue: QueueRef) -> _Position:
+        committed = client.query_offset(self.group, self.topic, queue.queue_id)
+        if committed is None:
+            if self.from_beginning:
+                start = client.min_offset(self.topic, queue.queue_id)
+            else:
+                start = client.max_offset(self.topic, queue.queue_id)
+            return _Position(start, -1)
+        return _Position(committed, committed)
+
+    def commit(self) -> int:
+        """Commit every queue's position that moved; returns how many were committed."""
+        route = self._routes.get(self.topic)
+        committed = 0
+        for queue, position in self._positions.items():
+            if position.offset == position.committed:
+                continue
+            addr = route.read_addr(queue.broker_name)
+            if addr is None:
+                continue
+            self._routes.client(addr).commit_offset(
+                self.group, self.topic, queue.queue_id, position.offset
+            )
+            position.committed = position.offset
+            committed += 1
+        return committed
+
+    def positions(self) -> Iterable[tuple[QueueRef, int]]:
+        return ((q, p.offset) for q, p in self._positions.items())

@@ -1,0 +1,107 @@
+"""The client library and the `ferry` commands against real brokers and a
+real name server: topics, send (single, generated, batched), consume with
+committed offsets, runtime, producer failover, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ferry.client.broker import Consumer, NoRoute, Producer
+from ferry.client.namesrv import NamesrvClient
+from tests.conftest import start_broker
+from tests.integration.support import run_ferry
+
+
+@pytest.fixture
+def cluster(loop_thread, tmp_path, ns):
+    brokers = [
+        start_broker(loop_thread, tmp_path / name, ns.addr, brokerName=name)
+        for name in ("broker-a", "broker-b")
+    ]
+    yield ns, brokers
+    for b in brokers:
+        if b.app.gate.open:
+            b.stop()
+
+
+def ok(result) -> str:
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_topic_create_send_consume_round_trip(cluster):
+    ns, brokers = cluster
+    n = ("-n", ns.addr)
+    out = ok(
+        run_ferry(
+            "topic",
+            "create",
+            "Demo",
+            "-c",
+            "DefaultCluster",
+            "--read-queues",
+            "2",
+            "--write-queues",
+            "2",
+            *n,
+        )
+    )
+    assert "created topic Demo on broker-a" in out and "on broker-b" in out
+    assert "Demo" in ok(run_ferry("topic", "list", *n)).split()
+
+    single = ok(run_ferry("send", "Demo", "--body", "hello ferry", *n))
+    assert single.startswith("SEND_OK msgId=")
+    summary = ok(run_ferry("send", "Demo", "--count", "200", "--size", "128", "--batch", "50", *n))
+    assert "sent 200 messages (25600 bytes)" in summary and "SEND_OK=200" in summary
+
+    lines = ok(
+        run_ferry("consume", "Demo", "-g", "g1", "--from-beginning", "--max", "201", "--json", *n)
+    )
+    messages = [json.loads(line) for line in lines.splitlines()]
+    assert len(messages) == 201
+    assert {m["bodyBytes"] for m in messages[1:]} <= {128, 11}
+    assert "hello ferry" in {m["body"] for m in messages}
+    per_queue: dict[tuple[str, int], list[int]] = {}
+    for m in messages:
+        per_queue.setdefault((m["broker"], m["queueId"]), []).append(m["queueOffset"])
+    assert all(offsets == sorted(offsets) for offsets in per_queue.values())
+    # Offsets were committed: the same group gets nothing more.
+    again = run_ferry("consume", "Demo", "-g", "g1", "--idle-exit-s", "0.5", "--wait-ms", "100", *n)
+    assert ok(again).strip() == ""
+
+
+def test_delete_and_runtime(cluster):
+    ns, brokers = cluster
+    a = brokers[0].addr
+    ok(run_ferry("topic", "create", "Temp", "-b", a, "-n", ns.addr))
+    ok(run_ferry("topic", "delete", "Temp", "-b", a, "-n", ns.addr))
+    table = ok(run_ferry("runtime", "-b", a))
+    assert "broker_role" in table and "ASYNC_MASTER" in table
+    info = json.loads(ok(run_ferry("runtime", "-b", a, "--json")))
+    assert info["brokerName"] == "broker-a"
+
+
+def test_errors_name_the_problem(cluster):
+    ns, _ = cluster
+    missing = run_ferry("send", "Nope", "--body", "x", "-n", ns.addr)
+    assert missing.returncode == 1 and "has no route" in missing.stderr
+    bad = run_ferry("send", "bad topic", "--body", "x", "-n", ns.addr)
+    assert bad.returncode == 2 and "characters outside" in bad.stderr
+
+
+def test_producer_fails_over_to_the_other_broker(cluster):
+    ns, brokers = cluster
+    with NamesrvClient([ns.addr]) as nsc:
+        ok(run_ferry("topic", "create", "Fail", "-c", "DefaultCluster", "-n", ns.addr))
+        with Producer(nsc, retries=2, timeout_s=3) as producer:
+            first = {producer.send("Fail", b"x%d" % i).broker_name for i in range(16)}
+            assert first == {"broker-a", "broker-b"}
+            # broker-b stops answering (its process is gone, the route is still cached).
+            brokers[1].channel.close()
+            brokers[1].loop.run(brokers[1].app.server.stop(0))
+            sent = [producer.send("Fail", b"y%d" % i) for i in range(8)]
+            assert {s.broker_name for s in sent} == {"broker-a"}
+        with Consumer(nsc, "g2", "Nope") as consumer, pytest.raises(NoRoute):
+            consumer.poll()
