@@ -266,91 +266,6 @@ _PROPS_TAGS = (PROPERTY_TAGS + NAME_VALUE_SEPARATOR).encode()
 _PROPS_SEP = PROPERTY_SEPARATOR.encode()
 
 
-@dataclass(frozen=True, slots=True)
-class DispatchInfo:
-    """What a consume queue needs from one record."""
-
-    commit_offset: int
-    size: int
-    topic: str
-    queue_id: int
-    queue_offset: int
-    store_timestamp: int
-    tags: str
-    properties: bytes  # raw `k\\x01v\\x02...`; decode with `decode_properties` when needed
-
-
-def dispatch_info(
-    buf: bytes | bytearray | memoryview, pos: int, check_crc: bool = False
-) -> int | Blank | DispatchInfo:
-    """Look at the record or BLANK marker at `buf[pos:]` without decoding the body.
-
-    Returns the `Blank`, the record's `DispatchInfo`, or 0 when the bytes at
-    `pos` are zero (the end of written data in a preallocated file).
-
-    Raises:
-        RecordError: the bytes are neither zeros, a BLANK marker nor a whole
-            valid record (torn or corrupt).
-    """
-    available = len(buf) - pos
-    if available < BLANK_SIZE:
-        if available > 0 and any(buf[pos:]):
-            raise RecordError(f"{available} bytes at {pos}: too few for a record header")
-        return 0
-    total, magic = _SIZE_MAGIC.unpack_from(buf, pos)
-    if magic == BLANK_MAGIC:
-        if total < BLANK_SIZE:
-            raise RecordError(f"at {pos}: BLANK marker has size {total}")
-        return Blank(total)
-    if magic != MESSAGE_MAGIC:
-        if total == 0 and magic == 0:
-            return 0
-        raise RecordError(f"at {pos}: bad magic 0x{magic:08X}")
-    if total < MIN_RECORD_SIZE:
-        raise RecordError(f"at {pos}: record claims {total} bytes, less than {MIN_RECORD_SIZE}")
-    if total > available:
-        raise RecordError(
-            f"record at {pos} claims {total} bytes, only {available} follow (torn write?)"
-        )
-    _, _, crc, queue_id, queue_offset, commit_offset, store_ts, body_len = _DISPATCH.unpack_from(
-        buf, pos
-    )
-    end = pos + total
-    at = pos + HEAD_SIZE + body_len
-    if body_len < 0 or at + 3 > end:
-        raise RecordError(f"record at {pos}: body length {body_len} does not fit in {total} bytes")
-    topic_len = buf[at]
-    if at + 1 + topic_len + 2 > end:
-        raise RecordError(f"record at {pos}: topic length {topic_len} does not fit")
-    (props_len,) = _U16.unpack_from(buf, at + 1 + topic_len)
-    props_at = at + 3 + topic_len
-    if props_at + props_len != end:
-        raise RecordError(
-            f"record at {pos}: lengths add up to {props_at + props_len - pos}, TOTALSIZE says {total}"
-        )
-    if not buf[at + topic_len] or (props_len and buf[end - 1] != 2):
-        raise RecordError(f"record at {pos}: topic or properties end in zeros (a torn write)")
-    if (
-        check_crc
-        and zlib.crc32(memoryview(buf)[pos + HEAD_SIZE : pos + HEAD_SIZE + body_len]) & 0x7FFFFFFF
-        != crc
-    ):
-        raise RecordError(f"record at {pos}: body CRC mismatch")
-    try:
-        topic = bytes(buf[at + 1 : at + 1 + topic_len]).decode()
-    except UnicodeDecodeError:
-        raise RecordError(f"record at {pos}: topic is not UTF-8") from None
-    props = bytes(buf[props_at:end])
-    tags = ""
-    if props:
-        i = props.find(_PROPS_TAGS)
-        if i == 0 or (i > 0 and props[i - 1 : i] == _PROPS_SEP):
-            j = props.find(_PROPS_SEP, i)
-            raw = props[i + len(_PROPS_TAGS) : j if j >= 0 else len(props)]
-            tags = raw.decode(errors="replace")
-    return DispatchInfo(commit_offset, total, topic, queue_id, queue_offset, store_ts, tags, props)
-
-
 def tags_hash(tags: str) -> int:
     """Java's `String.hashCode()` of the tags (what RocketMQ stores in a consume-queue entry)."""
     h = 0
@@ -531,3 +446,64 @@ def decode_stored(buf: bytes | bytearray | memoryview, pos: int, size: int) -> S
         topic, queue_id, queue_offset, commit_offset, body, properties, flag, born_ts, store_ts,
         reconsume, _host_text(born_host), _host_text(store_host), store_host, size,
     )  # fmt: skip
+
+
+_SCAN = struct.Struct(">iIIi4xqq4x16xq20xi")
+
+
+def scan_dispatch(
+    buf: bytes | memoryview, pos: int
+) -> tuple[list[tuple[int, int, bytes, int, int, int, bytes]], int, bool]:
+    """The dispatcher's batch decode: walk whole records from `pos`.
+
+    Returns `(records, position, blank)`: each record as `(commit_offset, size,
+    topic_bytes, queue_id, queue_offset, store_timestamp, tags_bytes)`; where the
+    walk stopped (the end of the last whole record); and whether it stopped at
+    a BLANK marker. A record that continues past the end of `buf` ends the walk
+    without an error.
+
+    Raises:
+        RecordError: bytes at `position` that are neither a record nor a BLANK.
+    """
+    out: list[tuple[int, int, bytes, int, int, int, bytes]] = []
+    append = out.append
+    unpack = _SCAN.unpack_from
+    unpack_sm = _SIZE_MAGIC.unpack_from
+    unpack_u16 = _U16.unpack_from
+    size = len(buf)
+    tags_marker = _PROPS_TAGS
+    while pos + BLANK_SIZE <= size:
+        total, magic = unpack_sm(buf, pos)
+        if magic != MESSAGE_MAGIC:
+            if magic == BLANK_MAGIC and total >= BLANK_SIZE:
+                return out, pos, True
+            raise RecordError(f"at {pos}: bad magic 0x{magic:08X}")
+        if total < MIN_RECORD_SIZE:
+            raise RecordError(f"at {pos}: record claims {total} bytes, less than {MIN_RECORD_SIZE}")
+        end = pos + total
+        if end > size:
+            break
+        _, _, _, queue_id, queue_offset, commit_offset, store_ts, body_len = unpack(buf, pos)
+        at = pos + HEAD_SIZE + body_len
+        if body_len < 0 or at + 3 > end:
+            raise RecordError(f"record at {pos}: body length {body_len} does not fit")
+        topic_len = buf[at]
+        props_at = at + 3 + topic_len
+        if props_at > end:
+            raise RecordError(f"record at {pos}: topic length {topic_len} does not fit")
+        (props_len,) = unpack_u16(buf, at + 1 + topic_len)
+        if props_at + props_len != end:
+            raise RecordError(f"record at {pos}: lengths do not add up to TOTALSIZE")
+        tags = b""
+        if props_len:
+            props = bytes(buf[props_at:end])
+            i = props.find(tags_marker)
+            if i == 0 or (i > 0 and props[i - 1] == 2):
+                j = props.find(b"\x02", i)
+                tags = props[i + 5 : j if j >= 0 else len(props)]
+        append(
+            (commit_offset, total, bytes(buf[at + 1 : at + 1 + topic_len]), queue_id, queue_offset,
+             store_ts, tags)
+        )  # fmt: skip
+        pos = end
+    return out, pos, False

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from ferry import record
 from ferry.model import DELAY_LEVELS_S, SCHEDULE_TOPIC
-from ferry.record import Blank, RecordError
+from ferry.record import RecordError
 from ferry.runtime.clock import wait_event
 from services.broker.commitlog import CommitLog
 from services.broker.consumequeue import ConsumeQueues
@@ -32,17 +32,6 @@ PROPERTY_DELAY = "DELAY"
 
 class DispatchError(Exception):
     """The commit log holds bytes the dispatcher cannot read; it stops there."""
-
-
-def tags_code(info: record.DispatchInfo, delay_levels_s: tuple[float, ...]) -> int:
-    """What a consume-queue entry stores in its third field: the tags hash, or,
-    for the delay topic, when the message is due (ms) — as RocketMQ does."""
-    if info.topic == SCHEDULE_TOPIC:
-        level = info.queue_id + 1
-        if 1 <= level <= len(delay_levels_s):
-            return info.store_timestamp + int(delay_levels_s[level - 1] * 1000)
-        return info.store_timestamp
-    return record.tags_hash(info.tags) if info.tags else 0
 
 
 class Dispatcher:
@@ -64,6 +53,8 @@ class Dispatcher:
         self.records_dispatched = 0
         self._wake = asyncio.Event() if _has_loop() else None
         self.error: str | None = None
+        self._topic_names: dict[bytes, str] = {}
+        self._tag_hashes: dict[bytes, int] = {}
 
     @property
     def behind_bytes(self) -> int:
@@ -79,43 +70,52 @@ class Dispatcher:
         if start >= end:
             return 0
         chunk = self.commit_log.read_into_chunk(start, min(self.step_bytes, end - start))
-        pos = 0
+        try:
+            records, pos, blank = record.scan_dispatch(chunk, 0)
+            if not records and not blank and pos + record.BLANK_SIZE <= len(chunk):
+                # One record larger than a step: read it whole, if it is all written.
+                head = record.peek(chunk[: record.BLANK_SIZE])
+                if isinstance(head, int) and start + head <= end:
+                    records, pos, blank = record.scan_dispatch(self.commit_log.read(start, head), 0)
+        except RecordError as exc:
+            self.error = f"commit offset {start}+: {exc}"
+            log.error("dispatch stopped after commit offset %d: %s", start, exc)
+            raise DispatchError(self.error) from None
         pending: dict[tuple[str, int], tuple[int, list[tuple[int, int, int]]]] = {}
-        touched: set[tuple[str, int]] = set()
+        topics = self._topic_names
+        hashes = self._tag_hashes
         levels = self.delay_levels_s
-        while pos + record.BLANK_SIZE <= len(chunk):
-            try:
-                head = record.peek(chunk[pos : pos + record.BLANK_SIZE])
-                if isinstance(head, Blank):
-                    self._flush(pending, touched)
-                    self.offset = self.commit_log.file_end(start + pos)
-                    self._notify(touched)
-                    return self.offset - start
-                if head > len(chunk) - pos:
-                    if pos > 0 or start + head > end:
-                        break  # the rest comes with the next read (or the next HA frame)
-                    chunk = self.commit_log.read(start, head)  # one record larger than a step
-                info = record.dispatch_info(chunk, pos)
-            except RecordError as exc:
-                self.error = f"commit offset {start + pos}: {exc}"
-                log.error("dispatch stopped at commit offset %d: %s", start + pos, exc)
-                raise DispatchError(self.error) from None
-            assert isinstance(info, record.DispatchInfo)
-            key = (info.topic, info.queue_id)
-            entry = (info.commit_offset, info.size, tags_code(info, levels))
+        for commit_offset, size, topic_raw, queue_id, queue_offset, store_ts, tags in records:
+            topic = topics.get(topic_raw)
+            if topic is None:
+                topic = topics[topic_raw] = topic_raw.decode(errors="replace")
+            if topic == SCHEDULE_TOPIC:
+                level = queue_id + 1
+                code = store_ts + (
+                    int(levels[level - 1] * 1000) if 1 <= level <= len(levels) else 0
+                )
+            elif tags:
+                code = hashes.get(tags)
+                if code is None:
+                    if len(hashes) > 65536:
+                        hashes.clear()
+                    code = hashes[tags] = record.tags_hash(tags.decode(errors="replace"))
+            else:
+                code = 0
+            key = (topic, queue_id)
             group = pending.get(key)
-            if group is not None and group[0] + len(group[1]) == info.queue_offset:
-                group[1].append(entry)
+            if group is not None and group[0] + len(group[1]) == queue_offset:
+                group[1].append((commit_offset, size, code))
             else:
                 if group is not None:
                     self._put(key, group)
-                pending[key] = (info.queue_offset, [entry])
-            pos += info.size
-            self.records_dispatched += 1
+                pending[key] = (queue_offset, [(commit_offset, size, code)])
+        self.records_dispatched += len(records)
+        touched: set[tuple[str, int]] = set()
         self._flush(pending, touched)
-        self.offset = start + pos
+        self.offset = self.commit_log.file_end(start + pos) if blank else start + pos
         self._notify(touched)
-        return pos
+        return self.offset - start
 
     def dispatch_all(self, limit: int | None = None) -> int:
         """Dispatch until caught up (recovery, before serving)."""

@@ -52,6 +52,18 @@ class SendStatus(enum.Enum):
     SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
 
 
+class MessageLike(Protocol):
+    """What a message to send must carry (an `OutgoingMessage`, or any object
+    with these attributes: the servicer passes the requests' entries as they are)."""
+
+    body: bytes
+    tags: str
+    keys: str
+    properties: Mapping[str, str]
+    flag: int
+    born_timestamp: int
+
+
 @dataclass(frozen=True, slots=True)
 class OutgoingMessage:
     body: bytes
@@ -109,7 +121,7 @@ class MessagingService:
         self,
         topic: str,
         queue_id: int | None,
-        messages: Sequence[OutgoingMessage],
+        messages: Sequence[MessageLike],
         wait_store_msg_ok: bool = True,
         batch: bool = False,
     ) -> SendOutcome:
@@ -141,6 +153,7 @@ class MessagingService:
         queue_id = self._pick_queue(config, queue_id)
         store_topic, store_queue = topic, queue_id
         encoded = []
+        now = self.store.clock.wall_ms()
         for index, message in enumerate(messages):
             where = f"messages[{index}]" if batch else "body"
             properties, delay_level = self._properties(message, topic, queue_id, where)
@@ -156,7 +169,7 @@ class MessagingService:
                     body=message.body,
                     properties=properties,
                     flag=message.flag,
-                    born_timestamp=message.born_timestamp or self.store.clock.wall_ms(),
+                    born_timestamp=message.born_timestamp or now,
                     born_host=self._born_host,
                 )
             )
@@ -195,7 +208,7 @@ class MessagingService:
         return queue_id
 
     def _properties(
-        self, message: OutgoingMessage, topic: str, queue_id: int, where: str
+        self, message: MessageLike, topic: str, queue_id: int, where: str
     ) -> tuple[bytes, int]:
         body = message.body
         if not body:

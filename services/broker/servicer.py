@@ -58,7 +58,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         outcome = await self.messaging.send(
             request.topic,
             convert.queue_id_of(request),
-            [convert.outgoing(request)],
+            (request,),  # a SendMessageRequest has every field a message needs
             convert.wait_of(request),
         )
         return convert.send_result_pb(outcome)
@@ -71,7 +71,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         outcome = await self.messaging.send(
             request.topic,
             convert.queue_id_of(request),
-            [convert.outgoing(m) for m in request.messages],
+            request.messages,
             convert.wait_of(request),
             batch=True,
         )
