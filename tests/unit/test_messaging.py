@@ -197,3 +197,30 @@ def test_delayed_message_is_hidden_until_due_then_delivered_once(env):
 def test_delay_levels_are_clamped_and_zero_means_now(env):
     assert env.send(properties={"DELAY": "99"}).queue_id == 17
     assert env.send(properties={"DELAY": "0"}, queue_id=1).topic == "T"
+
+
+def test_delayed_delivery_resumes_after_a_restart_without_repeats(tmp_path):
+    from services.broker.metadata import BrokerMetadata
+
+    clock = FakeClock()
+    env = Env(tmp_path / "store", clock)
+    try:
+        meta = BrokerMetadata.open(tmp_path / "config", clock)
+        scheduler = DelayScheduler(env.store, meta.delay_offsets, env.topics, clock)
+        env.send(queue_id=2, properties={"DELAY": "1"}, bodies=[b"after 1s"])
+        env.send(queue_id=2, properties={"DELAY": "3"}, bodies=[b"after 10s"])
+        env.store.dispatcher.dispatch_all()
+        clock.advance(1.5)
+        assert env.run(scheduler.deliver_due()) == 1
+        meta.persist_all()  # what the broker does every few seconds and at shutdown
+        env.restart()
+        meta = BrokerMetadata.open(tmp_path / "config", clock)
+        assert meta.delay_offsets.get(1) == 1
+        scheduler = DelayScheduler(env.store, meta.delay_offsets, env.topics, clock)
+        assert env.run(scheduler.deliver_due()) == 0  # level 1 done, level 3 not due
+        clock.advance(9.0)
+        assert env.run(scheduler.deliver_due()) == 1
+        bodies = [r.body for r in env.pull(2, 0).records]
+        assert bodies == [b"after 1s", b"after 10s"]
+    finally:
+        env.close()
