@@ -64,15 +64,13 @@ def run(args: argparse.Namespace) -> int:
         return 0
     setup_logging(args.log_level)
     try:
-        config, warnings = load_config(args.config, args.option)
+        config, _ = load_config(args.config, args.option, warn=log.warning)
     except ConfigError as exc:
         log.error("cannot start: %s", exc)
         return 2
     except OSError as exc:
         log.error("cannot start: cannot read %s: %s", args.config, exc)
         return 2
-    for warning in warnings:
-        log.warning("%s", warning)
     if args.port_file is not None:
         config = dataclasses.replace(config, port_file=args.port_file)
 

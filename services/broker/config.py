@@ -308,9 +308,11 @@ def load_config(
     path: Path | None,
     overrides: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> tuple[BrokerConfig, list[str]]:
     """Build the config from a broker.conf and `key=value` overrides; returns it
-    with the warnings to log (unknown keys).
+    with the warnings to log (unknown keys); `warn`, when given, gets each
+    warning at once, so it is seen even when a bad value stops the load.
 
     Raises:
         ConfigError: a bad value, naming its key.
@@ -337,6 +339,8 @@ def load_config(
             near = difflib.get_close_matches(key, KNOWN_KEYS, n=1)
             hint = f" (did you mean {near[0]!r}?)" if near else ""
             warnings.append(f"unknown key {key!r} in {sources[key]}, ignored{hint}")
+            if warn is not None:
+                warn(warnings[-1])
             continue
         name, parse, _ = known
         changes[name] = parse(key, text)
