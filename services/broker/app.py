@@ -32,23 +32,37 @@ from ferry.v1 import (
     broker_admin_pb2_grpc,
     broker_pb2,
     broker_pb2_grpc,
+    ha_admin_pb2,
+    ha_admin_pb2_grpc,
     slave_sync_pb2,
     slave_sync_pb2_grpc,
 )
 from services.broker.admin import AdminService
 from services.broker.config import BrokerConfig
-from services.broker.messaging import MessagingService
+from services.broker.messaging import MessagingService, SendStatus
 from services.broker.metadata import BrokerMetadata
 from services.broker.metrics import BrokerMetrics
 from services.broker.schedule import DelayScheduler
-from services.broker.servicer import BrokerAdminServicer, BrokerServicer, Gate, SlaveSyncServicer
+from services.broker.servicer import (
+    BrokerAdminServicer,
+    BrokerServicer,
+    Gate,
+    HAAdminServicer,
+    HAStatusView,
+    SlaveSyncServicer,
+)
+from services.broker.slave_sync import SlaveSyncLoop
 from services.broker.store import FlushDiskType, MessageStore, StoreConfig
+from services.ha.master import HAMaster, HAMasterConfig
+from services.ha.slave import HASlave, HASlaveConfig
+from services.ha.sync import ReplicaAcks
 
 log = logging.getLogger(__name__)
 
 BROKER_SERVICE = broker_pb2.DESCRIPTOR.services_by_name["Broker"].full_name
 ADMIN_SERVICE = broker_admin_pb2.DESCRIPTOR.services_by_name["BrokerAdmin"].full_name
 SLAVE_SYNC_SERVICE = slave_sync_pb2.DESCRIPTOR.services_by_name["SlaveSync"].full_name
+HA_ADMIN_SERVICE = ha_admin_pb2.DESCRIPTOR.services_by_name["HAAdmin"].full_name
 GRPC_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 
@@ -72,6 +86,10 @@ class BrokerApp:
         self.registrar = None  # services.broker.registration.Registrar, with name servers
         self.server: GrpcServer | None = None
         self.scheduler: DelayScheduler | None = None
+        self.acks: ReplicaAcks | None = None
+        self.ha_master: HAMaster | None = None
+        self.ha_slave: HASlave | None = None
+        self.slave_sync: SlaveSyncLoop | None = None
         self.permission = [config.broker_permission]
         self._metrics_endpoint: MetricsEndpoint | None = None
         self._tasks: list[asyncio.Task] = []
@@ -93,7 +111,10 @@ class BrokerApp:
 
     @property
     def ha_addr(self) -> str:
-        return f"{self.config.ha_host}:{self.config.ha_listen_port}"
+        """The HA address registered: a master's listening port; a slave (which
+        does not listen) registers its configured port, or none for port 0."""
+        port = self.ha_master.port if self.ha_master else self.config.ha_listen_port
+        return f"{self.config.ha_host}:{port}" if port else ""
 
     # ------------------------------------------------------------ lifecycle
 
@@ -146,6 +167,11 @@ class BrokerApp:
                     SlaveSyncServicer(metadata, self.gate),
                     slave_sync_pb2_grpc.add_SlaveSyncServicer_to_server,
                 ),
+                Service(
+                    HA_ADMIN_SERVICE,
+                    HAAdminServicer(self._ha_status),
+                    ha_admin_pb2_grpc.add_HAAdminServicer_to_server,
+                ),
             ],
             cfg.bind_host,
             cfg.listen_port,
@@ -162,6 +188,7 @@ class BrokerApp:
                 cfg.bind_host, cfg.metrics_port, self.registry
             )
         await store.start()
+        await self._start_ha(store, messaging)
         if not cfg.is_slave:
             self.scheduler = DelayScheduler(
                 store, metadata.delay_offsets, metadata.topics, self.clock
@@ -203,7 +230,7 @@ class BrokerApp:
             info = {
                 "grpc_port": self.port,
                 "metrics_port": self.metrics_port,
-                "ha_port": cfg.ha_listen_port,
+                "ha_port": self.ha_master.port if self.ha_master else cfg.ha_listen_port,
                 "pid": os.getpid(),
             }
             atomic_write_bytes(Path(cfg.port_file), json.dumps(info).encode())
@@ -227,6 +254,12 @@ class BrokerApp:
             await self.server.set_not_serving()
         if self.registrar is not None:
             await self.registrar.stop()
+        if self.slave_sync is not None:
+            await self.slave_sync.stop()
+        if self.ha_slave is not None:
+            await self.ha_slave.stop()
+        if self.ha_master is not None:
+            await self.ha_master.stop()
         if self.server is not None:
             await self.server.stop(self.config.grace_s)
         for task in self._tasks:
@@ -245,12 +278,87 @@ class BrokerApp:
 
     # ------------------------------------------------------------ internals
 
+    async def _start_ha(self, store: MessageStore, messaging: MessagingService) -> None:
+        """The HA data plane: a master listens for slaves (and, as a SYNC_MASTER,
+        makes sends wait for one); a slave follows its master."""
+        cfg = self.config
+        secret = cfg.ha_secret.encode()
+        if cfg.is_master:
+            self.acks = acks = ReplicaAcks(
+                cfg.ha_max_gap_not_in_sync, on_confirmed=lambda _: store.notify_confirmed()
+            )
+            self.ha_master = HAMaster(
+                HAMasterConfig(
+                    host=cfg.bind_host,
+                    port=cfg.ha_listen_port,
+                    transfer_batch_bytes=cfg.ha_transfer_batch_size,
+                    heartbeat_interval_s=cfg.ha_heartbeat_interval_s,
+                    housekeeping_interval_s=cfg.ha_housekeeping_interval_s,
+                    secret=secret,
+                    sync_from=cfg.ha_sync_from,
+                    group=cfg.broker_name,
+                ),
+                store,
+                acks,
+            )
+            await self.ha_master.start()
+            store.on_append = self.ha_master.notify_appended
+            if cfg.effective_visibility == "confirmed":
+                store.confirm_offset_fn = lambda: acks.confirmed
+            if cfg.broker_role == "SYNC_MASTER":
+                timeout = cfg.slave_timeout_s
+
+                async def wait_for_slave(result) -> SendStatus:
+                    if not acks.slave_ok(result.end_offset):
+                        return SendStatus.SLAVE_NOT_AVAILABLE
+                    if await acks.wait(result.end_offset, timeout):
+                        return SendStatus.SEND_OK
+                    return SendStatus.FLUSH_SLAVE_TIMEOUT
+
+                messaging.replication_wait = wait_for_slave
+        else:
+            self.ha_slave = HASlave(
+                HASlaveConfig(
+                    master_address=cfg.ha_master_address,
+                    heartbeat_interval_s=cfg.ha_heartbeat_interval_s,
+                    housekeeping_interval_s=cfg.ha_housekeeping_interval_s,
+                    reconnect_s=cfg.ha_reconnect_interval_s,
+                    max_frame_bytes=max(cfg.ha_transfer_batch_size, 64 * 1024 * 1024),
+                    secret=secret,
+                    group=cfg.broker_name,
+                    replica_id=cfg.broker_id,
+                    reset_out_of_range=cfg.ha_reset_out_of_range_slave,
+                ),
+                store,
+            )
+            await self.ha_slave.start()
+            assert self.metadata is not None
+            self.slave_sync = SlaveSyncLoop(
+                self.metadata, cfg.slave_sync_delay_s, cfg.slave_sync_interval_s
+            )
+            await self.slave_sync.start()
+
+    def _ha_status(self) -> HAStatusView:
+        assert self.store is not None
+        return HAStatusView(
+            role=self.config.broker_role,
+            store=self.store,
+            acks=self.acks,
+            master=self.ha_master,
+            slave=self.ha_slave,
+            max_gap=self.config.ha_max_gap_not_in_sync,
+        )
+
     async def _register_all(self) -> None:
         if self.registrar is not None:
             await self.registrar.register_all(force=True)
 
     def _on_master(self, master_addr: str, ha_addr: str) -> None:
         self.admin.master_addr = master_addr
+        if self.ha_slave is not None:
+            self.ha_slave.set_master(ha_addr)
+        if self.slave_sync is not None:
+            self.slave_sync.set_master(master_addr)
         log.info("master is now %s (HA %s)", master_addr or "unknown", ha_addr or "unknown")
 
     async def _persist_offsets(self) -> None:

@@ -66,7 +66,7 @@ class CommitLog:
 
     @property
     def min_offset(self) -> int:
-        return self._segments[0].start if self._segments else 0
+        return self._segments[0].start if self._segments else self._write_offset
 
     @property
     def max_offset(self) -> int:
@@ -131,6 +131,38 @@ class CommitLog:
         self._write(buf_start, buf)
         self._write_offset = buf_start + len(buf)
         return offsets
+
+    def start_at(self, offset: int) -> None:
+        """An empty log (a new slave) begins at `offset`, a file start: the first
+        write creates the file named for it."""
+        if self._segments:
+            raise CommitLogError(f"the log already holds files; it cannot start at {offset}")
+        if offset % self.file_size:
+            raise CommitLogError(
+                f"offset {offset} is not the start of a file of {self.file_size} bytes"
+            )
+        self._write_offset = offset
+
+    def append_raw(self, data: bytes) -> int:
+        """Append replicated bytes as they are (a slave); they must not cross the
+        end of the current file. Returns the new write position."""
+        end = self.file_end(self._write_offset)
+        if self._write_offset + len(data) > end:
+            raise CommitLogError(
+                f"{len(data)} bytes at {self._write_offset} would cross the end of the file at {end}"
+            )
+        self._write(self._write_offset, data)
+        self._write_offset += len(data)
+        return self._write_offset
+
+    def discard_all(self) -> None:
+        """Delete every file (a slave resyncing from scratch)."""
+        for segment in self._segments:
+            os.close(segment.fd)
+            segment.path.unlink()
+        self._segments = []
+        self._dirty = []
+        self._write_offset = 0
 
     def flush(self) -> None:
         """Make everything written durable (fdatasync of the files written since the last flush)."""
@@ -254,7 +286,7 @@ class CommitLog:
             raise CommitLogError(f"no file holds offset {offset}")
         return self._segments[index]
 
-    def _write(self, start: int, data: bytearray) -> None:
+    def _write(self, start: int, data: bytes | bytearray) -> None:
         if not data:
             return
         file_start = start - start % self.file_size

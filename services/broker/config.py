@@ -59,6 +59,12 @@ class BrokerConfig:
     ha_housekeeping_interval_s: float = 20.0
     ha_max_gap_not_in_sync: int = 256 * 1024 * 1024
     ha_secret: str = ""
+    ha_sync_from: str = "lastFile"
+    ha_reset_out_of_range_slave: bool = True
+    ha_reconnect_interval_s: float = 5.0
+    visibility: str = ""  # "" = by role: confirmed on a SYNC_MASTER, appended otherwise
+    slave_sync_delay_s: float = 3.0
+    slave_sync_interval_s: float = 10.0
     message_delay_levels_s: tuple[float, ...] = tuple(float(s) for s in DELAY_LEVELS_S)
     grace_s: float = 5.0
     port_file: Path | None = None
@@ -70,6 +76,13 @@ class BrokerConfig:
     @property
     def is_master(self) -> bool:
         return not self.is_slave
+
+    @property
+    def effective_visibility(self) -> str:
+        """SPEC §3.4: consumers of a SYNC_MASTER see what a slave confirmed."""
+        if self.visibility:
+            return self.visibility
+        return "confirmed" if self.broker_role == "SYNC_MASTER" else "appended"
 
     @property
     def ha_host(self) -> str:
@@ -274,6 +287,28 @@ KNOWN_KEYS: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
         "bytes a slave may lag and be in sync",
     ),
     "haSecret": ("ha_secret", _text, "shared secret of the HA handshake (ferry)"),
+    "haSyncFrom": (
+        "ha_sync_from",
+        _choice(("lastFile", "minOffset")),
+        "where an empty slave starts: lastFile or minOffset",
+    ),
+    "haResetOutOfRangeSlave": (
+        "ha_reset_out_of_range_slave",
+        _bool,
+        "a slave behind its master's retention resyncs (needs haSecret)",
+    ),
+    "haReconnectInterval": ("ha_reconnect_interval_s", _ms_to_s(), "ms a slave waits to reconnect"),
+    "visibility": (
+        "visibility",
+        _choice(("confirmed", "appended")),
+        "what consumers see: confirmed (by a slave) or appended; default by role",
+    ),
+    "slaveSyncDelay": (
+        "slave_sync_delay_s",
+        _ms_to_s(0),
+        "ms before a slave's first metadata sync",
+    ),
+    "slaveSyncInterval": ("slave_sync_interval_s", _ms_to_s(), "ms between metadata syncs"),
     "messageDelayLevel": (
         "message_delay_levels_s",
         parse_delay_levels,

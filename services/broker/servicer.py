@@ -7,6 +7,9 @@ the broker is starting or stopping every call is UNAVAILABLE.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import grpc
 
 from ferry.model import check_name, check_topic
@@ -18,6 +21,8 @@ from ferry.v1 import (
     broker_pb2,
     broker_pb2_grpc,
     common_pb2,
+    ha_admin_pb2,
+    ha_admin_pb2_grpc,
     slave_sync_pb2,
     slave_sync_pb2_grpc,
 )
@@ -249,3 +254,62 @@ class SlaveSyncServicer(slave_sync_pb2_grpc.SlaveSyncServicer):
         for name, config in table.items():
             wrapper.subscription_group_table[name].CopyFrom(convert.subscription_group_pb(config))
         return wrapper
+
+
+@dataclass
+class HAStatusView:
+    """What GetHAStatus reads: the store, and the master or slave side of HA."""
+
+    role: str
+    store: object  # services.broker.store.MessageStore
+    acks: object | None  # services.ha.sync.ReplicaAcks on a master
+    master: object | None  # services.ha.master.HAMaster
+    slave: object | None  # services.ha.slave.HASlave
+    max_gap: int
+
+
+class HAAdminServicer(ha_admin_pb2_grpc.HAAdminServicer):
+    def __init__(self, status: Callable[[], HAStatusView]) -> None:
+        self.status = status
+
+    @grpc_method
+    async def GetHAStatus(self, request, context) -> ha_admin_pb2.HAStatus:
+        view = self.status()
+        store = view.store
+        top = store.max_offset  # type: ignore[attr-defined]
+        answer = ha_admin_pb2.HAStatus(
+            broker_role=view.role,
+            master_max_offset=top,
+            confirm_offset=store.confirm_offset,  # type: ignore[attr-defined]
+        )
+        if view.master is not None:
+            in_sync = 0
+            for conn in view.master.connections.values():  # type: ignore[attr-defined]
+                diff = max(0, top - conn.ack_offset)
+                ok = diff < view.max_gap
+                in_sync += ok
+                answer.connections.add(
+                    addr=conn.addr,
+                    replica_id=conn.replica_id,
+                    ack_offset=conn.ack_offset,
+                    diff=diff,
+                    in_sync=ok,
+                    transferred_bytes_per_second=conn.bytes_per_second(),
+                    transfer_from=conn.transfer_from,
+                    last_ack_timestamp=conn.last_ack_ms,
+                )
+            answer.in_sync_slave_nums = in_sync
+        if view.slave is not None:
+            slave = view.slave
+            answer.master_max_offset = slave.master_max_offset  # type: ignore[attr-defined]
+            answer.slave.CopyFrom(
+                ha_admin_pb2.HASlaveStatus(
+                    master_addr=slave.master_addr,  # type: ignore[attr-defined]
+                    max_offset=top,
+                    last_read_timestamp=slave.last_read_ms,  # type: ignore[attr-defined]
+                    last_write_timestamp=slave.last_write_ms,  # type: ignore[attr-defined]
+                    connected=slave.connected,  # type: ignore[attr-defined]
+                    master_max_offset=slave.master_max_offset,  # type: ignore[attr-defined]
+                )
+            )
+        return answer

@@ -368,9 +368,35 @@ class MessageStore:
             store_ts,
         )
 
-    def append_raw(self, commit_offset: int, data: bytes) -> None:
-        """A slave's replicated bytes (issue #4): not implemented yet."""
-        raise NotImplementedError("replication is issue #4")
+    def append_raw(self, commit_offset: int, data: bytes) -> int:
+        """A slave's replicated bytes, appended as they are at `commit_offset`,
+        which must be the log's end — or, for an empty log, the start of a file
+        (the master's choice). Returns the new end."""
+        if not self._opened:
+            raise RuntimeError("the store is not open")
+        log_ = self.commit_log
+        if commit_offset != log_.max_offset:
+            if log_.segment_starts() or self.queues.all():
+                raise ValueError(f"bytes at {commit_offset}, but the log ends at {log_.max_offset}")
+            log_.start_at(commit_offset)
+            self.dispatcher.offset = commit_offset
+        end = log_.append_raw(data)
+        self.dispatcher.wake()
+        return end
+
+    def discard_all(self, start_offset: int) -> None:
+        """Drop the whole log and every consume queue and start empty at
+        `start_offset` (a slave whose offset fell out of its master's retention)."""
+        self.commit_log.discard_all()
+        for queue in self.queues.all():
+            self.queues.delete_topic(queue.topic)
+        self._next_queue_offset.clear()
+        self.commit_log.start_at(start_offset)
+        self.dispatcher.offset = start_offset
+        self._flushed_offset = start_offset
+        self._checkpoint_written = (0, 0)
+        self._write_checkpoint_now((start_offset, start_offset, []))
+        log.warning("store discarded: empty, starting at commit offset %d", start_offset)
 
     # ------------------------------------------------------------ flushing
 

@@ -1,0 +1,101 @@
+"""Synchronous replication bookkeeping (SPEC §3.3, §3.4): acks per replica, the
+confirmed offset, and the sends waiting for it.
+
+- `slave_ok(end)`: a SYNC_MASTER send may wait for a slave only if one is
+  connected and `end - best_ack < max_gap` (strict `<`, RocketMQ's
+  `haSlaveFallbehindMax`); otherwise it answers SLAVE_NOT_AVAILABLE at once.
+- `wait(end, timeout)`: True once some replica has acked `end` or more, False
+  when the send's own monotonic deadline passes. Waiters sit in a heap by
+  offset; each ack releases every waiter at or below it, so one slow request
+  never delays or fails another, and many sends share one slave round trip.
+- `confirmed`: the highest offset any replica has acked; consumers of a
+  SYNC_MASTER see records up to it. It never goes down.
+
+Pure asyncio bookkeeping on the event loop thread: no sockets, no clock but
+the loop's own timeouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from collections.abc import Callable, Hashable
+
+
+class ReplicaAcks:
+    def __init__(self, max_gap: int, on_confirmed: Callable[[int], None] | None = None) -> None:
+        self.max_gap = max_gap
+        self.on_confirmed = on_confirmed
+        self._acks: dict[Hashable, int] = {}  # connected replicas only
+        self._confirmed = 0
+        self._waiters: list[tuple[int, int, asyncio.Future]] = []
+        self._seq = itertools.count()
+
+    # ------------------------------------------------------------ replicas
+
+    def connect(self, replica: Hashable, offset: int = 0) -> None:
+        self._acks[replica] = max(offset, self._acks.get(replica, 0))
+        self._advance(offset)
+
+    def disconnect(self, replica: Hashable) -> None:
+        self._acks.pop(replica, None)
+
+    def ack(self, replica: Hashable, offset: int) -> None:
+        if replica in self._acks and offset > self._acks[replica]:
+            self._acks[replica] = offset
+        self._advance(offset)
+
+    @property
+    def connected(self) -> int:
+        return len(self._acks)
+
+    @property
+    def best_ack(self) -> int:
+        return max(self._acks.values(), default=0)
+
+    @property
+    def confirmed(self) -> int:
+        return self._confirmed
+
+    def acks(self) -> dict[Hashable, int]:
+        return dict(self._acks)
+
+    def in_sync(self, master_max: int) -> int:
+        return sum(1 for a in self._acks.values() if master_max - a < self.max_gap)
+
+    # ------------------------------------------------------------ sends
+
+    def slave_ok(self, end_offset: int) -> bool:
+        return bool(self._acks) and end_offset - self.best_ack < self.max_gap
+
+    async def wait(self, end_offset: int, timeout_s: float) -> bool:
+        if self._confirmed >= end_offset:
+            return True
+        future = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (end_offset, next(self._seq), future))
+        try:
+            async with asyncio.timeout(timeout_s):
+                await asyncio.shield(future)
+            return True
+        except TimeoutError:
+            return self._confirmed >= end_offset
+        finally:
+            if not future.done():
+                future.cancel()
+
+    @property
+    def waiting(self) -> int:
+        return sum(1 for _, _, f in self._waiters if not f.done())
+
+    def _advance(self, offset: int) -> None:
+        if offset <= self._confirmed:
+            return
+        self._confirmed = offset
+        waiters = self._waiters
+        while waiters and waiters[0][0] <= offset:
+            _, _, future = heapq.heappop(waiters)
+            if not future.done():
+                future.set_result(True)
+        if self.on_confirmed is not None:
+            self.on_confirmed(offset)
