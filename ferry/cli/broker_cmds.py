@@ -96,6 +96,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_namesrv_option(p)
     p.set_defaults(func=consume)
 
+    p = sub.add_parser(
+        "ha-status",
+        help="a broker's replication status",
+        description="On a master: one row per slave connection (replica, address, ack offset, "
+        "lag, in sync, transfer rate). On a slave: its master and how far it has read.",
+    )
+    p.add_argument("-b", "--broker", required=True, metavar="HOST:PORT", help="the broker")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=ha_status)
+
     p = sub.add_parser("runtime", help="a broker's runtime figures")
     p.add_argument("-b", "--broker", required=True, metavar="HOST:PORT", help="the broker")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -307,6 +317,64 @@ def consume(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, previous)
     print(f"consumed {count} messages as group {args.group}", file=sys.stderr)
     return 0
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:,.1f} MiB" if n >= 2**20 else f"{n:,.0f} B"
+
+
+def ha_status(args: argparse.Namespace) -> int:
+    check_addr(args.broker, "--broker")
+    with BrokerClient(args.broker) as c:
+        status = c.ha_status()
+    if args.json:
+        print(message_json(status))
+        return 0
+    print(
+        f"{status.broker_role}  max offset {status.master_max_offset:,}  "
+        f"confirmed {status.confirm_offset:,}"
+    )
+    if status.broker_role == "SLAVE":
+        s = status.slave
+        print(
+            table(
+                ["MASTER HA", "CONNECTED", "LOCAL END", "MASTER END", "BEHIND", "LAST READ"],
+                [
+                    [
+                        s.master_addr or "-",
+                        "yes" if s.connected else "no",
+                        f"{s.max_offset:,}",
+                        f"{s.master_max_offset:,}",
+                        _mib(max(0, s.master_max_offset - s.max_offset)),
+                        _when(s.last_read_timestamp),
+                    ]
+                ],
+            )
+        )
+        return 0
+    rows = [
+        [
+            c.replica_id or "-",
+            c.addr,
+            f"{c.ack_offset:,}",
+            _mib(c.diff),
+            "yes" if c.in_sync else "NO",
+            f"{c.transferred_bytes_per_second / 2**20:,.1f} MiB/s",
+        ]
+        for c in status.connections
+    ]
+    if not rows:
+        print("no slave connected")
+        return 0
+    print(f"in-sync slaves: {status.in_sync_slave_nums}")
+    print(table(["REPLICA", "ADDRESS", "ACK OFFSET", "LAG", "IN SYNC", "RATE"], rows))
+    return 0
+
+
+def _when(ms: int) -> str:
+    if not ms:
+        return "-"
+    return f"{max(0.0, time.time() - ms / 1000):.1f}s ago"
 
 
 def runtime(args: argparse.Namespace) -> int:

@@ -1,7 +1,8 @@
 """`ferry dev` (what `make run` starts): a local ferry on loopback until Ctrl-C.
 
-Today it runs a name server and one broker (`broker-a`, ASYNC_MASTER, with a
-`TopicTest` topic created at start); replicas join as they are built. Every process is a child started with its own command line, logged
+Today it runs a name server and one broker group: `broker-a`, a SYNC_MASTER
+and its slave (with a `TopicTest` topic created at start). The second group and
+the exporter join as they are built. Every process is a child started with its own command line, logged
 to `DATA_DIR/logs/`, and stopped by PID (SIGTERM, then SIGKILL after a grace
 period) when this command gets SIGINT or SIGTERM, so nothing is left behind.
 """
@@ -31,7 +32,8 @@ def add_command(sub: argparse._SubParsersAction) -> None:
         "dev",
         help="run a local ferry on loopback until Ctrl-C (make run)",
         description="Start ferry's processes on 127.0.0.1, print their endpoints and example "
-        "commands, and stop them all on Ctrl-C. Currently: one name server and one broker.",
+        "commands, and stop them all on Ctrl-C. Currently: one name server and broker-a "
+        "(a SYNC_MASTER and its slave).",
     )
     p.add_argument(
         "--data-dir", type=Path, default=Path("var"), help="where data and logs go (default ./var)"
@@ -103,7 +105,7 @@ def _create_topic(broker_addr: str, topic: str) -> str:
             ),
             timeout=10,
         )
-    return f"topic {topic} (4 queues) created on broker-a"
+    return f"topic {topic} (4 queues) created on broker-a (the slave syncs it within 10 s)"
 
 
 def _stop(children: list[Child], grace_s: float = 10.0) -> None:
@@ -151,39 +153,59 @@ def run(args: argparse.Namespace) -> int:
         children.append(ns)
         ports = _wait_ready(ns, args.ready_timeout)
         addr = f"127.0.0.1:{ports['grpc_port']}"
-        broker = _start(
-            "broker-a",
-            [
-                "-m",
-                "services.broker",
-                "-o",
+
+        def broker_argv(name: str, port: int, metrics: int, ha: int, *extra: str) -> list[str]:
+            options = [
                 "bindAddress=127.0.0.1",
-                "-o",
                 "brokerIP1=127.0.0.1",
-                "-o",
                 f"namesrvAddr={addr}",
-                "-o",
                 "brokerName=broker-a",
-                "-o",
-                f"listenPort={args.broker_port}",
-                "-o",
-                f"metricsPort={args.broker_metrics_port}",
-                "-o",
-                f"storePathRootDir={data_dir / 'broker-a'}",
+                f"listenPort={port}",
+                f"metricsPort={metrics}",
+                f"haListenPort={ha}",
+                f"storePathRootDir={data_dir / name}",
                 # 64 MiB files keep a laptop's disk use small; production uses 1 GiB.
-                "-o",
                 "mappedFileSizeCommitLog=67108864",
-            ],
+                *extra,
+            ]
+            return ["-m", "services.broker", *[a for o in options for a in ("-o", o)]]
+
+        broker = _start(
+            "broker-a-master",
+            broker_argv(
+                "broker-a-master",
+                args.broker_port,
+                args.broker_metrics_port,
+                args.broker_port + 1,
+                "brokerRole=SYNC_MASTER",
+            ),
             data_dir,
         )
         children.append(broker)
         bports = _wait_ready(broker, args.ready_timeout)
         baddr = f"127.0.0.1:{bports['grpc_port']}"
+        slave = _start(
+            "broker-a-slave",
+            broker_argv(
+                "broker-a-slave",
+                args.broker_port + 10,
+                args.broker_metrics_port + 10,
+                args.broker_port + 11,
+                "brokerRole=SLAVE",
+                "brokerId=1",
+                "slaveReadEnable=true",
+            ),
+            data_dir,
+        )
+        children.append(slave)
+        sports = _wait_ready(slave, args.ready_timeout)
+        saddr = f"127.0.0.1:{sports['grpc_port']}"
         created = _create_topic(baddr, "TopicTest")
         print(
             f"""ferry is running on loopback (data and logs in {data_dir}/):
   name server  grpc {addr}   metrics http://127.0.0.1:{ports["metrics_port"]}/metrics   pid {ns.proc.pid}
-  broker-a     grpc {baddr}   metrics http://127.0.0.1:{bports["metrics_port"]}/metrics   pid {broker.proc.pid}   (ASYNC_MASTER)
+  broker-a     grpc {baddr}   metrics http://127.0.0.1:{bports["metrics_port"]}/metrics   pid {broker.proc.pid}   (SYNC_MASTER, HA 127.0.0.1:{bports["ha_port"]})
+  broker-a/1   grpc {saddr}   metrics http://127.0.0.1:{sports["metrics_port"]}/metrics   pid {slave.proc.pid}   (SLAVE)
   {created}
 
 Try:
@@ -192,6 +214,8 @@ Try:
   .venv/bin/ferry send TopicTest --body 'hello ferry'
   .venv/bin/ferry send TopicTest --count 10000 --size 128 --batch 64
   .venv/bin/ferry consume TopicTest --group demo --from-beginning --max 5
+  .venv/bin/ferry ha-status -b {baddr}
+  .venv/bin/ferry ha-status -b {saddr}
   .venv/bin/ferry runtime -b {baddr}
   .venv/bin/grpcurl -plaintext {baddr} list
   .venv/bin/grpcurl -plaintext -d '{{"topic":"TopicTest"}}' {addr} ferry.v1.NameServer/GetRouteInfoByTopic
@@ -199,14 +223,20 @@ Try:
 Ctrl-C stops everything.""",
             flush=True,
         )
+        # A child that dies (or that you kill to watch a failover) is reported;
+        # the others keep running until Ctrl-C, or until none is left.
+        reported: set[str] = set()
         while not stop_requested:
             for child in children:
-                if child.proc.poll() is not None:
+                if child.proc.poll() is not None and child.name not in reported:
+                    reported.add(child.name)
                     print(
-                        f"{child.name} exited with status {child.proc.returncode}; see {child.log_path}",
+                        f"{child.name} exited with status {child.proc.returncode} (see "
+                        f"{child.log_path}); the others keep running",
                         flush=True,
                     )
-                    return 1
+            if len(reported) == len(children):
+                return 1
             time.sleep(0.2)
         return 0
     except RuntimeError as exc:

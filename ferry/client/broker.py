@@ -31,6 +31,8 @@ from ferry.v1 import (
     broker_pb2,
     broker_pb2_grpc,
     common_pb2,
+    ha_admin_pb2,
+    ha_admin_pb2_grpc,
 )
 
 _RETRIABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -53,6 +55,19 @@ class NoRoute(Exception):
         self.topic = topic
 
 
+class NoWritableQueue(NoRoute):
+    """The topic has a route, but no master that may be written to is alive
+    (only slaves are left, or every group is read-only)."""
+
+    def __init__(self, topic: str) -> None:
+        Exception.__init__(
+            self,
+            f"topic {topic!r} has no writable queue: no master carrying it is alive (only "
+            "slaves, which take no writes), or its brokers are read-only; see `ferry cluster`",
+        )
+        self.topic = topic
+
+
 class BrokerClient:
     def __init__(self, addr: str, timeout_s: float = 10.0) -> None:
         self.addr = addr
@@ -60,6 +75,7 @@ class BrokerClient:
         self.channel = grpc.insecure_channel(addr, options=_OPTIONS)
         self.broker = broker_pb2_grpc.BrokerStub(self.channel)
         self.admin = broker_admin_pb2_grpc.BrokerAdminStub(self.channel)
+        self.ha = ha_admin_pb2_grpc.HAAdminStub(self.channel)
 
     def close(self) -> None:
         self.channel.close()
@@ -155,6 +171,9 @@ class BrokerClient:
         return self.admin.GetBrokerRuntimeInfo(
             broker_admin_pb2.GetBrokerRuntimeInfoRequest(), timeout=self.timeout_s
         )
+
+    def ha_status(self) -> ha_admin_pb2.HAStatus:
+        return self.ha.GetHAStatus(ha_admin_pb2.GetHAStatusRequest(), timeout=self.timeout_s)
 
     def update_permission(self, perm: int) -> broker_admin_pb2.UpdateBrokerPermissionResponse:
         return self.admin.UpdateBrokerPermission(
@@ -288,6 +307,8 @@ class Producer:
             route = self._routes.get(topic, refresh)
             queues = route.write_queues()
             if not queues:
+                if route.data.queue_datas:
+                    raise NoWritableQueue(topic)
                 raise NoRoute(topic)
             candidates = [q for q in queues if q.broker_name not in avoid] or queues
             queue = candidates[next(self._counter) % len(candidates)]
