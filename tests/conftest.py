@@ -156,6 +156,7 @@ def broker_options(store_root: Path, namesrv_addrs: str = "", **keys: Any) -> li
         "bindAddress": "127.0.0.1",
         "brokerIP1": "127.0.0.1",
         "listenPort": 0,
+        "haListenPort": 0,
         "metricsPort": -1,
         "storePathRootDir": store_root,
         "mappedFileSizeCommitLog": 1 << 20,
