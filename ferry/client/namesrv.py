@@ -2,8 +2,9 @@
 
 Name servers do not talk to each other and each holds the full registry, so a
 read can go to any of them: the client tries them in order and moves on when
-one does not answer (UNAVAILABLE or a deadline). Any other error is the
-server's answer and is raised as is.
+one does not answer (UNAVAILABLE or a deadline) or is not a name server at
+all (UNIMPLEMENTED: a broker's or some other gRPC port named by mistake). Any
+other error is the server's answer and is raised as is.
 """
 
 from __future__ import annotations
@@ -20,7 +21,11 @@ from ferry.v1 import common_pb2, namesrv_pb2, namesrv_pb2_grpc
 
 ENV_VAR = "FERRY_NAMESRV_ADDR"
 DEFAULT_ADDR = "127.0.0.1:9876"
-_UNANSWERED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+_UNANSWERED = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.UNIMPLEMENTED,
+)
 
 
 class NoNameServerAnswered(Exception):
@@ -110,6 +115,8 @@ class NamesrvClient:
 
 def _short(exc: grpc.RpcError) -> str:
     details = exc.details() or ""
+    if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+        return "not a ferry name server (it does not serve ferry.v1.NameServer)"
     if "Connection refused" in details or "connection refused" in details:
         return "connection refused"
     return f"{exc.code().name}: {details[:120]}"

@@ -145,6 +145,8 @@ class BrokerApp:
             is_slave=cfg.is_slave,
             max_message_size=cfg.max_message_size,
             broker_name=cfg.broker_name,
+            slave_read_enable=cfg.slave_read_enable,
+            groups=metadata.subscription_groups,
         )
         self.admin = admin = AdminService(identity, metadata, store, self.clock, self.permission)
         self.messaging = messaging

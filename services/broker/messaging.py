@@ -15,12 +15,22 @@ from __future__ import annotations
 import enum
 import itertools
 import logging
+import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from ferry import record
-from ferry.model import PERM_READ, PERM_WRITE, SCHEDULE_TOPIC, TopicConfig, check_name, check_topic
+from ferry.model import (
+    MASTER_ID,
+    PERM_READ,
+    PERM_WRITE,
+    SCHEDULE_TOPIC,
+    SubscriptionGroupConfig,
+    TopicConfig,
+    check_name,
+    check_topic,
+)
 from ferry.runtime.errors import InvalidArgument, NotFound, PermissionDenied, ResourceExhausted
 from services.broker.store import (
     GetResult,
@@ -43,6 +53,17 @@ MAX_WAIT_MS = 60_000
 
 class TopicLookup(Protocol):
     def get(self, topic: str) -> TopicConfig | None: ...
+
+
+class GroupLookup(Protocol):
+    def get(self, group: str) -> SubscriptionGroupConfig | None: ...
+
+
+def _ram_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 8 << 30
 
 
 class SendStatus(enum.Enum):
@@ -104,7 +125,15 @@ class MessagingService:
         max_message_size: int,
         broker_name: str = "",
         born_host: tuple[str, int] = ("127.0.0.1", 0),
+        slave_read_enable: bool = False,
+        groups: GroupLookup | None = None,
+        hot_bytes: int | None = None,
     ) -> None:
+        self.slave_read_enable = slave_read_enable
+        self.groups = groups
+        # RocketMQ's accessMessageInMemoryMaxRatio: a consumer further behind
+        # than 40% of RAM reads from disk, and is sent to a slave if allowed.
+        self.hot_bytes = hot_bytes if hot_bytes is not None else _ram_bytes() * 40 // 100
         self.store = store
         self.topics = topics
         self.broker_permission = broker_permission
@@ -294,7 +323,23 @@ class MessagingService:
                 topic, queue_id, queue_offset, min(max_wait_ms, MAX_WAIT_MS) / 1000
             )
             result = self.store.get_messages(topic, queue_id, queue_offset, count, tag_hashes)
-        return PullOutcome(result, 0)
+        return PullOutcome(result, self._suggest(group, result))
+
+    def _suggest(self, group: str, result: GetResult) -> int:
+        """Which broker id the consumer should pull from next (RocketMQ's
+        suggestWhichBrokerId): the master unless slaves may serve reads; then
+        the group's `whichBrokerWhenConsumeSlowly` when it reads cold data,
+        else its `brokerId`."""
+        if not self.slave_read_enable:
+            return MASTER_ID
+        config = self.groups.get(group) if self.groups is not None else None
+        slow_id = config.which_broker_when_consume_slowly if config else 1
+        normal_id = config.broker_id if config else MASTER_ID
+        if result.records:
+            behind = self.store.max_offset - result.records[-1].commit_offset
+            if behind > self.hot_bytes:
+                return slow_id
+        return normal_id
 
     def _readable_topic(self, topic: str, queue_id: int) -> TopicConfig:
         check_topic(topic)

@@ -10,7 +10,13 @@ import threading
 
 import grpc
 
-from ferry.v1 import broker_admin_pb2, broker_admin_pb2_grpc, broker_pb2, broker_pb2_grpc, common_pb2
+from ferry.v1 import (
+    broker_admin_pb2,
+    broker_admin_pb2_grpc,
+    broker_pb2,
+    broker_pb2_grpc,
+    common_pb2,
+)
 from tests.conftest import broker_options, wait_for
 from tests.integration.support import BrokerServer, free_port
 
@@ -33,7 +39,10 @@ def test_slave_killed_mid_stream_resumes_and_reconnects_to_a_restarted_master(tm
     master = BrokerServer(
         tmp_path / "m",
         broker_options(
-            tmp_path / "m", brokerName="broker-k", mappedFileSizeCommitLog=FILE, haListenPort=ha_port,
+            tmp_path / "m",
+            brokerName="broker-k",
+            mappedFileSizeCommitLog=FILE,
+            haListenPort=ha_port,
             haTransferBatchSize=4096,
         ),  # fmt: skip
     ).start()
@@ -47,7 +56,9 @@ def test_slave_killed_mid_stream_resumes_and_reconnects_to_a_restarted_master(tm
         ch, broker, admin = _channel_stubs(master.addr)
         admin.UpdateAndCreateTopic(
             broker_admin_pb2.UpdateAndCreateTopicRequest(
-                topic_config=common_pb2.TopicConfig(topic_name="K", read_queue_nums=2, write_queue_nums=2, perm=6)
+                topic_config=common_pb2.TopicConfig(
+                    topic_name="K", read_queue_nums=2, write_queue_nums=2, perm=6
+                )
             )
         )
 
@@ -64,17 +75,23 @@ def test_slave_killed_mid_stream_resumes_and_reconnects_to_a_restarted_master(tm
         producer = threading.Thread(target=produce)
         producer.start()
         for _ in range(3):  # kill the slave three times while data streams
-            wait_for(lambda: _runtime(slave.addr).commit_log_max_offset > 0, 20, "the slave to receive")
+            wait_for(
+                lambda: _runtime(slave.addr).commit_log_max_offset > 0, 20, "the slave to receive"
+            )
             before = _runtime(slave.addr).commit_log_max_offset
             wait_for(
-                lambda b=before: _runtime(slave.addr).commit_log_max_offset > b + 200_000, 20, "more data"
+                lambda b=before: _runtime(slave.addr).commit_log_max_offset > b + 200_000,
+                20,
+                "more data",
             )
             slave.kill()
             slave.start()
         stop.set()
         producer.join(20)
         end = _runtime(master.addr).commit_log_max_offset
-        wait_for(lambda: _runtime(slave.addr).commit_log_max_offset == end, 30, "the slave to catch up")
+        wait_for(
+            lambda: _runtime(slave.addr).commit_log_max_offset == end, 30, "the slave to catch up"
+        )
         _assert_identical(tmp_path)
 
         # The master restarts; the slave reconnects by itself and follows.
@@ -84,7 +101,9 @@ def test_slave_killed_mid_stream_resumes_and_reconnects_to_a_restarted_master(tm
         ch, broker, _ = _channel_stubs(master.addr)
         broker.SendMessage(broker_pb2.SendMessageRequest(topic="K", body=b"after restart"))
         end = _runtime(master.addr).commit_log_max_offset
-        wait_for(lambda: _runtime(slave.addr).commit_log_max_offset == end, 30, "the slave to reconnect")
+        wait_for(
+            lambda: _runtime(slave.addr).commit_log_max_offset == end, 30, "the slave to reconnect"
+        )
         _assert_identical(tmp_path)
         ch.close()
     finally:

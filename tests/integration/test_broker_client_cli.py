@@ -91,6 +91,17 @@ def test_errors_name_the_problem(cluster):
     assert bad.returncode == 2 and "characters outside" in bad.stderr
 
 
+def test_a_broker_named_as_a_name_server_is_skipped(cluster):
+    # -n naming a broker's port by mistake: it does not serve NameServer
+    # (UNIMPLEMENTED), so the client says so and moves on to the next address.
+    ns, brokers = cluster
+    both = f"{brokers[0].addr};{ns.addr}"
+    assert "broker-a" in ok(run_ferry("cluster", "-n", both))
+    only = run_ferry("cluster", "-n", brokers[0].addr, "--timeout", "2")
+    assert only.returncode == 3
+    assert f"{brokers[0].addr}: not a ferry name server" in only.stderr
+
+
 def test_producer_fails_over_to_the_other_broker(cluster):
     ns, brokers = cluster
     with NamesrvClient([ns.addr]) as nsc:

@@ -17,7 +17,12 @@ FILE = 128 * 1024
 
 def master_with_three_files(loop_thread, path, **keys):
     m = start_broker(
-        loop_thread, path, brokerName="broker-j", mappedFileSizeCommitLog=FILE, haListenPort=0, **keys
+        loop_thread,
+        path,
+        brokerName="broker-j",
+        mappedFileSizeCommitLog=FILE,
+        haListenPort=0,
+        **keys,
     )
     create_topic(m, "J", queues=1)
     while len(m.app.store.commit_log.segment_starts()) < 3:
@@ -67,7 +72,10 @@ def test_sync_from_min_offset_copies_every_file(loop_thread, tmp_path):
     try:
         end = master.app.store.max_offset
         wait_for(lambda: slave.app.store.max_offset == end, 10, "the slave to catch up")
-        assert slave.app.store.commit_log.segment_starts() == master.app.store.commit_log.segment_starts()
+        assert (
+            slave.app.store.commit_log.segment_starts()
+            == master.app.store.commit_log.segment_starts()
+        )
     finally:
         slave.stop()
         master.stop()
@@ -95,7 +103,12 @@ def test_handshake_resyncs_a_slave_behind_retention(loop_thread, tmp_path):
     shutil.rmtree(tmp_path / "m" / "consumequeue")
     (tmp_path / "m" / "checkpoint").unlink()
     master = start_broker(
-        loop_thread, tmp_path / "m", brokerName="broker-j", mappedFileSizeCommitLog=FILE, haListenPort=0, **keys
+        loop_thread,
+        tmp_path / "m",
+        brokerName="broker-j",
+        mappedFileSizeCommitLog=FILE,
+        haListenPort=0,
+        **keys,
     )
     slave = slave_of(loop_thread, tmp_path / "s", master, haSecret="s")
     try:
@@ -144,7 +157,12 @@ def test_legacy_master_refuses_a_slave_behind_retention(loop_thread, tmp_path):
 
 
 def test_slave_offsets_are_merged_max_wins_and_topics_never_half_visible(loop_thread, tmp_path, ns):
-    common = {"mappedFileSizeCommitLog": FILE, "haListenPort": 0, "slaveSyncDelay": 0, "slaveSyncInterval": 100}
+    common = {
+        "mappedFileSizeCommitLog": FILE,
+        "haListenPort": 0,
+        "slaveSyncDelay": 0,
+        "slaveSyncInterval": 100,
+    }
     master = start_broker(loop_thread, tmp_path / "m", ns.addr, brokerName="broker-o", **common)
     slave = start_broker(
         loop_thread, tmp_path / "s", ns.addr, brokerName="broker-o", brokerRole="SLAVE", brokerId=1,
@@ -153,7 +171,9 @@ def test_slave_offsets_are_merged_max_wins_and_topics_never_half_visible(loop_th
     try:
         for i in range(20):
             create_topic(master, f"T{i}", queues=2)
-        wait_for(lambda: slave.app.metadata.topics.get("T19") is not None, 10, "topics on the slave")
+        wait_for(
+            lambda: slave.app.metadata.topics.get("T19") is not None, 10, "topics on the slave"
+        )
         # Readers on the slave while the master keeps changing its table.
         missing = []
         stop = threading.Event()
@@ -173,11 +193,17 @@ def test_slave_offsets_are_merged_max_wins_and_topics_never_half_visible(loop_th
         assert not missing
         # An offset committed on the master, then a higher one on the slave.
         master.broker.UpdateConsumerOffset(
-            broker_pb2.UpdateConsumerOffsetRequest(consumer_group="G", topic="T1", queue_id=0, offset=5)
+            broker_pb2.UpdateConsumerOffsetRequest(
+                consumer_group="G", topic="T1", queue_id=0, offset=5
+            )
         )
-        wait_for(lambda: slave.app.metadata.consumer_offsets.query("G", "T1", 0) == 5, 10, "offset sync")
+        wait_for(
+            lambda: slave.app.metadata.consumer_offsets.query("G", "T1", 0) == 5, 10, "offset sync"
+        )
         slave.broker.UpdateConsumerOffset(
-            broker_pb2.UpdateConsumerOffsetRequest(consumer_group="G", topic="T1", queue_id=0, offset=9)
+            broker_pb2.UpdateConsumerOffsetRequest(
+                consumer_group="G", topic="T1", queue_id=0, offset=9
+            )
         )
         rounds = slave.app.slave_sync.rounds
         wait_for(lambda: slave.app.slave_sync.rounds >= rounds + 2, 10, "two more sync rounds")

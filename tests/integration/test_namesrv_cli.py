@@ -12,7 +12,7 @@ import pytest
 from ferry.v1 import namesrv_pb2
 from tests.conftest import LoopThread, RunningNamesrv, start_namesrv
 from tests.helpers import register_request
-from tests.integration.support import free_port, run_ferry
+from tests.integration.support import HeldPort, run_ferry
 from tests.integration.support import register_group as support_register_group
 
 MASTER = "127.0.0.1:10911"
@@ -141,11 +141,11 @@ def test_kv_put_get_list_delete_round_trip(ns):
 
 
 def test_no_name_server_listening_exits_3(tmp_path):
-    port = free_port()
-    result = run_ferry("cluster", "-n", f"127.0.0.1:{port}", "--timeout", "2")
+    with HeldPort() as held:
+        result = run_ferry("cluster", "-n", held.addr, "--timeout", "2")
     assert result.returncode == 3
     assert "no name server answered" in result.stderr
-    assert f"127.0.0.1:{port}" in result.stderr
+    assert held.addr in result.stderr
     assert result.stdout == ""
 
 
@@ -192,16 +192,17 @@ def test_two_independent_name_servers_and_failover(loop_thread: LoopThread, tmp_
 
         a.stop()
         a_running = False
-        route = json.loads(ok(run_ferry("route", "TopicTest", "-n", both, "--json")))
-        assert route["brokerDatas"][0]["brokerAddrs"] == {"0": MASTER, "1": SLAVE}
-        assert "OnlyB" in ok(run_ferry("route", "OnlyB", "-n", both))
-        assert ok(run_ferry("kv", "get", "app", "k", "-n", both)).strip() == "v"
+        with HeldPort(int(a.addr.rsplit(":", 1)[1])):
+            route = json.loads(ok(run_ferry("route", "TopicTest", "-n", both, "--json")))
+            assert route["brokerDatas"][0]["brokerAddrs"] == {"0": MASTER, "1": SLAVE}
+            assert "OnlyB" in ok(run_ferry("route", "OnlyB", "-n", both))
+            assert ok(run_ferry("kv", "get", "app", "k", "-n", both)).strip() == "v"
 
-        # A write with one name server down reports it and exits 1.
-        partial = run_ferry("kv", "put", "app", "k2", "v2", "-n", both)
-        assert partial.returncode == 1
-        assert f"{a.addr}: FAILED UNAVAILABLE" in partial.stdout
-        assert f"{b.addr}: put app/k2" in partial.stdout
+            # A write with one name server down reports it and exits 1.
+            partial = run_ferry("kv", "put", "app", "k2", "v2", "-n", both)
+            assert partial.returncode == 1
+            assert f"{a.addr}: FAILED UNAVAILABLE" in partial.stdout
+            assert f"{b.addr}: put app/k2" in partial.stdout
     finally:
         if a_running:
             a.stop()

@@ -224,3 +224,27 @@ def test_delayed_delivery_resumes_after_a_restart_without_repeats(tmp_path):
         assert bodies == [b"after 1s", b"after 10s"]
     finally:
         env.close()
+
+
+def test_pull_suggests_which_broker_to_read_from_next(env):
+    from ferry.model import SubscriptionGroupConfig
+
+    env.send(bodies=[b"x" * 100] * 10, queue_id=0)
+
+    def suggest(slave_read_enable, hot_bytes, groups=None):
+        env.service.slave_read_enable = slave_read_enable
+        env.service.hot_bytes = hot_bytes
+        env.service.groups = groups
+        env.store.dispatcher.dispatch_all()
+        return env.run(env.service.pull("g", "T", 0, 0, 1, 0, "")).suggest_which_broker_id
+
+    # Without slaveReadEnable a consumer always stays on the master.
+    assert suggest(False, hot_bytes=0) == 0
+    # A consumer close to the head reads from the master ...
+    assert suggest(True, hot_bytes=1 << 20) == 0
+    # ... one further behind than the hot window is sent to a slave (id 1).
+    assert suggest(True, hot_bytes=100) == 1
+    # The group's own settings choose the ids.
+    groups = {"g": SubscriptionGroupConfig("g", broker_id=2, which_broker_when_consume_slowly=3)}
+    assert suggest(True, hot_bytes=1 << 20, groups=groups) == 2
+    assert suggest(True, hot_bytes=100, groups=groups) == 3
