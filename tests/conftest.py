@@ -190,3 +190,14 @@ def start_broker(
     addr = f"127.0.0.1:{app.port}"
     channel = grpc.insecure_channel(addr, options=[("grpc.max_receive_message_length", 64 << 20)])
     return RunningBroker(app, loop, addr, channel)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session, exitstatus):
+    # CPython 3.11 before 3.11.8 (gh-106905): a finalizer that runs Python code
+    # while the AST is being built (here: garbage from gRPC channels collected
+    # during hypothesis's lazy import in the terminal summary) makes ast.parse
+    # fail with "AST constructor recursion depth mismatch". Collect it first.
+    import gc
+
+    gc.collect()

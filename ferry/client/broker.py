@@ -197,8 +197,12 @@ class _Route:
     def master(self, broker_name: str) -> str | None:
         return self.addrs.get(broker_name, {}).get(MASTER_ID)
 
-    def read_addr(self, broker_name: str) -> str | None:
+    def read_addr(self, broker_name: str, prefer: int = MASTER_ID) -> str | None:
+        """Where to pull from: the broker id the last pull suggested if it is in
+        the route, else the master, else (the master gone) the lowest slave."""
         addrs = self.addrs.get(broker_name, {})
+        if prefer in addrs:
+            return addrs[prefer]
         if MASTER_ID in addrs:
             return addrs[MASTER_ID]
         return addrs[min(addrs)] if addrs else None
@@ -352,6 +356,8 @@ class Consumer:
     _routes: _Routes = field(init=False)
     _positions: dict[QueueRef, _Position] = field(init=False, default_factory=dict)
     _next: int = field(init=False, default=0)
+    # broker name -> the broker id its last pull answer suggested (slaveReadEnable)
+    _suggested: dict[str, int] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self._routes = _Routes(self.namesrv, self.timeout_s)
@@ -382,7 +388,7 @@ class Consumer:
         return []
 
     def _pull(self, route: _Route, queue: QueueRef, max_msgs: int, wait_ms: int) -> list[Consumed]:
-        addr = route.read_addr(queue.broker_name)
+        addr = route.read_addr(queue.broker_name, self._suggested.get(queue.broker_name, MASTER_ID))
         if addr is None:
             return []
         client = self._routes.client(addr)
@@ -405,6 +411,7 @@ class Consumer:
                 self._routes.get(self.topic, refresh=True)
                 return []
             raise
+        self._suggested[queue.broker_name] = response.suggest_which_broker_id
         if response.status in (broker_pb2.OFFSET_ILLEGAL, broker_pb2.OFFSET_MOVED):
             position.offset = response.next_begin_offset
             return []

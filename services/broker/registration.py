@@ -22,7 +22,6 @@ loop and KeepAlive tasks, all on the broker's event loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -32,6 +31,7 @@ import grpc
 
 from ferry.model import PERM_READ_WRITE, DataVersion, TopicConfig
 from ferry.runtime.clock import Clock, wait_event
+from ferry.runtime.tasks import cancel_and_wait
 from ferry.v1 import common_pb2, namesrv_pb2, namesrv_pb2_grpc
 from ferry.wire import body_crc32
 
@@ -135,11 +135,7 @@ class Registrar:
         """Stop the loops, then unregister from every name server (bounded)."""
         self._stopping = True
         tasks = [t for t in [self._loop_task, *(s.keepalive for s in self._servers)] if t]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(*tasks)
         await asyncio.gather(*(self._unregister(s) for s in self._servers))
         for server in self._servers:
             if server.channel is not None:

@@ -16,12 +16,12 @@ retried next period. A gRPC client adapter on the broker's event loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import grpc
 
 from ferry.model import DataVersion
+from ferry.runtime.tasks import cancel_and_wait
 from ferry.v1 import common_pb2, slave_sync_pb2, slave_sync_pb2_grpc
 from services.broker import convert
 
@@ -57,10 +57,7 @@ class SlaveSyncLoop:
         self._task = asyncio.create_task(self._run(), name="slave-sync")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        await cancel_and_wait(self._task)
 
     async def _run(self) -> None:
         await asyncio.sleep(self.delay_s)

@@ -35,6 +35,7 @@ from pathlib import Path
 from ferry import record
 from ferry.model import DELAY_LEVELS_S
 from ferry.runtime.clock import Clock, wait_event
+from ferry.runtime.tasks import cancel_and_wait
 from services.broker.commitlog import CommitLog
 from services.broker.consumequeue import ConsumeQueues, sync_fds
 from services.broker.dispatcher import Dispatcher
@@ -252,11 +253,7 @@ class MessageStore:
     async def stop(self) -> None:
         """Stop background tasks, make everything durable, write the checkpoint
         and remove the abort marker (a clean shutdown)."""
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(*self._tasks)
         self._tasks = []
         if not self._opened:
             return

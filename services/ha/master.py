@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ferry.runtime.clock import wait_event
+from ferry.runtime.tasks import cancel_and_wait
 from services.broker.store import MessageStore
 from services.ha import protocol
 from services.ha.protocol import HAProtocolError
@@ -106,11 +107,7 @@ class HAMaster:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
-        for task in list(self._tasks.values()):
-            task.cancel()
-        for task in list(self._tasks.values()):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(*self._tasks.values())
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2)
@@ -176,10 +173,7 @@ class HAMaster:
         except (ConnectionError, OSError) as exc:
             log.info("HA connection from %s ended: %s", addr, exc)
         finally:
-            if writer_task is not None:
-                writer_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await writer_task
+            await cancel_and_wait(writer_task)
             if conn is not None and self.connections.get(key) is conn:
                 del self.connections[key]
                 self.acks.disconnect(key)

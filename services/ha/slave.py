@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 
 from ferry.runtime.clock import wait_event
+from ferry.runtime.tasks import cancel_and_wait
 from services.broker.store import MessageStore
 from services.ha import protocol
 from services.ha.protocol import HAProtocolError
@@ -87,11 +88,8 @@ class HASlave:
         self._task = asyncio.create_task(self._run(), name="ha-slave")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     # ------------------------------------------------------------ the loop
 
@@ -158,10 +156,7 @@ class HASlave:
                 self.master_max_offset = max(self.master_max_offset, offset + len(body))
                 self._report(writer)
         finally:
-            if heartbeat is not None:
-                heartbeat.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await heartbeat
+            await cancel_and_wait(heartbeat)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()

@@ -205,3 +205,92 @@ def test_garbage_on_the_ha_port_closes_only_that_connection(loop_thread, tmp_pat
     finally:
         slave.stop()
         master.stop()
+
+
+class FakeMaster:
+    """A master from SPEC §3.1 written in the test: accepts slave connections
+    one at a time and hands each to the test, which plays the master's side."""
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.server.settimeout(10)
+        self.addr = f"127.0.0.1:{self.server.getsockname()[1]}"
+
+    def accept(self) -> tuple[socket.socket, int]:
+        conn, _ = self.server.accept()
+        conn.settimeout(10)
+        report = b""
+        while len(report) < 8:
+            chunk = conn.recv(8 - len(report))
+            assert chunk, "the slave closed before reporting"
+            report += chunk
+        return conn, struct.unpack(">q", report)[0]
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def _closed_by_peer(conn: socket.socket) -> bool:
+    """Read until the slave closes; reports it sends meanwhile are fine."""
+    try:
+        while conn.recv(65536):
+            pass
+        return True
+    except (TimeoutError, ConnectionResetError):
+        return False
+
+
+def _one_record(commit_offset: int) -> bytes:
+    from ferry import record
+
+    return record.encode_raw(
+        b"F", 0, 0, 0, commit_offset, 0, 1, record.pack_host(("127.0.0.1", 1)),
+        2, record.pack_host(("127.0.0.1", 2)), b"from the fake master", b"",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        struct.pack(">qi", 0, 1 << 30),  # a header over the frame limit
+        struct.pack(">qi", 12345, 4) + b"abcd",  # a frame at the wrong offset
+        struct.pack(">qi", 0, 100) + b"x" * 50,  # the master stops mid-frame
+        b"\x00\x00\x00",  # the master stops mid-header
+    ],
+    ids=["oversized", "wrong-offset", "mid-frame", "mid-header"],
+)
+def test_a_misbehaving_master_gets_its_connection_closed_and_nothing_appended(
+    loop_thread, tmp_path, bad
+):
+    fake = FakeMaster()
+    slave = _slave(loop_thread, tmp_path / "s", fake.addr)
+    try:
+        conn, reported = fake.accept()
+        assert reported == 0  # an empty slave reports 0 on connect
+        with conn:
+            conn.sendall(bad)
+            if bad.startswith(struct.pack(">qi", 0, 100)) or len(bad) < 12:
+                conn.shutdown(socket.SHUT_WR)  # the peer goes away mid-transfer
+            assert _closed_by_peer(conn), "the slave kept a bad connection open"
+        assert slave.app.store.max_offset == 0
+        assert not slave.app.store.commit_log.segment_starts()
+
+        # The slave reconnects, reports its (unchanged) end, and takes a good frame.
+        conn, reported = fake.accept()
+        with conn:
+            assert reported == 0
+            good = _one_record(0)
+            conn.sendall(struct.pack(">qi", 0, len(good)) + good)
+            wait_for(lambda: slave.app.store.max_offset == len(good), 10, "the good frame")
+            # ... and acknowledges it with a report of its new end.
+            acked = b""
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                acked += conn.recv(8)
+                if len(acked) >= 8 and struct.unpack(">q", acked[-8:])[0] == len(good):
+                    break
+            assert struct.unpack(">q", acked[-8:])[0] == len(good)
+        assert slave.app.store.commit_log.read_raw(0, len(good)) == good
+    finally:
+        slave.stop()
+        fake.close()

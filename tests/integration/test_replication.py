@@ -133,3 +133,53 @@ def test_sync_master_acknowledges_after_the_slave(loop_thread, tmp_path, ns):
         if slave.app.gate.open:
             slave.stop()
         master.stop()
+
+
+def test_consumer_falls_back_to_the_slave_when_the_master_leaves_the_route(
+    loop_thread, tmp_path, ns
+):
+    from ferry.client.broker import Consumer
+    from ferry.client.namesrv import NamesrvClient
+
+    master, slave = pair(loop_thread, tmp_path, ns)
+    master_running = True
+    try:
+        create_topic(master, "Fallback", queues=1)
+        for i in range(20):
+            master.broker.SendMessage(
+                broker_pb2.SendMessageRequest(topic="Fallback", queue_id=0, body=b"m%02d" % i)
+            )
+        end = master.app.store.max_offset
+        wait_for(lambda: slave.app.store.max_offset == end, 10, "the slave to catch up")
+        wait_for(
+            lambda: slave.app.metadata.topics.get("Fallback") is not None, 10, "the topic sync"
+        )
+        with (
+            NamesrvClient([ns.addr]) as nsc,
+            Consumer(nsc, "g-fallback", "Fallback", from_beginning=True, timeout_s=3) as consumer,
+        ):
+            first = consumer.poll(max_msgs=8, wait_ms=0)
+            assert [m.message.body for m in first] == [b"m%02d" % i for i in range(8)]
+            assert consumer.commit() == 1
+
+            master.stop()  # unregisters: broker-r has only its slave in the route now
+            master_running = False
+            rest: list[bytes] = []
+            deadline_polls = 20
+            while len(rest) < 12 and deadline_polls:
+                rest += [m.message.body for m in consumer.poll(max_msgs=32, wait_ms=100)]
+                deadline_polls -= 1
+            # No gap and no repeat: the consumer goes on from its own position.
+            assert rest == [b"m%02d" % i for i in range(8, 20)]
+            # Offsets are committed on the slave (merged max-wins with the master later).
+            assert consumer.commit() == 1
+        committed = slave.broker.QueryConsumerOffset(
+            broker_pb2.QueryConsumerOffsetRequest(
+                consumer_group="g-fallback", topic="Fallback", queue_id=0
+            )
+        )
+        assert committed.offset == 20
+    finally:
+        slave.stop()
+        if master_running:
+            master.stop()
