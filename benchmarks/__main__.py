@@ -21,6 +21,7 @@ from benchmarks.report import BenchResult, cpu_snapshot, render_section
 BENCHMARKS: dict[str, str] = {
     "namesrv": "benchmarks.namesrv_bench",
     "broker": "benchmarks.broker_bench",
+    "ha": "benchmarks.ha_bench",
 }
 
 HEADER = """# Benchmarks

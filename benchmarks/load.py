@@ -46,7 +46,10 @@ async def closed_loop(
     duration_s: float,
     server_cpu_seconds: Callable[[], float] | None = None,
     seed: int = 1,
+    answer_ok: Callable[[bytes], bool] | None = None,
 ) -> LoadResult:
+    """`answer_ok`, when given, parses each answer: a False counts as an error
+    (e.g. a SendResult whose status is not SEND_OK)."""
     latencies: list[float] = []
     errors = 0
     measuring = False
@@ -63,8 +66,12 @@ async def closed_loop(
                 request = rng.choice(requests)
                 start = clock()
                 try:
-                    await call(request, timeout=CALL_TIMEOUT_S)
+                    answer = await call(request, timeout=CALL_TIMEOUT_S)
                 except grpc.aio.AioRpcError:
+                    if measuring:
+                        errors += 1
+                    continue
+                if answer_ok is not None and not answer_ok(answer):
                     if measuring:
                         errors += 1
                     continue

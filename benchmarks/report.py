@@ -45,7 +45,7 @@ class Figure:
     unit: str
     baseline: float | None
     baseline_label: str
-    target: Target
+    target: Target | None  # None: reported, no target
     detail: str = ""
 
     @property
@@ -54,9 +54,11 @@ class Figure:
 
     @property
     def met(self) -> bool | None:
-        return self.target.met(self.value, self.ratio)
+        return None if self.target is None else self.target.met(self.value, self.ratio)
 
     def target_text(self) -> str:
+        if self.target is None:
+            return "none"
         subject = "ratio" if self.target.on == "ratio" else self.unit
         return f"{self.target.op} {_num(self.target.threshold)} {subject}"
 
@@ -184,7 +186,7 @@ def render_section(
                 else "—"
             )
             ratio = f"{f.ratio:.2f}" if f.ratio is not None else "—"
-            met = {True: "yes", False: "**no**", None: "?"}[f.met]
+            met = "—" if f.target is None else {True: "yes", False: "**no**", None: "?"}[f.met]
             lines.append(
                 f"| {f.name} | {_num(f.value)} {f.unit} | {baseline} | {ratio} "
                 f"| {f.target_text()} | {met} |"

@@ -73,6 +73,11 @@ class CommitLog:
         """The write position: the end of the last record (or BLANK) written."""
         return self._write_offset
 
+    @property
+    def files_end(self) -> int:
+        """The end of the newest file (0 with no file): where the next file starts."""
+        return self._write_end()
+
     def segment_starts(self) -> list[int]:
         return [s.start for s in self._segments]
 

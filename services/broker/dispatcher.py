@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 from ferry import record
@@ -27,6 +28,8 @@ from services.broker.consumequeue import ConsumeQueues
 log = logging.getLogger(__name__)
 
 DEFAULT_STEP_BYTES = 4 << 20
+BACKGROUND_STEP_BYTES = 256 << 10
+MAX_DEFER_S = 1.0
 PROPERTY_DELAY = "DELAY"
 
 
@@ -51,6 +54,8 @@ class Dispatcher:
         self.delay_levels_s = delay_levels_s
         self.step_bytes = step_bytes
         self.records_dispatched = 0
+        # Set by an HA slave: True while it is receiving a bulk transfer.
+        self.busy: Callable[[], bool] | None = None
         self._wake = asyncio.Event() if _has_loop() else None
         self.error: str | None = None
         self._topic_names: dict[bytes, str] = {}
@@ -60,16 +65,17 @@ class Dispatcher:
     def behind_bytes(self) -> int:
         return max(0, self.commit_log.max_offset - self.offset)
 
-    def dispatch_some(self, limit: int | None = None) -> int:
-        """Dispatch records from `offset` (at most `step_bytes`, never past
-        `limit` or the write position); returns the bytes consumed."""
+    def dispatch_some(self, limit: int | None = None, step: int | None = None) -> int:
+        """Dispatch records from `offset` (at most `step` bytes, default
+        `step_bytes`, never past `limit` or the write position); returns the
+        bytes consumed."""
         end = (
             self.commit_log.max_offset if limit is None else min(limit, self.commit_log.max_offset)
         )
         start = self.offset
         if start >= end:
             return 0
-        chunk = self.commit_log.read_into_chunk(start, min(self.step_bytes, end - start))
+        chunk = self.commit_log.read_into_chunk(start, min(step or self.step_bytes, end - start))
         try:
             records, pos, blank = record.scan_dispatch(chunk, 0)
             if not records and not blank and pos + record.BLANK_SIZE <= len(chunk):
@@ -139,10 +145,24 @@ class Dispatcher:
             await wait_event(self._wake, idle_wait_s)
             self._wake.clear()
             try:
-                while self.dispatch_some():
-                    await asyncio.sleep(0)
+                # Short slices: an HA slave catching up, gRPC calls and sends
+                # get their turns between them.
+                while self.dispatch_some(step=BACKGROUND_STEP_BYTES):
+                    await self._yield()
             except DispatchError:
                 await asyncio.sleep(1.0)
+
+    async def _yield(self) -> None:
+        """Between slices: one event-loop turn; longer while `busy()` says a
+        bulk transfer (an HA slave catching up) needs the CPU more — consume
+        queues then lag, as RocketMQ's reput does, but never by more than
+        MAX_DEFER_S at a time."""
+        await asyncio.sleep(0)
+        if self.busy is None:
+            return
+        deferred_since = time.monotonic()
+        while self.busy() and time.monotonic() - deferred_since < MAX_DEFER_S:
+            await asyncio.sleep(0.005)
 
     # ------------------------------------------------------------ internals
 

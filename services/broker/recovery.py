@@ -163,7 +163,9 @@ def _cut(commit_log: CommitLog, end: int) -> int:
     the first all-zero stretch) and deleting empty later files. Returns the
     non-zero bytes dropped (an estimate: whole chunks)."""
     dropped = 0
-    file_end = end - end % commit_log.file_size + commit_log.file_size
+    # An end exactly at a file's end (the file full, the next one never
+    # created) has nothing after it to look at.
+    file_end = min(end - end % commit_log.file_size + commit_log.file_size, commit_log.files_end)
     pos = end
     while pos < file_end:
         chunk = commit_log.read_raw(pos, min(_ZERO_CHECK, file_end - pos))

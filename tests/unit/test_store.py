@@ -363,3 +363,37 @@ def test_damage_before_later_files_with_data_stops_startup_naming_file_and_offse
     before = path.read_bytes()
     assert before[victim + 100 : victim + 108] == b"corrupt!"  # nothing was cut
     h.loop.close()
+
+
+@pytest.mark.parametrize("how", ["crash", "copied"])
+def test_a_last_file_that_is_exactly_full_reopens_and_the_next_append_starts_a_file(tmp_path, how):
+    # A crash between the BLANK that closes a file and the creation of the
+    # next one leaves a last file with no room left; so does a copy of a
+    # master's first file given to a slave. Recovery ends at the file's end
+    # and the next record starts the next file.
+    h = Harness(tmp_path / "s")
+    store = h.open()
+    results = []
+    while len(store.commit_log.segment_starts()) < 2:
+        results.append(h.put("T", 0, [msg(body(len(results), 300))]))
+    second = store.commit_log.segment_starts()[1]
+    kept = [r for r in results if r.commit_offsets[0] < second]
+    h.crash()
+    h.close()
+    first = tmp_path / "s" / "commitlog" / f"{0:020d}"
+    if how == "crash":
+        (tmp_path / "s" / "commitlog" / f"{second:020d}").unlink()
+        root = tmp_path / "s"
+    else:
+        root = tmp_path / "copy"
+        (root / "commitlog").mkdir(parents=True)
+        shutil.copyfile(first, root / "commitlog" / first.name)
+    h = Harness(root)
+    store = h.open()
+    assert store.max_offset == second
+    h.dispatch()
+    assert [r.body for r in read_all(store, "T", 0)] == [body(i, 300) for i in range(len(kept))]
+    after = h.put("T", 0, [msg(b"next")])
+    assert after.commit_offsets[0] == second
+    assert store.commit_log.segment_starts() == [0, second]
+    h.close()
