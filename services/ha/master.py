@@ -160,7 +160,7 @@ class HAMaster:
             writer_task = asyncio.create_task(
                 self._write_loop(conn, writer), name=f"ha-write-{addr}"
             )
-            await self._read_loop(conn, reader, writer_task)
+            await self._read_loop(conn, reader, writer, writer_task)
         except HAProtocolError as exc:
             self.protocol_errors += 1
             log.warning("closing HA connection from %s: %s", addr, exc)
@@ -260,26 +260,35 @@ class HAMaster:
         return hello.replica_id, start
 
     async def _read_loop(
-        self, conn: Connection, reader: asyncio.StreamReader, writer_task: asyncio.Task
+        self,
+        conn: Connection,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        writer_task: asyncio.Task,
     ) -> None:
         """Reports (acks): everything that has arrived is read at once and only
         the newest report is applied, after every one was checked."""
         housekeeping = self.config.housekeeping_interval_s
         size = protocol.REPORT_SIZE
         pending = b""
+
+        def writer_ended(task: asyncio.Task) -> None:
+            # Wake the read below: a writer that failed ends the connection.
+            if not task.cancelled() and task.exception() is not None:
+                writer.transport.abort()
+
+        writer_task.add_done_callback(writer_ended)
         while True:
-            read = asyncio.ensure_future(reader.read(64 * 1024))
-            done, _ = await asyncio.wait(
-                {read, writer_task}, timeout=housekeeping, return_when=asyncio.FIRST_COMPLETED
-            )
-            if not done:
-                read.cancel()
-                raise TimeoutError
-            if writer_task in done and read not in done:
-                read.cancel()
+            try:
+                async with asyncio.timeout(housekeeping):
+                    data = await reader.read(64 * 1024)
+            except (ConnectionError, OSError):
+                if writer_task.done() and not writer_task.cancelled():
+                    writer_task.result()  # raises what ended the writer
+                raise
+            if writer_task.done() and not writer_task.cancelled():
                 writer_task.result()  # raises what ended the writer
                 return
-            data = read.result()
             if not data:
                 if pending:
                     raise HAProtocolError(
