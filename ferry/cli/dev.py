@@ -112,8 +112,9 @@ def _stop(children: list[Child], grace_s: float = 10.0) -> None:
     """Stop children newest first, each fully before the next (a broker must
     unregister while its name server still runs)."""
     for child in reversed(children):
-        if child.proc.poll() is None:
-            child.proc.send_signal(signal.SIGTERM)
+        if child.proc.poll() is not None:
+            continue  # already exited, and reported then
+        child.proc.send_signal(signal.SIGTERM)
         try:
             child.proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
