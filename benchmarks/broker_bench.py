@@ -36,7 +36,7 @@ import grpc
 
 from benchmarks.empty_server import METHOD as EMPTY_METHOD
 from benchmarks.load import LoadResult, closed_loop
-from benchmarks.procs import ServerProcess, cpu_plan, pinned
+from benchmarks.procs import ServerProcess, cpu_plan, pinned, pinning_note
 from benchmarks.report import BenchResult, Figure, Target
 from ferry import record
 from ferry.model import TopicConfig
@@ -107,13 +107,7 @@ def run(quick: bool, workdir: Path) -> BenchResult:
     plan = QUICK if quick else FULL
     result = BenchResult(TITLE)
     server_cpus, client_cpus = cpu_plan()
-    if server_cpus is None:
-        result.notes.append("Fewer than 2 CPUs: servers and load generator were not pinned.")
-    else:
-        result.notes.append(
-            f"Servers pinned to CPU {sorted(server_cpus)}, load generator to CPU "
-            f"{sorted(client_cpus or ())}."
-        )
+    result.notes.append(pinning_note(server_cpus, client_cpus))
     broker = ServerProcess(
         "services.broker", _broker_args(workdir / "async"), workdir, "broker-async", server_cpus
     )

@@ -29,7 +29,7 @@ import grpc
 
 from benchmarks.empty_server import METHOD as EMPTY_METHOD
 from benchmarks.load import LoadResult, closed_loop
-from benchmarks.procs import ServerProcess, cpu_plan, pinned
+from benchmarks.procs import ServerProcess, cpu_plan, pinned, pinning_note
 from benchmarks.report import BenchResult, Figure, Target
 from ferry.runtime.clock import SystemClock
 from ferry.v1 import namesrv_pb2, namesrv_pb2_grpc
@@ -69,13 +69,9 @@ def run(quick: bool, workdir: Path) -> BenchResult:
     plan = QUICK if quick else FULL
     result = BenchResult(TITLE)
     server_cpus, client_cpus = cpu_plan()
-    if server_cpus is None:
-        result.notes.append("Fewer than 2 CPUs: servers and load generator were not pinned.")
-    else:
-        result.notes.append(
-            f"Servers pinned to CPU {sorted(server_cpus)}, load generator and in-process "
-            f"runs to CPU {sorted(client_cpus or ())}."
-        )
+    result.notes.append(
+        pinning_note(server_cpus, client_cpus, clients="load generator and in-process runs")
+    )
     namesrv_args = ["--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1"]
     namesrv_args += ["--home", str(workdir / "namesrv-home")]
     namesrv = ServerProcess("services.namesrv", namesrv_args, workdir, "namesrv", server_cpus)

@@ -30,6 +30,21 @@ def cpu_plan() -> tuple[set[int] | None, set[int] | None]:
     return {cpus[0]}, set(cpus[1:])
 
 
+def pinning_note(
+    server_cpus: set[int] | None,
+    client_cpus: set[int] | None,
+    servers: str = "Servers",
+    clients: str = "load generator",
+) -> str:
+    """The line a benchmark section records about CPU placement."""
+    if server_cpus is None:
+        return f"Fewer than 2 CPUs: {servers.lower()} and {clients} were not pinned."
+    return (
+        f"{servers} pinned to CPU {sorted(server_cpus)}, {clients} to CPU "
+        f"{sorted(client_cpus or ())}."
+    )  # fmt: skip
+
+
 @contextlib.contextmanager
 def pinned(cpus: set[int] | None) -> Iterator[None]:
     if cpus is None:
