@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import socket
+import time
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -89,6 +90,7 @@ class BrokerApp:
         self.acks: ReplicaAcks | None = None
         self.ha_master: HAMaster | None = None
         self.ha_slave: HASlave | None = None
+        self.metrics: BrokerMetrics | None = None
         self.slave_sync: SlaveSyncLoop | None = None
         self.permission = [config.broker_permission]
         self._metrics_endpoint: MetricsEndpoint | None = None
@@ -182,9 +184,16 @@ class BrokerApp:
         await self.server.start()
         # The store host in records is the advertised address with the real port.
         store.set_store_host((_ipv4_or_loopback(cfg.broker_ip1), self.port))
-        self.metrics = BrokerMetrics(
-            self.registry, store, metadata, lambda: self.permission[0], cfg
+        self.metrics = metrics = BrokerMetrics(
+            self.registry,
+            store,
+            metadata,
+            lambda: self.permission[0],
+            cfg,
+            ha_view=lambda: self._ha_status() if self.ha_master or self.ha_slave else None,
+            sent_bytes=lambda: dict(self.ha_master.sent_bytes) if self.ha_master else {},
         )
+        messaging.on_sent = metrics.observe_send
         if cfg.metrics_port >= 0:
             self._metrics_endpoint = start_metrics_endpoint(
                 cfg.bind_host, cfg.metrics_port, self.registry
@@ -311,11 +320,16 @@ class BrokerApp:
                 timeout = cfg.slave_timeout_s
 
                 async def wait_for_slave(result) -> SendStatus:
+                    started = time.perf_counter()
                     if not acks.slave_ok(result.end_offset):
-                        return SendStatus.SLAVE_NOT_AVAILABLE
-                    if await acks.wait(result.end_offset, timeout):
-                        return SendStatus.SEND_OK
-                    return SendStatus.FLUSH_SLAVE_TIMEOUT
+                        status = SendStatus.SLAVE_NOT_AVAILABLE
+                    elif await acks.wait(result.end_offset, timeout):
+                        status = SendStatus.SEND_OK
+                    else:
+                        status = SendStatus.FLUSH_SLAVE_TIMEOUT
+                    if self.metrics is not None:
+                        self.metrics.observe_sync(status.value, time.perf_counter() - started)
+                    return status
 
                 messaging.replication_wait = wait_for_slave
         else:

@@ -16,6 +16,7 @@ import enum
 import itertools
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -141,6 +142,8 @@ class MessagingService:
         self.max_message_size = max_message_size
         self.broker_name = broker_name
         self.replication_wait: ReplicationWait | None = None
+        # Metrics: (topic, status, messages, seconds) after each stored send.
+        self.on_sent: Callable[[str, str, int, float], None] | None = None
         self._round_robin: dict[str, itertools.count] = {}
         self._born_host = record.pack_host(born_host)
 
@@ -202,6 +205,7 @@ class MessagingService:
                     born_host=self._born_host,
                 )
             )
+        started = time.perf_counter()
         result = await self.store.put(
             store_topic, store_queue, encoded, wait_flush=wait_store_msg_ok
         )
@@ -212,6 +216,8 @@ class MessagingService:
             replicated = await self.replication_wait(result)
             if status is SendStatus.SEND_OK:
                 status = replicated
+        if self.on_sent is not None:
+            self.on_sent(topic, status.value, len(encoded), time.perf_counter() - started)
         return SendOutcome(
             status,
             store_topic,

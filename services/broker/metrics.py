@@ -1,79 +1,97 @@
-"""The broker's Prometheus metrics. Figures owned by the store and metadata
-are read at scrape time by a custom collector; nothing sets gauges on a timer.
+"""The broker's Prometheus metrics, named as SPEC §6 says.
 
-Issue #5 extends this (latencies, replication); names follow SPEC §6.
+Figures owned by the store, the metadata and the HA connections are read at
+scrape time by a custom collector (nothing sets gauges on a timer), so
+`ferry_ha_replication_lag_bytes` is computed from the same state, the same way,
+as `GetHAStatus`'s `diff`. Events (sends, sync waits) are counted as they
+happen through the small `observe_*` methods the services call.
+
+Series (labels `cluster`, `broker_name`, `broker_id`, `role` on the store and
+HA gauges, to tell brokers apart when one Prometheus scrapes them all):
+- store: `ferry_commitlog_{max,min,flushed}_offset_bytes`,
+  `ferry_dispatch_behind_bytes`, `ferry_broker_topics`, `ferry_broker_permission`,
+  `ferry_broker_get_messages_total`, `ferry_consumer_lag_messages{group,topic}`;
+- sends: `ferry_broker_put_messages_total{topic,status}`,
+  `ferry_broker_put_duration_seconds` (histogram);
+- HA master, per slave `replica`: `ferry_ha_slave_ack_offset_bytes`,
+  `ferry_ha_replication_lag_bytes`, `ferry_ha_last_ack_timestamp_seconds`,
+  `ferry_ha_sent_bytes_total`; and `ferry_ha_connected_slaves`,
+  `ferry_ha_sync_wait_seconds` (histogram), `ferry_ha_sync_results_total{status}`;
+- HA slave: `ferry_ha_slave_max_offset_bytes`, `ferry_ha_master_offset_bytes`
+  (last seen), `ferry_ha_last_read_timestamp_seconds`, `ferry_ha_slave_connected`;
+- `ferry_build_info{version,service}`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 import ferry
 from services.broker.store import MessageStore
+from services.ha.master import replica_label
+
+_ID_LABELS = ["cluster", "broker_name", "broker_id", "role"]
+# Sends answer in well under a millisecond, or wait for an fsync or a slave (up
+# to syncFlushTimeout / slaveTimeout, seconds).
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 
 class _StoreCollector(Collector):
     def __init__(
-        self, store: MessageStore, metadata, permission: Callable[[], int], config
+        self,
+        store: MessageStore,
+        metadata,
+        permission: Callable[[], int],
+        config,
+        ha_view: Callable[[], object | None],
+        sent_bytes: Callable[[], dict[str, int]],
     ) -> None:
         self.store = store
         self.metadata = metadata
         self.permission = permission
-        self.labels = [
-            config.cluster_name,
-            config.broker_name,
-            str(config.broker_id),
-            config.broker_role,
-        ]
+        self.ha_view = ha_view
+        self.sent_bytes = sent_bytes
+        self.ids = [config.cluster_name, config.broker_name, str(config.broker_id)]
+        self.role = config.broker_role
 
     def collect(self) -> Iterable[Metric]:
-        names = ["cluster", "broker_name", "broker_id", "role"]
+        ids = [*self.ids, self.role]
         store = self.store
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            family = GaugeMetricFamily(name, doc, labels=names)
-            family.add_metric(self.labels, value)
-            return family
-
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            family = CounterMetricFamily(name, doc, labels=names)
-            family.add_metric(self.labels, value)
+            family = GaugeMetricFamily(name, doc, labels=_ID_LABELS)
+            family.add_metric(ids, value)
             return family
 
         yield gauge(
-            "ferry_broker_commit_log_max_offset_bytes",
+            "ferry_commitlog_max_offset_bytes",
             "Commit offset just past the last record written.",
             store.max_offset,
         )
         yield gauge(
-            "ferry_broker_commit_log_min_offset_bytes",
+            "ferry_commitlog_min_offset_bytes",
             "Commit offset of the oldest commit-log file.",
             store.min_offset,
         )
         yield gauge(
-            "ferry_broker_commit_log_flushed_offset_bytes",
+            "ferry_commitlog_flushed_offset_bytes",
             "Commit offset below which the commit log is fsynced.",
             store.flushed_offset,
         )
         yield gauge(
-            "ferry_broker_dispatch_behind_bytes",
+            "ferry_dispatch_behind_bytes",
             "Commit-log bytes not yet in consume queues.",
             store.dispatcher.behind_bytes,
         )
-        yield counter(
-            "ferry_broker_put_messages",
-            "Messages appended to the commit log.",
-            store.put_message_count,
+        gets = CounterMetricFamily(
+            "ferry_broker_get_messages", "Messages returned to consumers.", labels=_ID_LABELS
         )
-        yield counter(
-            "ferry_broker_get_messages",
-            "Messages returned to consumers.",
-            store.get_message_count,
-        )
+        gets.add_metric(ids, store.get_message_count)
+        yield gets
         topics, _ = self.metadata.topics.snapshot()
         yield gauge("ferry_broker_topics", "Topics in the broker's topic table.", len(topics))
         yield gauge(
@@ -81,11 +99,96 @@ class _StoreCollector(Collector):
             "brokerPermission (6 read-write, 4 read-only, 2 write-only).",
             self.permission(),
         )
+        yield self._consumer_lag(ids)
+        yield from self._ha(ids)
         build = GaugeMetricFamily(
             "ferry_build_info", "ferry version.", labels=["version", "service"]
         )
         build.add_metric([ferry.__version__, "broker"], 1)
         yield build
+
+    def _consumer_lag(self, ids: list[str]) -> Metric:
+        """Messages not yet consumed per group and topic: the queues' max
+        offsets minus the group's committed offsets, summed over queues."""
+        family = GaugeMetricFamily(
+            "ferry_consumer_lag_messages",
+            "Messages in a topic's queues past the group's committed offsets.",
+            labels=[*_ID_LABELS, "group", "topic"],
+        )
+        offsets, _ = self.metadata.consumer_offsets.snapshot()
+        for key, queues in sorted(offsets.items()):
+            topic, _, group = key.partition("@")
+            lag = sum(
+                max(0, self.store.queue_max_offset(topic, queue_id) - offset)
+                for queue_id, offset in queues.items()
+            )
+            family.add_metric([*ids, group, topic], lag)
+        return family
+
+    def _ha(self, ids: list[str]) -> Iterable[Metric]:
+        view = self.ha_view()
+        if view is None:
+            return
+        master = getattr(view, "master", None)
+        slave = getattr(view, "slave", None)
+        if master is not None:
+            labels = [*_ID_LABELS, "replica"]
+            ack = GaugeMetricFamily(
+                "ferry_ha_slave_ack_offset_bytes",
+                "Highest commit offset the slave reported.",
+                labels=labels,
+            )
+            lag = GaugeMetricFamily(
+                "ferry_ha_replication_lag_bytes",
+                "Master max offset minus the slave's ack offset (GetHAStatus diff).",
+                labels=labels,
+            )
+            last = GaugeMetricFamily(
+                "ferry_ha_last_ack_timestamp_seconds",
+                "When the slave last reported (Unix time).",
+                labels=labels,
+            )
+            top = self.store.max_offset
+            for conn in list(master.connections.values()):
+                key = [*ids, replica_label(conn.replica, conn.addr)]
+                ack.add_metric(key, conn.ack_offset)
+                lag.add_metric(key, max(0, top - conn.ack_offset))
+                last.add_metric(key, conn.last_ack_ms / 1000)
+            sent = CounterMetricFamily(
+                "ferry_ha_sent_bytes",
+                "Commit-log bytes streamed to a slave (all its connections).",
+                labels=labels,
+            )
+            for replica, total in sorted(self.sent_bytes().items()):
+                sent.add_metric([*ids, replica], total)
+            connected = GaugeMetricFamily(
+                "ferry_ha_connected_slaves", "Slaves connected to this master.", labels=_ID_LABELS
+            )
+            connected.add_metric(ids, len(master.connections))
+            yield from (ack, lag, last, sent, connected)
+        if slave is not None:
+            yield self._gauge1(
+                ids, "ferry_ha_slave_max_offset_bytes", "This slave's commit-log end.",
+                self.store.max_offset,
+            )  # fmt: skip
+            yield self._gauge1(
+                ids, "ferry_ha_master_offset_bytes",
+                "The master's offset as last seen in its stream.", slave.master_max_offset,
+            )  # fmt: skip
+            yield self._gauge1(
+                ids, "ferry_ha_last_read_timestamp_seconds",
+                "When bytes last came from the master (Unix time).", slave.last_read_ms / 1000,
+            )  # fmt: skip
+            yield self._gauge1(
+                ids, "ferry_ha_slave_connected", "1 while connected to the master.",
+                1 if slave.connected else 0,
+            )  # fmt: skip
+
+    @staticmethod
+    def _gauge1(ids: list[str], name: str, doc: str, value: float) -> Metric:
+        family = GaugeMetricFamily(name, doc, labels=_ID_LABELS)
+        family.add_metric(ids, value)
+        return family
 
 
 class BrokerMetrics:
@@ -96,5 +199,42 @@ class BrokerMetrics:
         metadata,
         permission: Callable[[], int],
         config,
+        ha_view: Callable[[], object | None] = lambda: None,
+        sent_bytes: Callable[[], dict[str, int]] = dict,
     ) -> None:
-        registry.register(_StoreCollector(store, metadata, permission, config))
+        registry.register(_StoreCollector(store, metadata, permission, config, ha_view, sent_bytes))
+        self.ids = [config.cluster_name, config.broker_name, str(config.broker_id)]
+        self._puts = Counter(
+            "ferry_broker_put_messages",
+            "Messages sent to this broker, by topic and send status.",
+            ["cluster", "broker_name", "broker_id", "topic", "status"],
+            registry=registry,
+        )
+        self._put_seconds = Histogram(
+            "ferry_broker_put_duration_seconds",
+            "Time to answer a SendMessage/SendMessages call that stored its messages.",
+            ["cluster", "broker_name", "broker_id"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self._sync_seconds = Histogram(
+            "ferry_ha_sync_wait_seconds",
+            "Time a SYNC_MASTER send waited for a slave.",
+            ["cluster", "broker_name", "broker_id"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self._sync_results = Counter(
+            "ferry_ha_sync_results",
+            "SYNC_MASTER waits by outcome (SEND_OK, FLUSH_SLAVE_TIMEOUT, SLAVE_NOT_AVAILABLE).",
+            ["cluster", "broker_name", "broker_id", "status"],
+            registry=registry,
+        )
+
+    def observe_send(self, topic: str, status: str, messages: int, seconds: float) -> None:
+        self._puts.labels(*self.ids, topic, status).inc(messages)
+        self._put_seconds.labels(*self.ids).observe(seconds)
+
+    def observe_sync(self, status: str, seconds: float) -> None:
+        self._sync_results.labels(*self.ids, status).inc()
+        self._sync_seconds.labels(*self.ids).observe(seconds)

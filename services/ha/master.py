@@ -57,6 +57,13 @@ class HAMasterConfig:
     max_connections: int = 16
 
 
+def replica_label(replica: object, addr: str) -> str:
+    """A slave's name in metrics: its handshake replica id, else its address."""
+    if isinstance(replica, tuple) and len(replica) == 2 and replica[0] == "replica":
+        return str(replica[1])
+    return addr
+
+
 @dataclass
 class Connection:
     """What the master knows of one slave connection (read by GetHAStatus)."""
@@ -87,6 +94,8 @@ class HAMaster:
         self.store = store
         self.acks = acks
         self.connections: dict[object, Connection] = {}
+        # replica label -> commit-log bytes streamed to it, over all its connections
+        self.sent_bytes: dict[str, int] = {}
         self._tasks: dict[object, asyncio.Task] = {}
         self._server: asyncio.AbstractServer | None = None
         self._appended = asyncio.Event()
@@ -177,6 +186,8 @@ class HAMaster:
             if conn is not None and self.connections.get(key) is conn:
                 del self.connections[key]
                 self.acks.disconnect(key)
+                if not conn.replica_id:  # labelled by address: gone with the connection
+                    self.sent_bytes.pop(conn.addr, None)
             if self._tasks.get(key) is task:
                 del self._tasks[key]
             self._tasks.pop(addr, None)
@@ -319,6 +330,7 @@ class HAMaster:
     async def _write_loop(self, conn: Connection, writer: asyncio.StreamWriter) -> None:
         await writer.drain()  # the handshake's bytes go first
         sender = _DirectSender(writer)
+        label = replica_label(conn.replica, conn.addr)
         store = self.store
         file_size = store.commit_log.file_size
         batch = self.config.transfer_batch_bytes
@@ -345,6 +357,7 @@ class HAMaster:
                     await sender.send_file(fd, position - start, size)
                     conn.transfer_from = position + size
                     conn.transferred_bytes += size
+                    self.sent_bytes[label] = self.sent_bytes.get(label, 0) + size
                     last_write = time.monotonic()
                     if sender.turns >= _FRAMES_PER_TURN:
                         sender.turns = 0
