@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # Where `make run` keeps its data.
 DATA_DIR ?= var
 
-.PHONY: help venv proto test run lint bench clean
+.PHONY: help venv proto tools test run lint bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -33,7 +33,18 @@ $(PROTO_STAMP): $(PROTOS) $(DEPS_STAMP)
 		--python_out=. --grpc_python_out=. --mypy_out=. --mypy_grpc_out=. $(PROTOS)
 	touch $@
 
-test: $(PROTO_STAMP)  ## run the whole test suite (what CI runs)
+tools:  ## system tools the tests use: promtool (Debian package prometheus), via apt-get when missing
+	@command -v promtool >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing prometheus (for promtool) with apt-get"; \
+	    apt-get install -y -q --no-install-recommends prometheus >/dev/null \
+	      || { apt-get update -q && apt-get install -y -q --no-install-recommends prometheus; }; \
+	  else \
+	    echo "make test needs promtool: sudo apt-get install -y --no-install-recommends prometheus" >&2; \
+	    exit 1; \
+	  fi; }
+
+test: $(PROTO_STAMP) tools  ## run the whole test suite (what CI runs)
 	$(BIN)/pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 
 run: $(PROTO_STAMP)  ## start a local ferry on loopback until Ctrl-C (data in ./var)

@@ -102,7 +102,7 @@ class _StoreCollector(Collector):
         yield self._consumer_lag(ids)
         yield from self._ha(ids)
         build = GaugeMetricFamily(
-            "ferry_build_info", "ferry version.", labels=["version", "service"]
+            "ferry_build_info", "ferry version.", labels=["version", "component"]
         )
         build.add_metric([ferry.__version__, "broker"], 1)
         yield build
