@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import signal
 import subprocess
 import sys
@@ -155,6 +156,14 @@ def run(args: argparse.Namespace) -> int:
         ports = _wait_ready(ns, args.ready_timeout)
         addr = f"127.0.0.1:{ports['grpc_port']}"
 
+        # The HA handshake on (slaves get a stable replica id in ha-status and
+        # metrics, and a wrong peer gets nothing): one secret per data directory.
+        secret_file = data_dir / "ha-secret"
+        if not secret_file.exists():
+            secret_file.write_text(secrets.token_hex(16))
+            secret_file.chmod(0o600)
+        ha_secret = secret_file.read_text().strip()
+
         def broker_argv(name: str, port: int, metrics: int, ha: int, *extra: str) -> list[str]:
             options = [
                 "bindAddress=127.0.0.1",
@@ -164,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
                 f"listenPort={port}",
                 f"metricsPort={metrics}",
                 f"haListenPort={ha}",
+                f"haSecret={ha_secret}",
                 f"storePathRootDir={data_dir / name}",
                 # 64 MiB files keep a laptop's disk use small; production uses 1 GiB.
                 "mappedFileSizeCommitLog=67108864",

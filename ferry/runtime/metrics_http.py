@@ -6,7 +6,7 @@ import logging
 import threading
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, disable_created_metrics, start_http_server
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,12 @@ class MetricsEndpoint:
 
 
 def start_metrics_endpoint(host: str, port: int, registry: CollectorRegistry) -> MetricsEndpoint:
-    """Serve `registry` on http://host:port/metrics (port 0 picks a free port)."""
+    """Serve `registry` on http://host:port/metrics (port 0 picks a free port).
+
+    Counters and histograms are served without prometheus_client's `*_created`
+    series (one extra series each, which ferry's rules and dashboards never use).
+    """
+    disable_created_metrics()
     server, thread = start_http_server(port, addr=host, registry=registry)
     bound = server.server_address[1]
     log.info("metrics on http://%s:%d/metrics", host, bound)
