@@ -7,7 +7,7 @@ import sys
 
 import grpc
 
-from ferry.cli import broker_cmds, dev, namesrv_cmds
+from ferry.cli import broker_cmds, dev, namesrv_cmds, pipeline_cmds
 from ferry.client.namesrv import NoNameServerAnswered
 from ferry.runtime.errors import ConfigError, FerryError, InvalidArgument
 from services.broker import cli as broker_cli
@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     namesrv_cmds.add_commands(sub)
     broker_cmds.add_commands(sub)
+    pipeline_cmds.add_commands(sub)
     dev.add_command(sub)
     return parser
 
