@@ -19,20 +19,20 @@ _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 <<
 _DURATION = {"ms": 0.001, "s": 1.0, "m": 60.0, "": 1.0}
 
 
-def parse_duration(text: str) -> float:
+def parse_duration(text: str, option: str = "--interval") -> float:
     """`5s`, `500ms`, `1m` or plain seconds."""
     found = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|m)?\s*", text)
     if not found or float(found.group(1)) <= 0:
-        raise InvalidArgument("--interval", f"{text!r} is not a positive duration like 5s or 500ms")
+        raise InvalidArgument(option, f"{text!r} is not a positive duration like 5s or 500ms")
     return float(found.group(1)) * _DURATION[found.group(2) or ""]
 
 
-def parse_size(text: str) -> int:
+def parse_size(text: str, option: str = "--max-spool-bytes") -> int:
     """`256MiB`, `1g`, `1048576`."""
     found = re.fullmatch(r"\s*([0-9]+)\s*([a-zA-Z]*)\s*", text)
     unit = found.group(2).lower() if found else None
     if not found or unit not in _UNITS or int(found.group(1)) <= 0:
-        raise InvalidArgument("--max-spool-bytes", f"{text!r} is not a size like 256MiB or 1GiB")
+        raise InvalidArgument(option, f"{text!r} is not a size like 256MiB or 1GiB")
     return int(found.group(1)) * _UNITS[unit]
 
 
@@ -87,3 +87,115 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--once", action="store_true", help="one round, then exit")
     p.add_argument("--rounds", type=int, default=0, help="stop after N rounds (default: run on)")
     p.set_defaults(func=exporter)
+    add_analytics(sub)
+
+
+# ---------------------------------------------------------------- analytics
+
+
+def analytics_run(args: argparse.Namespace) -> int:
+    from ferry.pipeline import analytics
+
+    interval = parse_duration(args.interval)
+    config = analytics.JobConfig(
+        window=f"{parse_duration(args.window, '--window'):g} seconds",
+        watermark=f"{parse_duration(args.watermark, '--watermark'):g} seconds",
+        lag_threshold=float(parse_size(args.lag_threshold, "--lag-threshold")),
+        min_duration_s=parse_duration(args.min_duration, "--min-duration"),
+        gap=f"{interval * 1.6:g} seconds",
+    )
+    spool, out = Path(args.spool), Path(args.out)
+    if not spool.is_dir():
+        raise InvalidArgument("--spool", f"{spool} is not a directory (run `ferry exporter` first)")
+    spark = analytics.spark_session(args.master)
+    spark.sparkContext.setLogLevel("ERROR")
+    mode = "what the spool holds, then exit" if args.once else "until Ctrl-C"
+    print(f"analytics: {spool} -> {out} ({mode}; windows {config.window}, incidents: lag > "
+          f"{config.lag_threshold:,.0f} B for >= {config.min_duration_s:g} s)",
+          file=sys.stderr, flush=True)  # fmt: skip
+    try:
+        analytics.run(spark, spool, out, config, once=args.once)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        spark.stop()
+    if args.once:
+        return analytics_report(args)
+    return 0
+
+
+def analytics_report(args: argparse.Namespace) -> int:
+    from ferry.pipeline import analytics
+
+    out = Path(args.out)
+    spark = analytics.spark_session(getattr(args, "master", "local[*]") or "local[*]")
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        for name, order, columns in (
+            ("lag", "window_start", ["window_start", "broker_name", "replica", "max_lag",
+                                     "avg_lag", "p99_lag", "samples"]),
+            ("throughput", "window_start", ["window_start", "broker_name", "put_messages",
+                                            "put_per_second", "sync_timeouts"]),
+            ("incidents", "start", ["broker_name", "replica", "start", "end", "duration_s",
+                                    "peak_lag"]),
+        ):  # fmt: skip
+            table = analytics.read_table(spark, out, name)
+            print(f"== {name}")
+            if table is None:
+                print("(nothing yet)")
+                continue
+            rows = table.orderBy(F_desc(order)).limit(args.limit).collect()
+            print(_table(columns, [[_cell(r[c]) for c in columns] for r in reversed(rows)]))
+    finally:
+        spark.stop()
+    return 0
+
+
+def F_desc(column: str):  # noqa: N802 - a Spark column expression
+    from pyspark.sql import functions as F
+
+    return F.col(column).desc()
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:,.1f}"
+    if hasattr(value, "strftime"):
+        return value.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return str(value)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(header)]  # fmt: skip
+    lines = ["  ".join(h.upper().ljust(w) for h, w in zip(header, widths, strict=True))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def add_analytics(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "analytics",
+        help="the Spark job over the exporter's spool, and its report",
+        description="`run`: a PySpark structured-streaming job reading the spool and writing "
+        "parquet tables lag/, throughput/ and incidents/ under --out (checkpointed: a "
+        "restart neither loses nor double-counts a window). `report`: the newest windows "
+        "and incidents as tables.",
+    )
+    cmds = p.add_subparsers(dest="analytics_command", required=True, metavar="run|report")
+    r = cmds.add_parser("run", help="run the streaming job")
+    r.add_argument("--spool", required=True, metavar="DIR", help="the exporter's spool")
+    r.add_argument("--out", required=True, metavar="DIR", help="parquet tables and checkpoints")
+    r.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
+    r.add_argument("--once", action="store_true", help="process what the spool holds, report, exit")
+    r.add_argument("--window", default="1m", help="window length (default 1m)")
+    r.add_argument("--watermark", default="30s", help="lateness allowed (default 30s)")
+    r.add_argument("--lag-threshold", default="64MiB", help="incident threshold (default 64MiB)")
+    r.add_argument("--min-duration", default="60s", help="shortest incident (default 60s)")
+    r.add_argument("--interval", default="5s", help="the exporter's --interval (default 5s)")
+    r.add_argument("--limit", type=int, default=10, help="rows per table in the report")
+    r.set_defaults(func=analytics_run)
+    q = cmds.add_parser("report", help="print the newest windows and incidents")
+    q.add_argument("--out", required=True, metavar="DIR", help="the job's --out")
+    q.add_argument("--limit", type=int, default=10, help="rows per table (default 10)")
+    q.set_defaults(func=analytics_report, master="local[1]")

@@ -20,6 +20,12 @@ Row schema (one JSON object per line; `ROW_FIELDS`, stable):
 | labels | object of strings | the sample's other labels (`topic`, `status`, `le`, ...) |
 | value | float | the sample's value |
 
+For every counter sample (`*_total`) the exporter also writes a
+`<name>:increase` row: how much it grew since the previous round (a counter
+that went down was reset by a restart, and counts from zero). Summing those
+rows over a window gives the exact count in it, with nothing lost at window
+edges; the first round after the exporter starts has none.
+
 Each broker also gets a `ferry_exporter_scrape_up` row: 1 when scraped, 0 when
 not, with the reason in `labels.error`, so a broker that is down is visible in
 the data rather than silently missing. The spool is capped
@@ -84,14 +90,26 @@ def live_brokers(info: namesrv_pb2.ClusterInfo) -> list[Broker]:
     )
 
 
-def scrape_rows(broker: Broker, text: str, ts: str) -> Iterator[dict]:
+def scrape_rows(
+    broker: Broker, text: str, ts: str, previous: dict[tuple, float] | None = None
+) -> Iterator[dict]:
     """Rows for every sample of a /metrics page (broker identity from the
-    registration, not from the page)."""
+    registration, not from the page). `previous` (counter series -> last
+    value) is updated, and yields the `:increase` rows."""
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             labels = {k: v for k, v in sample.labels.items() if k not in IDENTITY_LABELS}
-            yield _row(broker, ts, sample.name, sample.labels.get("replica", ""), labels,
-                       float(sample.value))  # fmt: skip
+            replica = sample.labels.get("replica", "")
+            value = float(sample.value)
+            yield _row(broker, ts, sample.name, replica, labels, value)
+            if previous is None or not sample.name.endswith("_total"):
+                continue
+            key = (broker.addr, sample.name, tuple(sorted(sample.labels.items())))
+            before = previous.get(key)
+            previous[key] = value
+            if before is not None:
+                increase = value - before if value >= before else value
+                yield _row(broker, ts, sample.name + ":increase", replica, labels, increase)
 
 
 def _row(broker: Broker, ts: str, metric: str, replica: str, labels: dict, value: float) -> dict:
@@ -121,6 +139,7 @@ class Exporter:
         self.scrape_timeout_s = scrape_timeout_s
         self.max_spool_bytes = max_spool_bytes
         self.seq = 0
+        self.previous: dict[tuple, float] = {}  # counter series -> value last round
         spool.mkdir(parents=True, exist_ok=True)
 
     def round(self, now: float | None = None) -> tuple[Path, int, int]:
@@ -140,7 +159,7 @@ class Exporter:
                         f"http://{broker.metrics_addr}/metrics", timeout=self.scrape_timeout_s
                     ) as answer:
                         text = answer.read().decode()
-                    rows.extend(scrape_rows(broker, text, ts))
+                    rows.extend(scrape_rows(broker, text, ts, self.previous))
                 except (OSError, urllib.error.URLError, ValueError) as exc:
                     error = f"{type(exc).__name__}: {exc}"
             if error:

@@ -70,6 +70,19 @@ def test_rounds_rows_and_a_broker_that_cannot_be_scraped(loop_thread, tmp_path, 
         puts = [r for r in rows if r["metric"] == "ferry_broker_put_duration_seconds_bucket"]
         assert puts and all("le" in r["labels"] for r in puts)
 
+        # Counters get an :increase row from the second round on.
+        assert not [r for r in rows if r["metric"].endswith(":increase")]
+        sent = master.broker.SendMessage(broker_pb2.SendMessageRequest(topic="X", body=b"n"))
+        assert sent.status == broker_pb2.SEND_OK
+        with NamesrvClient([ns.addr]) as nsc:
+            path2, _, _ = exporter_round_again(exporter, nsc)
+        increases = [
+            r for r in read_rows(path2)
+            if r["metric"] == "ferry_broker_put_messages_total:increase"
+            and r["labels"].get("status") == "SEND_OK"
+        ]  # fmt: skip
+        assert [r["value"] for r in increases] == [1.0]
+
         # The cap removes the oldest files, never the newest.
         with NamesrvClient([ns.addr]) as nsc:
             capped = Exporter(nsc, spool, max_spool_bytes=1)
@@ -84,6 +97,11 @@ def test_rounds_rows_and_a_broker_that_cannot_be_scraped(loop_thread, tmp_path, 
         dead.close()
         slave.stop()
         master.stop()
+
+
+def exporter_round_again(exporter, nsc):
+    exporter.namesrv = nsc
+    return exporter.round()
 
 
 def test_bad_arguments_are_usage_errors(tmp_path):

@@ -1,0 +1,198 @@
+"""The Spark job (a real local Spark): pure transforms on static DataFrames,
+the streaming job on a prepared spool with availableNow (deterministic), a
+restart from the checkpoint that adds windows without repeating any, and an
+end-to-end run where a blackholed slave link yields exactly one incident."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pyspark = pytest.importorskip("pyspark", reason="pyspark is a ferry dependency; reinstall")
+
+from ferry.client.namesrv import NamesrvClient  # noqa: E402
+from ferry.pipeline import analytics  # noqa: E402
+from ferry.pipeline.analytics import LAG, PUT_INCREASE, SCHEMA, SYNC_INCREASE, JobConfig  # noqa: E402
+from ferry.pipeline.exporter import Exporter, iso_utc  # noqa: E402
+from ferry.v1 import broker_pb2  # noqa: E402
+from tests.conftest import start_broker, wait_for  # noqa: E402
+from tests.faultproxy import FaultProxy  # noqa: E402
+from tests.integration.test_broker_grpc import create_topic  # noqa: E402
+from tests.integration.test_replication import ha_status  # noqa: E402
+
+T0 = datetime.datetime(2026, 11, 22, 10, 0, 0, tzinfo=datetime.UTC)
+
+
+@pytest.fixture(scope="module")
+def spark():
+    session = analytics.spark_session("local[2]", "ferry-tests")
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+def ts(seconds: float) -> str:
+    return iso_utc((T0 + datetime.timedelta(seconds=seconds)).timestamp())
+
+
+def row(seconds, metric, value, replica="1", labels=None, broker="broker-a"):
+    return {
+        "ts": ts(seconds), "cluster": "c", "broker_name": broker, "broker_id": 0,
+        "role": "SYNC_MASTER", "replica": replica, "metric": metric, "labels": labels or {},
+        "value": float(value),
+    }  # fmt: skip
+
+
+def frame(spark, rows):
+    tuples = [tuple(r[f.name] for f in SCHEMA.fields) for r in rows]
+    return analytics.with_event_time(spark.createDataFrame(tuples, SCHEMA))
+
+
+CONFIG = JobConfig(
+    window="1 minute", watermark="0 seconds", lag_threshold=1000, min_duration_s=20, gap="8 seconds"
+)
+
+
+def test_transforms_on_static_frames(spark):
+    rows = [row(s, LAG, 100 if s < 20 else 5000) for s in range(0, 60, 5)]
+    rows += [row(s, LAG, 0, replica="2") for s in range(0, 60, 5)]
+    rows += [
+        row(s, PUT_INCREASE, 10, "", {"topic": "T", "status": "SEND_OK"}) for s in range(0, 60, 5)
+    ]
+    rows += [row(30, SYNC_INCREASE, 2, "", {"status": "FLUSH_SLAVE_TIMEOUT"})]
+    rows += [row(30, SYNC_INCREASE, 7, "", {"status": "SEND_OK"})]
+    df = frame(spark, rows)
+
+    lag = {r["replica"]: r for r in analytics.lag_windows(df, CONFIG).collect()}
+    assert lag["1"]["max_lag"] == 5000 and lag["1"]["samples"] == 12
+    assert lag["1"]["avg_lag"] == pytest.approx((4 * 100 + 8 * 5000) / 12)
+    assert lag["2"]["max_lag"] == 0
+
+    [put] = analytics.throughput_windows(df, CONFIG).collect()
+    assert put["put_messages"] == 120 and put["put_per_second"] == 2.0
+    assert put["sync_timeouts"] == 2
+
+    # Replica 1 above 1000 B from 0:20 to 0:55 (35 s >= 20 s): one incident.
+    [incident] = analytics.incidents(df, CONFIG).collect()
+    assert (incident["replica"], incident["duration_s"], incident["peak_lag"]) == ("1", 35.0, 5000)
+
+    # One sample at the threshold splits it into two, each shorter than 20 s: none.
+    split = [r if r["ts"] != ts(40) or r["replica"] != "1" else row(40, LAG, 1000) for r in rows]
+    assert analytics.incidents(frame(spark, split), CONFIG).collect() == []
+
+
+def write_spool(spool: Path, name: str, rows) -> None:
+    spool.mkdir(parents=True, exist_ok=True)
+    tmp = spool / f".{name}.tmp"
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.rename(spool / name)
+
+
+def lag_windows_in(spark, out: Path) -> list[tuple[str, str]]:
+    table = analytics.read_table(spark, out, "lag")
+    if table is None:
+        return []
+    return sorted((r["window_start"].isoformat(), r["replica"]) for r in table.collect())
+
+
+def test_streaming_job_and_restart_from_the_checkpoint(spark, tmp_path):
+    spool, out = tmp_path / "spool", tmp_path / "out"
+    config = JobConfig(window="1 minute", watermark="10 seconds", lag_threshold=10**12)
+    for minute in range(2):  # 10:00 and 10:01
+        write_spool(spool, f"metrics-{minute}.json",
+                    [row(minute * 60 + s, LAG, 7) for s in range(0, 60, 5)])  # fmt: skip
+    write_spool(spool, "metrics-2.json", [row(135, LAG, 7)])  # moves the watermark past 10:01
+    analytics.run(spark, spool, out, config, once=True)
+    first = lag_windows_in(spark, out)
+    assert first == [("2026-11-22T10:00:00", "1"), ("2026-11-22T10:01:00", "1")]
+
+    # More files arrive; the restarted job adds 10:02 and 10:03 and repeats nothing.
+    write_spool(spool, "metrics-3.json", [row(120 + s, LAG, 9) for s in range(10, 120, 5)])
+    write_spool(spool, "metrics-4.json", [row(260, LAG, 9)])
+    analytics.run(spark, spool, out, config, once=True)
+    second = lag_windows_in(spark, out)
+    assert second == [
+        ("2026-11-22T10:00:00", "1"),
+        ("2026-11-22T10:01:00", "1"),
+        ("2026-11-22T10:02:00", "1"),
+        ("2026-11-22T10:03:00", "1"),
+    ]
+    table = analytics.read_table(spark, out, "lag")
+    # 10:02 holds the row that moved the watermark (0:02:15, kept in the state
+    # across the restart) and the ten new ones from 0:02:10 to 0:02:55.
+    assert table.where("window_start = '2026-11-22 10:02:00'").first()["samples"] == 11
+
+
+def test_a_blackholed_slave_is_exactly_one_incident(spark, loop_thread, tmp_path, ns):
+    common = dict(mappedFileSizeCommitLog=256 * 1024, metricsPort=0, brokerName="broker-i")
+    master = start_broker(
+        loop_thread, tmp_path / "m", ns.addr, brokerRole="SYNC_MASTER", slaveTimeout=300, **common
+    )
+    proxy = FaultProxy("127.0.0.1", master.app.ha_master.port)
+    loop_thread.run(proxy.start())
+    slave = start_broker(
+        loop_thread, tmp_path / "s", ns.addr, brokerRole="SLAVE", brokerId=1,
+        haMasterAddress=proxy.addr, haReconnectInterval=200, slaveSyncDelay=0, **common,
+    )  # fmt: skip
+    interval = 0.25
+    config = JobConfig(
+        window="10 seconds", watermark="0 seconds", lag_threshold=2000, min_duration_s=1.5,
+        gap=f"{interval * 1.6} seconds",
+    )  # fmt: skip
+    try:
+        create_topic(master, "I", queues=1)
+        wait_for(lambda: ha_status(master).connections, 10, "the slave")
+        with NamesrvClient([ns.addr]) as nsc:
+
+            def rounds(spool: Path, seconds: float) -> None:
+                exporter = Exporter(nsc, spool)
+                exporter.seq = len(list(spool.glob("metrics-*"))) if spool.exists() else 0
+                end = time.monotonic() + seconds
+                while time.monotonic() < end:
+                    exporter.round()
+                    time.sleep(interval)
+
+            healthy, sick = tmp_path / "healthy", tmp_path / "sick"
+            rounds(healthy, 2.0)
+            rounds(sick, 1.0)
+            loop_thread.call(proxy.blackhole, "down")
+            sender = threading.Thread(
+                target=lambda: master.broker.SendMessage(
+                    broker_pb2.SendMessageRequest(topic="I", body=b"x" * 5000)
+                )
+            )
+            sender.start()
+            wait_for(lambda: ha_status(master).connections[0].diff > 2000, 5, "lag")
+            rounds(sick, 2.5)  # lag above the threshold for 2.5 s >= 1.5 s
+            loop_thread.call(proxy.heal)
+            sender.join(5)
+            wait_for(lambda: ha_status(master).connections[0].diff == 0, 10, "the slave back")
+            rounds(sick, 1.0)
+            # Append mode emits a session once a later batch's watermark has
+            # passed it: the job runs now, and again after more rounds, as it
+            # would in production; the checkpoint keeps it from counting twice.
+            analytics.run(spark, sick, tmp_path / "out-sick", config, once=True)
+            rounds(sick, 1.0)
+            rounds(healthy, 1.0)
+
+        for _ in range(2):
+            analytics.run(spark, healthy, tmp_path / "out-healthy", config, once=True)
+        quiet = analytics.read_table(spark, tmp_path / "out-healthy", "incidents")
+        assert quiet is None or quiet.count() == 0
+        analytics.run(spark, sick, tmp_path / "out-sick", config, once=True)
+        found = analytics.read_table(spark, tmp_path / "out-sick", "incidents").collect()
+        assert len(found) == 1, found
+        [incident] = found
+        assert incident["broker_name"] == "broker-i" and incident["replica"]
+        assert 1.5 <= incident["duration_s"] <= 4.0
+        assert incident["peak_lag"] > 5000
+    finally:
+        loop_thread.call(proxy.heal)
+        slave.stop()
+        loop_thread.run(proxy.stop())
+        master.stop()
