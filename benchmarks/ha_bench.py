@@ -1,7 +1,7 @@
 """HA benchmarks (issue #4): master→slave replication over the real HA port,
 every figure next to a baseline measured in the same run.
 
-1. Replication throughput: an empty slave (`haSyncFrom=minOffset`) copies a
+1. Replication throughput: an empty slave (the master has `haSyncFrom=minOffset`) copies a
    master's 1 GiB commit log (one 1 GiB file of records with 1 KiB bodies),
    once with 32 KiB frames (`haTransferBatchSize`, the default) and once with
    1 MiB frames. Timed from the first byte the slave reports to its last,
@@ -277,12 +277,12 @@ def replication_throughput(workdir: Path, plan: Plan, master_cpus, slave_cpus) -
                 master.stop()
                 master.args = _broker_args(
                     store, f"haListenPort={ha_port}", "brokerName=repl", "brokerRole=ASYNC_MASTER",
-                    f"haTransferBatchSize={frame}", file_size=file_size,
+                    f"haTransferBatchSize={frame}", "haSyncFrom=minOffset", file_size=file_size,
                 )  # fmt: skip
                 master.start()
                 slave_store = workdir / f"repl-slave-{frame}-{i}"
                 slave = _slave(slave_store, workdir, "repl", slave_cpus, ha_port,
-                               "haSyncFrom=minOffset", file_size=file_size)  # fmt: skip
+                               file_size=file_size)  # fmt: skip
                 time.sleep(FRESH_WAIT_S)
                 with slave:
                     seconds, first = _watch_until(slave.target, 0, end, 300)

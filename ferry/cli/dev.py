@@ -212,11 +212,21 @@ def run(args: argparse.Namespace) -> int:
         sports = _wait_ready(slave, args.ready_timeout)
         saddr = f"127.0.0.1:{sports['grpc_port']}"
         created = _create_topic(baddr, "TopicTest")
+        spool = data_dir / "spool"
+        exporter = _start(
+            "exporter",
+            ["-m", "ferry.cli.main", "exporter", "-n", addr, "--spool", str(spool),
+             "--interval", "5s"],
+            data_dir,
+        )  # fmt: skip
+        children.append(exporter)
+        _wait_ready(exporter, args.ready_timeout)
         print(
             f"""ferry is running on loopback (data and logs in {data_dir}/):
   name server  grpc {addr}   metrics http://127.0.0.1:{ports["metrics_port"]}/metrics   pid {ns.proc.pid}
   broker-a     grpc {baddr}   metrics http://127.0.0.1:{bports["metrics_port"]}/metrics   pid {broker.proc.pid}   (SYNC_MASTER, HA 127.0.0.1:{bports["ha_port"]})
   broker-a/1   grpc {saddr}   metrics http://127.0.0.1:{sports["metrics_port"]}/metrics   pid {slave.proc.pid}   (SLAVE)
+  exporter     every 5 s into {spool}/   pid {exporter.proc.pid}
   {created}
 
 Try:
@@ -230,6 +240,7 @@ Try:
   .venv/bin/ferry runtime -b {baddr}
   .venv/bin/grpcurl -plaintext {baddr} list
   .venv/bin/grpcurl -plaintext -d '{{"topic":"TopicTest"}}' {addr} ferry.v1.NameServer/GetRouteInfoByTopic
+  .venv/bin/ferry analytics run --spool {spool} --out {data_dir}/analytics --once
 
 Ctrl-C stops everything.""",
             flush=True,

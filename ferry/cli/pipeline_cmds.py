@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -36,11 +39,21 @@ def parse_size(text: str, option: str = "--max-spool-bytes") -> int:
     return int(found.group(1)) * _UNITS[unit]
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def exporter(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     interval = parse_duration(args.interval)
     cap = parse_size(args.max_spool_bytes)
     rounds = 1 if args.once else args.rounds
+    # SIGTERM (how `make run` stops its children) ends the loop like Ctrl-C.
+    signal.signal(signal.SIGTERM, _interrupt)
+    if args.port_file:
+        tmp = Path(args.port_file).with_suffix(".tmp")
+        tmp.write_text(json.dumps({"pid": os.getpid(), "spool": str(args.spool)}))
+        os.replace(tmp, args.port_file)
     with client(args) as namesrv:
         job = Exporter(namesrv, Path(args.spool), max_spool_bytes=cap)
         print(f"exporting to {args.spool} every {interval:g} s (Ctrl-C stops)", file=sys.stderr)
@@ -86,6 +99,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-spool-bytes", default="256MiB", help="spool size cap (default 256MiB)")
     p.add_argument("--once", action="store_true", help="one round, then exit")
     p.add_argument("--rounds", type=int, default=0, help="stop after N rounds (default: run on)")
+    p.add_argument("--port-file", help=argparse.SUPPRESS)  # for `ferry dev`: {pid} once started
     p.set_defaults(func=exporter)
     add_analytics(sub)
 
@@ -145,6 +159,9 @@ def analytics_report(args: argparse.Namespace) -> int:
                 print("(nothing yet)")
                 continue
             rows = table.orderBy(F_desc(order)).limit(args.limit).collect()
+            if not rows:
+                print("(none)")
+                continue
             print(_table(columns, [[_cell(r[c]) for c in columns] for r in reversed(rows)]))
     finally:
         spark.stop()

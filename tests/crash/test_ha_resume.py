@@ -44,12 +44,14 @@ def test_slave_killed_mid_stream_resumes_and_reconnects_to_a_restarted_master(tm
             mappedFileSizeCommitLog=FILE,
             haListenPort=ha_port,
             haTransferBatchSize=4096,
+            # The files are compared from the first: the master may have rolled
+            # before the slave's first connect, so it streams from its oldest.
+            haSyncFrom="minOffset",
         ),  # fmt: skip
     ).start()
     slave_options = broker_options(
         tmp_path / "s", brokerName="broker-k", brokerRole="SLAVE", brokerId=1,
         mappedFileSizeCommitLog=FILE, haMasterAddress=f"127.0.0.1:{ha_port}", haReconnectInterval=200,
-        haSyncFrom="minOffset",  # the files are compared from the first; the master rolls fast
     )  # fmt: skip
     slave = BrokerServer(tmp_path / "s", slave_options).start()
     stop = threading.Event()
