@@ -22,6 +22,7 @@ BENCHMARKS: dict[str, str] = {
     "namesrv": "benchmarks.namesrv_bench",
     "broker": "benchmarks.broker_bench",
     "ha": "benchmarks.ha_bench",
+    "pipeline": "benchmarks.pipeline_bench",
 }
 
 HEADER = """# Benchmarks
