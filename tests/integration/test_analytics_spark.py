@@ -13,17 +13,16 @@ from pathlib import Path
 
 import pytest
 
-pyspark = pytest.importorskip("pyspark", reason="pyspark is a ferry dependency; reinstall")
-
-from ferry.client.namesrv import NamesrvClient  # noqa: E402
-from ferry.pipeline import analytics  # noqa: E402
-from ferry.pipeline.analytics import LAG, PUT_INCREASE, SCHEMA, SYNC_INCREASE, JobConfig  # noqa: E402
-from ferry.pipeline.exporter import Exporter, iso_utc  # noqa: E402
-from ferry.v1 import broker_pb2  # noqa: E402
-from tests.conftest import start_broker, wait_for  # noqa: E402
-from tests.faultproxy import FaultProxy  # noqa: E402
-from tests.integration.test_broker_grpc import create_topic  # noqa: E402
-from tests.integration.test_replication import ha_status  # noqa: E402
+# pyspark is one of ferry's dependencies: a missing one fails here, never skips.
+from ferry.client.namesrv import NamesrvClient
+from ferry.pipeline import analytics
+from ferry.pipeline.analytics import LAG, PUT_INCREASE, SCHEMA, SYNC_INCREASE, JobConfig
+from ferry.pipeline.exporter import Exporter, iso_utc
+from ferry.v1 import broker_pb2
+from tests.conftest import start_broker, wait_for
+from tests.faultproxy import FaultProxy
+from tests.integration.test_broker_grpc import create_topic
+from tests.integration.test_replication import ha_status
 
 T0 = datetime.datetime(2026, 11, 22, 10, 0, 0, tzinfo=datetime.UTC)
 
