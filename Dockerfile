@@ -1,0 +1,40 @@
+# ferry's container image: the `ferry` command (name server, broker, exporter).
+#   docker build -t ferry:0.1.0 .                     # name server, brokers, exporter
+#   docker build --target analytics -t ferry-analytics:0.1.0 .   # + Java for the Spark job
+# Build stage: generate the gRPC code and build wheels; nothing of it but the
+# wheels reaches the final image (no compilers, no grpcio-tools).
+FROM python:3.11-slim AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY proto ./proto
+COPY ferry ./ferry
+COPY services ./services
+RUN python -m pip install --no-cache-dir "grpcio-tools==1.85.1" \
+ && python -m grpc_tools.protoc -I proto --python_out=. --grpc_python_out=. \
+      proto/ferry/v1/*.proto \
+ && python -m pip wheel --no-cache-dir --wheel-dir /wheels .
+
+FROM python:3.11-slim AS runtime
+# A fixed non-root user; the store (and the exporter's spool) are the only
+# writable paths, mounted as volumes: the root filesystem can be read-only.
+RUN groupadd --gid 10001 ferry \
+ && useradd --uid 10001 --gid ferry --no-create-home --home-dir /nonexistent ferry \
+ && mkdir -p /data && chown ferry:ferry /data
+COPY --from=build /wheels /wheels
+RUN python -m pip install --no-cache-dir --no-index --find-links /wheels ferry \
+ && rm -rf /wheels
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+USER 10001:10001
+WORKDIR /data
+EXPOSE 9876 9877 10911 10912 10913
+ENTRYPOINT ["ferry"]
+CMD ["--help"]
+
+# The Spark job needs a Java runtime (PySpark 4 on Java 17).
+FROM runtime AS analytics
+USER root
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
+ && rm -rf /var/lib/apt/lists/*
+USER 10001:10001
+ENV SPARK_LOCAL_IP=127.0.0.1
