@@ -111,21 +111,32 @@ def test_probes_security_and_storage(docs):
             ]
 
 
-def test_broker_confs_load_with_the_brokers_own_loader(docs, tmp_path):
+# What each kustomization must yield: broker -> (group, id, role).
+SYNC = {
+    "broker-a-master": ("broker-a", 0, "SYNC_MASTER"),
+    "broker-a-slave": ("broker-a", 1, "SLAVE"),
+    "broker-b-master": ("broker-b", 0, "SYNC_MASTER"),
+    "broker-b-slave": ("broker-b", 1, "SLAVE"),
+}
+ASYNC = {**SYNC, "broker-a-master": ("broker-a", 0, "ASYNC_MASTER"),
+         "broker-b-master": ("broker-b", 0, "ASYNC_MASTER")}  # fmt: skip
+EXPECTED = {
+    "base": SYNC,
+    "2m-2s-sync": SYNC,
+    "2m-2s-async": ASYNC,
+    "2m-noslave": {k: v for k, v in ASYNC.items() if k.endswith("-master")},
+}
+
+
+def test_broker_confs_load_with_the_brokers_own_loader(docs, tmp_path, request):
     import re
 
     from services.broker.config import load_config
 
+    expected = EXPECTED[request.node.callspec.params["docs"].name]
     maps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
-    expected = {
-        "broker-a-master": ("broker-a", 0, "SYNC_MASTER"),
-        "broker-a-slave": ("broker-a", 1, "SLAVE"),
-        "broker-b-master": ("broker-b", 0, "SYNC_MASTER"),
-        "broker-b-slave": ("broker-b", 1, "SLAVE"),
-    }
-    brokers = [w for w in workloads(docs) if w["metadata"]["name"] in expected]
-    if not brokers:
-        pytest.skip("no brokers in this kustomization")  # the base has them; overlays may not
+    brokers = [w for w in workloads(docs) if w["metadata"]["name"].startswith("broker-")]
+    assert sorted(w["metadata"]["name"] for w in brokers) == sorted(expected)
     for w in brokers:
         name = w["metadata"]["name"]
         pod = w["spec"]["template"]["spec"]
@@ -150,3 +161,30 @@ def test_broker_confs_load_with_the_brokers_own_loader(docs, tmp_path):
             "ferry-namesrv-0.ferry-namesrv:9876",
             "ferry-namesrv-1.ferry-namesrv:9876",
         ]
+
+
+def test_only_the_groups_slave_reaches_a_masters_ha_port(docs):
+    pods = {w["metadata"]["name"]: w["spec"]["template"]["metadata"]["labels"]
+            for w in workloads(docs)}  # fmt: skip
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    masters = [n for n in pods if n.startswith("broker-") and n.endswith("-master")]
+    assert masters
+    for master in masters:
+        mine = [p for p in policies
+                if p["spec"]["podSelector"]["matchLabels"].items() <= pods[master].items()]  # fmt: skip
+        assert len(mine) == 1, master
+        reaching_ha: set[str] = set()
+        for rule in mine[0]["spec"]["ingress"]:
+            ports = {p["port"] for p in rule.get("ports", [])}
+            if "ha" not in ports and 10912 not in ports:
+                continue
+            assert rule.get("from"), f"{master}: the HA port is open to everyone"
+            for peer in rule["from"]:
+                assert set(peer) == {"podSelector"}, peer  # no namespace or IP blocks
+                selector = peer["podSelector"]["matchLabels"]
+                reaching_ha |= {
+                    n for n, labels in pods.items() if selector.items() <= labels.items()
+                }
+        group_slave = master.removesuffix("-master") + "-slave"
+        expected = {group_slave} if group_slave in pods else set()
+        assert reaching_ha == expected, master
