@@ -60,6 +60,12 @@ SYNC_INCREASE = "ferry_ha_sync_results_total:increase"
 TABLES = ("lag", "throughput", "incidents")
 
 
+def _window_bounds() -> tuple:
+    """A tumbling window's bounds as plain columns (built when used: a Column
+    needs a running Spark session)."""
+    return F.col("window.start").alias("window_start"), F.col("window.end").alias("window_end")
+
+
 @dataclass(frozen=True)
 class JobConfig:
     window: str = "1 minute"
@@ -101,8 +107,7 @@ def lag_windows(rows: DataFrame, config: JobConfig) -> DataFrame:
             F.count("value").alias("samples"),
         )
         .select(
-            F.col("window.start").alias("window_start"),
-            F.col("window.end").alias("window_end"),
+            *_window_bounds(),
             "cluster",
             "broker_name",
             "replica",
@@ -132,8 +137,7 @@ def throughput_windows(rows: DataFrame, config: JobConfig) -> DataFrame:
             ).alias("sync_timeouts"),
         )
         .select(
-            F.col("window.start").alias("window_start"),
-            F.col("window.end").alias("window_end"),
+            *_window_bounds(),
             "cluster",
             "broker_name",
             "put_messages",

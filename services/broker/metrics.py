@@ -210,19 +210,17 @@ class BrokerMetrics:
             ["cluster", "broker_name", "broker_id", "topic", "status"],
             registry=registry,
         )
-        self._put_seconds = Histogram(
+        ids = ["cluster", "broker_name", "broker_id"]
+
+        def latency(name: str, doc: str) -> Histogram:
+            return Histogram(name, doc, ids, buckets=_LATENCY_BUCKETS, registry=registry)
+
+        self._put_seconds = latency(
             "ferry_broker_put_duration_seconds",
             "Time to answer a SendMessage/SendMessages call that stored its messages.",
-            ["cluster", "broker_name", "broker_id"],
-            buckets=_LATENCY_BUCKETS,
-            registry=registry,
         )
-        self._sync_seconds = Histogram(
-            "ferry_ha_sync_wait_seconds",
-            "Time a SYNC_MASTER send waited for a slave.",
-            ["cluster", "broker_name", "broker_id"],
-            buckets=_LATENCY_BUCKETS,
-            registry=registry,
+        self._sync_seconds = latency(
+            "ferry_ha_sync_wait_seconds", "Time a SYNC_MASTER send waited for a slave."
         )
         self._sync_results = Counter(
             "ferry_ha_sync_results",
