@@ -190,8 +190,7 @@ class BrokerApp:
             metadata,
             lambda: self.permission[0],
             cfg,
-            ha_view=lambda: self._ha_status() if self.ha_master or self.ha_slave else None,
-            sent_bytes=lambda: dict(self.ha_master.sent_bytes) if self.ha_master else {},
+            ha=lambda: (self.ha_master, self.ha_slave),
         )
         messaging.on_sent = metrics.observe_send
         if cfg.metrics_port >= 0:
@@ -362,7 +361,6 @@ class BrokerApp:
             acks=self.acks,
             master=self.ha_master,
             slave=self.ha_slave,
-            max_gap=self.config.ha_max_gap_not_in_sync,
         )
 
     async def _register_all(self) -> None:

@@ -1,9 +1,9 @@
 """The broker's Prometheus metrics, named as SPEC §6 says.
 
 Figures owned by the store, the metadata and the HA connections are read at
-scrape time by a custom collector (nothing sets gauges on a timer), so
-`ferry_ha_replication_lag_bytes` is computed from the same state, the same way,
-as `GetHAStatus`'s `diff`. Events (sends, sync waits) are counted as they
+scrape time by a custom collector (nothing sets gauges on a timer); per-replica
+lag comes from `HAMaster.replica_states()`, the same figures GetHAStatus
+answers with. Events (sends, sync waits) are counted as they
 happen through the small `observe_*` methods the services call.
 
 Series (labels `cluster`, `broker_name`, `broker_id`, `role` on the store and
@@ -32,12 +32,18 @@ from prometheus_client.registry import Collector
 
 import ferry
 from services.broker.store import MessageStore
-from services.ha.master import replica_label
 
 _ID_LABELS = ["cluster", "broker_name", "broker_id", "role"]
 # Sends answer in well under a millisecond, or wait for an fsync or a slave (up
 # to syncFlushTimeout / slaveTimeout, seconds).
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+
+def _gauge(ids: list[str], name: str, doc: str, value: float) -> GaugeMetricFamily:
+    """A gauge with one sample, labelled with the broker's identity."""
+    family = GaugeMetricFamily(name, doc, labels=_ID_LABELS)
+    family.add_metric(ids, value)
+    return family
 
 
 class _StoreCollector(Collector):
@@ -47,14 +53,12 @@ class _StoreCollector(Collector):
         metadata,
         permission: Callable[[], int],
         config,
-        ha_view: Callable[[], object | None],
-        sent_bytes: Callable[[], dict[str, int]],
+        ha: Callable[[], tuple[object | None, object | None]],
     ) -> None:
         self.store = store
         self.metadata = metadata
         self.permission = permission
-        self.ha_view = ha_view
-        self.sent_bytes = sent_bytes
+        self.ha = ha  # -> (HAMaster or None, HASlave or None)
         self.ids = [config.cluster_name, config.broker_name, str(config.broker_id)]
         self.role = config.broker_role
 
@@ -63,9 +67,7 @@ class _StoreCollector(Collector):
         store = self.store
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            family = GaugeMetricFamily(name, doc, labels=_ID_LABELS)
-            family.add_metric(ids, value)
-            return family
+            return _gauge(ids, name, doc, value)
 
         yield gauge(
             "ferry_commitlog_max_offset_bytes",
@@ -126,11 +128,7 @@ class _StoreCollector(Collector):
         return family
 
     def _ha(self, ids: list[str]) -> Iterable[Metric]:
-        view = self.ha_view()
-        if view is None:
-            return
-        master = getattr(view, "master", None)
-        slave = getattr(view, "slave", None)
+        master, slave = self.ha()
         if master is not None:
             labels = [*_ID_LABELS, "replica"]
             ack = GaugeMetricFamily(
@@ -148,47 +146,40 @@ class _StoreCollector(Collector):
                 "When the slave last reported (Unix time).",
                 labels=labels,
             )
-            top = self.store.max_offset
-            for conn in list(master.connections.values()):
-                key = [*ids, replica_label(conn.replica, conn.addr)]
-                ack.add_metric(key, conn.ack_offset)
-                lag.add_metric(key, max(0, top - conn.ack_offset))
-                last.add_metric(key, conn.last_ack_ms / 1000)
+            states = master.replica_states()  # type: ignore[attr-defined]
+            for state in states:
+                key = [*ids, state.conn.label]
+                ack.add_metric(key, state.conn.ack_offset)
+                lag.add_metric(key, state.lag)
+                last.add_metric(key, state.conn.last_ack_ms / 1000)
             sent = CounterMetricFamily(
                 "ferry_ha_sent_bytes",
                 "Commit-log bytes streamed to a slave (all its connections).",
                 labels=labels,
             )
-            for replica, total in sorted(self.sent_bytes().items()):
+            for replica, total in sorted(dict(master.sent_bytes).items()):  # type: ignore[attr-defined]
                 sent.add_metric([*ids, replica], total)
-            connected = GaugeMetricFamily(
-                "ferry_ha_connected_slaves", "Slaves connected to this master.", labels=_ID_LABELS
+            connected = _gauge(
+                ids, "ferry_ha_connected_slaves", "Slaves connected to this master.", len(states)
             )
-            connected.add_metric(ids, len(master.connections))
             yield from (ack, lag, last, sent, connected)
         if slave is not None:
-            yield self._gauge1(
+            yield _gauge(
                 ids, "ferry_ha_slave_max_offset_bytes", "This slave's commit-log end.",
                 self.store.max_offset,
             )  # fmt: skip
-            yield self._gauge1(
+            yield _gauge(
                 ids, "ferry_ha_master_offset_bytes",
                 "The master's offset as last seen in its stream.", slave.master_max_offset,
             )  # fmt: skip
-            yield self._gauge1(
+            yield _gauge(
                 ids, "ferry_ha_last_read_timestamp_seconds",
                 "When bytes last came from the master (Unix time).", slave.last_read_ms / 1000,
             )  # fmt: skip
-            yield self._gauge1(
+            yield _gauge(
                 ids, "ferry_ha_slave_connected", "1 while connected to the master.",
                 1 if slave.connected else 0,
             )  # fmt: skip
-
-    @staticmethod
-    def _gauge1(ids: list[str], name: str, doc: str, value: float) -> Metric:
-        family = GaugeMetricFamily(name, doc, labels=_ID_LABELS)
-        family.add_metric(ids, value)
-        return family
 
 
 class BrokerMetrics:
@@ -199,10 +190,9 @@ class BrokerMetrics:
         metadata,
         permission: Callable[[], int],
         config,
-        ha_view: Callable[[], object | None] = lambda: None,
-        sent_bytes: Callable[[], dict[str, int]] = dict,
+        ha: Callable[[], tuple[object | None, object | None]] = lambda: (None, None),
     ) -> None:
-        registry.register(_StoreCollector(store, metadata, permission, config, ha_view, sent_bytes))
+        registry.register(_StoreCollector(store, metadata, permission, config, ha))
         self.ids = [config.cluster_name, config.broker_name, str(config.broker_id)]
         self._puts = Counter(
             "ferry_broker_put_messages",

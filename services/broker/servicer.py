@@ -265,7 +265,6 @@ class HAStatusView:
     acks: object | None  # services.ha.sync.ReplicaAcks on a master
     master: object | None  # services.ha.master.HAMaster
     slave: object | None  # services.ha.slave.HASlave
-    max_gap: int
 
 
 class HAAdminServicer(ha_admin_pb2_grpc.HAAdminServicer):
@@ -283,22 +282,20 @@ class HAAdminServicer(ha_admin_pb2_grpc.HAAdminServicer):
             confirm_offset=store.confirm_offset,  # type: ignore[attr-defined]
         )
         if view.master is not None:
-            in_sync = 0
-            for conn in view.master.connections.values():  # type: ignore[attr-defined]
-                diff = max(0, top - conn.ack_offset)
-                ok = diff < view.max_gap
-                in_sync += ok
+            states = view.master.replica_states()  # type: ignore[attr-defined]
+            for state in states:
+                conn = state.conn
                 answer.connections.add(
                     addr=conn.addr,
                     replica_id=conn.replica_id,
                     ack_offset=conn.ack_offset,
-                    diff=diff,
-                    in_sync=ok,
+                    diff=state.lag,
+                    in_sync=state.in_sync,
                     transferred_bytes_per_second=conn.bytes_per_second(),
                     transfer_from=conn.transfer_from,
                     last_ack_timestamp=conn.last_ack_ms,
                 )
-            answer.in_sync_slave_nums = in_sync
+            answer.in_sync_slave_nums = sum(state.in_sync for state in states)
         if view.slave is not None:
             slave = view.slave
             answer.master_max_offset = slave.master_max_offset  # type: ignore[attr-defined]

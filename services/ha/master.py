@@ -57,13 +57,6 @@ class HAMasterConfig:
     max_connections: int = 16
 
 
-def replica_label(replica: object, addr: str) -> str:
-    """A slave's name in metrics: its handshake replica id, else its address."""
-    if isinstance(replica, tuple) and len(replica) == 2 and replica[0] == "replica":
-        return str(replica[1])
-    return addr
-
-
 @dataclass
 class Connection:
     """What the master knows of one slave connection (read by GetHAStatus)."""
@@ -79,6 +72,11 @@ class Connection:
     _rate_mark: tuple[float, int] = (0.0, 0)
     rate: float = 0.0
 
+    @property
+    def label(self) -> str:
+        """The slave's name in metrics: its handshake replica id, else its address."""
+        return str(self.replica_id) if self.replica_id else self.addr
+
     def bytes_per_second(self) -> float:
         now = time.monotonic()
         then, before = self._rate_mark
@@ -86,6 +84,15 @@ class Connection:
             self.rate = (self.transferred_bytes - before) / (now - then) if then else 0.0
             self._rate_mark = (now, self.transferred_bytes)
         return self.rate
+
+
+@dataclass(frozen=True)
+class ReplicaState:
+    """One connected slave as GetHAStatus and the metrics report it."""
+
+    conn: Connection
+    lag: int  # the master's max offset minus the slave's ack offset
+    in_sync: bool  # lag < haMaxGapNotInSync
 
 
 class HAMaster:
@@ -112,6 +119,14 @@ class HAMaster:
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("HA master listening on %s:%d", self.config.host, self.port)
         return self.port
+
+    def replica_states(self) -> list[ReplicaState]:
+        top = self.store.max_offset
+        states = []
+        for conn in list(self.connections.values()):
+            lag = max(0, top - conn.ack_offset)
+            states.append(ReplicaState(conn, lag, lag < self.acks.max_gap))
+        return states
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -330,7 +345,7 @@ class HAMaster:
     async def _write_loop(self, conn: Connection, writer: asyncio.StreamWriter) -> None:
         await writer.drain()  # the handshake's bytes go first
         sender = _DirectSender(writer)
-        label = replica_label(conn.replica, conn.addr)
+        label = conn.label
         store = self.store
         file_size = store.commit_log.file_size
         batch = self.config.transfer_batch_bytes
