@@ -76,7 +76,7 @@ class CommitLog:
     @property
     def files_end(self) -> int:
         """The end of the newest file (0 with no file): where the next file starts."""
-        return self._write_end()
+        return self._segments[-1].start + self.file_size if self._segments else 0
 
     def segment_starts(self) -> list[int]:
         return [s.start for s in self._segments]
@@ -85,9 +85,9 @@ class CommitLog:
         """Recovery's verdict: everything from `offset` on is discarded (zeroed
         in its file up to `zero_to` — default the file's end — and later files
         deleted)."""
-        if offset < self.min_offset or offset > self._write_end():
+        if offset < self.min_offset or offset > self.files_end:
             raise CommitLogError(
-                f"offset {offset} is outside the files [{self.min_offset}, {self._write_end()}]"
+                f"offset {offset} is outside the files [{self.min_offset}, {self.files_end}]"
             )
         start = offset - offset % self.file_size
         while self._segments and self._segments[-1].start > start:
@@ -96,8 +96,8 @@ class CommitLog:
                 self._dirty.remove(segment)
             os.close(segment.fd)
             segment.path.unlink()
-        if self._segments and offset < self._write_end():
-            end = self._write_end() if zero_to is None else min(zero_to, self._write_end())
+        if self._segments and offset < self.files_end:
+            end = self.files_end if zero_to is None else min(zero_to, self.files_end)
             self._zero(self._segments[-1], offset - start, end - start)
         self._write_offset = offset
 
@@ -281,9 +281,6 @@ class CommitLog:
 
     def _has_segment(self, start: int) -> bool:
         return bool(self._segments) and self._segments[-1].start >= start
-
-    def _write_end(self) -> int:
-        return self._segments[-1].start + self.file_size if self._segments else 0
 
     def _segment_for(self, offset: int) -> _Segment:
         index = (offset - self.min_offset) // self.file_size

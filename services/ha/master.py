@@ -36,6 +36,7 @@ from pathlib import Path
 
 from ferry.runtime.clock import wait_event
 from ferry.runtime.tasks import cancel_and_wait
+from services.broker.commitlog import segment_name
 from services.broker.store import MessageStore
 from services.ha import protocol
 from services.ha.protocol import HAProtocolError
@@ -308,13 +309,9 @@ class HAMaster:
             try:
                 async with asyncio.timeout(housekeeping):
                     data = await reader.read(64 * 1024)
-            except (ConnectionError, OSError):
+            finally:
                 if writer_task.done() and not writer_task.cancelled():
                     writer_task.result()  # raises what ended the writer
-                raise
-            if writer_task.done() and not writer_task.cancelled():
-                writer_task.result()  # raises what ended the writer
-                return
             if not data:
                 if pending:
                     raise HAProtocolError(
@@ -352,6 +349,7 @@ class HAMaster:
         heartbeat = self.config.heartbeat_interval_s
         files: dict[int, int] = {}
         last_write = time.monotonic()
+        frames = 0  # sent since the last yield to the event loop
         try:
             while True:
                 position = conn.transfer_from
@@ -366,7 +364,7 @@ class HAMaster:
                                 os.close(old)
                             files.clear()
                         fd = files[start] = os.open(
-                            Path(store.commit_log.directory) / f"{start:020d}", os.O_RDONLY
+                            Path(store.commit_log.directory) / segment_name(start), os.O_RDONLY
                         )
                     await sender.send_bytes(protocol.encode_header(position, size))
                     await sender.send_file(fd, position - start, size)
@@ -374,8 +372,9 @@ class HAMaster:
                     conn.transferred_bytes += size
                     self.sent_bytes[label] = self.sent_bytes.get(label, 0) + size
                     last_write = time.monotonic()
-                    if sender.turns >= _FRAMES_PER_TURN:
-                        sender.turns = 0
+                    frames += 1
+                    if frames >= _FRAMES_PER_TURN:
+                        frames = 0
                         await asyncio.sleep(0)  # let the reader and the rest of the broker run
                     continue
                 idle = time.monotonic() - last_write
@@ -411,7 +410,6 @@ class _DirectSender:
         sock = writer.get_extra_info("socket")
         self.fd = os.dup(sock.fileno())
         os.set_blocking(self.fd, False)
-        self.turns = 0
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -430,7 +428,6 @@ class _DirectSender:
             await future
         finally:
             self.loop.remove_writer(self.fd)
-        self.turns = 0
 
     async def send_bytes(self, data: bytes) -> None:
         view = memoryview(data)
@@ -453,4 +450,3 @@ class _DirectSender:
                 raise OSError(f"sendfile sent nothing at file offset {offset}: file cut short?")
             offset += sent
             count -= sent
-        self.turns += 1
