@@ -72,7 +72,7 @@ class HASlave:
         self._last_pass_bytes = 0
         self._last_pass_at = 0.0
         self.disconnects = 0
-        self._writer: asyncio.StreamWriter | None = None
+        self._writer: _Writer | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -144,7 +144,6 @@ class HASlave:
             store = self.store
             file_size = store.commit_log.file_size
             max_frame = self.config.max_frame_bytes
-            applied = False
             store.dispatcher.busy = self._receiving_bulk
             while True:
                 async with asyncio.timeout(housekeeping):
@@ -153,6 +152,7 @@ class HASlave:
                 self._last_pass_bytes = inbound.end - inbound.start
                 self._last_pass_at = time.monotonic()
                 # Everything that arrived in this turn: usually many frames.
+                applied = False
                 while (frame := inbound.next_frame(max_frame)) is not None:
                     offset, body = frame
                     size = len(body)
@@ -181,7 +181,6 @@ class HASlave:
                     # One report for all the frames applied in this turn, as
                     # RocketMQ's HAClient reports after each read-buffer pass.
                     self._report(writer)
-                    applied = False
                 inbound.consumed()
                 if inbound.eof:
                     raise HAProtocolError(inbound.eof_reason())
@@ -362,26 +361,20 @@ class Inbound(asyncio.BufferedProtocol):
     def consumed(self) -> None:
         if self.start == self.end:
             self.start = self.end = self._seen_end = 0
-        if self._paused and len(self.buf) - self.end >= self.LOW_SPACE:
-            self._paused = False
-            assert self.transport is not None
-            self.transport.resume_reading()
-        elif self._paused:
-            self._compact()
-            if len(self.buf) - self.end >= self.LOW_SPACE:
-                self._paused = False
-                assert self.transport is not None
-                self.transport.resume_reading()
+        self._resume_if_room()
 
     def eof_reason(self) -> str:
         left = self.end - self.start
         if left == 0:
             return "the master closed the connection"
-        need = self._need or protocol.HEADER_SIZE
+        header = protocol.HEADER_SIZE
+        if self._what == "header":
+            have, need = left, header
+        else:
+            have, need = left - header, self._need - header
         return (
             f"the peer closed the connection in the middle of a {self._what} "
-            f"({left if self._what == 'header' else left - protocol.HEADER_SIZE} of "
-            f"{need if self._what == 'header' else need - protocol.HEADER_SIZE} bytes)"
+            f"({have} of {need} bytes)"
         )
 
     # -- internals
@@ -409,7 +402,15 @@ class Inbound(asyncio.BufferedProtocol):
             bigger = bytearray(n + self.LOW_SPACE)
             bigger[: self.end] = self.buf[: self.end]
             self.buf = bigger
-        if self._paused and len(self.buf) - self.end >= self.LOW_SPACE:
+        self._resume_if_room()
+
+    def _resume_if_room(self) -> None:
+        """Reading was paused on a full buffer: go on once there is room again."""
+        if not self._paused:
+            return
+        if len(self.buf) - self.end < self.LOW_SPACE:
+            self._compact()
+        if len(self.buf) - self.end >= self.LOW_SPACE:
             self._paused = False
             assert self.transport is not None
             self.transport.resume_reading()
