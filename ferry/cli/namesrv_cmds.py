@@ -15,7 +15,7 @@ from ferry.model import perm_to_string
 from ferry.v1 import namesrv_pb2
 
 
-def add_namesrv_option(parser: argparse.ArgumentParser) -> None:
+def add_namesrv_option(parser: argparse.ArgumentParser, json_output: bool = True) -> None:
     parser.add_argument(
         "-n",
         "--namesrv",
@@ -26,7 +26,8 @@ def add_namesrv_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout", type=float, default=3.0, metavar="SECONDS", help="per name server (default 3)"
     )
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    if json_output:
+        parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
 def client(args: argparse.Namespace) -> NamesrvClient:

@@ -12,7 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from ferry.cli.namesrv_cmds import client
+from ferry.cli.namesrv_cmds import add_namesrv_option, client
+from ferry.cli.output import table
 from ferry.client.namesrv import NoNameServerAnswered
 from ferry.pipeline.exporter import ROW_FIELDS, Exporter
 from ferry.runtime.errors import InvalidArgument
@@ -89,11 +90,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "reason in labels.error. The oldest files are removed when the spool grows past "
         "--max-spool-bytes.",
     )
-    p.add_argument(
-        "-n", "--namesrv", default=None, metavar="'HOST:PORT;HOST:PORT'",
-        help="name servers to ask, in order (default $FERRY_NAMESRV_ADDR, else 127.0.0.1:9876)",
-    )  # fmt: skip
-    p.add_argument("--timeout", type=float, default=3.0, metavar="SECONDS", help=argparse.SUPPRESS)
+    add_namesrv_option(p, json_output=False)
     p.add_argument("--spool", required=True, metavar="DIR", help="where the files go")
     p.add_argument("--interval", default="5s", help="time between rounds (default 5s)")
     p.add_argument("--max-spool-bytes", default="256MiB", help="spool size cap (default 256MiB)")
@@ -139,6 +136,8 @@ def analytics_run(args: argparse.Namespace) -> int:
 
 
 def analytics_report(args: argparse.Namespace) -> int:
+    from pyspark.sql import functions as F
+
     from ferry.pipeline import analytics
 
     out = Path(args.out)
@@ -153,25 +152,20 @@ def analytics_report(args: argparse.Namespace) -> int:
             ("incidents", "start", ["broker_name", "replica", "start", "end", "duration_s",
                                     "peak_lag"]),
         ):  # fmt: skip
-            table = analytics.read_table(spark, out, name)
+            frame = analytics.read_table(spark, out, name)
             print(f"== {name}")
-            if table is None:
+            if frame is None:
                 print("(nothing yet)")
                 continue
-            rows = table.orderBy(F_desc(order)).limit(args.limit).collect()
+            rows = frame.orderBy(F.col(order).desc()).limit(args.limit).collect()
             if not rows:
                 print("(none)")
                 continue
-            print(_table(columns, [[_cell(r[c]) for c in columns] for r in reversed(rows)]))
+            headers = [c.upper() for c in columns]
+            print(table(headers, [[_cell(r[c]) for c in columns] for r in reversed(rows)]))
     finally:
         spark.stop()
     return 0
-
-
-def F_desc(column: str):  # noqa: N802 - a Spark column expression
-    from pyspark.sql import functions as F
-
-    return F.col(column).desc()
 
 
 def _cell(value) -> str:
@@ -180,14 +174,6 @@ def _cell(value) -> str:
     if hasattr(value, "strftime"):
         return value.strftime("%Y-%m-%dT%H:%M:%SZ")
     return str(value)
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
-              for i, h in enumerate(header)]  # fmt: skip
-    lines = ["  ".join(h.upper().ljust(w) for h, w in zip(header, widths, strict=True))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    return "\n".join(line.rstrip() for line in lines)
 
 
 def add_analytics(sub: argparse._SubParsersAction) -> None:

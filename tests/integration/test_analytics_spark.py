@@ -21,6 +21,7 @@ from ferry.pipeline.exporter import Exporter, iso_utc
 from ferry.v1 import broker_pb2
 from tests.conftest import start_broker, wait_for
 from tests.faultproxy import FaultProxy
+from tests.integration.support import run_ferry
 from tests.integration.test_broker_grpc import create_topic
 from tests.integration.test_replication import ha_status
 
@@ -121,6 +122,17 @@ def test_streaming_job_and_restart_from_the_checkpoint(spark, tmp_path):
         ("2026-11-22T10:02:00", "1"),
         ("2026-11-22T10:03:00", "1"),
     ]
+    # The report command prints the newest windows as a table.
+    report = run_ferry("analytics", "report", "--out", str(out), "--limit", "2", timeout_s=120)
+    assert report.returncode == 0, report.stderr
+    lines = report.stdout.splitlines()
+    assert lines[:2] == ["== lag", lines[1]] and lines[1].split()[:3] == [
+        "WINDOW_START", "BROKER_NAME", "REPLICA"
+    ]  # fmt: skip
+    assert [line.split()[0] for line in lines[2:4]] == [
+        "2026-11-22T10:02:00Z", "2026-11-22T10:03:00Z"
+    ]  # fmt: skip
+    assert "== incidents" in lines and "(none)" in lines
     table = analytics.read_table(spark, out, "lag")
     # 10:02 holds the row that moved the watermark (0:02:15, kept in the state
     # across the restart) and the ten new ones from 0:02:10 to 0:02:55.
