@@ -407,24 +407,24 @@ def sync_vs_async(workdir: Path, plan: Plan, master_cpus, slave_cpus) -> list[Fi
                 ("absolute", Target("value", ">=", 60_000), "The same rounds as the line above."),
             )
         ),
-        Figure(
-            name="SendMessage latency p50, 1 caller, SYNC_MASTER",
-            value=statistics.median(r.p50_ms for r in latency[s]),
-            unit="ms",
-            baseline=statistics.median(r.p50_ms for r in latency[a]),
-            baseline_label="ASYNC_MASTER p50",
-            target=None,
-            detail=f"SYNC: {_summary(latency[s])}. ASYNC: {_summary(latency[a])}. Reported, "
-            "no target: a sync send adds one slave round trip.",
-        ),
-        Figure(
-            name="SendMessage latency p99, 1 caller, SYNC_MASTER",
-            value=statistics.median(r.p99_ms for r in latency[s]),
-            unit="ms",
-            baseline=statistics.median(r.p99_ms for r in latency[a]),
-            baseline_label="ASYNC_MASTER p99",
-            target=None,
-            detail="The same rounds as the line above.",
+        *(
+            Figure(
+                name=f"SendMessage latency {q}, 1 caller, SYNC_MASTER",
+                value=statistics.median(getattr(r, f"{q}_ms") for r in latency[s]),
+                unit="ms",
+                baseline=statistics.median(getattr(r, f"{q}_ms") for r in latency[a]),
+                baseline_label=f"ASYNC_MASTER {q}",
+                target=None,
+                detail=detail,
+            )
+            for q, detail in (
+                (
+                    "p50",
+                    f"SYNC: {_summary(latency[s])}. ASYNC: {_summary(latency[a])}. Reported, "
+                    "no target: a sync send adds one slave round trip.",
+                ),
+                ("p99", "The same rounds as the line above."),
+            )
         ),
     ]
 
