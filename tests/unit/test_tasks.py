@@ -30,11 +30,13 @@ def test_children_are_cancelled_and_their_errors_dropped():
 def test_a_cancellation_of_the_caller_while_it_waits_is_raised_again():
     async def main():
         released = asyncio.Event()
+        stopping = asyncio.Event()
 
         async def slow_to_stop():
             try:
                 await asyncio.sleep(10)
             finally:
+                stopping.set()
                 await released.wait()  # takes a while to finish
 
         async def owner():
@@ -44,9 +46,8 @@ def test_a_cancellation_of_the_caller_while_it_waits_is_raised_again():
             return "carried on"  # must not be reached once the owner is cancelled
 
         task = asyncio.create_task(owner())
-        await asyncio.sleep(0.01)  # the owner now waits for its child
+        await stopping.wait()  # the owner has cancelled its child and waits for it
         task.cancel()
-        await asyncio.sleep(0.01)
         released.set()
         with pytest.raises(asyncio.CancelledError):
             await task
