@@ -11,6 +11,10 @@ PROTOS := $(wildcard proto/ferry/v1/*.proto)
 PYTEST_ARGS ?=
 # Where `make run` keeps its data.
 DATA_DIR ?= var
+# Which deploy/k8s overlay `make run` starts: 2m-2s-sync, 2m-2s-async or 2m-noslave.
+TOPOLOGY ?= 2m-2s-sync
+# Extra `ferry dev` arguments, e.g. make run ARGS="--port-offset 1000"
+ARGS ?=
 
 .PHONY: help venv proto tools test run lint bench clean
 
@@ -47,8 +51,8 @@ tools:  ## system tools the tests use: promtool (Debian package prometheus), via
 test: $(PROTO_STAMP) tools  ## run the whole test suite (what CI runs)
 	$(BIN)/pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 
-run: $(PROTO_STAMP)  ## start a local ferry on loopback until Ctrl-C (data in ./var)
-	$(BIN)/ferry dev --data-dir $(DATA_DIR)
+run: $(PROTO_STAMP)  ## start the 2m-2s-sync topology on loopback until Ctrl-C (TOPOLOGY=, data in ./var)
+	$(BIN)/ferry dev --topology $(TOPOLOGY) --data-dir $(DATA_DIR) $(ARGS)
 
 lint: $(PROTO_STAMP)  ## ruff over the code
 	$(BIN)/ruff check ferry services tests benchmarks

@@ -1,23 +1,42 @@
-"""`ferry dev` (what `make run` starts): a local ferry on loopback until Ctrl-C.
+"""`ferry dev` (what `make run` starts): a Kubernetes topology, run locally on
+loopback until Ctrl-C.
 
-Today it runs a name server and one broker group: `broker-a`, a SYNC_MASTER
-and its slave (with a `TopicTest` topic created at start). The second group and
-the exporter join as they are built. Every process is a child started with its own command line, logged
-to `DATA_DIR/logs/`, and stopped by PID (SIGTERM, then SIGKILL after a grace
-period) when this command gets SIGINT or SIGTERM, so nothing is left behind.
+The topology is read from `deploy/k8s/overlays/<topology>/brokers/*.conf`, the
+files the overlay turns into the brokers' ConfigMaps (see ferry.cli.topology
+for what is mapped to this machine): `2m-2s-sync` (the default) runs 2 name
+servers, broker-a and broker-b each as a SYNC_MASTER with a SLAVE, and the
+metrics exporter. A `TopicTest` topic is created on every master.
+
+Every process is a child with its own command line, logged to
+`DATA_DIR/logs/`, and stopped by PID (SIGTERM, then SIGKILL after a grace
+period) when this command gets SIGINT or SIGTERM, newest first, so nothing is
+left behind and brokers unregister while the name servers still run.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from ferry.cli.topology import (
+    DEFAULT_TOPOLOGY,
+    TOPOLOGIES,
+    Topology,
+    TopologyError,
+    find_k8s_dir,
+    load_topology,
+)
+
+DEMO_TOPIC = "TopicTest"
 
 
 @dataclass
@@ -31,28 +50,40 @@ class Child:
 def add_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "dev",
-        help="run a local ferry on loopback until Ctrl-C (make run)",
-        description="Start ferry's processes on 127.0.0.1, print their endpoints and example "
-        "commands, and stop them all on Ctrl-C. Currently: one name server and broker-a "
-        "(a SYNC_MASTER and its slave).",
+        help="run a Kubernetes topology locally on loopback until Ctrl-C (make run)",
+        description="Start the name servers, brokers and exporter of a deploy/k8s overlay as "
+        "local processes on 127.0.0.1, from the overlay's own broker.conf files; print their "
+        "endpoints, the cluster and example commands; stop them all on Ctrl-C.",
+    )
+    p.add_argument(
+        "--topology",
+        choices=TOPOLOGIES,
+        default=DEFAULT_TOPOLOGY,
+        help=f"which overlay of deploy/k8s/overlays (default {DEFAULT_TOPOLOGY})",
     )
     p.add_argument(
         "--data-dir", type=Path, default=Path("var"), help="where data and logs go (default ./var)"
     )
     p.add_argument(
-        "--namesrv-port", type=int, default=9876, help="name server gRPC port (default 9876)"
+        "--port-offset",
+        type=int,
+        default=0,
+        metavar="N",
+        help="add N to every port (default 0: name servers 9876/9886, brokers 10911..10941), "
+        "e.g. to run next to another ferry",
     )
     p.add_argument(
-        "--metrics-port", type=int, default=9877, help="name server metrics port (default 9877)"
+        "--k8s-dir",
+        type=Path,
+        default=None,
+        help="the deploy/k8s directory (default: the one in this checkout)",
     )
     p.add_argument(
-        "--broker-port", type=int, default=10911, help="broker gRPC port (default 10911)"
-    )
-    p.add_argument(
-        "--broker-metrics-port", type=int, default=10913, help="broker metrics port (default 10913)"
-    )
-    p.add_argument(
-        "--ready-timeout", type=float, default=60.0, help="seconds to wait for each process"
+        "--ready-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long the cluster may take to form (default 60)",
     )
     p.set_defaults(func=run)
 
@@ -76,8 +107,7 @@ def _start(name: str, argv: list[str], data_dir: Path) -> Child:
     return Child(name, proc, port_file, log_path)
 
 
-def _wait_ready(child: Child, timeout_s: float) -> dict:
-    deadline = time.monotonic() + timeout_s
+def _wait_ready(child: Child, deadline: float) -> dict:
     while time.monotonic() < deadline:
         if child.proc.poll() is not None:
             tail = child.log_path.read_text(errors="replace")[-2000:]
@@ -87,10 +117,25 @@ def _wait_ready(child: Child, timeout_s: float) -> dict:
         if child.port_file.exists():
             return json.loads(child.port_file.read_text())
         time.sleep(0.05)
-    raise RuntimeError(f"{child.name} was not ready after {timeout_s:.0f}s; see {child.log_path}")
+    raise RuntimeError(f"{child.name} was not ready in time; see {child.log_path}")
 
 
-def _create_topic(broker_addr: str, topic: str) -> str:
+def _check_ports_free(topology: Topology) -> None:
+    wanted = [(n.name, p) for n in topology.namesrvs for p in (n.port, n.metrics_port)]
+    wanted += [(b.name, p) for b in topology.brokers for p in (b.port, b.ha_port, b.metrics_port)]
+    for owner, port in wanted:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError as exc:
+                why = "in use" if exc.errno == errno.EADDRINUSE else exc.strerror
+                raise RuntimeError(
+                    f"port {port} (for {owner}) is {why}: is another `make run` going? Stop it, "
+                    f"or pass --port-offset N (make run ARGS='--port-offset 1000')"
+                ) from None
+
+
+def _create_topic(broker_addr: str, topic: str) -> None:
     """Create the demo topic through the broker's admin API (idempotent)."""
     import grpc
 
@@ -106,12 +151,35 @@ def _create_topic(broker_addr: str, topic: str) -> str:
             ),
             timeout=10,
         )
-    return f"topic {topic} (4 queues) created on broker-a (the slave syncs it within 10 s)"
+
+
+def _wait_registered(topology: Topology, deadline: float) -> None:
+    """Until every name server lists every broker of the topology."""
+    from ferry.client.namesrv import NamesrvClient
+
+    want = {(b.config.broker_name, b.config.broker_id) for b in topology.brokers}
+    for ns in topology.namesrvs:
+        with NamesrvClient([ns.addr], timeout_s=3) as client:
+            while True:
+                info = client.cluster_info()
+                have = {
+                    (name, broker_id)
+                    for name, group in info.broker_addr_table.items()
+                    for broker_id in group.broker_addrs
+                }
+                if want <= have:
+                    break
+                if time.monotonic() > deadline:
+                    missing = ", ".join(f"{n}/{i}" for n, i in sorted(want - have))
+                    raise RuntimeError(
+                        f"{ns.name} ({ns.addr}) still misses {missing}; see the brokers' logs"
+                    )
+                time.sleep(0.1)
 
 
 def _stop(children: list[Child], grace_s: float = 10.0) -> None:
     """Stop children newest first, each fully before the next (a broker must
-    unregister while its name server still runs)."""
+    unregister while its name servers still run)."""
     for child in reversed(children):
         if child.proc.poll() is not None:
             continue  # already exited, and reported then
@@ -124,94 +192,82 @@ def _stop(children: list[Child], grace_s: float = 10.0) -> None:
         print(f"stopped {child.name} (pid {child.proc.pid})", flush=True)
 
 
+def _ha_secret(data_dir: Path) -> str:
+    """One HA handshake secret per data directory (slaves get a stable replica
+    id in ha-status and metrics, and a wrong peer gets nothing)."""
+    secret_file = data_dir / "ha-secret"
+    if not secret_file.exists():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        secret_file.write_text(secrets.token_hex(16))
+        secret_file.chmod(0o600)
+    return secret_file.read_text().strip()
+
+
+def _describe(b, ports: dict) -> str:
+    role = b.config.broker_role
+    extra = f", HA 127.0.0.1:{ports['ha_port']}" if role != "SLAVE" else ""
+    return (
+        f"  {b.name:<16} grpc {b.addr:<16} metrics :{ports['metrics_port']:<6} "
+        f"pid {ports['pid']:<8} {role}{extra}"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     data_dir: Path = args.data_dir
     children: list[Child] = []
     stop_requested = False
+    started = False
 
     def request_stop(signum: int, frame: object) -> None:
         nonlocal stop_requested
         stop_requested = True
+        if not started:
+            raise KeyboardInterrupt  # out of a startup wait; `finally` stops what runs
 
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
     try:
-        ns = _start(
-            "namesrv",
-            [
-                "-m",
-                "services.namesrv",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(args.namesrv_port),
-                "--metrics-port",
-                str(args.metrics_port),
-                "--home",
-                str(data_dir / "namesrv"),
-            ],
-            data_dir,
+        topology = load_topology(args.topology, find_k8s_dir(args.k8s_dir), args.port_offset)
+        _check_ports_free(topology)
+        deadline = time.monotonic() + args.ready_timeout
+        print(
+            f"starting {topology.name} from {topology.directory}/*.conf "
+            f"({len(topology.namesrvs)} name servers, {len(topology.brokers)} brokers)",
+            flush=True,
         )
-        children.append(ns)
-        ports = _wait_ready(ns, args.ready_timeout)
-        addr = f"127.0.0.1:{ports['grpc_port']}"
-
-        # The HA handshake on (slaves get a stable replica id in ha-status and
-        # metrics, and a wrong peer gets nothing): one secret per data directory.
-        secret_file = data_dir / "ha-secret"
-        if not secret_file.exists():
-            secret_file.write_text(secrets.token_hex(16))
-            secret_file.chmod(0o600)
-        ha_secret = secret_file.read_text().strip()
-
-        def broker_argv(name: str, port: int, metrics: int, ha: int, *extra: str) -> list[str]:
-            options = [
-                "bindAddress=127.0.0.1",
-                "brokerIP1=127.0.0.1",
-                f"namesrvAddr={addr}",
-                "brokerName=broker-a",
-                f"listenPort={port}",
-                f"metricsPort={metrics}",
-                f"haListenPort={ha}",
-                f"haSecret={ha_secret}",
-                f"storePathRootDir={data_dir / name}",
-                # 64 MiB files keep a laptop's disk use small; production uses 1 GiB.
-                "mappedFileSizeCommitLog=67108864",
-                *extra,
-            ]
-            return ["-m", "services.broker", *[a for o in options for a in ("-o", o)]]
-
-        broker = _start(
-            "broker-a-master",
-            broker_argv(
-                "broker-a-master",
-                args.broker_port,
-                args.broker_metrics_port,
-                args.broker_port + 1,
-                "brokerRole=SYNC_MASTER",
-            ),
-            data_dir,
-        )
-        children.append(broker)
-        bports = _wait_ready(broker, args.ready_timeout)
-        baddr = f"127.0.0.1:{bports['grpc_port']}"
-        slave = _start(
-            "broker-a-slave",
-            broker_argv(
-                "broker-a-slave",
-                args.broker_port + 10,
-                args.broker_metrics_port + 10,
-                args.broker_port + 11,
-                "brokerRole=SLAVE",
-                "brokerId=1",
-                "slaveReadEnable=true",
-            ),
-            data_dir,
-        )
-        children.append(slave)
-        sports = _wait_ready(slave, args.ready_timeout)
-        saddr = f"127.0.0.1:{sports['grpc_port']}"
-        created = _create_topic(baddr, "TopicTest")
+        for ns in topology.namesrvs:
+            children.append(
+                _start(
+                    ns.name,
+                    [
+                        "-m",
+                        "services.namesrv",
+                        "--host",
+                        "127.0.0.1",
+                        "--port",
+                        str(ns.port),
+                        "--metrics-port",
+                        str(ns.metrics_port),
+                        "--home",
+                        str(data_dir / ns.name),
+                    ],
+                    data_dir,
+                )  # fmt: skip
+            )
+        ready = {c.name: _wait_ready(c, deadline) for c in children}
+        addr = topology.namesrv_addr
+        secret = _ha_secret(data_dir)
+        for b in topology.brokers:  # in group, id order: a master before its slaves
+            options = b.overrides(addr, data_dir / b.name / "store", secret)
+            argv = ["-m", "services.broker", "-c", str(b.conf)]
+            children.append(
+                _start(b.name, argv + [x for o in options for x in ("-o", o)], data_dir)
+            )
+        for child in children[len(topology.namesrvs) :]:
+            ready[child.name] = _wait_ready(child, deadline)
+        for master in topology.masters():
+            _create_topic(master.addr, DEMO_TOPIC)
+        _wait_registered(topology, deadline)
         spool = data_dir / "spool"
         exporter = _start(
             "exporter",
@@ -220,31 +276,49 @@ def run(args: argparse.Namespace) -> int:
             data_dir,
         )  # fmt: skip
         children.append(exporter)
-        _wait_ready(exporter, args.ready_timeout)
-        print(
-            f"""ferry is running on loopback (data and logs in {data_dir}/):
-  name server  grpc {addr}   metrics http://127.0.0.1:{ports["metrics_port"]}/metrics   pid {ns.proc.pid}
-  broker-a     grpc {baddr}   metrics http://127.0.0.1:{bports["metrics_port"]}/metrics   pid {broker.proc.pid}   (SYNC_MASTER, HA 127.0.0.1:{bports["ha_port"]})
-  broker-a/1   grpc {saddr}   metrics http://127.0.0.1:{sports["metrics_port"]}/metrics   pid {slave.proc.pid}   (SLAVE)
-  exporter     every 5 s into {spool}/   pid {exporter.proc.pid}
-  {created}
+        ready["exporter"] = _wait_ready(exporter, deadline)
 
+        lines = [f"ferry {topology.name} is running on loopback (data and logs in {data_dir}/):"]
+        for ns in topology.namesrvs:
+            r = ready[ns.name]
+            lines.append(
+                f"  {ns.name:<16} grpc {ns.addr:<16} metrics :{ns.metrics_port:<6} "
+                f"pid {r['pid']:<8} name server ({ns.dns} in Kubernetes)"
+            )
+        lines += [_describe(b, ready[b.name]) for b in topology.brokers]
+        lines.append(f"  {'exporter':<16} every 5 s into {spool}/   pid {exporter.proc.pid}")
+        lines.append(
+            f"  topic {DEMO_TOPIC} (4 queues) on "
+            + ", ".join(m.config.broker_name for m in topology.masters())
+        )
+        print("\n".join(lines) + "\n", flush=True)
+        from ferry.cli.namesrv_cmds import cluster
+
+        cluster(argparse.Namespace(namesrv=addr, timeout=3.0, json=False))
+        master = topology.masters()[0]
+        slaves = [b for b in topology.brokers if b.config.broker_role == "SLAVE"]
+        ha_lines = f"  .venv/bin/ferry ha-status -b {master.addr}\n" if slaves else ""
+        if slaves:
+            ha_lines += f"  .venv/bin/ferry ha-status -b {slaves[0].addr}\n"
+        first_ns = topology.namesrvs[0].addr
+        print(
+            f"""
 Try:
-  export FERRY_NAMESRV_ADDR={addr}
+  export FERRY_NAMESRV_ADDR='{addr}'
   .venv/bin/ferry cluster
-  .venv/bin/ferry send TopicTest --body 'hello ferry'
-  .venv/bin/ferry send TopicTest --count 10000 --size 128 --batch 64
-  .venv/bin/ferry consume TopicTest --group demo --from-beginning --max 5
-  .venv/bin/ferry ha-status -b {baddr}
-  .venv/bin/ferry ha-status -b {saddr}
-  .venv/bin/ferry runtime -b {baddr}
-  .venv/bin/grpcurl -plaintext {baddr} list
-  .venv/bin/grpcurl -plaintext -d '{{"topic":"TopicTest"}}' {addr} ferry.v1.NameServer/GetRouteInfoByTopic
+  .venv/bin/ferry route {DEMO_TOPIC}
+  .venv/bin/ferry send {DEMO_TOPIC} --body 'hello ferry'
+  .venv/bin/ferry send {DEMO_TOPIC} --count 10000 --size 128 --batch 64
+  .venv/bin/ferry consume {DEMO_TOPIC} --group demo --from-beginning --max 5
+{ha_lines}  .venv/bin/ferry runtime -b {master.addr}
+  .venv/bin/grpcurl -plaintext {master.addr} list
+  .venv/bin/grpcurl -plaintext -d '{{"topic":"{DEMO_TOPIC}"}}' {first_ns} ferry.v1.NameServer/GetRouteInfoByTopic
   .venv/bin/ferry analytics run --spool {spool} --out {data_dir}/analytics --once
 
 Ctrl-C stops everything.""",
             flush=True,
         )
+        started = True
         # A child that dies (or that you kill to watch a failover) is reported;
         # the others keep running until Ctrl-C, or until none is left.
         reported: set[str] = set()
@@ -261,7 +335,10 @@ Ctrl-C stops everything.""",
                 return 1
             time.sleep(0.2)
         return 0
-    except RuntimeError as exc:
+    except KeyboardInterrupt:
+        print("ferry dev: interrupted while starting; stopping what started", file=sys.stderr)
+        return 130
+    except (RuntimeError, TopologyError) as exc:
         print(f"ferry dev: {exc}", file=sys.stderr)
         return 1
     finally:

@@ -58,6 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# deploy/k8s/base ships the ferry-ha Secret as "REPLACE-ME-...": warned about.
+PLACEHOLDER_SECRET_PREFIX = "REPLACE-ME"
+
+
 def run(args: argparse.Namespace) -> int:
     if args.help_keys:
         print(describe_keys())
@@ -73,6 +77,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.port_file is not None:
         config = dataclasses.replace(config, port_file=args.port_file)
+    if config.ha_secret.startswith(PLACEHOLDER_SECRET_PREFIX):
+        log.warning(
+            "haSecret is the placeholder shipped in deploy/k8s (%s...): anyone who has read "
+            "the manifests knows it. Set the ferry-ha Secret to a random value (README, "
+            "'Deploy on Kubernetes')",
+            PLACEHOLDER_SECRET_PREFIX,
+        )
 
     from services.broker.app import BrokerApp  # imported here: `ferry --help` stays fast
 

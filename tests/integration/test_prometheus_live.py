@@ -25,7 +25,7 @@ from tests.integration.test_broker_grpc import create_topic
 from tests.integration.test_replication import ha_status
 
 REPO = Path(__file__).resolve().parents[2]
-DASHBOARD = REPO / "deploy" / "grafana" / "ferry-dashboard.json"
+DASHBOARD = REPO / "deploy" / "k8s" / "monitoring" / "grafana" / "ferry-dashboard.json"
 # Panels that must show series on a running cluster with some traffic.
 CORE_PANELS = {
     "Replication lag per replica",
@@ -48,7 +48,7 @@ class Prometheus:
                 "prometheus (make test and .ci/run do this when they can)"
             )
         workdir.mkdir(parents=True, exist_ok=True)
-        rules = REPO / "deploy" / "prometheus" / "rules"
+        rules = REPO / "deploy" / "k8s" / "monitoring" / "prometheus" / "rules"
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(rules / "recording.yml"), str(rules / "alerts.yml")],

@@ -1,12 +1,16 @@
 """deploy/k8s, proven without a cluster: every kustomization renders with the
 real `kubectl kustomize` and validates with `kubernetes-validate --strict`
-against Kubernetes 1.29 and 1.33; selectors, ports, probes, volumes, PDBs and
-security settings are checked on the rendered documents.
-
-IN PROGRESS (issue #6): only the base with the name servers exists so far."""
+against Kubernetes 1.29 and 1.33; selectors, ports, probes, volumes, PDBs,
+NetworkPolicies, security settings and the monitoring pieces are checked on the
+rendered documents; each rendered broker.conf goes through the broker's own
+loader; and `ferry dev` (make run) is checked to read the same topology.
+(tests/integration/test_k8s_local_run.py runs the rendered containers.)"""
 
 from __future__ import annotations
 
+import base64
+import json
+import re
 import shutil
 import subprocess
 import sys
@@ -17,9 +21,11 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"
+OVERLAYS = sorted((K8S / "overlays").iterdir())
 KUSTOMIZATIONS = sorted(p.parent for p in K8S.rglob("kustomization.yaml"))
 SELECTOR_LABELS = {"app.kubernetes.io/name", "app.kubernetes.io/instance",
                    "app.kubernetes.io/component"}  # fmt: skip
+NAMESRV_ADDRS = ["ferry-namesrv-0.ferry-namesrv:9876", "ferry-namesrv-1.ferry-namesrv:9876"]
 
 
 def render(directory: Path) -> list[dict]:
@@ -33,13 +39,21 @@ def render(directory: Path) -> list[dict]:
     return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
 
 
-@pytest.fixture(scope="module", params=KUSTOMIZATIONS, ids=lambda p: str(p.relative_to(K8S)))
+@pytest.fixture(scope="module", params=OVERLAYS, ids=lambda p: p.name)
 def docs(request) -> list[dict]:
+    """An overlay, rendered (base and monitoring are parts, not deployable alone)."""
     return render(request.param)
 
 
+@pytest.fixture
+def overlay(request, docs) -> tuple[str, list[dict]]:
+    return request.node.callspec.params["docs"].name, docs
+
+
 @pytest.mark.parametrize("version", ["1.29.0", "1.33.0"])
-def test_documents_validate_strictly(docs, version, tmp_path):
+@pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=lambda p: str(p.relative_to(K8S)))
+def test_documents_validate_strictly(directory, version, tmp_path):
+    docs = render(directory)
     rendered = tmp_path / "all.yaml"
     rendered.write_text(yaml.safe_dump_all(docs))
     exe = Path(sys.executable).with_name("kubernetes-validate")
@@ -56,6 +70,10 @@ def workloads(docs):
     return [d for d in docs if d["kind"] in ("StatefulSet", "Deployment")]
 
 
+def by_kind(docs, kind):
+    return [d for d in docs if d["kind"] == kind]
+
+
 def test_selectors_and_labels(docs):
     for w in workloads(docs):
         selector = w["spec"]["selector"]["matchLabels"]
@@ -64,13 +82,20 @@ def test_selectors_and_labels(docs):
         assert selector.items() <= template.items()
         for key in ("part-of", "version", "managed-by"):
             assert f"app.kubernetes.io/{key}" in template
+    for d in docs:
+        assert {"app.kubernetes.io/name", "app.kubernetes.io/part-of"} <= set(
+            d["metadata"]["labels"]
+        ), d["metadata"]["name"]
     pods = [w["spec"]["template"]["metadata"]["labels"] for w in workloads(docs)]
-    for svc in (d for d in docs if d["kind"] == "Service"):
+    for svc in by_kind(docs, "Service"):
         assert any(svc["spec"]["selector"].items() <= p.items() for p in pods), svc["metadata"]
+    for pdb in by_kind(docs, "PodDisruptionBudget"):
+        selector = pdb["spec"]["selector"]["matchLabels"]
+        assert any(selector.items() <= p.items() for p in pods), pdb["metadata"]
 
 
 def test_service_ports_target_container_ports(docs):
-    for svc in (d for d in docs if d["kind"] == "Service"):
+    for svc in by_kind(docs, "Service"):
         [w] = [w for w in workloads(docs)
                if svc["spec"]["selector"].items() <= w["spec"]["template"]["metadata"]["labels"].items()]  # fmt: skip
         declared = {
@@ -81,37 +106,82 @@ def test_service_ports_target_container_ports(docs):
         for port in svc["spec"]["ports"]:
             target = port.get("targetPort", port["port"])
             assert target in declared or target in declared.values(), (svc["metadata"], port)
+            assert declared.get(target, target) == port["port"], port  # same number everywhere
 
 
 def test_probes_security_and_storage(docs):
-    pdb_selectors = [d["spec"]["selector"]["matchLabels"] for d in docs
-                     if d["kind"] == "PodDisruptionBudget"]  # fmt: skip
+    pdb_selectors = [d["spec"]["selector"]["matchLabels"] for d in by_kind(docs, "PodDisruptionBudget")]  # fmt: skip
+    claims = {d["metadata"]["name"] for d in by_kind(docs, "PersistentVolumeClaim")}
     for w in workloads(docs):
+        name = w["metadata"]["name"]
         pod = w["spec"]["template"]["spec"]
         assert pod["automountServiceAccountToken"] is False
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["runAsUser"] != 0
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        stores = {t["metadata"]["name"] for t in w["spec"].get("volumeClaimTemplates", [])}
         for c in pod["containers"]:
-            ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-            for probe in ("readinessProbe", "livenessProbe"):
-                assert c[probe]["grpc"]["port"] == ports["grpc"], (c["name"], probe)
+            ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+            if "grpc" in ports:  # a gRPC server: probed on grpc.health.v1
+                for probe in ("readinessProbe", "livenessProbe"):
+                    assert c[probe]["grpc"]["port"] == ports["grpc"], (name, probe)
+            if name.startswith("broker-"):
+                # Long enough for commit-log recovery: 10 minutes before liveness counts.
+                startup = c["startupProbe"]
+                assert startup["grpc"]["port"] == ports["grpc"]
+                assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
             assert c["securityContext"]["readOnlyRootFilesystem"] is True
             assert c["securityContext"]["allowPrivilegeEscalation"] is False
+            assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+            assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+            # The only writable mounts: the store (a PVC), the spool (a PVC), /tmp (emptyDir).
+            for mount in c.get("volumeMounts", []):
+                if mount.get("readOnly"):
+                    continue
+                source = volumes.get(mount["name"], {})
+                is_claim = mount["name"] in stores or (
+                    source.get("persistentVolumeClaim", {}).get("claimName") in claims
+                )
+                assert is_claim or (mount["mountPath"] == "/tmp" and "emptyDir" in source), (
+                    name,
+                    mount,
+                )
             # The command exists in the image (its entry point is `ferry`).
+            command = [a for a in c["args"] if not a.startswith("-")][:2]
+            if command[0] != "analytics":
+                command = command[:1]
             help_run = subprocess.run(
-                [sys.executable, "-m", "ferry.cli.main", c["args"][0], "--help"],
+                [sys.executable, "-m", "ferry.cli.main", *command, "--help"],
                 capture_output=True, timeout=60,
             )  # fmt: skip
             assert help_run.returncode == 0, c["args"]
         if w["kind"] == "StatefulSet":
-            assert w["spec"]["volumeClaimTemplates"], w["metadata"]["name"]
+            assert w["spec"]["volumeClaimTemplates"], name
             labels = w["spec"]["template"]["metadata"]["labels"]
-            assert any(sel.items() <= labels.items() for sel in pdb_selectors), w["metadata"][
-                "name"
-            ]
+            assert any(sel.items() <= labels.items() for sel in pdb_selectors), name
 
 
-# What each kustomization must yield: broker -> (group, id, role).
+def test_masters_and_slaves_never_share_a_node(docs):
+    sets = {w["metadata"]["name"]: w for w in by_kind(docs, "StatefulSet")}
+    for name, w in sets.items():
+        if not name.startswith("broker-"):
+            continue
+        group, role = name.rsplit("-", 1)
+        other = f"{group}-{'slave' if role == 'master' else 'master'}"
+        if other not in sets:
+            continue
+        terms = w["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]
+        other_labels = sets[other]["spec"]["template"]["metadata"]["labels"]
+        assert any(
+            t["topologyKey"] == "kubernetes.io/hostname"
+            and t["labelSelector"]["matchLabels"].items() <= other_labels.items()
+            for t in terms
+        ), name
+
+
+# What each overlay must yield: broker -> (group, id, role).
 SYNC = {
     "broker-a-master": ("broker-a", 0, "SYNC_MASTER"),
     "broker-a-slave": ("broker-a", 1, "SLAVE"),
@@ -121,52 +191,96 @@ SYNC = {
 ASYNC = {**SYNC, "broker-a-master": ("broker-a", 0, "ASYNC_MASTER"),
          "broker-b-master": ("broker-b", 0, "ASYNC_MASTER")}  # fmt: skip
 EXPECTED = {
-    "base": SYNC,
     "2m-2s-sync": SYNC,
     "2m-2s-async": ASYNC,
     "2m-noslave": {k: v for k, v in ASYNC.items() if k.endswith("-master")},
 }
 
 
-def test_broker_confs_load_with_the_brokers_own_loader(docs, tmp_path, request):
-    import re
+def test_every_overlay_is_expected():
+    assert sorted(EXPECTED) == [p.name for p in OVERLAYS]
 
+
+def broker_conf(docs, workload) -> str:
+    maps = {d["metadata"]["name"]: d for d in by_kind(docs, "ConfigMap")}
+    [volume] = [v for v in workload["spec"]["template"]["spec"]["volumes"] if v["name"] == "config"]
+    return maps[volume["configMap"]["name"]]["data"]["broker.conf"]
+
+
+def secret_value(docs, name: str, key: str) -> str:
+    [secret] = [s for s in by_kind(docs, "Secret") if s["metadata"]["name"].startswith(name + "-")]
+    return base64.b64decode(secret["data"][key]).decode()
+
+
+def test_broker_confs_load_with_the_brokers_own_loader(overlay, tmp_path):
     from services.broker.config import load_config
 
-    expected = EXPECTED[request.node.callspec.params["docs"].name]
-    maps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
+    name, docs = overlay
+    expected = EXPECTED[name]
     brokers = [w for w in workloads(docs) if w["metadata"]["name"].startswith("broker-")]
     assert sorted(w["metadata"]["name"] for w in brokers) == sorted(expected)
+    secret = secret_value(docs, "ferry-ha", "secret")
     for w in brokers:
-        name = w["metadata"]["name"]
-        pod = w["spec"]["template"]["spec"]
-        [container] = pod["containers"]
-        [volume] = [v for v in pod["volumes"] if v["name"] == "config"]
-        conf = maps[volume["configMap"]["name"]]["data"]["broker.conf"]
-        path = tmp_path / f"{name}.conf"
-        path.write_text(conf)
+        broker = w["metadata"]["name"]
+        [container] = w["spec"]["template"]["spec"]["containers"]
+        path = tmp_path / f"{broker}.conf"
+        path.write_text(broker_conf(docs, w))
         args = container["args"]
         assert args[:3] == ["broker", "-c", "/etc/ferry/broker.conf"]
-        env = {"POD_NAME": f"{name}-0", "HA_SECRET": "s3cret"}
+        env = {"POD_NAME": f"{broker}-0", "HA_SECRET": secret}
         overrides = [re.sub(r"\$\((\w+)\)", lambda m, env=env: env[m.group(1)], a)
                      for a in args[4::2]]  # fmt: skip
-        config, warnings = load_config(path, overrides)
+        config, warnings = load_config(path, overrides, env={})
         assert warnings == [], warnings
-        cluster_group_id_role = (config.broker_name, config.broker_id, config.broker_role)
-        assert cluster_group_id_role == expected[name]
+        assert (config.broker_name, config.broker_id, config.broker_role) == expected[broker]
         assert config.cluster_name == "DefaultCluster"
-        assert config.broker_ip1 == f"{name}-0.{name}"
-        assert config.ha_secret == "s3cret"
-        assert list(config.namesrv_addrs) == [
-            "ferry-namesrv-0.ferry-namesrv:9876",
-            "ferry-namesrv-1.ferry-namesrv:9876",
-        ]
+        assert config.broker_ip1 == f"{broker}-0.{broker}"
+        assert config.ha_secret == secret
+        assert list(config.namesrv_addrs) == NAMESRV_ADDRS
+        assert str(config.store_root) == "/data/store"
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert (config.listen_port, config.ha_listen_port, config.metrics_port) == (
+            ports["grpc"], ports["ha"], ports["metrics"],
+        )  # fmt: skip
+
+
+def test_namesrv_addresses_are_the_stable_pod_names(overlay):
+    _, docs = overlay
+    [sts] = [s for s in by_kind(docs, "StatefulSet") if s["metadata"]["name"] == "ferry-namesrv"]
+    [container] = sts["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    pods = [f"{sts['metadata']['name']}-{i}.{sts['spec']['serviceName']}:{ports['grpc']}"
+            for i in range(sts["spec"]["replicas"])]  # fmt: skip
+    assert pods == NAMESRV_ADDRS
+    # ferry dev gives each local name server metrics on its gRPC port + 1, as here.
+    assert ports["metrics"] == ports["grpc"] + 1
+    [exporter] = [w for w in workloads(docs) if w["metadata"]["name"] == "ferry-exporter"]
+    args = exporter["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("-n") + 1] == ";".join(NAMESRV_ADDRS)
+
+
+def test_make_run_starts_the_overlays_own_files(overlay):
+    """ferry dev's topology is the rendered one: the same brokers, the same
+    broker.conf text, the same ports (before the local offsets)."""
+    from ferry.cli.topology import load_topology
+
+    name, docs = overlay
+    topology = load_topology(name, K8S)
+    sets = {w["metadata"]["name"]: w for w in by_kind(docs, "StatefulSet")
+            if w["metadata"]["name"].startswith("broker-")}  # fmt: skip
+    assert [b.name for b in topology.brokers] == sorted(sets)
+    for i, b in enumerate(topology.brokers):
+        assert b.conf.read_text() == broker_conf(docs, sets[b.name])
+        assert (b.port, b.ha_port, b.metrics_port) == (10911 + 10 * i, 10912 + 10 * i,
+                                                       10913 + 10 * i)  # fmt: skip
+    assert [n.dns for n in topology.namesrvs] == NAMESRV_ADDRS
+    assert [(n.port, n.metrics_port) for n in topology.namesrvs] == [(9876, 9877), (9886, 9887)]
 
 
 def test_only_the_groups_slave_reaches_a_masters_ha_port(docs):
     pods = {w["metadata"]["name"]: w["spec"]["template"]["metadata"]["labels"]
             for w in workloads(docs)}  # fmt: skip
-    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    policies = by_kind(docs, "NetworkPolicy")
     masters = [n for n in pods if n.startswith("broker-") and n.endswith("-master")]
     assert masters
     for master in masters:
@@ -177,6 +291,7 @@ def test_only_the_groups_slave_reaches_a_masters_ha_port(docs):
         for rule in mine[0]["spec"]["ingress"]:
             ports = {p["port"] for p in rule.get("ports", [])}
             if "ha" not in ports and 10912 not in ports:
+                assert ports, f"{master}: a rule without ports opens the HA port too"
                 continue
             assert rule.get("from"), f"{master}: the HA port is open to everyone"
             for peer in rule["from"]:
@@ -188,3 +303,123 @@ def test_only_the_groups_slave_reaches_a_masters_ha_port(docs):
         group_slave = master.removesuffix("-master") + "-slave"
         expected = {group_slave} if group_slave in pods else set()
         assert reaching_ha == expected, master
+
+
+# --- monitoring -------------------------------------------------------------
+
+MONITORING = K8S / "monitoring"
+
+
+def config_map(docs, name) -> dict:
+    [cm] = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"] == name]
+    return cm
+
+
+def test_rules_and_dashboard_ship_unchanged(docs):
+    rules = config_map(docs, "ferry-prometheus-rules")["data"]
+    for path in (MONITORING / "prometheus" / "rules").glob("*.yml"):
+        assert rules[path.name] == path.read_text()
+    dashboard = config_map(docs, "ferry-grafana-dashboard")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"  # the sidecar's label
+    shipped = (MONITORING / "grafana" / "ferry-dashboard.json").read_text()
+    assert dashboard["data"]["ferry-dashboard.json"] == shipped
+    json.loads(shipped)
+
+
+def _relabel(labels: dict[str, str], rules: list[dict]) -> dict[str, str] | None:
+    """Prometheus relabelling, for the actions the configuration uses."""
+    labels = dict(labels)
+    for rule in rules:
+        value = rule.get("separator", ";").join(labels.get(s, "") for s in rule["source_labels"])
+        match = re.fullmatch(rule.get("regex", "(.*)"), value)
+        action = rule.get("action", "replace")
+        if action == "keep":
+            if not match:
+                return None
+        elif action == "replace":
+            if match:
+                labels[rule["target_label"]] = match.expand(
+                    rule.get("replacement", "$1").replace("$", "\\")
+                )
+        else:
+            raise AssertionError(f"relabel action {action} is not modelled here")
+    return labels
+
+
+def _selected(selector: str, labels: dict[str, str]) -> bool:
+    for term in selector.split(","):
+        key, eq, value = term.partition("=")
+        if (eq and labels.get(key) != value) or (not eq and key not in labels):
+            return False
+    return True
+
+
+def test_prometheus_discovers_each_pod_once_on_its_metrics_port(overlay):
+    """The in-cluster scrape configuration against the rendered pods, as pod
+    discovery sees them: one target per declared container port."""
+    _, docs = overlay
+    config = yaml.safe_load(config_map(docs, "ferry-prometheus-config")["data"]["prometheus.yml"])
+    found: dict[str, list[tuple[str, str]]] = {}
+    for w in workloads(docs):
+        meta = w["spec"]["template"]["metadata"]
+        for c in w["spec"]["template"]["spec"]["containers"]:
+            for port in c.get("ports", []):
+                discovered = {
+                    "__address__": f"10.0.0.1:{port['containerPort']}",
+                    "__meta_kubernetes_pod_name": w["metadata"]["name"] + "-0",
+                    "__meta_kubernetes_namespace": "ferry",
+                    "__meta_kubernetes_pod_container_port_name": port["name"],
+                    **{"__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", k): v
+                       for k, v in meta["labels"].items()},
+                    **{"__meta_kubernetes_pod_annotation_" + re.sub(r"[^a-zA-Z0-9_]", "_", k): v
+                       for k, v in meta.get("annotations", {}).items()},
+                }  # fmt: skip
+                for job in config["scrape_configs"]:
+                    [sd] = job["kubernetes_sd_configs"]
+                    assert sd["role"] == "pod" and sd["namespaces"] == {"own_namespace": True}
+                    if not all(_selected(s["label"], meta["labels"]) for s in sd["selectors"]):
+                        continue
+                    target = _relabel(discovered, job["relabel_configs"])
+                    if target is not None:
+                        found.setdefault(w["metadata"]["name"], []).append(
+                            (job["job_name"], target["__address__"])
+                        )
+                        assert target["pod"] == w["metadata"]["name"] + "-0"
+    servers = [w for w in workloads(docs)
+               if any(p["name"] == "metrics" for c in w["spec"]["template"]["spec"]["containers"]
+                      for p in c.get("ports", []))]  # fmt: skip
+    assert servers
+    for w in servers:
+        name = w["metadata"]["name"]
+        annotations = w["spec"]["template"]["metadata"]["annotations"]
+        job = "ferry-namesrv" if name == "ferry-namesrv" else "ferry-broker"
+        assert found.get(name) == [(job, f"10.0.0.1:{annotations['prometheus.io/port']}")], name
+    assert set(found) == {w["metadata"]["name"] for w in servers}
+
+
+def test_exporter_and_spark_job_share_the_spool(overlay):
+    _, docs = overlay
+    deployments = {d["metadata"]["name"]: d for d in by_kind(docs, "Deployment")}
+    assert set(deployments) == {"ferry-exporter", "ferry-analytics"}
+    claims = {d["metadata"]["name"]: d for d in by_kind(docs, "PersistentVolumeClaim")}
+    mounted = {}
+    for name, d in deployments.items():
+        pod = d["spec"]["template"]["spec"]
+        [spool] = [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
+        [mount] = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == spool["name"]]
+        mounted[name] = (spool["persistentVolumeClaim"]["claimName"], mount["mountPath"])
+        assert d["spec"]["replicas"] == 1 and d["spec"]["strategy"]["type"] == "Recreate"
+    assert mounted["ferry-exporter"] == mounted["ferry-analytics"]
+    assert claims[mounted["ferry-exporter"][0]]["spec"]["accessModes"] == ["ReadWriteMany"]
+    exporter = deployments["ferry-exporter"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    analytics = deployments["ferry-analytics"]["spec"]["template"]["spec"]["containers"][0]
+    assert analytics["image"].startswith("ferry-analytics:")  # the image target with Java
+    args = analytics["args"]
+    assert args[:2] == ["analytics", "run"]
+    assert args[args.index("--spool") + 1] == exporter[exporter.index("--spool") + 1]
+    assert args[args.index("--interval") + 1] == exporter[exporter.index("--interval") + 1]
+    # The job's own parser accepts the arguments.
+    from ferry.cli.main import build_parser
+
+    parsed = build_parser().parse_args(args)
+    assert parsed.spool.startswith("/spool/") and parsed.out.startswith("/spool/")

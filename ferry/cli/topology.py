@@ -1,0 +1,157 @@
+"""The topologies `ferry dev` runs, read from the Kubernetes overlays.
+
+Each overlay in `deploy/k8s/overlays/<topology>/` holds the brokers'
+configuration files, `brokers/<broker>.conf` (the ConfigMaps its
+kustomization generates). `ferry dev` starts exactly those files, so the local
+cluster and the Kubernetes one cannot drift: the brokers, their groups, ids,
+roles and every other key come from the file. Only what cannot be the same on
+one machine is mapped, as `-o` overrides on the broker's command line:
+
+- addresses: every process binds and advertises 127.0.0.1; the name server
+  DNS names in `namesrvAddr` become the local name servers;
+- ports: the n-th name server in `namesrvAddr` and the n-th broker (in
+  group, id order) add 10*n to the ports of their file (9876, 9886; 10911,
+  10921, 10931, 10941), plus `--port-offset`;
+- the store: `<data-dir>/<broker>/store` instead of `/data/store`, with
+  64 MiB commit-log files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.broker.config import BrokerConfig, ConfigError, load_config
+
+TOPOLOGIES = ("2m-2s-sync", "2m-2s-async", "2m-noslave")
+DEFAULT_TOPOLOGY = "2m-2s-sync"
+# 64 MiB commit-log files keep a laptop's disk use small; production uses 1 GiB.
+LOCAL_COMMITLOG_FILE_SIZE = 64 * 1024 * 1024
+
+
+class TopologyError(Exception):
+    """The overlay cannot be read as a topology; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class LocalNamesrv:
+    name: str  # namesrv-0
+    dns: str  # ferry-namesrv-0.ferry-namesrv:9876, as the brokers' files name it
+    port: int
+    metrics_port: int
+
+    @property
+    def addr(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+@dataclass(frozen=True)
+class LocalBroker:
+    name: str  # broker-a-master: the StatefulSet and the file's name
+    conf: Path
+    config: BrokerConfig  # the file as the broker reads it (no local overrides)
+    port: int
+    ha_port: int
+    metrics_port: int
+
+    @property
+    def addr(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def overrides(self, namesrv_addr: str, store: Path, ha_secret: str) -> list[str]:
+        """The `-o key=value` options that map the file to this machine."""
+        return [
+            "bindAddress=127.0.0.1",
+            "brokerIP1=127.0.0.1",
+            f"namesrvAddr={namesrv_addr}",
+            f"listenPort={self.port}",
+            f"haListenPort={self.ha_port}",
+            f"metricsPort={self.metrics_port}",
+            f"storePathRootDir={store}",
+            f"mappedFileSizeCommitLog={LOCAL_COMMITLOG_FILE_SIZE}",
+            f"haSecret={ha_secret}",
+        ]
+
+
+@dataclass(frozen=True)
+class Topology:
+    name: str
+    directory: Path
+    namesrvs: tuple[LocalNamesrv, ...]
+    brokers: tuple[LocalBroker, ...]
+
+    @property
+    def namesrv_addr(self) -> str:
+        return ";".join(n.addr for n in self.namesrvs)
+
+    def masters(self) -> list[LocalBroker]:
+        return [b for b in self.brokers if b.config.broker_role != "SLAVE"]
+
+
+def find_k8s_dir(explicit: Path | None = None) -> Path:
+    """deploy/k8s of this checkout: the given one, else under the current
+    directory, else next to the installed package (an editable install)."""
+    candidates = [explicit] if explicit else [
+        Path.cwd() / "deploy" / "k8s",
+        Path(__file__).resolve().parents[2] / "deploy" / "k8s",
+    ]  # fmt: skip
+    for path in candidates:
+        if path is not None and (path / "overlays").is_dir():
+            return path
+    raise TopologyError(
+        f"no deploy/k8s/overlays under {', '.join(str(c) for c in candidates)}: run from a "
+        "ferry checkout, or pass --k8s-dir DIR"
+    )
+
+
+def load_topology(name: str, k8s_dir: Path, port_offset: int = 0) -> Topology:
+    directory = k8s_dir / "overlays" / name / "brokers"
+    confs = sorted(directory.glob("*.conf"))
+    if not confs:
+        known = sorted(p.parent.name for p in (k8s_dir / "overlays").glob("*/brokers"))
+        raise TopologyError(
+            f"topology {name!r} has no broker files ({directory}/*.conf); "
+            f"known topologies: {', '.join(known) or 'none'}"
+        )
+    loaded: list[tuple[str, Path, BrokerConfig]] = []
+    for conf in confs:
+        try:
+            config, warnings = load_config(conf, env={})
+        except ConfigError as exc:
+            raise TopologyError(f"{conf}: {exc}") from exc
+        if warnings:
+            raise TopologyError(f"{conf}: {'; '.join(warnings)}")
+        loaded.append((conf.stem, conf, config))
+    loaded.sort(key=lambda item: (item[2].broker_name, item[2].broker_id))
+
+    dns_names = loaded[0][2].namesrv_addrs
+    for _, conf, config in loaded:
+        if config.namesrv_addrs != dns_names:
+            raise TopologyError(
+                f"{conf}: namesrvAddr {';'.join(config.namesrv_addrs)} differs from "
+                f"{loaded[0][1]}'s {';'.join(dns_names)}; every broker registers with every "
+                "name server"
+            )
+    if not dns_names:
+        raise TopologyError(f"{loaded[0][1]}: no namesrvAddr")
+    namesrvs = []
+    for i, dns in enumerate(dns_names):
+        _, _, port_text = dns.rpartition(":")
+        if not port_text.isdigit():
+            raise TopologyError(f"namesrvAddr entry {dns!r} has no port")
+        port = int(port_text) + 10 * i + port_offset
+        # The name server's metrics port is its gRPC port + 1 (9876/9877), as in
+        # its StatefulSet; a test checks the manifests agree.
+        namesrvs.append(LocalNamesrv(f"namesrv-{i}", dns, port, port + 1))
+    brokers = tuple(
+        LocalBroker(
+            name=stem,
+            conf=conf,
+            config=config,
+            port=config.listen_port + 10 * j + port_offset,
+            ha_port=config.ha_listen_port + 10 * j + port_offset,
+            metrics_port=config.metrics_port + 10 * j + port_offset,
+        )
+        for j, (stem, conf, config) in enumerate(loaded)
+    )
+    return Topology(name, directory, tuple(namesrvs), brokers)
