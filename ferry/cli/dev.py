@@ -125,6 +125,8 @@ def _check_ports_free(topology: Topology) -> None:
     wanted += [(b.name, p) for b in topology.brokers for p in (b.port, b.ha_port, b.metrics_port)]
     for owner, port in wanted:
         with socket.socket() as s:
+            # As the servers bind: connections closed a moment ago (TIME_WAIT) do not count.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind(("127.0.0.1", port))
             except OSError as exc:
@@ -173,6 +175,35 @@ def _wait_registered(topology: Topology, deadline: float) -> None:
                     missing = ", ".join(f"{n}/{i}" for n, i in sorted(want - have))
                     raise RuntimeError(
                         f"{ns.name} ({ns.addr}) still misses {missing}; see the brokers' logs"
+                    )
+                time.sleep(0.1)
+
+
+def _wait_replicating(topology: Topology, deadline: float) -> None:
+    """Until every master has its group's slaves on its HA port: before that a
+    SYNC_MASTER answers sends with SLAVE_NOT_AVAILABLE."""
+    import grpc
+
+    from ferry.v1 import ha_admin_pb2, ha_admin_pb2_grpc
+
+    for master in topology.masters():
+        group = master.config.broker_name
+        slaves = sum(
+            1 for b in topology.brokers
+            if b.config.broker_name == group and b.config.broker_role == "SLAVE"
+        )  # fmt: skip
+        if not slaves:
+            continue
+        with grpc.insecure_channel(master.addr) as channel:
+            stub = ha_admin_pb2_grpc.HAAdminStub(channel)
+            while True:
+                status = stub.GetHAStatus(ha_admin_pb2.GetHAStatusRequest(), timeout=3)
+                if status.in_sync_slave_nums >= slaves:
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"{master.name}: {status.in_sync_slave_nums} of {slaves} slaves connected "
+                        "to its HA port in time; see the slaves' logs"
                     )
                 time.sleep(0.1)
 
@@ -268,6 +299,7 @@ def run(args: argparse.Namespace) -> int:
         for master in topology.masters():
             _create_topic(master.addr, DEMO_TOPIC)
         _wait_registered(topology, deadline)
+        _wait_replicating(topology, deadline)
         spool = data_dir / "spool"
         exporter = _start(
             "exporter",

@@ -39,6 +39,10 @@ log = logging.getLogger(__name__)
 
 KEEPALIVE_PING_S = 5.0
 RETRY_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
+# A slave learns its master's address from the registration answer. One whose
+# master had not registered yet (pods starting in parallel) asks again this
+# soon rather than a whole period later (RocketMQ waits the period).
+MASTERLESS_REREGISTER_S = 2.0
 _FILTER = {"SINGLE_TAG": common_pb2.SINGLE_TAG, "MULTI_TAG": common_pb2.MULTI_TAG}
 
 
@@ -261,7 +265,10 @@ class Registrar:
 
     async def _periodic(self) -> None:
         while True:
-            await asyncio.sleep(self.period_s)
+            masterless = self.identity.broker_id != 0 and not self._master[1]
+            await asyncio.sleep(
+                min(self.period_s, MASTERLESS_REREGISTER_S) if masterless else self.period_s
+            )
             try:
                 await self.register_all(force=self.force_register)
             except Exception:

@@ -211,3 +211,31 @@ def test_slave_offsets_are_merged_max_wins_and_topics_never_half_visible(loop_th
     finally:
         slave.stop()
         master.stop()
+
+
+def test_slave_started_before_its_master_finds_it_without_waiting_a_period(
+    loop_thread, tmp_path, ns
+):
+    """Pods start in parallel: a slave whose master had not registered yet asks
+    the name server again within seconds, not after registerNameServerPeriod."""
+    from services.broker import registration
+
+    common = {"mappedFileSizeCommitLog": FILE, "haListenPort": 0, "brokerName": "broker-p"}
+    slave = start_broker(
+        loop_thread, tmp_path / "s", ns.addr, brokerRole="SLAVE", brokerId=1,
+        registerNameServerPeriod=30_000, haReconnectInterval=200, **common,
+    )  # fmt: skip
+    master = None
+    try:
+        assert slave.app.config.register_period_s == 30.0
+        master = start_broker(loop_thread, tmp_path / "m", ns.addr, **common)
+        create_topic(master, "P", queues=1)
+        master.broker.SendMessage(broker_pb2.SendMessageRequest(topic="P", body=b"p"))
+        end = master.app.store.max_offset
+        # Within two re-registrations (plus the reconnect), far below the 30 s period.
+        limit = 2 * registration.MASTERLESS_REREGISTER_S + 3
+        wait_for(lambda: slave.app.store.max_offset == end, limit, "the slave to find its master")
+    finally:
+        if master is not None:
+            master.stop()
+        slave.stop()

@@ -1,0 +1,349 @@
+"""The 2m-2s-sync overlay, run: `kubectl kustomize` renders it (with the HA
+secret replaced the way the README tells users to), and every pod's container
+(args, environment, mounted ConfigMaps, volumes) starts as a local process, as
+a node would start it. What differs from a cluster is mapped, nothing else:
+
+- each pod's declared container ports become free loopback ports, and the
+  stable DNS names (`<pod>.<service>`) become 127.0.0.1 with those ports;
+- `0.0.0.0` (a pod's own addresses) becomes 127.0.0.1;
+- each volume mount becomes a directory (a PVC claim is shared by name);
+- the image's entry point `ferry` is this interpreter's `-m ferry.cli.main`.
+
+Everything starts at once (podManagementPolicy: Parallel), so the brokers also
+show they wait for name servers that come up after them. Then the cluster must
+form: 4 brokers in GetBrokerClusterInfo on both name servers, routes for a new
+topic on both groups, both slaves replicating what their SYNC_MASTER
+acknowledged, health SERVING on every gRPC port, and the exporter writing rows
+for all four brokers. The Spark Deployment is rendered but not started here
+(a JVM per test run is slow on 2 cores); its arguments are parsed by the job's
+own parser in test_k8s_manifests.py and the job runs in test_analytics_spark.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from ferry.v1 import (
+    broker_admin_pb2,
+    broker_admin_pb2_grpc,
+    broker_pb2,
+    broker_pb2_grpc,
+    common_pb2,
+    ha_admin_pb2,
+    ha_admin_pb2_grpc,
+    namesrv_pb2,
+    namesrv_pb2_grpc,
+)
+from tests.integration.support import child_env, stop_pid
+
+REPO = Path(__file__).resolve().parents[2]
+OVERLAY = REPO / "deploy" / "k8s" / "overlays" / "2m-2s-sync"
+DEADLINE_S = 60.0
+
+
+def render_with_secret(tmp_path: Path, secret: str) -> list[dict]:
+    """The README's recipe: an overlay of one's own that replaces the secret."""
+    mine = tmp_path / "my-ferry"
+    mine.mkdir()
+    (mine / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [os.path.relpath(OVERLAY, mine)],
+                "secretGenerator": [
+                    {"name": "ferry-ha", "behavior": "replace", "literals": [f"secret={secret}"]}
+                ],
+            }
+        )
+    )
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.fail("kubectl is not installed (it renders the kustomizations offline)")
+    out = subprocess.run(
+        [kubectl, "kustomize", str(mine)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+@dataclass
+class Pod:
+    name: str  # broker-a-master-0
+    dns: str  # broker-a-master-0.broker-a-master ("" for a Deployment's pod)
+    spec: dict
+    ports: dict[int, int] = field(default_factory=dict)  # containerPort -> local port
+
+
+_next_port = [21000]
+
+
+def free_port() -> int:
+    """A free loopback port below the ephemeral range (32768+): a port the OS
+    handed out for bind(0) and released could be taken by an outgoing
+    connection before the pod binds it. (test_make_run.py stays below 21000.)"""
+    while _next_port[0] < 32000:
+        port = _next_port[0]
+        _next_port[0] += 1
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    pytest.fail("no free port in 21000-32000")
+
+
+def pods_of(docs: list[dict]) -> list[Pod]:
+    pods = []
+    for w in docs:
+        if w["kind"] == "StatefulSet":
+            for i in range(w["spec"]["replicas"]):
+                name = f"{w['metadata']['name']}-{i}"
+                pods.append(Pod(name, f"{name}.{w['spec']['serviceName']}", w))
+        elif w["kind"] == "Deployment" and w["metadata"]["name"] != "ferry-analytics":
+            pods.append(Pod(f"{w['metadata']['name']}-0", "", w))
+    for pod in pods:
+        for c in pod.spec["spec"]["template"]["spec"]["containers"]:
+            for p in c.get("ports", []):
+                pod.ports[p["containerPort"]] = free_port()
+    return pods
+
+
+class Mapper:
+    """Rewrites a string a container sees (an argument, a mounted file) for
+    this machine: DNS names and ports, 0.0.0.0, mount paths."""
+
+    def __init__(self, pods: list[Pod], pod: Pod, mounts: dict[str, Path]) -> None:
+        self.pods, self.pod, self.mounts = pods, pod, mounts
+
+    def __call__(self, text: str) -> str:
+        for other in self.pods:
+            if not other.dns:
+                continue
+            for port, local in other.ports.items():
+                text = text.replace(f"{other.dns}:{port}", f"127.0.0.1:{local}")
+            text = re.sub(rf"\b{re.escape(other.dns)}\b", "127.0.0.1", text)
+        text = text.replace("0.0.0.0", "127.0.0.1")
+        for port, local in self.pod.ports.items():  # its own listening ports
+            text = re.sub(rf"(?<![\d.:]){port}(?!\d)", str(local), text)
+        for path in sorted(self.mounts, key=len, reverse=True):
+            text = re.sub(rf"(?<![\w/]){re.escape(path)}(?=/|\b|$)", str(self.mounts[path]), text)
+        return text
+
+
+def start_pod(pod: Pod, pods: list[Pod], docs: list[dict], root: Path) -> subprocess.Popen:
+    template = pod.spec["spec"]["template"]["spec"]
+    [container] = template["containers"]
+    config_maps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
+    secrets_ = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Secret"}
+    home = root / pod.name  # the working directory (the image's is /data)
+    home.mkdir(parents=True, exist_ok=True)
+    claims = {t["metadata"]["name"] for t in pod.spec["spec"].get("volumeClaimTemplates", [])}
+    volumes = {v["name"]: v for v in template.get("volumes", [])}
+    mounts: dict[str, Path] = {}
+    for m in container.get("volumeMounts", []):
+        volume = volumes.get(m["name"], {})
+        if m["name"] in claims:
+            local = home / m["name"]
+        elif "persistentVolumeClaim" in volume:  # shared by every pod that claims it
+            local = root / "claims" / volume["persistentVolumeClaim"]["claimName"]
+        else:
+            local = home / m["name"]
+        local.mkdir(parents=True, exist_ok=True)
+        mounts[m["mountPath"]] = local
+    mapper = Mapper(pods, pod, mounts)
+    for m in container.get("volumeMounts", []):
+        volume = volumes.get(m["name"], {})
+        if "configMap" in volume:
+            for key, value in config_maps[volume["configMap"]["name"]]["data"].items():
+                (mounts[m["mountPath"]] / key).write_text(mapper(value))
+    env: dict[str, str] = {}
+    for e in container.get("env", []):
+        if "value" in e:
+            env[e["name"]] = e["value"]
+        elif "fieldRef" in e["valueFrom"]:
+            assert e["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name", e
+            env[e["name"]] = pod.name
+        else:
+            ref = e["valueFrom"]["secretKeyRef"]
+            env[e["name"]] = base64.b64decode(secrets_[ref["name"]]["data"][ref["key"]]).decode()
+    # Kubernetes expands $(VAR) in args from the container's environment.
+    args = [re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a)
+            for a in container["args"]]  # fmt: skip
+    args = [mapper(a) for a in args]
+    log = open(root / f"{pod.name}.log", "wb")  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ferry.cli.main", *args],
+        env={**child_env(), **env},
+        cwd=home,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+    log.close()
+    return proc
+
+
+def wait_for(what: str, check, deadline: float, logs: Path):
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            result = check()
+            if result:
+                return result
+        except grpc.RpcError as exc:
+            last = exc.code()
+        time.sleep(0.2)
+    tails = "\n".join(
+        f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in sorted(logs.glob("*.log"))
+    )
+    pytest.fail(f"{what} did not happen within {DEADLINE_S:.0f}s (last error {last})\n{tails}")
+
+
+def test_rendered_2m_2s_sync_forms_a_cluster(tmp_path):
+    secret = secrets.token_hex(16)
+    docs = render_with_secret(tmp_path, secret)
+    pods = pods_of(docs)
+    names = sorted(p.name for p in pods)
+    assert names == ["broker-a-master-0", "broker-a-slave-0", "broker-b-master-0",
+                     "broker-b-slave-0", "ferry-exporter-0", "ferry-namesrv-0",
+                     "ferry-namesrv-1"]  # fmt: skip
+    root = tmp_path / "pods"
+    root.mkdir()
+    procs: dict[str, subprocess.Popen] = {}
+    channels: list[grpc.Channel] = []
+    try:
+        for pod in pods:
+            procs[pod.name] = start_pod(pod, pods, docs, root)
+        deadline = time.monotonic() + DEADLINE_S
+        by_name = {p.name: p for p in pods}
+
+        def channel(pod: str) -> grpc.Channel:
+            ch = grpc.insecure_channel(f"127.0.0.1:{by_name[pod].ports[grpc_port(pod)]}")
+            channels.append(ch)
+            return ch
+
+        def grpc_port(pod: str) -> int:
+            return 9876 if pod.startswith("ferry-namesrv") else 10911
+
+        servers = [p for p in names if not p.startswith("ferry-exporter")]
+        health = {p: health_pb2_grpc.HealthStub(channel(p)) for p in servers}
+        for pod, stub in health.items():
+            wait_for(
+                f"{pod} SERVING",
+                lambda stub=stub: (
+                    stub.Check(health_pb2.HealthCheckRequest(), timeout=2).status
+                    == health_pb2.HealthCheckResponse.SERVING
+                ),
+                deadline,
+                root,
+            )
+
+        want = {("broker-a", 0), ("broker-a", 1), ("broker-b", 0), ("broker-b", 1)}
+        for ns in ("ferry-namesrv-0", "ferry-namesrv-1"):
+            stub = namesrv_pb2_grpc.NameServerStub(channel(ns))
+
+            def registered(stub=stub):
+                info = stub.GetBrokerClusterInfo(
+                    namesrv_pb2.GetBrokerClusterInfoRequest(), timeout=2
+                )
+                have = {(name, i) for name, g in info.broker_addr_table.items()
+                        for i in g.broker_addrs}  # fmt: skip
+                return have == want and list(info.cluster_addr_table) == ["DefaultCluster"]
+
+            wait_for(f"4 brokers on {ns}", registered, deadline, root)
+
+        topic = "K8sLocalRun"
+        for master in ("broker-a-master-0", "broker-b-master-0"):
+            broker_admin_pb2_grpc.BrokerAdminStub(channel(master)).UpdateAndCreateTopic(
+                broker_admin_pb2.UpdateAndCreateTopicRequest(
+                    topic_config=common_pb2.TopicConfig(
+                        topic_name=topic, read_queue_nums=4, write_queue_nums=4, perm=6
+                    )
+                ),
+                timeout=10,
+            )
+        for ns in ("ferry-namesrv-0", "ferry-namesrv-1"):
+            stub = namesrv_pb2_grpc.NameServerStub(channel(ns))
+
+            def routed(stub=stub):
+                route = stub.GetRouteInfoByTopic(
+                    namesrv_pb2.GetRouteInfoByTopicRequest(topic=topic), timeout=2
+                )
+                return {q.broker_name for q in route.queue_datas} == {"broker-a", "broker-b"}
+
+            wait_for(f"{topic} routed to both groups by {ns}", routed, deadline, root)
+
+        for group in ("broker-a", "broker-b"):
+            master, slave = f"{group}-master-0", f"{group}-slave-0"
+            master_admin = ha_admin_pb2_grpc.HAAdminStub(channel(master))
+            wait_for(
+                f"{slave} connected to {master}'s HA port",
+                lambda a=master_admin: (
+                    a.GetHAStatus(ha_admin_pb2.GetHAStatusRequest(), timeout=2).in_sync_slave_nums
+                    == 1
+                ),
+                deadline,
+                root,
+            )
+            result = broker_pb2_grpc.BrokerStub(channel(master)).SendMessage(
+                broker_pb2.SendMessageRequest(topic=topic, body=b"over the manifests"),
+                timeout=10,
+            )
+            # A SYNC_MASTER says SEND_OK only once its slave has the bytes.
+            assert result.status == broker_pb2.SEND_OK, result
+            master_ha = master_admin.GetHAStatus(ha_admin_pb2.GetHAStatusRequest(), timeout=5)
+            assert master_ha.broker_role == "SYNC_MASTER"
+            [conn] = master_ha.connections
+            assert conn.replica_id == 1  # authenticated with the Secret's value
+            assert conn.ack_offset == master_ha.master_max_offset > 0
+            slave_stub = ha_admin_pb2_grpc.HAAdminStub(channel(slave))
+            wait_for(
+                f"{slave} at its master's offset",
+                lambda s=slave_stub, end=master_ha.master_max_offset: (
+                    (st := s.GetHAStatus(ha_admin_pb2.GetHAStatusRequest(), timeout=2).slave)
+                    .connected and st.max_offset == end
+                ),
+                deadline,
+                root,
+            )  # fmt: skip
+
+        spool = root / "claims" / "ferry-spool" / "metrics"
+
+        def exported():
+            brokers = set()
+            for f in sorted(spool.glob("metrics-*.json")):
+                for line in f.read_text().splitlines():
+                    row = json.loads(line)
+                    if row["metric"] == "ferry_exporter_scrape_up" and row["value"] == 1:
+                        brokers.add((row["broker_name"], row["broker_id"]))
+            return brokers == want
+
+        # The exporter's first rounds may predate the brokers; its interval is 15 s.
+        wait_for("exporter rows for the 4 brokers", exported, time.monotonic() + 40, root)
+        for name, proc in procs.items():
+            assert proc.poll() is None, f"{name} exited with {proc.returncode}"
+    finally:
+        for ch in channels:
+            ch.close()
+        for name in reversed(names):
+            if name in procs:
+                stop_pid(procs[name])

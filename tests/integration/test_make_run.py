@@ -1,0 +1,156 @@
+"""`make run`, as a user runs it: the README's main command starts the
+2m-2s-sync topology on loopback, is ready within 60 s, a message sent with
+`ferry send` is consumed with `ferry consume`, and Ctrl-C (SIGINT to the
+terminal's process group) stops everything: no process is left.
+
+The ports are moved by --port-offset (make run ARGS=...) so this test never
+meets a developer's own `make run`; the offset is one whose ports are free."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import wait_for
+from tests.integration.support import LineReader, child_env, run_ferry
+
+REPO = Path(__file__).resolve().parents[2]
+# Ports of the 2m-2s topology before the offset: name servers, then brokers.
+BASE_PORTS = [9876, 9877, 9886, 9887] + [
+    p + 10 * i for i in range(4) for p in (10911, 10912, 10913)
+]
+
+
+def free_offset() -> int:
+    # Below the ephemeral range (32768+), where the other tests' servers bind.
+    # (tests/integration/test_k8s_local_run.py takes ports from 21000 up.) Each
+    # xdist worker has its own range, in case two of these tests run at once.
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    first = 1000 + 2000 * (worker % 4)
+    for offset in range(first, first + 2000, 250):
+        try:
+            for port in BASE_PORTS:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port + offset))
+        except OSError:
+            continue
+        return offset
+    pytest.fail("no free port offset for make run")
+
+
+def processes_under(path: Path) -> list[str]:
+    """Processes whose command line mentions `path` (the run's data directory)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if str(path) in cmdline:
+            found.append(f"{proc.name}: {cmdline}")
+    return found
+
+
+ROLES = {
+    "2m-2s-sync": {"broker-a-master": "SYNC_MASTER", "broker-a-slave": "SLAVE",
+                   "broker-b-master": "SYNC_MASTER", "broker-b-slave": "SLAVE"},
+    "2m-2s-async": {"broker-a-master": "ASYNC_MASTER", "broker-a-slave": "SLAVE",
+                    "broker-b-master": "ASYNC_MASTER", "broker-b-slave": "SLAVE"},
+    "2m-noslave": {"broker-a-master": "ASYNC_MASTER", "broker-b-master": "ASYNC_MASTER"},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("topology", [None, "2m-2s-async", "2m-noslave"])
+def test_make_run_serves_and_stops_on_ctrl_c(tmp_path, topology):
+    data = tmp_path / "var"
+    offset = free_offset()
+    started = time.monotonic()
+    roles = ROLES[topology or "2m-2s-sync"]
+    extra = [f"TOPOLOGY={topology}"] if topology else []  # None: the default, as in the README
+    make = subprocess.Popen(
+        [
+            "make",
+            "--no-print-directory",
+            "run",
+            f"DATA_DIR={data}",
+            f"ARGS=--port-offset {offset}",
+            *extra,
+        ],  # fmt: skip
+        cwd=REPO,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group, as a terminal's job is
+    )
+    reader = LineReader(make.stdout)
+    pids: list[int] = []
+    try:
+        try:
+            wait_for(
+                lambda: (
+                    make.poll() is not None
+                    or any(line.startswith("Ctrl-C stops everything") for line in reader.lines)
+                ),
+                60,
+                "make run ready within 60 s",
+                interval_s=0.1,
+            )
+            assert make.poll() is None, f"make run exited with {make.returncode}"
+        except AssertionError:
+            logs = "".join(
+                f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}\n"
+                for p in sorted((data / "logs").glob("*.log"))
+            )
+            logs += subprocess.run(["ss", "-tanp"], capture_output=True, text=True).stdout
+            pytest.fail("make run was not ready in 60 s:\n" + "\n".join(reader.lines) + "\n" + logs)
+        assert time.monotonic() - started < 60
+        text = "\n".join(reader.lines)
+        assert f"ferry {topology or '2m-2s-sync'} is running on loopback" in text
+        line = r"^  (broker-\S+) +grpc 127\.0\.0\.1:\d+ +metrics :\d+ +pid \d+ +([A-Z_]+)"
+        assert dict(re.findall(line, text, re.M)) == roles, text
+        # The `ferry cluster` table lists the brokers with their roles.
+        table = re.findall(r"^DefaultCluster +(broker-[ab]) +([01]) +\S+ +(\S+)", text, re.M)
+        assert sorted(
+            f"{g}-{'master' if i == '0' else 'slave'} {r}" for g, i, r in table
+        ) == sorted(f"{b} {r}" for b, r in roles.items()), text
+        [namesrv] = re.findall(r"export FERRY_NAMESRV_ADDR='([^']+)'", text)
+        assert namesrv == f"127.0.0.1:{9876 + offset};127.0.0.1:{9886 + offset}"
+
+        sent = run_ferry("send", "TopicTest", "--body", "hello from make run", "-n", namesrv)
+        assert sent.returncode == 0, sent.stdout + sent.stderr
+        got = run_ferry("consume", "TopicTest", "--group", "smoke", "--from-beginning",
+                        "--max", "1", "-n", namesrv, timeout_s=60)  # fmt: skip
+        assert got.returncode == 0, got.stdout + got.stderr
+        assert "hello from make run" in got.stdout
+        pids = [int(p) for p in re.findall(r" pid (\d+)", text)]
+        assert len(pids) == 2 + len(roles) + 1  # name servers, brokers, the exporter
+    finally:
+        if make.poll() is None:
+            os.killpg(make.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        try:
+            make.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(make.pid, signal.SIGKILL)
+            make.wait()
+            pytest.fail("make run did not stop within 60 s of Ctrl-C")
+    reader.join(timeout_s=10)
+    stopped = [line for line in reader.lines if line.startswith("stopped ")]
+    assert len(stopped) == len(pids), "\n".join(reader.lines)
+    left = processes_under(data)
+    assert not left, f"left behind after Ctrl-C: {left}"
+    for pid in pids:
+        assert (
+            not Path(f"/proc/{pid}").exists()
+            or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+        ), pid
