@@ -82,6 +82,8 @@ class _NameServer:
         self.last_success_wall = 0.0
         self.failures = 0
         self.keepalive: asyncio.Task | None = None
+        # (master_addr, ha_server_addr) from this name server's last answer.
+        self.master: tuple[str, str] = ("", "")
 
 
 class Registrar:
@@ -235,6 +237,7 @@ class Registrar:
                     raise
         except grpc.aio.AioRpcError as exc:
             server.failures += 1
+            server.master = ("", "")  # an answer it cannot give any more
             log.warning(
                 "registration with name server %s failed: %s: %s (retrying next round)",
                 server.addr,
@@ -256,7 +259,11 @@ class Registrar:
             )
         else:
             log.debug("registered with name server %s", server.addr)
-        master = (response.master_addr, response.ha_server_addr)
+        server.master = (response.master_addr, response.ha_server_addr)
+        # The name servers do not talk to each other: one may not have heard
+        # from the master yet while another has. The first that knows it wins
+        # (as in RocketMQ); "no master" only when none of them knows one.
+        master = next((s.master for s in self._servers if any(s.master)), ("", ""))
         if self.identity.broker_id != 0 and master != self._master:
             self._master = master
             if self.on_master is not None:

@@ -104,6 +104,10 @@ class HASlave:
         while True:
             await self._master_known.wait()
             addr = self.master_addr
+            if not addr:
+                # Known and then unknown again before this task ran (two answers
+                # in one turn): wait for the next address.
+                continue
             try:
                 await self._session(addr)
             except HAProtocolError as exc:
@@ -116,6 +120,11 @@ class HASlave:
                 )
             except (ConnectionError, OSError) as exc:
                 log.info("HA connection to %s failed: %s", addr, exc)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # Never let the replication task die with a bug: log it, retry.
+                log.exception("HA session with %s failed unexpectedly; reconnecting", addr)
             finally:
                 if self.connected:
                     self.disconnects += 1

@@ -5,6 +5,7 @@ sync merges offsets without rewinding them and never shows a half table."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import threading
 
@@ -239,3 +240,52 @@ def test_slave_started_before_its_master_finds_it_without_waiting_a_period(
         if master is not None:
             master.stop()
         slave.stop()
+
+
+def test_a_master_only_one_name_server_knows_is_kept(loop_thread, tmp_path, ns):
+    """Name servers do not talk to each other: while one has not heard from the
+    master, its answer ("no master") must not override the one that has."""
+    from tests.conftest import start_namesrv
+
+    other = start_namesrv(loop_thread, tmp_path / "namesrv-2", metrics_port=-1)
+    common = {"mappedFileSizeCommitLog": FILE, "haListenPort": 0, "brokerName": "broker-q"}
+    master = start_broker(loop_thread, tmp_path / "m", ns.addr, **common)  # only `ns` knows it
+    slave = start_broker(
+        loop_thread, tmp_path / "s", f"{other.addr};{ns.addr}", brokerRole="SLAVE",
+        brokerId=1, haReconnectInterval=200, **common,
+    )  # fmt: skip
+    try:
+        ha = f"127.0.0.1:{master.app.ha_master.port}"
+        for _ in range(5):  # each round gets both answers, in either order
+            loop_thread.run(slave.app.registrar.register_all(force=True))
+            assert slave.app.ha_slave.master_addr == ha
+        create_topic(master, "Q", queues=1)
+        master.broker.SendMessage(broker_pb2.SendMessageRequest(topic="Q", body=b"q"))
+        end = master.app.store.max_offset
+        wait_for(lambda: slave.app.store.max_offset == end, 10, "the slave to replicate")
+    finally:
+        slave.stop()
+        master.stop()
+        other.stop()
+
+
+def test_master_known_then_unknown_in_one_turn_does_not_stop_replication(loop_thread, tmp_path):
+    """Two registration answers in one event-loop turn (a master address, then
+    none) once killed the slave's HA task; the next address must still work."""
+    master = master_with_three_files(loop_thread, tmp_path / "m")
+    slave = start_broker(
+        loop_thread, tmp_path / "s", brokerName="broker-j", brokerRole="SLAVE", brokerId=1,
+        mappedFileSizeCommitLog=FILE, haReconnectInterval=200,
+    )  # fmt: skip
+    try:
+        ha = f"127.0.0.1:{master.app.ha_master.port}"
+        hs = slave.app.ha_slave
+        loop_thread.call(lambda: (hs.set_master(ha), hs.set_master("")))
+        loop_thread.run(asyncio.sleep(0.3))
+        assert not hs._task.done(), hs._task
+        loop_thread.call(lambda: hs.set_master(ha))
+        end = master.app.store.max_offset
+        wait_for(lambda: slave.app.store.max_offset == end, 10, "the slave to catch up")
+    finally:
+        slave.stop()
+        master.stop()
