@@ -74,24 +74,77 @@ def by_kind(docs, kind):
     return [d for d in docs if d["kind"] == kind]
 
 
+ALL_LABELS = {f"app.kubernetes.io/{k}" for k in
+              ("name", "instance", "component", "part-of", "version", "managed-by")}  # fmt: skip
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    """A Kubernetes LabelSelector (matchLabels and matchExpressions)."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for e in selector.get("matchExpressions", []):
+        key, op, values = e["key"], e["operator"], e.get("values", [])
+        ok = {"In": labels.get(key) in values, "NotIn": labels.get(key) not in values,
+              "Exists": key in labels, "DoesNotExist": key not in labels}[op]  # fmt: skip
+        if not ok:
+            return False
+    return True
+
+
+def every_selector(docs):
+    """(where, selector) for every label selector in the documents."""
+    for d in docs:
+        where = f"{d['kind']}/{d['metadata']['name']}"
+        spec = d.get("spec", {})
+        if d["kind"] == "Service":
+            yield where, {"matchLabels": spec["selector"]}
+        if "selector" in spec and d["kind"] != "Service":
+            yield where, spec["selector"]
+        if d["kind"] == "NetworkPolicy":
+            yield where, spec["podSelector"]
+            for rule in spec.get("ingress", []):
+                for peer in rule.get("from", []):
+                    yield where, peer["podSelector"]
+        affinity = spec.get("template", {}).get("spec", {}).get("affinity", {})
+        for kind in affinity.values():
+            for terms in kind.values():
+                for term in terms:
+                    yield where, term.get("podAffinityTerm", term)["labelSelector"]
+
+
 def test_selectors_and_labels(docs):
     for w in workloads(docs):
         selector = w["spec"]["selector"]["matchLabels"]
         assert set(selector) == SELECTOR_LABELS, w["metadata"]["name"]
         template = w["spec"]["template"]["metadata"]["labels"]
         assert selector.items() <= template.items()
-        for key in ("part-of", "version", "managed-by"):
-            assert f"app.kubernetes.io/{key}" in template
+        assert ALL_LABELS <= set(template), w["metadata"]["name"]
     for d in docs:
-        assert {"app.kubernetes.io/name", "app.kubernetes.io/part-of"} <= set(
-            d["metadata"]["labels"]
-        ), d["metadata"]["name"]
+        assert ALL_LABELS <= set(d["metadata"]["labels"]), d["metadata"]["name"]
+    # Selectors use only name, instance and component.
+    for where, selector in every_selector(docs):
+        keys = set(selector.get("matchLabels", {})) | {
+            e["key"] for e in selector.get("matchExpressions", [])
+        }
+        assert keys and keys <= SELECTOR_LABELS, (where, selector)
     pods = [w["spec"]["template"]["metadata"]["labels"] for w in workloads(docs)]
     for svc in by_kind(docs, "Service"):
         assert any(svc["spec"]["selector"].items() <= p.items() for p in pods), svc["metadata"]
+
+
+def test_a_pdb_per_group_covers_its_master_and_slave(docs):
+    pods = {w["metadata"]["name"]: w["spec"]["template"]["metadata"]["labels"]
+            for w in workloads(docs)}  # fmt: skip
+    covered = {}
     for pdb in by_kind(docs, "PodDisruptionBudget"):
-        selector = pdb["spec"]["selector"]["matchLabels"]
-        assert any(selector.items() <= p.items() for p in pods), pdb["metadata"]
+        assert pdb["spec"]["maxUnavailable"] == 1
+        covered[pdb["metadata"]["name"]] = sorted(
+            n for n, labels in pods.items() if selects(pdb["spec"]["selector"], labels)
+        )
+    groups = {n.rsplit("-", 1)[0] for n in pods if n.startswith("broker-")}
+    for group in groups:
+        assert covered[group] == sorted(n for n in pods if n.startswith(group + "-")), group
+    assert covered["ferry-namesrv"] == ["ferry-namesrv"]
 
 
 def test_service_ports_target_container_ports(docs):
@@ -110,7 +163,7 @@ def test_service_ports_target_container_ports(docs):
 
 
 def test_probes_security_and_storage(docs):
-    pdb_selectors = [d["spec"]["selector"]["matchLabels"] for d in by_kind(docs, "PodDisruptionBudget")]  # fmt: skip
+    pdb_selectors = [d["spec"]["selector"] for d in by_kind(docs, "PodDisruptionBudget")]
     claims = {d["metadata"]["name"] for d in by_kind(docs, "PersistentVolumeClaim")}
     for w in workloads(docs):
         name = w["metadata"]["name"]
@@ -158,7 +211,7 @@ def test_probes_security_and_storage(docs):
         if w["kind"] == "StatefulSet":
             assert w["spec"]["volumeClaimTemplates"], name
             labels = w["spec"]["template"]["metadata"]["labels"]
-            assert any(sel.items() <= labels.items() for sel in pdb_selectors), name
+            assert any(selects(sel, labels) for sel in pdb_selectors), name
 
 
 def test_masters_and_slaves_never_share_a_node(docs):
@@ -234,7 +287,7 @@ def test_broker_confs_load_with_the_brokers_own_loader(overlay, tmp_path):
         assert warnings == [], warnings
         assert (config.broker_name, config.broker_id, config.broker_role) == expected[broker]
         assert config.cluster_name == "DefaultCluster"
-        assert config.broker_ip1 == f"{broker}-0.{broker}"
+        assert config.broker_ip1 == config.broker_ip2 == f"{broker}-0.{broker}"
         assert config.ha_secret == secret
         assert list(config.namesrv_addrs) == NAMESRV_ADDRS
         assert str(config.store_root) == "/data/store"
@@ -347,9 +400,17 @@ def _relabel(labels: dict[str, str], rules: list[dict]) -> dict[str, str] | None
 
 
 def _selected(selector: str, labels: dict[str, str]) -> bool:
+    """A Kubernetes label selector string, for key, key=value and key!=value."""
     for term in selector.split(","):
-        key, eq, value = term.partition("=")
-        if (eq and labels.get(key) != value) or (not eq and key not in labels):
+        if "!=" in term:
+            key, value = term.split("!=")
+            if labels.get(key) == value:
+                return False
+        elif "=" in term:
+            key, value = term.split("=")
+            if labels.get(key) != value:
+                return False
+        elif term not in labels:
             return False
     return True
 
