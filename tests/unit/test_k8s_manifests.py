@@ -118,9 +118,9 @@ def test_selectors_and_labels(docs):
         assert set(selector) == SELECTOR_LABELS, w["metadata"]["name"]
         template = w["spec"]["template"]["metadata"]["labels"]
         assert selector.items() <= template.items()
-        assert ALL_LABELS <= set(template), w["metadata"]["name"]
+        assert set(template) >= ALL_LABELS, w["metadata"]["name"]
     for d in docs:
-        assert ALL_LABELS <= set(d["metadata"]["labels"]), d["metadata"]["name"]
+        assert set(d["metadata"]["labels"]) >= ALL_LABELS, d["metadata"]["name"]
     # Selectors use only name, instance and component.
     for where, selector in every_selector(docs):
         keys = set(selector.get("matchLabels", {})) | {
