@@ -26,7 +26,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import socket
 import subprocess
 import sys
@@ -51,6 +50,7 @@ from ferry.v1 import (
     namesrv_pb2_grpc,
 )
 from tests.integration.support import child_env, stop_pid
+from tests.unit.test_k8s_manifests import render
 
 REPO = Path(__file__).resolve().parents[2]
 OVERLAY = REPO / "deploy" / "k8s" / "overlays" / "2m-2s-sync"
@@ -73,14 +73,7 @@ def render_with_secret(tmp_path: Path, secret: str) -> list[dict]:
             }
         )
     )
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.fail("kubectl is not installed (it renders the kustomizations offline)")
-    out = subprocess.run(
-        [kubectl, "kustomize", str(mine)], capture_output=True, text=True, timeout=60
-    )
-    assert out.returncode == 0, out.stderr
-    return [d for d in yaml.safe_load_all(out.stdout) if d]
+    return render(mine)
 
 
 @dataclass
