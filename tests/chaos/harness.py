@@ -38,6 +38,7 @@ FILE_SIZE = 1 << 20  # commit-log files roll every few rounds
 TOPIC = "Chaos"
 QUEUES = 4
 SECRET = "chaos-secret"
+SLAVE_TIMEOUT_MS = 2000
 # Fixed ports for processes that restart: below the ephemeral range (32768+),
 # apart from test_make_run (< 20000) and test_k8s_local_run (21000+).
 _next_port = [20000]
@@ -90,26 +91,36 @@ class Pair:
     """broker-c: a SYNC_MASTER and its slave (pinned to the master's HA port)."""
 
     def __init__(self, root: Path, **master_keys: object) -> None:
+        self.root = root
+        self.master_keys = master_keys
         self.master_port, self.ha_port, self.slave_port = fixed_port(), fixed_port(), fixed_port()
+        # Where the slave looks for its master's HA port (a fault proxy, say).
+        self.slave_ha_target = f"127.0.0.1:{self.ha_port}"
+        self.master: BrokerServer
+        self.slave: BrokerServer
+
+    def _servers(self) -> None:
+        root = self.root
         common = {"brokerName": "broker-c", "mappedFileSizeCommitLog": FILE_SIZE,
-                  "haSecret": SECRET, "slaveTimeout": 2000}  # fmt: skip
+                  "haSecret": SECRET, "slaveTimeout": SLAVE_TIMEOUT_MS}  # fmt: skip
         self.master = BrokerServer(
             root / "master",
             broker_options(
                 root / "master", brokerRole="SYNC_MASTER", listenPort=self.master_port,
-                haListenPort=self.ha_port, **common, **master_keys,
+                haListenPort=self.ha_port, **common, **self.master_keys,
             ),
         )  # fmt: skip
         self.slave = BrokerServer(
             root / "slave",
             broker_options(
                 root / "slave", brokerRole="SLAVE", brokerId=1, listenPort=self.slave_port,
-                haMasterAddress=f"127.0.0.1:{self.ha_port}", haReconnectInterval=200,
+                haMasterAddress=self.slave_ha_target, haReconnectInterval=200,
                 slaveReadEnable="true", **common,
             ),
         )  # fmt: skip
 
     def start(self) -> Pair:
+        self._servers()
         self.master.start()
         self.slave.start()
         with grpc.insecure_channel(self.master.addr) as ch:
@@ -154,9 +165,10 @@ class Producers:
     """Threads sending synchronously; every SEND_OK is remembered by its
     commit-log offset with its body."""
 
-    def __init__(self, addr: str, count: int = 4) -> None:
+    def __init__(self, addr: str, count: int = 4, body_size: int = 0) -> None:
         self.addr = addr
         self.count = count
+        self.body_size = body_size  # random bytes per body; 0: 16 to 215
         self.acked: dict[int, bytes] = {}
         self.statuses: dict[str, int] = {}
         self.errors: list[str] = []
@@ -181,7 +193,8 @@ class Producers:
                 with self._lock:
                     self._seq += 1
                     seq = self._seq
-                body = f"p{worker}-{seq}-".encode() + os.urandom(16 + seq % 200)
+                size = self.body_size or 16 + seq % 200
+                body = f"p{worker}-{seq}-".encode() + os.urandom(size)
                 try:
                     r = stub.SendMessage(
                         broker_pb2.SendMessageRequest(topic=TOPIC, body=body), timeout=5

@@ -222,8 +222,9 @@ class NamesrvProcess:
         home.mkdir(parents=True, exist_ok=True)
         self.home = home
         self.port_file = home.parent / f"{home.name}.ports.json"
+        self.port_file.unlink(missing_ok=True)  # a restart in the same home
         self.log_path = home.parent / f"{home.name}.log"
-        self._log = self.log_path.open("w")
+        self._log = self.log_path.open("a")
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -271,6 +272,10 @@ class NamesrvProcess:
 
     def stop(self) -> None:
         stop_pid(self.proc)
+        self._log.close()
+
+    def kill(self) -> None:
+        stop_pid(self.proc, signal.SIGKILL)
         self._log.close()
 
 
