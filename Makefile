@@ -16,7 +16,7 @@ TOPOLOGY ?= 2m-2s-sync
 # Extra `ferry dev` arguments, e.g. make run ARGS="--port-offset 1000"
 ARGS ?=
 
-.PHONY: help venv proto tools test run lint bench clean
+.PHONY: help venv proto tools test run lint bench chaos clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -53,6 +53,17 @@ test: $(PROTO_STAMP) tools  ## run the whole test suite (what CI runs)
 
 run: $(PROTO_STAMP)  ## start the 2m-2s-sync topology on loopback until Ctrl-C (TOPOLOGY=, data in ./var)
 	$(BIN)/ferry dev --topology $(TOPOLOGY) --data-dir $(DATA_DIR) $(ARGS)
+
+# Rounds per scenario for `make chaos` (make test runs 2).
+CHAOS_ROUNDS ?= 20
+
+chaos: $(PROTO_STAMP)  ## the chaos suite, CHAOS_ROUNDS rounds per scenario; report in chaos-report.jsonl
+	rm -f chaos-report.jsonl
+	status=0; \
+	FERRY_CHAOS_ROUNDS=$(CHAOS_ROUNDS) FERRY_CHAOS_REPORT=$(abspath chaos-report.jsonl) \
+		$(BIN)/pytest -p no:xdist -q --timeout 900 tests/chaos $(PYTEST_ARGS) || status=$$?; \
+	$(PY) -m tests.chaos.report chaos-report.jsonl || status=1; \
+	exit $$status
 
 lint: $(PROTO_STAMP)  ## ruff over the code
 	$(BIN)/ruff check ferry services tests benchmarks

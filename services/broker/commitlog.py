@@ -307,10 +307,17 @@ class CommitLog:
     def _create(self, start: int) -> None:
         path = self.directory / segment_name(start)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        if self._preallocate:
-            os.posix_fallocate(fd, 0, self.file_size)
-        else:
-            os.ftruncate(fd, self.file_size)
+        try:
+            if self._preallocate:
+                os.posix_fallocate(fd, 0, self.file_size)
+            else:
+                os.ftruncate(fd, self.file_size)
+        except OSError as exc:
+            # No half-made file left behind: the next append creates it again.
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            exc.filename = exc.filename or str(path)
+            raise
         self._segments.append(_Segment(start, path, fd))
 
     def _zero(self, segment: _Segment, position: int, end: int) -> None:

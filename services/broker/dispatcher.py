@@ -141,6 +141,7 @@ class Dispatcher:
         and at least every `idle_wait_s`."""
         if self._wake is None:
             self._wake = asyncio.Event()
+        failing = False
         while True:
             await wait_event(self._wake, idle_wait_s)
             self._wake.clear()
@@ -151,6 +152,18 @@ class Dispatcher:
                     await self._yield()
             except DispatchError:
                 await asyncio.sleep(1.0)
+            except OSError as exc:
+                # A full disk (consume-queue files grow as they fill): the
+                # entries are written again from the same commit-log offset
+                # once there is room; consumers wait for them meanwhile.
+                if not failing:
+                    log.error("dispatch cannot write consume queues: %s; retrying every 1 s", exc)
+                failing = True
+                await asyncio.sleep(1.0)
+            else:
+                if failing:
+                    log.info("dispatch writes consume queues again")
+                failing = False
 
     async def _yield(self) -> None:
         """Between slices: one event-loop turn; longer while `busy()` says a

@@ -24,6 +24,7 @@ import bisect
 import contextlib
 import dataclasses
 import enum
+import errno
 import logging
 import os
 import threading
@@ -35,6 +36,7 @@ from pathlib import Path
 from ferry import record
 from ferry.model import DELAY_LEVELS_S
 from ferry.runtime.clock import Clock, wait_event
+from ferry.runtime.errors import FerryError, ResourceExhausted, Unavailable
 from ferry.runtime.tasks import cancel_and_wait
 from services.broker.commitlog import CommitLog
 from services.broker.consumequeue import ConsumeQueues, sync_fds
@@ -346,7 +348,10 @@ class MessageStore:
                     ),
                 )
             )
-        offsets = self.commit_log.append_many(items)
+        try:
+            offsets = self.commit_log.append_many(items)
+        except OSError as exc:
+            raise _write_failure(exc, self.config.root) from exc
         self._next_queue_offset[key] = first_queue_offset + len(messages)
         end = self.commit_log.max_offset
         self.put_message_count += len(messages)
@@ -419,6 +424,7 @@ class MessageStore:
         assert self._flush_wake is not None
         interval = self.config.flush_interval_s
         last_checkpoint = time.monotonic()
+        checkpoint_failing = False
         while True:
             await wait_event(self._flush_wake, interval)
             self._flush_wake.clear()
@@ -430,8 +436,8 @@ class MessageStore:
                     await asyncio.to_thread(sync_fds, snapshot[2])
                     self._flushed_offset = max(self._flushed_offset, snapshot[0])
                     self._release_flush_waiters()
-                    await asyncio.to_thread(self._write_checkpoint_now, snapshot)
                     last_checkpoint = now
+                    checkpoint_failing = await self._checkpoint(snapshot, checkpoint_failing)
                 elif self._flush_waiters:
                     target = self.commit_log.max_offset
                     fds = self.commit_log.take_dirty()
@@ -449,6 +455,25 @@ class MessageStore:
             self.dispatcher.offset,
             self.commit_log.take_dirty() + self.queues.take_dirty(),
         )
+
+    async def _checkpoint(self, snapshot: tuple[int, int, list[int]], failing: bool) -> bool:
+        """Write the checkpoint; True while it cannot be written (a full disk).
+        Its failure does not hold back commit-log flushes, only how far a
+        recovery after a crash must scan."""
+        try:
+            await asyncio.to_thread(self._write_checkpoint_now, snapshot)
+        except OSError as exc:
+            if not failing:
+                log.error(
+                    "cannot write the checkpoint: %s; a recovery would scan from the last one "
+                    "written; retrying every %.1f s",
+                    exc,
+                    self.config.flush_interval_s,
+                )
+            return True
+        if failing:
+            log.info("checkpoint written again")
+        return False
 
     def _write_checkpoint_now(self, snapshot: tuple[int, int, list[int]]) -> None:
         """Write the checkpoint (from the flusher's thread or at stop: serialised)."""
@@ -636,3 +661,21 @@ def _spans(
                 continue
         spans.append((offset, offset + size, [entry]))
     return spans
+
+
+def _write_failure(exc: OSError, root: Path) -> FerryError:
+    """What a producer is told when the commit log cannot take its messages.
+    Nothing already stored is touched: the log's end did not move, and the next
+    append writes over whatever part of this one reached the file."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        log.error("commit log write refused, the disk is full: %s", exc)
+        return ResourceExhausted(
+            f"the broker's disk is full ({exc.strerror}: {exc.filename or root}); the "
+            "message was not stored and nothing stored before is affected; free space "
+            f"under {root} (storePathRootDir) and send again"
+        )
+    log.error("commit log write failed: %s", exc)
+    return Unavailable(
+        f"the broker could not write its commit log ({exc}); the message was not stored; "
+        "see the broker's log"
+    )

@@ -87,6 +87,37 @@ class Report:
                 f.write(json.dumps(row) + "\n")
 
 
+def create_topic(channel: grpc.Channel) -> None:
+    broker_admin_pb2_grpc.BrokerAdminStub(channel).UpdateAndCreateTopic(
+        broker_admin_pb2.UpdateAndCreateTopicRequest(
+            topic_config=common_pb2.TopicConfig(
+                topic_name=TOPIC, read_queue_nums=QUEUES, write_queue_nums=QUEUES, perm=6
+            )
+        ),
+        timeout=10,
+    )
+
+
+def count_messages(channel: grpc.Channel) -> int:
+    """Messages a consumer reads from every queue of the topic."""
+    stub = broker_pb2_grpc.BrokerStub(channel)
+    total = 0
+    for queue_id in range(QUEUES):
+        offset = 0
+        while True:
+            r = stub.PullMessage(
+                broker_pb2.PullMessageRequest(consumer_group="chaos-check", topic=TOPIC,
+                                              queue_id=queue_id, queue_offset=offset,
+                                              max_msg_nums=1000),
+                timeout=10,
+            )  # fmt: skip
+            if r.status != broker_pb2.FOUND:
+                break
+            total += len(r.messages)
+            offset = r.next_begin_offset
+    return total
+
+
 class Pair:
     """broker-c: a SYNC_MASTER and its slave (pinned to the master's HA port)."""
 
@@ -124,14 +155,7 @@ class Pair:
         self.master.start()
         self.slave.start()
         with grpc.insecure_channel(self.master.addr) as ch:
-            broker_admin_pb2_grpc.BrokerAdminStub(ch).UpdateAndCreateTopic(
-                broker_admin_pb2.UpdateAndCreateTopicRequest(
-                    topic_config=common_pb2.TopicConfig(
-                        topic_name=TOPIC, read_queue_nums=QUEUES, write_queue_nums=QUEUES, perm=6
-                    )
-                ),
-                timeout=10,
-            )
+            create_topic(ch)
         self.wait_in_sync()
         return self
 
@@ -171,7 +195,7 @@ class Producers:
         self.body_size = body_size  # random bytes per body; 0: 16 to 215
         self.acked: dict[int, bytes] = {}
         self.statuses: dict[str, int] = {}
-        self.errors: list[str] = []
+        self.last_error: dict[str, str] = {}  # status code -> its latest details
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -203,6 +227,7 @@ class Producers:
                     # The broker is down (a fault of the scenario): not acknowledged.
                     with self._lock:
                         self.statuses[exc.code().name] = self.statuses.get(exc.code().name, 0) + 1
+                        self.last_error[exc.code().name] = exc.details() or ""
                     time.sleep(0.05)
                     continue
                 name = broker_pb2.SendStatus.Name(r.status)

@@ -5,14 +5,18 @@ chaos-report.jsonl; `make test` runs 2 rounds of each."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import subprocess
 import time
 
 import grpc
+import pytest
 
 from ferry.v1 import broker_pb2, broker_pb2_grpc
 from tests.chaos.harness import (
+    FILE_SIZE,
     ROUNDS,
     SLAVE_TIMEOUT_MS,
     TOPIC,
@@ -20,12 +24,14 @@ from tests.chaos.harness import (
     Producers,
     Report,
     check_acked_on,
+    count_messages,
+    create_topic,
     fixed_port,
     read_log,
 )
-from tests.conftest import wait_for
+from tests.conftest import broker_options, wait_for
 from tests.faultproxy import FaultProxy
-from tests.integration.support import NamesrvProcess, run_ferry
+from tests.integration.support import BrokerServer, NamesrvProcess, run_ferry
 
 RECOVERED = r"store recovered .* commit_log=\[(\d+),(\d+)\)"
 
@@ -306,3 +312,81 @@ def test_slave_behind_retention_resyncs_by_itself(tmp_path):
         producers.stop()
         report.write()
         pair.stop()
+
+
+def _mount_tmpfs(path, size_bytes: int) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    opts = f"size={size_bytes}"
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)],
+                          capture_output=True)  # fmt: skip
+    return done.returncode == 0
+
+
+def _resize_tmpfs(path, size_bytes: int) -> None:
+    subprocess.run(["mount", "-o", f"remount,size={size_bytes}", str(path)], check=True)
+
+
+def _used(path) -> int:
+    st = os.statvfs(path)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+def test_disk_full_on_the_master_refuses_sends_and_resumes(tmp_path):
+    """The master's store on a small tmpfs (needs root to mount; the ENOSPC
+    path itself is also tested in-process, anywhere, by
+    tests/integration/test_broker_grpc.py). Each round: the file system is made
+    ~2 MiB larger than what is used, producers fill it: sends fail with
+    RESOURCE_EXHAUSTED naming the full disk, the broker keeps running, every
+    SEND_OK so far is intact; then space returns and sends succeed again, with
+    the same process. At the end a restart recovers everything."""
+    disk = tmp_path / "store"  # the mount point is the store (its log stays outside)
+    if os.geteuid() != 0 or not _mount_tmpfs(disk, 4 << 20):
+        pytest.skip("cannot mount a tmpfs here (not root, or not allowed)")
+    report = Report("disk-full")
+    broker = BrokerServer(
+        disk,
+        broker_options(disk, flushDiskType="SYNC_FLUSH", mappedFileSizeCommitLog=FILE_SIZE,
+                       mappedFileSizeConsumeQueue=20 * 1000, maxMessageSize=64 * 1024),
+    )  # fmt: skip
+    producers = None
+    try:
+        broker.start()
+        pid = broker.proc.pid
+        with grpc.insecure_channel(broker.addr) as ch:
+            create_topic(ch)
+        producers = Producers(broker.addr, count=2, body_size=4000)
+        for _ in range(ROUNDS):
+            _resize_tmpfs(disk, _used(disk) + (2 << 20))
+            refused = producers.statuses.get("RESOURCE_EXHAUSTED", 0)
+            acked = len(producers.acked)
+            producers.start()
+            wait_for(lambda r=refused: producers.statuses.get("RESOURCE_EXHAUSTED", 0) > r + 2,
+                     60, "sends refused for a full disk")  # fmt: skip
+            assert len(producers.acked) > acked  # it filled up under load this round
+            producers.stop()
+            report.faults += 1
+            assert broker.proc.poll() is None and broker.proc.pid == pid
+            assert "the broker's disk is full" in producers.last_error["RESOURCE_EXHAUSTED"]
+            lost, differing = check_acked_on(broker.store, producers.acked)
+            assert (lost, differing) == (0, 0), (lost, differing)
+            _resize_tmpfs(disk, _used(disk) + (8 << 20))  # space returns
+            with grpc.insecure_channel(broker.addr) as ch:
+                stub = broker_pb2_grpc.BrokerStub(ch)
+                r = stub.SendMessage(broker_pb2.SendMessageRequest(topic=TOPIC, body=b"again"))
+                assert r.status == broker_pb2.SEND_OK
+                producers.acked[r.commit_offset] = b"again"
+            report.rounds += 1
+        broker.stop()
+        broker.start()  # what was acknowledged survives a restart too
+        report.acknowledged = len(producers.acked)
+        report.lost, report.differing = check_acked_on(broker.store, producers.acked)
+        assert (report.lost, report.differing) == (0, 0)
+        with grpc.insecure_channel(broker.addr) as ch:
+            assert count_messages(ch) == len(producers.acked)
+    finally:
+        if producers is not None:
+            producers.stop()
+            report.notes.append(f"statuses {producers.statuses}")
+        report.write()
+        broker.stop()
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)

@@ -258,3 +258,55 @@ def test_slave_sync_tables_carry_their_versions(broker):
     assert delay.data_version.counter == 0
     info = broker.admin.GetBrokerRuntimeInfo(broker_admin_pb2.GetBrokerRuntimeInfoRequest())
     assert info.broker_role == "ASYNC_MASTER" and info.topic_count >= 2
+
+
+def test_a_full_disk_refuses_sends_clearly_and_resumes_when_space_returns(
+    loop_thread, tmp_path, monkeypatch
+):
+    """ENOSPC at the write layer (creating the next commit-log file): the send
+    gets RESOURCE_EXHAUSTED saying the disk is full, nothing stored before
+    changes, no half-made file stays, and sends succeed once there is room."""
+    import errno
+    import os
+
+    from services.broker import commitlog
+
+    b = start_broker(
+        loop_thread, tmp_path / "store", mappedFileSizeCommitLog=64 * 1024, maxMessageSize=8192
+    )
+    try:
+        create_topic(b, "Full", queues=1)
+        stored = []
+        while len(list((tmp_path / "store" / "commitlog").iterdir())) < 2 or not stored:
+            r = b.broker.SendMessage(broker_pb2.SendMessageRequest(topic="Full", body=b"x" * 4000))
+            assert r.status == broker_pb2.SEND_OK
+            stored.append(r.queue_offset)
+        files = sorted(p.name for p in (tmp_path / "store" / "commitlog").iterdir())
+        end = b.app.store.max_offset
+
+        def no_space(fd, offset, length):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(commitlog.os, "posix_fallocate", no_space)
+        refused = 0
+        for _ in range(40):  # enough to need the next file
+            try:
+                b.broker.SendMessage(broker_pb2.SendMessageRequest(topic="Full", body=b"y" * 4000))
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert "the broker's disk is full" in exc.details()
+                assert "free space under" in exc.details()
+                refused += 1
+        assert refused
+        assert sorted(p.name for p in (tmp_path / "store" / "commitlog").iterdir()) == files
+        assert b.app.store.max_offset >= end
+        monkeypatch.undo()
+        r = b.broker.SendMessage(broker_pb2.SendMessageRequest(topic="Full", body=b"room again"))
+        assert r.status == broker_pb2.SEND_OK
+        first = b.broker.PullMessage(
+            broker_pb2.PullMessageRequest(consumer_group="g", topic="Full", queue_id=0,
+                                          queue_offset=0, max_msg_nums=1)
+        )  # fmt: skip
+        assert first.messages[0].body == b"x" * 4000
+    finally:
+        b.stop()
