@@ -16,7 +16,7 @@ TOPOLOGY ?= 2m-2s-sync
 # Extra `ferry dev` arguments, e.g. make run ARGS="--port-offset 1000"
 ARGS ?=
 
-.PHONY: help venv proto tools test run lint bench chaos clean
+.PHONY: help venv proto tools test run lint bench chaos fuzz clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -64,6 +64,12 @@ chaos: $(PROTO_STAMP)  ## the chaos suite, CHAOS_ROUNDS rounds per scenario; rep
 		$(BIN)/pytest -p no:xdist -q --timeout 900 tests/chaos $(PYTEST_ARGS) || status=$$?; \
 	$(PY) -m tests.chaos.report chaos-report.jsonl || status=1; \
 	exit $$status
+
+# Hypothesis examples per RPC for `make fuzz` (make test runs 100).
+FUZZ_EXAMPLES ?= 1000
+
+fuzz: $(PROTO_STAMP)  ## random requests against every RPC, FUZZ_EXAMPLES per RPC (~10 min at 1000)
+	FERRY_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/pytest -p no:xdist -q -s --timeout 3600 tests/fuzz $(PYTEST_ARGS)
 
 lint: $(PROTO_STAMP)  ## ruff over the code
 	$(BIN)/ruff check ferry services tests benchmarks
