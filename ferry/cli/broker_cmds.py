@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from ferry.cli.namesrv_cmds import add_namesrv_option
+from ferry.cli.namesrv_cmds import add_admin_token_option, add_namesrv_option
 from ferry.cli.namesrv_cmds import client as namesrv_client
 from ferry.cli.output import message_json, table
 from ferry.client.broker import BrokerClient, Consumer, NoRoute, Producer
@@ -117,6 +117,7 @@ def _target_options(p: argparse.ArgumentParser) -> None:
     target.add_argument("-b", "--broker", metavar="HOST:PORT", help="one broker")
     target.add_argument("-c", "--cluster", help="every master of this cluster")
     add_namesrv_option(p)
+    add_admin_token_option(p)
 
 
 def _targets(args: argparse.Namespace) -> list[tuple[str, str]]:
@@ -149,7 +150,7 @@ def topic_update(args: argparse.Namespace) -> int:
         order=args.order,
     )
     for name, addr in _targets(args):
-        with BrokerClient(addr) as c:
+        with BrokerClient(addr, admin_token=args.admin_token) as c:
             version = c.update_topic(config)
         print(
             f"{args.action}d topic {args.topic} on {name} ({addr}): {args.read_queues} read / "
@@ -161,7 +162,7 @@ def topic_update(args: argparse.Namespace) -> int:
 def topic_delete(args: argparse.Namespace) -> int:
     check_topic(args.topic)
     for name, addr in _targets(args):
-        with BrokerClient(addr) as c:
+        with BrokerClient(addr, admin_token=args.admin_token) as c:
             c.delete_topic(args.topic)
         print(f"deleted topic {args.topic} on {name} ({addr})")
     return 0

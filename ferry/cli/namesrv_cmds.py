@@ -30,8 +30,22 @@ def add_namesrv_option(parser: argparse.ArgumentParser, json_output: bool = True
         parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
+def add_admin_token_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--admin-token",
+        default=None,
+        metavar="TOKEN",
+        help="the servers' admin token, for commands that change state (default "
+        "$FERRY_ADMIN_TOKEN, which keeps it out of the process list)",
+    )
+
+
 def client(args: argparse.Namespace) -> NamesrvClient:
-    return NamesrvClient(parse_addrs(args.namesrv), timeout_s=args.timeout)
+    return NamesrvClient(
+        parse_addrs(args.namesrv),
+        timeout_s=args.timeout,
+        admin_token=getattr(args, "admin_token", None),
+    )
 
 
 def route(args: argparse.Namespace) -> int:
@@ -221,4 +235,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         for name in extra:
             q.add_argument(name)
         add_namesrv_option(q)
+        if action in ("put", "delete"):
+            add_admin_token_option(q)
         q.set_defaults(func=kv)

@@ -16,6 +16,7 @@ that find brokers through the name servers.
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ import grpc
 
 from ferry.client.namesrv import NamesrvClient
 from ferry.model import MASTER_ID, PERM_READ, PERM_WRITE
+from ferry.runtime import auth
 from ferry.v1 import (
     broker_admin_pb2,
     broker_admin_pb2_grpc,
@@ -69,9 +71,12 @@ class NoWritableQueue(NoRoute):
 
 
 class BrokerClient:
-    def __init__(self, addr: str, timeout_s: float = 10.0) -> None:
+    def __init__(self, addr: str, timeout_s: float = 10.0, admin_token: str | None = None) -> None:
         self.addr = addr
         self.timeout_s = timeout_s
+        # For the BrokerAdmin writes; None takes $FERRY_ADMIN_TOKEN.
+        token = os.environ.get(auth.ENV_ADMIN_TOKEN, "") if admin_token is None else admin_token
+        self._admin_md = tuple(auth.bearer(token))
         self.channel = grpc.insecure_channel(addr, options=_OPTIONS)
         self.broker = broker_pb2_grpc.BrokerStub(self.channel)
         self.admin = broker_admin_pb2_grpc.BrokerAdminStub(self.channel)
@@ -160,11 +165,14 @@ class BrokerClient:
         return self.admin.UpdateAndCreateTopic(
             broker_admin_pb2.UpdateAndCreateTopicRequest(topic_config=config),
             timeout=self.timeout_s,
+            metadata=self._admin_md,
         ).data_version
 
     def delete_topic(self, topic: str) -> common_pb2.DataVersion:
         return self.admin.DeleteTopic(
-            broker_admin_pb2.DeleteTopicRequest(topic=topic), timeout=self.timeout_s
+            broker_admin_pb2.DeleteTopicRequest(topic=topic),
+            timeout=self.timeout_s,
+            metadata=self._admin_md,
         ).data_version
 
     def runtime_info(self) -> broker_admin_pb2.BrokerRuntimeInfo:
@@ -179,6 +187,7 @@ class BrokerClient:
         return self.admin.UpdateBrokerPermission(
             broker_admin_pb2.UpdateBrokerPermissionRequest(broker_permission=perm),
             timeout=self.timeout_s,
+            metadata=self._admin_md,
         )
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 
 from ferry.model import check_addr
+from ferry.runtime import auth
 from ferry.runtime.errors import InvalidArgument
 from ferry.v1 import common_pb2, namesrv_pb2, namesrv_pb2_grpc
 
@@ -59,11 +60,15 @@ class NamesrvClient:
         addrs: Sequence[str],
         timeout_s: float = 3.0,
         max_message_bytes: int = 64 * 1024 * 1024,
+        admin_token: str | None = None,
     ) -> None:
         if not addrs:
             raise ValueError("at least one name server address is needed")
         self.addrs = list(addrs)
         self.timeout_s = timeout_s
+        # Sent with every call (reads ignore it): None takes $FERRY_ADMIN_TOKEN.
+        token = os.environ.get(auth.ENV_ADMIN_TOKEN, "") if admin_token is None else admin_token
+        self._metadata = tuple(auth.bearer(token))
         options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
@@ -86,7 +91,9 @@ class NamesrvClient:
         failures = []
         for addr in self.addrs:
             try:
-                return getattr(self._stubs[addr], method)(request, timeout=self.timeout_s)
+                return getattr(self._stubs[addr], method)(
+                    request, timeout=self.timeout_s, metadata=self._metadata
+                )
             except grpc.RpcError as exc:
                 if exc.code() not in _UNANSWERED:
                     raise
@@ -98,7 +105,9 @@ class NamesrvClient:
         results: dict[str, Any] = {}
         for addr in self.addrs:
             try:
-                results[addr] = getattr(self._stubs[addr], method)(request, timeout=self.timeout_s)
+                results[addr] = getattr(self._stubs[addr], method)(
+                    request, timeout=self.timeout_s, metadata=self._metadata
+                )
             except grpc.RpcError as exc:
                 results[addr] = exc
         return results

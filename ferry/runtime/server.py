@@ -61,8 +61,10 @@ class GrpcServer:
         host: str,
         port: int,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     ) -> None:
         self._services = list(services)
+        self._interceptors = list(interceptors)
         self._host = host
         self._requested_port = port
         self._max_message_bytes = max_message_bytes
@@ -72,7 +74,9 @@ class GrpcServer:
 
     async def start(self) -> int:
         """Bind and start; health stays NOT_SERVING. Returns the bound port."""
-        server = grpc.aio.server(options=server_options(self._max_message_bytes))
+        server = grpc.aio.server(
+            options=server_options(self._max_message_bytes), interceptors=self._interceptors
+        )
         for service in self._services:
             service.add(service.servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)

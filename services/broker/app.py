@@ -24,6 +24,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from ferry.model import SCHEDULE_TOPIC, TopicConfig
+from ferry.runtime import auth
 from ferry.runtime.clock import Clock, SystemClock
 from ferry.runtime.files import atomic_write_bytes
 from ferry.runtime.metrics_http import MetricsEndpoint, start_metrics_endpoint
@@ -180,6 +181,7 @@ class BrokerApp:
             cfg.bind_host,
             cfg.listen_port,
             GRPC_MAX_MESSAGE_BYTES,
+            interceptors=auth.interceptors(cfg.admin_token, auth.BROKER_ADMIN_METHODS),
         )
         await self.server.start()
         # The store host in records is the advertised address with the real port.
@@ -230,6 +232,7 @@ class BrokerApp:
                 timeout_s=cfg.register_timeout_s,
                 force_register=cfg.force_register,
                 on_master=self._on_master,
+                admin_token=cfg.admin_token,
             )
             admin.announce_topics = self.registrar.register_topics
             admin.announce_all = self._register_all

@@ -59,6 +59,7 @@ class BrokerConfig:
     ha_housekeeping_interval_s: float = 20.0
     ha_max_gap_not_in_sync: int = 256 * 1024 * 1024
     ha_secret: str = ""
+    admin_token: str = ""  # guards BrokerAdmin writes; sent to name servers when registering
     ha_sync_from: str = "lastFile"
     ha_reset_out_of_range_slave: bool = True
     ha_reconnect_interval_s: float = 5.0
@@ -287,6 +288,12 @@ KNOWN_KEYS: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
         "bytes a slave may lag and be in sync",
     ),
     "haSecret": ("ha_secret", _text, "shared secret of the HA handshake (ferry)"),
+    "adminToken": (
+        "admin_token",
+        _text,
+        "require 'authorization: Bearer <token>' on topic, subscription and permission "
+        "changes, and send it to the name servers when registering (ferry)",
+    ),
     "haSyncFrom": (
         "ha_sync_from",
         _choice(("lastFile", "minOffset")),

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import grpc
 
 from ferry.model import PERM_READ_WRITE, DataVersion, TopicConfig
+from ferry.runtime import auth
 from ferry.runtime.clock import Clock, wait_event
 from ferry.runtime.tasks import cancel_and_wait
 from ferry.v1 import common_pb2, namesrv_pb2, namesrv_pb2_grpc
@@ -100,8 +101,10 @@ class Registrar:
         on_master: Callable[[str, str], None] | None = None,
         heartbeat_timeout_ms: int = 0,
         keepalive_ping_s: float = KEEPALIVE_PING_S,
+        admin_token: str = "",
     ) -> None:
         self.identity = identity
+        self._auth = tuple(auth.bearer(admin_token))  # call metadata for the name servers
         self.topics = topics
         self.permission = permission
         self.clock = clock
@@ -227,11 +230,13 @@ class Registrar:
                     server.last_success_wall = self.clock.wall()
                     return True
             try:
-                response = await server.stub.RegisterBroker(request, timeout=self.timeout_s)
+                response = await server.stub.RegisterBroker(
+                    request, timeout=self.timeout_s, metadata=self._auth
+                )
             except grpc.aio.AioRpcError as exc:
                 if request.incremental and exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
                     response = await server.stub.RegisterBroker(
-                        self._request(), timeout=self.timeout_s
+                        self._request(), timeout=self.timeout_s, metadata=self._auth
                     )
                 else:
                     raise
@@ -295,7 +300,7 @@ class Registrar:
             assert server.stub is not None
             stop_pinging = asyncio.Event()
 
-            call = server.stub.KeepAlive(self._pings(stop_pinging))
+            call = server.stub.KeepAlive(self._pings(stop_pinging), metadata=self._auth)
             opened = False
             try:
                 async for _ in call:
@@ -347,6 +352,7 @@ class Registrar:
                     instance_id=self.instance_id,
                 ),
                 timeout=self.timeout_s,
+                metadata=self._auth,
             )
             log.info("unregistered from name server %s", server.addr)
         except grpc.aio.AioRpcError as exc:

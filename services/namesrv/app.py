@@ -14,6 +14,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from ferry.runtime import auth
 from ferry.runtime.clock import Clock, SystemClock
 from ferry.runtime.files import atomic_write_bytes
 from ferry.runtime.metrics_http import MetricsEndpoint, start_metrics_endpoint
@@ -40,6 +41,7 @@ class NamesrvConfig:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     grace_s: float = 5.0
     port_file: Path | None = None  # written with the bound ports once serving
+    admin_token: str = ""  # "": state-changing RPCs are open, as in RocketMQ
 
 
 class NamesrvApp:
@@ -65,6 +67,7 @@ class NamesrvApp:
             config.host,
             config.port,
             config.max_message_bytes,
+            interceptors=auth.interceptors(config.admin_token, auth.NAMESRV_ADMIN_METHODS),
         )
         self._metrics_endpoint: MetricsEndpoint | None = None
         self._housekeeping: asyncio.Task | None = None

@@ -8,6 +8,7 @@ import logging
 import os
 from pathlib import Path
 
+from ferry.runtime.auth import ENV_ADMIN_TOKEN
 from ferry.runtime.errors import CorruptFileError
 from ferry.runtime.logs import setup_logging
 from ferry.runtime.server import run_until_signalled
@@ -69,6 +70,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="write {grpc_port, metrics_port, pid} as JSON here once serving (for scripts using port 0)",
     )
     parser.add_argument(
+        "--admin-token",
+        default=env(ENV_ADMIN_TOKEN, ""),
+        metavar="TOKEN",
+        help="require 'authorization: Bearer TOKEN' on state-changing RPCs (registration, "
+        "heartbeats, KV writes, write-permission changes); reads stay open (default: none; "
+        f"${ENV_ADMIN_TOKEN}, which keeps it out of the process list)",
+    )
+    parser.add_argument(
         "--log-level",
         default=None,
         help="DEBUG, INFO (default), WARNING or ERROR; $FERRY_LOG_LEVEL",
@@ -89,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         scan_interval_s=args.scan_interval,
         max_message_bytes=args.max_message_mb * 1024 * 1024,
         port_file=args.port_file,
+        admin_token=args.admin_token,
     )
 
     async def main() -> None:

@@ -31,6 +31,7 @@ def child_env() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
     env.pop("FERRY_NAMESRV_ADDR", None)
+    env.pop("FERRY_ADMIN_TOKEN", None)
     return env
 
 
@@ -87,15 +88,17 @@ def grpcurl_path() -> str:
     return found
 
 
-def run_ferry(*args: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess:
-    """Run the `ferry` console command as a subprocess."""
+def run_ferry(
+    *args: str, timeout_s: float = 30.0, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Run the `ferry` console command as a subprocess (`env`: added variables)."""
     return subprocess.run(
         [sys.executable, "-m", "ferry.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=timeout_s,
         cwd=REPO,
-        env=child_env(),
+        env={**child_env(), **(env or {})},
     )
 
 
