@@ -65,7 +65,6 @@ BROKER_SERVICE = broker_pb2.DESCRIPTOR.services_by_name["Broker"].full_name
 ADMIN_SERVICE = broker_admin_pb2.DESCRIPTOR.services_by_name["BrokerAdmin"].full_name
 SLAVE_SYNC_SERVICE = slave_sync_pb2.DESCRIPTOR.services_by_name["SlaveSync"].full_name
 HA_ADMIN_SERVICE = ha_admin_pb2.DESCRIPTOR.services_by_name["HAAdmin"].full_name
-GRPC_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 
 def schedule_topic_config(levels: int) -> TopicConfig:
@@ -180,7 +179,7 @@ class BrokerApp:
             ],
             cfg.bind_host,
             cfg.listen_port,
-            GRPC_MAX_MESSAGE_BYTES,
+            cfg.grpc_max_message_size,
             interceptors=auth.interceptors(cfg.admin_token, auth.BROKER_ADMIN_METHODS),
         )
         await self.server.start()
@@ -310,6 +309,7 @@ class BrokerApp:
                     secret=secret,
                     sync_from=cfg.ha_sync_from,
                     group=cfg.broker_name,
+                    max_connections=cfg.ha_max_connections,
                 ),
                 store,
                 acks,
@@ -341,7 +341,8 @@ class BrokerApp:
                     heartbeat_interval_s=cfg.ha_heartbeat_interval_s,
                     housekeeping_interval_s=cfg.ha_housekeeping_interval_s,
                     reconnect_s=cfg.ha_reconnect_interval_s,
-                    max_frame_bytes=max(cfg.ha_transfer_batch_size, 64 * 1024 * 1024),
+                    max_frame_bytes=cfg.ha_max_frame_size,
+                    read_buffer_bytes=cfg.ha_read_buffer_size,
                     secret=secret,
                     group=cfg.broker_name,
                     replica_id=cfg.broker_id,

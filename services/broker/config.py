@@ -60,6 +60,10 @@ class BrokerConfig:
     ha_max_gap_not_in_sync: int = 256 * 1024 * 1024
     ha_secret: str = ""
     admin_token: str = ""  # guards BrokerAdmin writes; sent to name servers when registering
+    grpc_max_message_size: int = 64 * 1024 * 1024
+    ha_max_connections: int = 16
+    ha_max_frame_size: int = 64 * 1024 * 1024
+    ha_read_buffer_size: int = 8 * 1024 * 1024
     ha_sync_from: str = "lastFile"
     ha_reset_out_of_range_slave: bool = True
     ha_reconnect_interval_s: float = 5.0
@@ -288,6 +292,26 @@ KNOWN_KEYS: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
         "bytes a slave may lag and be in sync",
     ),
     "haSecret": ("ha_secret", _text, "shared secret of the HA handshake (ferry)"),
+    "grpcMaxMessageSize": (
+        "grpc_max_message_size",
+        _int(64 * 1024),
+        "largest gRPC request or answer, bytes; larger ones get RESOURCE_EXHAUSTED (ferry)",
+    ),
+    "haMaxConnections": (
+        "ha_max_connections",
+        _int(1, 1024),
+        "HA connections a master accepts at once; more are closed at once (ferry)",
+    ),
+    "haMaxFrameSize": (
+        "ha_max_frame_size",
+        _int(64 * 1024),
+        "largest HA frame a slave accepts; a master announcing more is disconnected (ferry)",
+    ),
+    "haReadBufferSize": (
+        "ha_read_buffer_size",
+        _int(512 * 1024),
+        "bytes a slave buffers from its master per connection before it stops reading (ferry)",
+    ),
     "adminToken": (
         "admin_token",
         _text,
@@ -399,6 +423,13 @@ def _check(config: BrokerConfig) -> None:
     if config.broker_role != "SLAVE" and config.broker_id != 0:
         raise ConfigError(
             "brokerId", f"a {config.broker_role} must have brokerId 0, not {config.broker_id}"
+        )
+    if config.max_message_size + 64 * 1024 > config.grpc_max_message_size:
+        raise ConfigError(
+            "grpcMaxMessageSize",
+            f"{config.grpc_max_message_size} bytes cannot carry a message of maxMessageSize "
+            f"{config.max_message_size} with its fields; raise it to at least "
+            f"{config.max_message_size + 64 * 1024}",
         )
     if config.max_message_size + 512 > config.commit_log_file_size:
         raise ConfigError(

@@ -48,6 +48,7 @@ class HASlaveConfig:
     housekeeping_interval_s: float = 20.0
     reconnect_s: float = 5.0
     max_frame_bytes: int = 64 * 1024 * 1024
+    read_buffer_bytes: int = 8 * 1024 * 1024  # grows only for one frame larger than this
     secret: bytes = b""
     group: str = "broker-a"
     replica_id: int = 1
@@ -135,7 +136,7 @@ class HASlave:
     async def _session(self, addr: str) -> None:
         host, _, port = addr.rpartition(":")
         loop = asyncio.get_running_loop()
-        inbound = Inbound()
+        inbound = Inbound(self.config.read_buffer_bytes)
         async with asyncio.timeout(self.config.connect_timeout_s):
             transport, _ = await loop.create_connection(lambda: inbound, host, int(port))
         writer = _Writer(transport)
@@ -283,10 +284,11 @@ class Inbound(asyncio.BufferedProtocol):
     """
 
     CAPACITY = 8 << 20
-    LOW_SPACE = 256 << 10  # pause reading below this much free space
 
-    def __init__(self) -> None:
-        self.buf = bytearray(self.CAPACITY)
+    def __init__(self, capacity: int = CAPACITY) -> None:
+        self.buf = bytearray(capacity)
+        # Pause reading below this much free space.
+        self.LOW_SPACE = min(256 << 10, capacity // 4)
         self.start = 0  # first unconsumed byte
         self.end = 0  # end of the received bytes
         self.eof = False
