@@ -32,6 +32,17 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+    """Write all of `data` at `offset`. pwrite may write less than asked (a
+    file system filling up writes what fits, then fails on the rest): loop, so
+    a short write either completes or raises, never passes for a whole one."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view = view[written:]
+        offset += written
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Replace `path` with `data` atomically and durably."""
     path = Path(path)

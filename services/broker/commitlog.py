@@ -26,6 +26,7 @@ from pathlib import Path
 
 from ferry import record
 from ferry.record import Blank, Record, RecordError
+from ferry.runtime.files import pwrite_all
 
 log = logging.getLogger(__name__)
 
@@ -297,12 +298,7 @@ class CommitLog:
         segment = self._segment_for(start)
         if segment not in self._dirty:
             self._dirty.append(segment)
-        view = memoryview(data)
-        position = start - segment.start
-        while view:
-            written = os.pwrite(segment.fd, view, position)
-            view = view[written:]
-            position += written
+        pwrite_all(segment.fd, data, start - segment.start)
 
     def _create(self, start: int) -> None:
         path = self.directory / segment_name(start)
@@ -323,5 +319,5 @@ class CommitLog:
     def _zero(self, segment: _Segment, position: int, end: int) -> None:
         while position < end:
             n = min(len(_ZERO_CHUNK), end - position)
-            os.pwrite(segment.fd, _ZERO_CHUNK[:n], position)
+            pwrite_all(segment.fd, _ZERO_CHUNK[:n], position)
             position += n

@@ -24,6 +24,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ferry.runtime.files import pwrite_all
+
 log = logging.getLogger(__name__)
 
 ENTRY = struct.Struct(">qiq")
@@ -150,7 +152,7 @@ class ConsumeQueue:
             room = f.start + self.entries_per_file - position
             chunk = entries[index : index + room]
             data = b"".join(ENTRY.pack(*e) for e in chunk)
-            os.pwrite(f.fd, data, (position - f.start) * ENTRY_SIZE)
+            pwrite_all(f.fd, data, (position - f.start) * ENTRY_SIZE)
             self._dirty.add(f.fd)
             position += len(chunk)
             index += len(chunk)

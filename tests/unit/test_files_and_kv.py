@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 
 import pytest
 
@@ -115,3 +116,37 @@ def test_kv_bad_input_changes_nothing(tmp_path, ns, key, value, field):
     with pytest.raises(InvalidArgument, match=field):
         asyncio.run(store.put(ns, key, value))
     assert not path.exists()
+
+
+def test_short_writes_are_completed_or_raise(tmp_path, monkeypatch):
+    """pwrite on a file system that is filling up may write part of what it
+    was given: a consume queue must hold every entry it counts (a short write
+    once left zeroed entries inside a queue, which a pull then failed on)."""
+    import errno
+
+    from ferry.runtime import files
+    from services.broker.consumequeue import ConsumeQueues
+
+    real = os.pwrite
+    calls = {"n": 0}
+
+    def short_then_full(fd, data, offset):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return real(fd, bytes(data)[:7], offset)  # 7 of 60 bytes
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(files.os, "pwrite", short_then_full)
+    queue = ConsumeQueues(tmp_path / "cq", 1000).get_or_create("T", 0)
+    entries = [(100 * i, 50, i) for i in range(3)]
+    queue.put(0, entries)
+    assert [queue.entry(i) for i in range(3)] == entries
+    assert calls["n"] == 2
+
+    def no_space(fd, data, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(files.os, "pwrite", no_space)
+    with pytest.raises(OSError):
+        queue.put(3, [(300, 50, 3)])
+    assert queue.max_offset == 3  # the failed entry is not counted
