@@ -68,8 +68,12 @@ chaos: $(PROTO_STAMP)  ## the chaos suite, CHAOS_ROUNDS rounds per scenario; rep
 # Hypothesis examples per RPC for `make fuzz` (make test runs 100).
 FUZZ_EXAMPLES ?= 1000
 
-fuzz: $(PROTO_STAMP)  ## random requests against every RPC, FUZZ_EXAMPLES per RPC (~10 min at 1000)
-	FERRY_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/pytest -p no:xdist -q -s --timeout 3600 tests/fuzz $(PYTEST_ARGS)
+# HA frames, reports and handshakes per side for `make fuzz` (make test runs 2,000).
+HA_FUZZ_INPUTS ?= 100000
+
+fuzz: $(PROTO_STAMP)  ## FUZZ_EXAMPLES random requests per RPC and HA_FUZZ_INPUTS HA inputs per side (~20 min)
+	FERRY_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FERRY_HA_FUZZ_INPUTS=$(HA_FUZZ_INPUTS) \
+		$(BIN)/pytest -p no:xdist -q -s --timeout 3600 tests/fuzz $(PYTEST_ARGS)
 
 lint: $(PROTO_STAMP)  ## ruff over the code
 	$(BIN)/ruff check ferry services tests benchmarks
