@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import grpc
 
 from ferry.cli import broker_cmds, dev, namesrv_cmds, pipeline_cmds
 from ferry.client.namesrv import NoNameServerAnswered
+from ferry.runtime import tls
 from ferry.runtime.errors import ConfigError, FerryError, InvalidArgument
 from services.broker import cli as broker_cli
 from services.namesrv import cli as namesrv_cli
@@ -52,6 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # A client command's --tls-ca/--tls-cert/--tls-key: every client it makes
+    # uses them (servers, `ferry namesrv`, have no --tls-ca and keep theirs).
+    if hasattr(args, "tls_ca"):
+        for name, env in (("tls_ca", tls.ENV_CA), ("tls_cert", tls.ENV_CERT),
+                          ("tls_key", tls.ENV_KEY)):  # fmt: skip
+            if getattr(args, name):
+                os.environ[env] = getattr(args, name)
     try:
         return args.func(args)
     except NoNameServerAnswered as exc:

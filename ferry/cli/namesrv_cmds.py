@@ -26,6 +26,24 @@ def add_namesrv_option(parser: argparse.ArgumentParser, json_output: bool = True
     parser.add_argument(
         "--timeout", type=float, default=3.0, metavar="SECONDS", help="per name server (default 3)"
     )
+    parser.add_argument(
+        "--tls-ca",
+        metavar="PEM",
+        default=None,
+        help="connect with TLS, verifying servers with this CA ($FERRY_TLS_CA)",
+    )
+    parser.add_argument(
+        "--tls-cert",
+        metavar="PEM",
+        default=None,
+        help="client certificate, for servers that require one ($FERRY_TLS_CERT)",
+    )
+    parser.add_argument(
+        "--tls-key",
+        metavar="PEM",
+        default=None,
+        help="the client certificate's key ($FERRY_TLS_KEY)",
+    )
     if json_output:
         parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 

@@ -26,7 +26,7 @@ import grpc
 
 from ferry.client.namesrv import NamesrvClient
 from ferry.model import MASTER_ID, PERM_READ, PERM_WRITE
-from ferry.runtime import auth
+from ferry.runtime import auth, tls
 from ferry.v1 import (
     broker_admin_pb2,
     broker_admin_pb2_grpc,
@@ -77,7 +77,7 @@ class BrokerClient:
         # For the BrokerAdmin writes; None takes $FERRY_ADMIN_TOKEN.
         token = os.environ.get(auth.ENV_ADMIN_TOKEN, "") if admin_token is None else admin_token
         self._admin_md = tuple(auth.bearer(token))
-        self.channel = grpc.insecure_channel(addr, options=_OPTIONS)
+        self.channel = tls.channel(addr, options=_OPTIONS)  # TLS per $FERRY_TLS_CA
         self.broker = broker_pb2_grpc.BrokerStub(self.channel)
         self.admin = broker_admin_pb2_grpc.BrokerAdminStub(self.channel)
         self.ha = ha_admin_pb2_grpc.HAAdminStub(self.channel)

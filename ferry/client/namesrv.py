@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 
 from ferry.model import check_addr
-from ferry.runtime import auth
+from ferry.runtime import auth, tls
 from ferry.runtime.errors import InvalidArgument
 from ferry.v1 import common_pb2, namesrv_pb2, namesrv_pb2_grpc
 
@@ -73,7 +73,7 @@ class NamesrvClient:
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
         ]
-        self._channels = {a: grpc.insecure_channel(a, options=options) for a in self.addrs}
+        self._channels = {a: tls.channel(a, options=options) for a in self.addrs}
         self._stubs = {a: namesrv_pb2_grpc.NameServerStub(c) for a, c in self._channels.items()}
 
     def close(self) -> None:

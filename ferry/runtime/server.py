@@ -23,6 +23,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
+from ferry.runtime.tls import ServerTLS
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -62,9 +64,11 @@ class GrpcServer:
         port: int,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+        tls: ServerTLS | None = None,
     ) -> None:
         self._services = list(services)
         self._interceptors = list(interceptors)
+        self._tls = tls
         self._host = host
         self._requested_port = port
         self._max_message_bytes = max_message_bytes
@@ -92,14 +96,24 @@ class GrpcServer:
         await self._set_all(NOT_SERVING)
         address = f"{self._host}:{self._requested_port}"
         try:
-            self.port = server.add_insecure_port(address)
+            if self._tls is not None:
+                self.port = server.add_secure_port(address, self._tls.credentials())
+            else:
+                self.port = server.add_insecure_port(address)
         except RuntimeError as exc:
             raise OSError(f"cannot listen on {address}: {exc} (is the port in use?)") from None
         if self.port == 0:
             raise OSError(f"cannot listen on {address} (is the port in use?)")
         await server.start()
         self._server = server
-        log.info("gRPC listening on %s:%d (%s)", self._host, self.port, ", ".join(names))
+        log.info(
+            "gRPC listening on %s:%d (%s%s)",
+            self._host,
+            self.port,
+            ", ".join(names),
+            "" if self._tls is None else "; TLS" + (", client certificates required"
+                                                  if self._tls.client_ca else ""),
+        )  # fmt: skip
         return self.port
 
     async def set_serving(self) -> None:

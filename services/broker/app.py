@@ -29,6 +29,7 @@ from ferry.runtime.clock import Clock, SystemClock
 from ferry.runtime.files import atomic_write_bytes
 from ferry.runtime.metrics_http import MetricsEndpoint, start_metrics_endpoint
 from ferry.runtime.server import GrpcServer, Service
+from ferry.runtime.tls import ClientTLS, ServerTLS
 from ferry.v1 import (
     broker_admin_pb2,
     broker_admin_pb2_grpc,
@@ -82,6 +83,12 @@ class BrokerApp:
         self.clock = clock or SystemClock()
         self.registry = registry or CollectorRegistry()
         self.gate = Gate()
+        # TLS for this broker's own calls (name servers, the master's SlaveSync).
+        self.client_tls = (
+            ClientTLS.load(config.tls_ca, config.tls_cert or None, config.tls_key or None,
+                           keys=("tlsCa", "tlsCert", "tlsKey"))
+            if config.tls_ca else None
+        )  # fmt: skip
         self.store: MessageStore | None = None
         self.metadata: BrokerMetadata | None = None
         self.registrar = None  # services.broker.registration.Registrar, with name servers
@@ -181,6 +188,16 @@ class BrokerApp:
             cfg.listen_port,
             cfg.grpc_max_message_size,
             interceptors=auth.interceptors(cfg.admin_token, auth.BROKER_ADMIN_METHODS),
+            tls=(
+                ServerTLS.load(
+                    cfg.tls_cert,
+                    cfg.tls_key,
+                    cfg.tls_client_ca or None,
+                    keys=("tlsCert", "tlsKey", "tlsClientCa"),
+                )
+                if cfg.tls_cert
+                else None
+            ),
         )
         await self.server.start()
         # The store host in records is the advertised address with the real port.
@@ -232,6 +249,7 @@ class BrokerApp:
                 force_register=cfg.force_register,
                 on_master=self._on_master,
                 admin_token=cfg.admin_token,
+                tls=self.client_tls,
             )
             admin.announce_topics = self.registrar.register_topics
             admin.announce_all = self._register_all
@@ -353,7 +371,10 @@ class BrokerApp:
             await self.ha_slave.start()
             assert self.metadata is not None
             self.slave_sync = SlaveSyncLoop(
-                self.metadata, cfg.slave_sync_delay_s, cfg.slave_sync_interval_s
+                self.metadata,
+                cfg.slave_sync_delay_s,
+                cfg.slave_sync_interval_s,
+                tls=self.client_tls,
             )
             await self.slave_sync.start()
 

@@ -111,6 +111,9 @@ def run(args: argparse.Namespace) -> int:
     except (CorruptFileError, CommitLogError, ConsumeQueueError, RecoveryError) as exc:
         log.error("cannot start: %s", exc)
         return 1
+    except ConfigError as exc:  # e.g. a TLS file that cannot be read
+        log.error("cannot start: %s", exc)
+        return 2
     except OSError as exc:
         log.error("%s: %s", "failed while stopping" if started else "cannot start", exc)
         return 1

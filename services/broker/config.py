@@ -61,6 +61,10 @@ class BrokerConfig:
     ha_secret: str = ""
     admin_token: str = ""  # guards BrokerAdmin writes; sent to name servers when registering
     grpc_max_message_size: int = 64 * 1024 * 1024
+    tls_cert: str = ""  # serve gRPC over TLS (with tls_key); also this broker's client certificate
+    tls_key: str = ""
+    tls_client_ca: str = ""  # require client certificates signed by this CA
+    tls_ca: str = ""  # verify name servers and the master (SlaveSync) with this CA: TLS out
     ha_max_connections: int = 16
     ha_max_frame_size: int = 64 * 1024 * 1024
     ha_read_buffer_size: int = 8 * 1024 * 1024
@@ -292,6 +296,19 @@ KNOWN_KEYS: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
         "bytes a slave may lag and be in sync",
     ),
     "haSecret": ("ha_secret", _text, "shared secret of the HA handshake (ferry)"),
+    "tlsCert": ("tls_cert", _text, "PEM certificate: serve gRPC over TLS (with tlsKey) (ferry)"),
+    "tlsKey": ("tls_key", _text, "PEM private key of tlsCert (ferry)"),
+    "tlsClientCa": (
+        "tls_client_ca",
+        _text,
+        "PEM CA: require client certificates it signed (mutual TLS) (ferry)",
+    ),
+    "tlsCa": (
+        "tls_ca",
+        _text,
+        "PEM CA to verify name servers and the master with: TLS for this broker's own "
+        "calls, presenting tlsCert as its client certificate (ferry)",
+    ),
     "grpcMaxMessageSize": (
         "grpc_max_message_size",
         _int(64 * 1024),
@@ -424,6 +441,10 @@ def _check(config: BrokerConfig) -> None:
         raise ConfigError(
             "brokerId", f"a {config.broker_role} must have brokerId 0, not {config.broker_id}"
         )
+    if bool(config.tls_cert) != bool(config.tls_key):
+        raise ConfigError("tlsCert", "TLS needs both tlsCert and tlsKey")
+    if config.tls_client_ca and not config.tls_cert:
+        raise ConfigError("tlsClientCa", "client certificates are checked only with tlsCert/tlsKey")
     if config.max_message_size + 64 * 1024 > config.grpc_max_message_size:
         raise ConfigError(
             "grpcMaxMessageSize",

@@ -33,6 +33,7 @@ from ferry.model import PERM_READ_WRITE, DataVersion, TopicConfig
 from ferry.runtime import auth
 from ferry.runtime.clock import Clock, wait_event
 from ferry.runtime.tasks import cancel_and_wait
+from ferry.runtime.tls import ClientTLS, aio_channel
 from ferry.v1 import common_pb2, namesrv_pb2, namesrv_pb2_grpc
 from ferry.wire import body_crc32
 
@@ -102,8 +103,10 @@ class Registrar:
         heartbeat_timeout_ms: int = 0,
         keepalive_ping_s: float = KEEPALIVE_PING_S,
         admin_token: str = "",
+        tls: ClientTLS | None = None,
     ) -> None:
         self.identity = identity
+        self.tls = tls
         self._auth = tuple(auth.bearer(admin_token))  # call metadata for the name servers
         self.topics = topics
         self.permission = permission
@@ -125,8 +128,9 @@ class Registrar:
 
     async def start(self) -> None:
         for server in self._servers:
-            server.channel = grpc.aio.insecure_channel(
+            server.channel = aio_channel(
                 server.addr,
+                self.tls,
                 options=[
                     ("grpc.max_send_message_length", 64 * 1024 * 1024),
                     ("grpc.max_receive_message_length", 64 * 1024 * 1024),

@@ -22,6 +22,7 @@ import grpc
 
 from ferry.model import DataVersion
 from ferry.runtime.tasks import cancel_and_wait
+from ferry.runtime.tls import ClientTLS, aio_channel
 from ferry.v1 import common_pb2, slave_sync_pb2, slave_sync_pb2_grpc
 from services.broker import convert
 
@@ -34,9 +35,15 @@ def _version(msg: common_pb2.DataVersion) -> DataVersion:
 
 class SlaveSyncLoop:
     def __init__(
-        self, metadata, delay_s: float = 3.0, interval_s: float = 10.0, timeout_s: float = 10.0
+        self,
+        metadata,
+        delay_s: float = 3.0,
+        interval_s: float = 10.0,
+        timeout_s: float = 10.0,
+        tls: ClientTLS | None = None,
     ) -> None:
         self.metadata = metadata
+        self.tls = tls
         self.delay_s = delay_s
         self.interval_s = interval_s
         self.timeout_s = timeout_s
@@ -80,8 +87,8 @@ class SlaveSyncLoop:
             await asyncio.sleep(self.interval_s)
 
     async def sync_all(self, addr: str) -> None:
-        async with grpc.aio.insecure_channel(
-            addr, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+        async with aio_channel(
+            addr, self.tls, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
         ) as channel:
             stub = slave_sync_pb2_grpc.SlaveSyncStub(channel)
             t = self.timeout_s

@@ -19,6 +19,7 @@ from ferry.runtime.clock import Clock, SystemClock
 from ferry.runtime.files import atomic_write_bytes
 from ferry.runtime.metrics_http import MetricsEndpoint, start_metrics_endpoint
 from ferry.runtime.server import DEFAULT_MAX_MESSAGE_BYTES, GrpcServer, Service
+from ferry.runtime.tls import ServerTLS
 from ferry.v1 import namesrv_pb2, namesrv_pb2_grpc
 from services.namesrv.kvconfig import FILE_NAME, KVConfigStore
 from services.namesrv.metrics import NamesrvMetrics
@@ -42,6 +43,7 @@ class NamesrvConfig:
     grace_s: float = 5.0
     port_file: Path | None = None  # written with the bound ports once serving
     admin_token: str = ""  # "": state-changing RPCs are open, as in RocketMQ
+    tls: ServerTLS | None = None  # None: plaintext gRPC
 
 
 class NamesrvApp:
@@ -68,6 +70,7 @@ class NamesrvApp:
             config.port,
             config.max_message_bytes,
             interceptors=auth.interceptors(config.admin_token, auth.NAMESRV_ADMIN_METHODS),
+            tls=config.tls,
         )
         self._metrics_endpoint: MetricsEndpoint | None = None
         self._housekeeping: asyncio.Task | None = None

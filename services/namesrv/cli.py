@@ -9,9 +9,10 @@ import os
 from pathlib import Path
 
 from ferry.runtime.auth import ENV_ADMIN_TOKEN
-from ferry.runtime.errors import CorruptFileError
+from ferry.runtime.errors import ConfigError, CorruptFileError
 from ferry.runtime.logs import setup_logging
 from ferry.runtime.server import run_until_signalled
+from ferry.runtime.tls import ServerTLS
 from services.namesrv.app import NamesrvApp, NamesrvConfig
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"${ENV_ADMIN_TOKEN}, which keeps it out of the process list)",
     )
     parser.add_argument(
+        "--tls-cert",
+        default=env("FERRY_NAMESRV_TLS_CERT"),
+        metavar="PEM",
+        help="serve gRPC over TLS with this certificate (and --tls-key)",
+    )
+    parser.add_argument(
+        "--tls-key",
+        default=env("FERRY_NAMESRV_TLS_KEY"),
+        metavar="PEM",
+        help="the certificate's private key",
+    )
+    parser.add_argument(
+        "--tls-client-ca",
+        default=env("FERRY_NAMESRV_TLS_CLIENT_CA"),
+        metavar="PEM",
+        help="require client certificates signed by this CA "
+        "(mutual TLS; brokers then present theirs)",
+    )
+    parser.add_argument(
         "--log-level",
         default=None,
         help="DEBUG, INFO (default), WARNING or ERROR; $FERRY_LOG_LEVEL",
@@ -89,6 +109,18 @@ def run(args: argparse.Namespace) -> int:
     if args.heartbeat_timeout <= 0 or args.scan_interval <= 0 or args.max_message_mb <= 0:
         log.error("--heartbeat-timeout, --scan-interval and --max-message-mb must be positive")
         return 2
+    if bool(args.tls_cert) != bool(args.tls_key) or (args.tls_client_ca and not args.tls_cert):
+        log.error("TLS needs both --tls-cert and --tls-key (and --tls-client-ca needs them too)")
+        return 2
+    try:
+        tls = (
+            ServerTLS.load(args.tls_cert, args.tls_key, args.tls_client_ca)
+            if args.tls_cert
+            else None
+        )
+    except ConfigError as exc:
+        log.error("cannot start: %s", exc)
+        return 2
     config = NamesrvConfig(
         host=args.host,
         port=args.port,
@@ -99,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
         max_message_bytes=args.max_message_mb * 1024 * 1024,
         port_file=args.port_file,
         admin_token=args.admin_token,
+        tls=tls,
     )
 
     async def main() -> None:

@@ -1,0 +1,118 @@
+"""TLS for ferry's gRPC servers and clients.
+
+A server with a certificate and key serves TLS only; with a client CA as well
+it also requires and verifies client certificates (mutual TLS). A client with
+a CA bundle connects with TLS and verifies the server's certificate (its
+subject alternative names must cover the address dialled: an IP SAN for
+127.0.0.1, the pod's DNS name in Kubernetes); with a certificate and key of
+its own it can present them.
+
+Where ferry's clients get their settings: the arguments, else the environment
+($FERRY_TLS_CA, $FERRY_TLS_CERT, $FERRY_TLS_KEY), so every `ferry` command,
+the exporter and library users share one switch. The HA data stream is not
+covered yet (it stays plaintext, authenticated by haSecret).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from ferry.runtime.errors import ConfigError
+
+ENV_CA, ENV_CERT, ENV_KEY = "FERRY_TLS_CA", "FERRY_TLS_CERT", "FERRY_TLS_KEY"
+
+
+def _read(path: Path | str, what: str, key: str) -> bytes:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(key, f"cannot read the {what} {path}: {exc.strerror}") from None
+    if b"-----BEGIN" not in data:
+        raise ConfigError(key, f"{path} is not a PEM file (the {what})")
+    return data
+
+
+@dataclass(frozen=True)
+class ServerTLS:
+    cert: bytes
+    key: bytes
+    client_ca: bytes | None = None  # set: client certificates are required and verified
+
+    @classmethod
+    def load(
+        cls, cert: str | Path, key: str | Path, client_ca: str | Path | None = None,
+        keys: tuple[str, str, str] = ("--tls-cert", "--tls-key", "--tls-client-ca"),
+    ) -> ServerTLS:  # fmt: skip
+        return cls(
+            _read(cert, "certificate", keys[0]),
+            _read(key, "private key", keys[1]),
+            _read(client_ca, "client CA bundle", keys[2]) if client_ca else None,
+        )
+
+    def credentials(self) -> grpc.ServerCredentials:
+        return grpc.ssl_server_credentials(
+            [(self.key, self.cert)],
+            root_certificates=self.client_ca,
+            require_client_auth=self.client_ca is not None,
+        )
+
+
+@dataclass(frozen=True)
+class ClientTLS:
+    ca: bytes
+    cert: bytes | None = None
+    key: bytes | None = None
+
+    @classmethod
+    def load(
+        cls, ca: str | Path, cert: str | Path | None = None, key: str | Path | None = None,
+        keys: tuple[str, str, str] = ("--tls-ca", "--tls-cert", "--tls-key"),
+    ) -> ClientTLS:  # fmt: skip
+        if bool(cert) != bool(key):
+            raise ConfigError(
+                keys[1], "a client certificate needs its key, and a key its certificate"
+            )
+        return cls(
+            _read(ca, "CA bundle", keys[0]),
+            _read(cert, "certificate", keys[1]) if cert else None,
+            _read(key, "private key", keys[2]) if key else None,
+        )
+
+    @classmethod
+    def from_env(cls) -> ClientTLS | None:
+        ca = os.environ.get(ENV_CA)
+        if not ca:
+            return None
+        return cls.load(
+            ca, os.environ.get(ENV_CERT) or None, os.environ.get(ENV_KEY) or None,
+            keys=(f"${ENV_CA}", f"${ENV_CERT}", f"${ENV_KEY}"),
+        )  # fmt: skip
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.ca, private_key=self.key, certificate_chain=self.cert
+        )
+
+
+_FROM_ENV = object()
+
+
+def channel(
+    addr: str, tls: ClientTLS | None | object = _FROM_ENV, options: Sequence = ()
+) -> grpc.Channel:
+    """A blocking channel: TLS when `tls` (default: from the environment) is set."""
+    settings = ClientTLS.from_env() if tls is _FROM_ENV else tls
+    if settings is None:
+        return grpc.insecure_channel(addr, options=list(options))
+    return grpc.secure_channel(addr, settings.credentials(), options=list(options))  # type: ignore[union-attr]
+
+
+def aio_channel(addr: str, tls: ClientTLS | None, options: Sequence = ()) -> grpc.aio.Channel:
+    if tls is None:
+        return grpc.aio.insecure_channel(addr, options=list(options))
+    return grpc.aio.secure_channel(addr, tls.credentials(), options=list(options))

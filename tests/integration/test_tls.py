@@ -1,0 +1,152 @@
+"""A TLS cluster with certificates made in the test (by the real openssl): a
+name server and a SYNC_MASTER with its slave, all requiring client
+certificates. Brokers register and the slave syncs its master's metadata over
+mutual TLS; `ferry` commands and grpcurl work with the CA and a client
+certificate; a plaintext client and a TLS client without a certificate get
+nothing."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import grpc
+import pytest
+
+from ferry.runtime.tls import ClientTLS, ServerTLS
+from ferry.v1 import (
+    broker_admin_pb2,
+    broker_admin_pb2_grpc,
+    broker_pb2,
+    broker_pb2_grpc,
+    common_pb2,
+    namesrv_pb2,
+    namesrv_pb2_grpc,
+)
+from tests.conftest import start_broker, start_namesrv, wait_for
+from tests.integration.support import grpcurl_path, run_ferry
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    exe = shutil.which("openssl")
+    if exe is None:
+        pytest.fail("openssl is not installed (the test makes its certificates with it)")
+    done = subprocess.run([exe, *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("certs")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+             "-subj", "/CN=ferry test CA", cwd=d)  # fmt: skip
+    for name, ext in (
+        (
+            "server",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth",
+        ),
+        ("client", "extendedKeyUsage=clientAuth"),
+    ):
+        _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr",
+                 "-subj", f"/CN=ferry {name}", cwd=d)  # fmt: skip
+        (d / f"{name}.ext").write_text(ext + "\n")
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                 "-CAcreateserial", "-out", f"{name}.pem", "-days", "2",
+                 "-extfile", f"{name}.ext", cwd=d)  # fmt: skip
+    return d
+
+
+def test_a_mutual_tls_cluster(loop_thread, tmp_path, certs):
+    c = lambda name: str(certs / name)  # noqa: E731
+    ns = start_namesrv(
+        loop_thread, tmp_path / "ns", metrics_port=-1,
+        tls=ServerTLS.load(c("server.pem"), c("server.key"), c("ca.pem")),
+    )  # fmt: skip
+    tls_keys = {"tlsCert": c("server.pem"), "tlsKey": c("server.key"),
+                "tlsClientCa": c("ca.pem"), "tlsCa": c("ca.pem")}  # fmt: skip
+    master = start_broker(
+        loop_thread, tmp_path / "m", ns.addr, brokerName="broker-t", brokerRole="SYNC_MASTER",
+        haListenPort=0, **tls_keys,
+    )  # fmt: skip
+    slave = start_broker(
+        loop_thread, tmp_path / "s", ns.addr, brokerName="broker-t", brokerRole="SLAVE",
+        brokerId=1, slaveReadEnable="true", slaveSyncDelay=0, slaveSyncInterval=200,
+        haReconnectInterval=200, **tls_keys,
+    )  # fmt: skip
+    client = ClientTLS.load(c("ca.pem"), c("client.pem"), c("client.key"))
+    channels = []
+
+    def secure(addr: str, tls: ClientTLS | None = client) -> grpc.Channel:
+        ch = grpc.secure_channel(addr, tls.credentials()) if tls else grpc.insecure_channel(addr)
+        channels.append(ch)
+        return ch
+
+    try:
+        names = namesrv_pb2_grpc.NameServerStub(secure(ns.addr))
+        # Both brokers registered over mutual TLS (their client certificates).
+        wait_for(
+            lambda: len(names.GetBrokerClusterInfo(namesrv_pb2.GetBrokerClusterInfoRequest())
+                        .broker_addr_table["broker-t"].broker_addrs) == 2,
+            15, "both brokers to register over TLS",
+        )  # fmt: skip
+        broker_admin_pb2_grpc.BrokerAdminStub(secure(master.addr)).UpdateAndCreateTopic(
+            broker_admin_pb2.UpdateAndCreateTopicRequest(
+                topic_config=common_pb2.TopicConfig(
+                    topic_name="Tls", read_queue_nums=2, write_queue_nums=2, perm=6
+                )
+            ),
+            timeout=10,
+        )
+        # The slave pulled the topic from its master's SlaveSync over TLS.
+        wait_for(lambda: slave.app.metadata.topics.get("Tls") is not None, 15, "slave sync")
+        sent = broker_pb2_grpc.BrokerStub(secure(master.addr)).SendMessage(
+            broker_pb2.SendMessageRequest(topic="Tls", body=b"over tls"), timeout=10
+        )
+        assert sent.status == broker_pb2.SEND_OK  # the slave has it (HA, plaintext)
+
+        # Refused: plaintext, and TLS without a client certificate.
+        for tls in (None, ClientTLS.load(c("ca.pem"))):
+            with pytest.raises(grpc.RpcError) as err:
+                namesrv_pb2_grpc.NameServerStub(secure(ns.addr, tls)).GetBrokerClusterInfo(
+                    namesrv_pb2.GetBrokerClusterInfoRequest(), timeout=5
+                )
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+        # The ferry command, with the CA and a client certificate.
+        env = {"FERRY_TLS_CA": c("ca.pem"), "FERRY_TLS_CERT": c("client.pem"),
+               "FERRY_TLS_KEY": c("client.key")}  # fmt: skip
+        got = run_ferry("consume", "Tls", "-g", "g", "--from-beginning", "--max", "1",
+                        "-n", ns.addr, env=env)  # fmt: skip
+        assert got.returncode == 0 and "over tls" in got.stdout, got.stderr
+        flags = run_ferry("route", "Tls", "-n", ns.addr, "--tls-ca", c("ca.pem"),
+                          "--tls-cert", c("client.pem"), "--tls-key", c("client.key"))  # fmt: skip
+        assert flags.returncode == 0 and "broker-t" in flags.stdout, flags.stderr
+        plain = run_ferry("route", "Tls", "-n", ns.addr)
+        assert plain.returncode != 0
+
+        # grpcurl, as an operator would.
+        out = subprocess.run(
+            [grpcurl_path(), "-cacert", c("ca.pem"), "-cert", c("client.pem"), "-key",
+             c("client.key"), "-d", '{"topic":"Tls"}', ns.addr,
+             "ferry.v1.NameServer/GetRouteInfoByTopic"],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert out.returncode == 0 and "broker-t" in out.stdout, out.stderr
+    finally:
+        for ch in channels:
+            ch.close()
+        slave.stop()
+        master.stop()
+        ns.stop()
+
+
+def test_a_bad_tls_file_stops_startup_with_its_name(tmp_path):
+    (tmp_path / "not.pem").write_text("hello")
+    got = run_ferry("broker", "-o", "tlsCert=" + str(tmp_path / "not.pem"), "-o",
+                    "tlsKey=" + str(tmp_path / "missing.key"), "-o", "listenPort=0",
+                    "-o", f"storePathRootDir={tmp_path / 'store'}", "-o", "metricsPort=-1",
+                    "-o", "haListenPort=0")  # fmt: skip
+    assert got.returncode == 2
+    assert "tlsCert" in got.stderr + got.stdout and "not a PEM file" in got.stderr + got.stdout
