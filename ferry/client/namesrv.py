@@ -34,9 +34,14 @@ class NoNameServerAnswered(Exception):
 
     def __init__(self, failures: Sequence[tuple[str, str]]) -> None:
         tried = "; ".join(f"{addr}: {why}" for addr, why in failures)
+        tls_hint = (
+            " If they serve TLS, pass --tls-ca (or set $FERRY_TLS_CA)."
+            if not os.environ.get(tls.ENV_CA) and "Socket closed" in tried
+            else ""
+        )
         super().__init__(
             f"no name server answered (tried {tried}). Is one running? "
-            f"Name them with -n 'host:port;host:port' or {ENV_VAR}."
+            f"Name them with -n 'host:port;host:port' or {ENV_VAR}.{tls_hint}"
         )
         self.failures = list(failures)
 

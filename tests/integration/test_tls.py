@@ -124,7 +124,7 @@ def test_a_mutual_tls_cluster(loop_thread, tmp_path, certs):
                           "--tls-cert", c("client.pem"), "--tls-key", c("client.key"))  # fmt: skip
         assert flags.returncode == 0 and "broker-t" in flags.stdout, flags.stderr
         plain = run_ferry("route", "Tls", "-n", ns.addr)
-        assert plain.returncode != 0
+        assert plain.returncode != 0 and "--tls-ca" in plain.stderr  # says what to do
 
         # grpcurl, as an operator would.
         out = subprocess.run(
