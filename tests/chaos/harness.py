@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-import pytest
 
 from ferry import record
 from ferry.v1 import (
@@ -31,7 +29,7 @@ from ferry.v1 import (
     ha_admin_pb2_grpc,
 )
 from tests.conftest import broker_options, wait_for
-from tests.integration.support import BrokerServer
+from tests.integration.support import BrokerServer, PortRange
 
 ROUNDS = int(os.environ.get("FERRY_CHAOS_ROUNDS", "2"))
 FILE_SIZE = 1 << 20  # commit-log files roll every few rounds
@@ -39,23 +37,12 @@ TOPIC = "Chaos"
 QUEUES = 4
 SECRET = "chaos-secret"
 SLAVE_TIMEOUT_MS = 2000
-# Fixed ports for processes that restart: below the ephemeral range (32768+),
-# apart from test_make_run (< 20000) and test_k8s_local_run (21000+).
-_next_port = [20000]
+# Fixed ports for processes that restart (see PortRange for the ranges).
+_PORTS = PortRange(20000, 21000)
 
 
 def fixed_port() -> int:
-    while _next_port[0] < 20990:
-        port = _next_port[0]
-        _next_port[0] += 1
-        with socket.socket() as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    pytest.fail("no free port in 20000-20990 for the chaos brokers")
+    return _PORTS.take()
 
 
 @dataclass

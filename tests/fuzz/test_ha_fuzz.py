@@ -31,6 +31,7 @@ from ferry.v1 import broker_pb2
 from services.ha import protocol
 from tests.conftest import start_broker, wait_for
 from tests.integration.test_broker_grpc import create_topic
+from tests.integration.test_ha_faults import FakeMaster
 from tests.integration.test_replication import ha_status
 
 INPUTS = int(os.environ.get("FERRY_HA_FUZZ_INPUTS", "2000"))
@@ -135,28 +136,20 @@ def _record(commit_offset: int, n: int) -> bytes:
 
 
 def test_slave_appends_exactly_the_valid_frames(loop_thread, tmp_path):
-    server = socket.create_server(("127.0.0.1", 0))
-    server.settimeout(10)
+    fake = FakeMaster()
     slave = start_broker(
         loop_thread, tmp_path / "s", brokerName="broker-h", brokerRole="SLAVE", brokerId=1,
         mappedFileSizeCommitLog=FILE, haReconnectInterval=10,
-        haMasterAddress=f"127.0.0.1:{server.getsockname()[1]}", haMaxFrameSize=1 << 20,
+        haMasterAddress=fake.addr, haMaxFrameSize=1 << 20,
     )  # fmt: skip
     rnd = random.Random("slave")
     expected = bytearray()
     sent = connections = valid = 0
     try:
         while sent < INPUTS:
-            conn, _ = server.accept()
+            conn, end = fake.accept()
             connections += 1
             with conn:
-                conn.settimeout(5)
-                report = b""
-                while len(report) < 8:
-                    chunk = conn.recv(8 - len(report))
-                    assert chunk, "the slave closed before reporting"
-                    report += chunk
-                end = struct.unpack(">q", report)[0]
                 assert end == len(expected)  # it resumes from what it really has
                 out = bytearray()
                 bad = False
@@ -208,4 +201,4 @@ def test_slave_appends_exactly_the_valid_frames(loop_thread, tmp_path):
         assert not any(got[len(expected) :])  # and nothing after them
     finally:
         slave.stop()
-        server.close()
+        fake.close()

@@ -53,6 +53,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class PortRange:
+    """Free loopback ports handed out in order from [start, end): below the
+    ephemeral range (32768+), so an outgoing connection cannot take one between
+    the test choosing it and a process binding it (a port from bind(0) could).
+    The ranges in use: test_make_run < 20000, the chaos suite 20000-20999,
+    test_k8s_local_run 21000-31999."""
+
+    def __init__(self, start: int, end: int) -> None:
+        self.next, self.end = start, end
+        self.start = start
+
+    def take(self) -> int:
+        while self.next < self.end:
+            port = self.next
+            self.next += 1
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
+        pytest.fail(f"no free loopback port left in {self.start}-{self.end}")
+
+
 class HeldPort:
     """Keep a loopback port bound but not listening: connecting is refused, and
     no server started by a parallel test can take the port meanwhile (a reused

@@ -26,7 +26,6 @@ import json
 import os
 import re
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -49,7 +48,7 @@ from ferry.v1 import (
     namesrv_pb2,
     namesrv_pb2_grpc,
 )
-from tests.integration.support import child_env, stop_pid
+from tests.integration.support import PortRange, child_env, stop_pid
 from tests.unit.test_k8s_manifests import render
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,24 +83,11 @@ class Pod:
     ports: dict[int, int] = field(default_factory=dict)  # containerPort -> local port
 
 
-_next_port = [21000]
+_PORTS = PortRange(21000, 32000)  # each pod's ports, fresh per process and below 32768
 
 
 def free_port() -> int:
-    """A free loopback port below the ephemeral range (32768+): a port the OS
-    handed out for bind(0) and released could be taken by an outgoing
-    connection before the pod binds it. (test_make_run.py stays below 21000.)"""
-    while _next_port[0] < 32000:
-        port = _next_port[0]
-        _next_port[0] += 1
-        with socket.socket() as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    pytest.fail("no free port in 21000-32000")
+    return _PORTS.take()
 
 
 def pods_of(docs: list[dict]) -> list[Pod]:
