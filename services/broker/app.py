@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import socket
+import ssl
 import time
 from pathlib import Path
 
@@ -66,6 +67,26 @@ BROKER_SERVICE = broker_pb2.DESCRIPTOR.services_by_name["Broker"].full_name
 ADMIN_SERVICE = broker_admin_pb2.DESCRIPTOR.services_by_name["BrokerAdmin"].full_name
 SLAVE_SYNC_SERVICE = slave_sync_pb2.DESCRIPTOR.services_by_name["SlaveSync"].full_name
 HA_ADMIN_SERVICE = ha_admin_pb2.DESCRIPTOR.services_by_name["HAAdmin"].full_name
+
+
+def _ha_server_ssl(cfg: BrokerConfig) -> ssl.SSLContext:
+    """The master's side of the HA stream over TLS; with tlsClientCa, slaves must
+    present a certificate it signed."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key)
+    if cfg.tls_client_ca:
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.load_verify_locations(cfg.tls_client_ca)
+    return ctx
+
+
+def _ha_client_ssl(cfg: BrokerConfig) -> ssl.SSLContext:
+    """The slave's side: the master's certificate must chain to tlsCa and name the
+    address dialled; tlsCert, when set, is presented as the slave's."""
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=cfg.tls_ca)
+    if cfg.tls_cert:
+        ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key)
+    return ctx
 
 
 def schedule_topic_config(levels: int) -> TopicConfig:
@@ -328,6 +349,7 @@ class BrokerApp:
                     sync_from=cfg.ha_sync_from,
                     group=cfg.broker_name,
                     max_connections=cfg.ha_max_connections,
+                    ssl=_ha_server_ssl(cfg) if cfg.ha_tls else None,
                 ),
                 store,
                 acks,
@@ -361,6 +383,7 @@ class BrokerApp:
                     reconnect_s=cfg.ha_reconnect_interval_s,
                     max_frame_bytes=cfg.ha_max_frame_size,
                     read_buffer_bytes=cfg.ha_read_buffer_size,
+                    ssl=_ha_client_ssl(cfg) if cfg.ha_tls else None,
                     secret=secret,
                     group=cfg.broker_name,
                     replica_id=cfg.broker_id,

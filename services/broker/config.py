@@ -65,6 +65,7 @@ class BrokerConfig:
     tls_key: str = ""
     tls_client_ca: str = ""  # require client certificates signed by this CA
     tls_ca: str = ""  # verify name servers and the master (SlaveSync) with this CA: TLS out
+    ha_tls: bool = False  # the HA stream over TLS too (master: tlsCert/tlsKey; slave: tlsCa)
     ha_max_connections: int = 16
     ha_max_frame_size: int = 64 * 1024 * 1024
     ha_read_buffer_size: int = 8 * 1024 * 1024
@@ -309,6 +310,12 @@ KNOWN_KEYS: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
         "PEM CA to verify name servers and the master with: TLS for this broker's own "
         "calls, presenting tlsCert as its client certificate (ferry)",
     ),
+    "haTls": (
+        "ha_tls",
+        _bool,
+        "the HA stream over TLS: a master serves it with tlsCert/tlsKey (and checks slaves' "
+        "certificates against tlsClientCa), a slave verifies it with tlsCa (ferry)",
+    ),
     "grpcMaxMessageSize": (
         "grpc_max_message_size",
         _int(64 * 1024),
@@ -441,6 +448,10 @@ def _check(config: BrokerConfig) -> None:
         raise ConfigError(
             "brokerId", f"a {config.broker_role} must have brokerId 0, not {config.broker_id}"
         )
+    if config.ha_tls and config.broker_role != "SLAVE" and not config.tls_cert:
+        raise ConfigError("haTls", "a master serves the HA stream over TLS with tlsCert and tlsKey")
+    if config.ha_tls and config.broker_role == "SLAVE" and not config.tls_ca:
+        raise ConfigError("haTls", "a slave verifies its master's HA certificate with tlsCa")
     if bool(config.tls_cert) != bool(config.tls_key):
         raise ConfigError("tlsCert", "TLS needs both tlsCert and tlsKey")
     if config.tls_client_ca and not config.tls_cert:

@@ -54,6 +54,7 @@ class HASlaveConfig:
     replica_id: int = 1
     reset_out_of_range: bool = True
     connect_timeout_s: float = 5.0
+    ssl: object = None  # an ssl.SSLContext: reach the master's HA port over TLS (haTls)
 
 
 class HASlave:
@@ -138,7 +139,12 @@ class HASlave:
         loop = asyncio.get_running_loop()
         inbound = Inbound(self.config.read_buffer_bytes)
         async with asyncio.timeout(self.config.connect_timeout_s):
-            transport, _ = await loop.create_connection(lambda: inbound, host, int(port))
+            transport, _ = await loop.create_connection(
+                lambda: inbound,
+                host,
+                int(port),
+                ssl=self.config.ssl,  # type: ignore[arg-type]
+            )
         writer = _Writer(transport)
         self._writer = writer
         heartbeat: asyncio.Task | None = None

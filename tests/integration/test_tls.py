@@ -150,3 +150,51 @@ def test_a_bad_tls_file_stops_startup_with_its_name(tmp_path):
                     "-o", "haListenPort=0")  # fmt: skip
     assert got.returncode == 2
     assert "tlsCert" in got.stderr + got.stdout and "not a PEM file" in got.stderr + got.stdout
+
+
+def test_the_ha_stream_over_tls(loop_thread, tmp_path, certs):
+    """haTls: the master serves its HA port with TLS and requires the slave's
+    certificate; the slave verifies the master's. It replicates (a SYNC send is
+    acknowledged by the slave), byte-identical; a slave speaking plaintext to
+    that port, or without a certificate, gets no byte."""
+    c = lambda name: str(certs / name)  # noqa: E731
+    tls = {"haTls": "true", "tlsCert": c("server.pem"), "tlsKey": c("server.key"),
+           "tlsClientCa": c("ca.pem"), "tlsCa": c("ca.pem")}  # fmt: skip
+    master = start_broker(
+        loop_thread, tmp_path / "m", brokerName="broker-t", brokerRole="SYNC_MASTER",
+        haListenPort=0, haSecret="s", **tls,
+    )  # fmt: skip
+    ha = f"127.0.0.1:{master.app.ha_master.port}"
+    common = {"brokerName": "broker-t", "brokerRole": "SLAVE", "brokerId": 1,
+              "haMasterAddress": ha, "haReconnectInterval": 200, "haSecret": "s"}  # fmt: skip
+    slave = start_broker(loop_thread, tmp_path / "s", **common, **tls)
+    plain = start_broker(loop_thread, tmp_path / "p", **common)
+    no_cert = start_broker(loop_thread, tmp_path / "n", **common, haTls="true", tlsCa=c("ca.pem"))
+    try:
+        channel = grpc.secure_channel(
+            master.addr, ClientTLS.load(c("ca.pem"), c("client.pem"), c("client.key")).credentials()
+        )
+        broker_admin_pb2_grpc.BrokerAdminStub(channel).UpdateAndCreateTopic(
+            broker_admin_pb2.UpdateAndCreateTopicRequest(
+                topic_config=common_pb2.TopicConfig(
+                    topic_name="HaTls", read_queue_nums=1, write_queue_nums=1, perm=6
+                )
+            ),
+            timeout=10,
+        )
+        wait_for(lambda: slave.app.ha_slave.connected, 10, "the TLS slave to connect")
+        for i in range(20):
+            r = broker_pb2_grpc.BrokerStub(channel).SendMessage(
+                broker_pb2.SendMessageRequest(topic="HaTls", body=b"secret %d" % i), timeout=10
+            )
+            assert r.status == broker_pb2.SEND_OK
+        end = master.app.store.max_offset
+        wait_for(lambda: slave.app.store.max_offset == end, 10, "the TLS slave to catch up")
+        read = lambda p: b"".join(f.read_bytes() for f in sorted((p / "commitlog").iterdir()))  # noqa: E731
+        assert read(tmp_path / "s")[:end] == read(tmp_path / "m")[:end]
+        assert plain.app.store.max_offset == 0 and not plain.app.ha_slave.connected
+        assert no_cert.app.store.max_offset == 0 and not no_cert.app.ha_slave.connected
+        channel.close()
+    finally:
+        for b in (no_cert, plain, slave, master):
+            b.stop()
