@@ -65,10 +65,16 @@ class GrpcServer:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
         tls: ServerTLS | None = None,
+        health_port: int = -1,
     ) -> None:
         self._services = list(services)
         self._interceptors = list(interceptors)
         self._tls = tls
+        # >= 0: also serve grpc.health.v1 alone, in plaintext, on this port (for
+        # probes that cannot speak TLS, like the kubelet's); -1: not at all.
+        self._health_port = health_port
+        self._health_server: grpc.aio.Server | None = None
+        self.health_port = -1
         self._host = host
         self._requested_port = port
         self._max_message_bytes = max_message_bytes
@@ -106,6 +112,8 @@ class GrpcServer:
             raise OSError(f"cannot listen on {address} (is the port in use?)")
         await server.start()
         self._server = server
+        if self._health_port >= 0:
+            await self._start_health_server()
         log.info(
             "gRPC listening on %s:%d (%s%s)",
             self._host,
@@ -115,6 +123,20 @@ class GrpcServer:
                                                   if self._tls.client_ca else ""),
         )  # fmt: skip
         return self.port
+
+    async def _start_health_server(self) -> None:
+        health_only = grpc.aio.server(options=server_options(64 * 1024))
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, health_only)
+        address = f"{self._host}:{self._health_port}"
+        try:
+            port = health_only.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise OSError(f"cannot listen on {address}: {exc} (is the port in use?)") from None
+        if port == 0:
+            raise OSError(f"cannot listen on {address} (is the port in use?)")
+        await health_only.start()
+        self._health_server, self.health_port = health_only, port
+        log.info("gRPC health (only) on %s:%d, plaintext", self._host, port)
 
     async def set_serving(self) -> None:
         await self._set_all(SERVING)
@@ -128,6 +150,9 @@ class GrpcServer:
         if self._server is not None:
             await self._server.stop(grace_s)
             self._server = None
+        if self._health_server is not None:
+            await self._health_server.stop(0)
+            self._health_server = None
 
     async def _set_all(self, status: int) -> None:
         await self._health.set("", status)

@@ -219,6 +219,7 @@ class BrokerApp:
                 if cfg.tls_cert
                 else None
             ),
+            health_port=cfg.health_port,
         )
         await self.server.start()
         # The store host in records is the advertised address with the real port.
@@ -282,6 +283,7 @@ class BrokerApp:
                 "grpc_port": self.port,
                 "metrics_port": self.metrics_port,
                 "ha_port": self.ha_master.port if self.ha_master else cfg.ha_listen_port,
+                "health_port": self.server.health_port,
                 "pid": os.getpid(),
             }
             atomic_write_bytes(Path(cfg.port_file), json.dumps(info).encode())

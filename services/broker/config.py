@@ -65,6 +65,7 @@ class BrokerConfig:
     tls_key: str = ""
     tls_client_ca: str = ""  # require client certificates signed by this CA
     tls_ca: str = ""  # verify name servers and the master (SlaveSync) with this CA: TLS out
+    health_port: int = -1  # >= 0: grpc.health.v1 alone, plaintext (kubelet probes with TLS)
     ha_tls: bool = False  # the HA stream over TLS too (master: tlsCert/tlsKey; slave: tlsCa)
     ha_max_connections: int = 16
     ha_max_frame_size: int = 64 * 1024 * 1024
@@ -309,6 +310,12 @@ KNOWN_KEYS: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
         _text,
         "PEM CA to verify name servers and the master with: TLS for this broker's own "
         "calls, presenting tlsCert as its client certificate (ferry)",
+    ),
+    "healthPort": (
+        "health_port",
+        _int(-1, 65535),
+        "also serve grpc.health.v1 alone, in plaintext, on this port, for probes that cannot "
+        "speak TLS (the kubelet's); -1: off (ferry)",
     ),
     "haTls": (
         "ha_tls",

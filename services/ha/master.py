@@ -195,7 +195,7 @@ class HAMaster:
             await self._read_loop(conn, reader, writer, writer_task)
         except HAProtocolError as exc:
             self.protocol_errors += 1
-            log.warning("closing HA connection from %s: %s", addr, exc)
+            log.warning("closing HA connection from %s: %s", addr, str(exc))
         except TimeoutError:
             log.warning(
                 "closing HA connection from %s: nothing read for %.0f s",
@@ -203,7 +203,7 @@ class HAMaster:
                 self.config.housekeeping_interval_s,
             )
         except (ConnectionError, OSError) as exc:
-            log.info("HA connection from %s ended: %s", addr, exc)
+            log.info("HA connection from %s ended: %s", addr, str(exc))
         finally:
             # Bookkeeping first: the awaits below re-raise a cancellation.
             if conn is not None and self.connections.get(key) is conn:

@@ -110,10 +110,13 @@ class HASlave:
                 # Known and then unknown again before this task ran (two answers
                 # in one turn): wait for the next address.
                 continue
+            # Log messages, not exception objects: a log record keeps its
+            # arguments, and an exception its traceback, which holds this
+            # connection's read buffer (haReadBufferSize) alive.
             try:
                 await self._session(addr)
             except HAProtocolError as exc:
-                log.warning("HA connection to %s closed: %s", addr, exc)
+                log.warning("HA connection to %s closed: %s", addr, str(exc))
             except TimeoutError:
                 log.warning(
                     "HA connection to %s closed: nothing read for %.0f s",
@@ -121,7 +124,7 @@ class HASlave:
                     self.config.housekeeping_interval_s,
                 )
             except (ConnectionError, OSError) as exc:
-                log.info("HA connection to %s failed: %s", addr, exc)
+                log.info("HA connection to %s failed: %s", addr, str(exc))
             except asyncio.CancelledError:
                 raise
             except Exception:

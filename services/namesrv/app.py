@@ -44,6 +44,7 @@ class NamesrvConfig:
     port_file: Path | None = None  # written with the bound ports once serving
     admin_token: str = ""  # "": state-changing RPCs are open, as in RocketMQ
     tls: ServerTLS | None = None  # None: plaintext gRPC
+    health_port: int = -1  # >= 0: grpc.health.v1 alone, plaintext, here (probes)
 
 
 class NamesrvApp:
@@ -71,6 +72,7 @@ class NamesrvApp:
             config.max_message_bytes,
             interceptors=auth.interceptors(config.admin_token, auth.NAMESRV_ADMIN_METHODS),
             tls=config.tls,
+            health_port=config.health_port,
         )
         self._metrics_endpoint: MetricsEndpoint | None = None
         self._housekeeping: asyncio.Task | None = None
@@ -93,7 +95,12 @@ class NamesrvApp:
         self._housekeeping = asyncio.create_task(self._housekeep(), name="namesrv-housekeeping")
         await self.server.set_serving()
         if self.config.port_file:
-            info = {"grpc_port": self.port, "metrics_port": self.metrics_port, "pid": os.getpid()}
+            info = {
+                "grpc_port": self.port,
+                "metrics_port": self.metrics_port,
+                "health_port": self.server.health_port,
+                "pid": os.getpid(),
+            }
             atomic_write_bytes(Path(self.config.port_file), json.dumps(info).encode())
         log.info(
             "name server ready: grpc=%s:%d metrics=%d home=%s",

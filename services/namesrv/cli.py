@@ -132,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
         port_file=args.port_file,
         admin_token=args.admin_token,
         tls=tls,
+        health_port=args.health_port,
     )
 
     async def main() -> None:
