@@ -79,6 +79,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"${ENV_ADMIN_TOKEN}, which keeps it out of the process list)",
     )
     parser.add_argument(
+        "--health-port",
+        type=int,
+        default=-1,
+        metavar="PORT",
+        help="also serve grpc.health.v1 alone, in plaintext, on PORT, for probes that "
+        "cannot speak TLS (the kubelet's); default -1: off",
+    )
+    parser.add_argument(
         "--tls-cert",
         default=env("FERRY_NAMESRV_TLS_CERT"),
         metavar="PEM",

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ferry.runtime.tls import ClientTLS, ServerTLS
 from ferry.v1 import (
@@ -61,14 +62,14 @@ def certs(tmp_path_factory) -> Path:
 def test_a_mutual_tls_cluster(loop_thread, tmp_path, certs):
     c = lambda name: str(certs / name)  # noqa: E731
     ns = start_namesrv(
-        loop_thread, tmp_path / "ns", metrics_port=-1,
+        loop_thread, tmp_path / "ns", metrics_port=-1, health_port=0,
         tls=ServerTLS.load(c("server.pem"), c("server.key"), c("ca.pem")),
     )  # fmt: skip
     tls_keys = {"tlsCert": c("server.pem"), "tlsKey": c("server.key"),
                 "tlsClientCa": c("ca.pem"), "tlsCa": c("ca.pem")}  # fmt: skip
     master = start_broker(
         loop_thread, tmp_path / "m", ns.addr, brokerName="broker-t", brokerRole="SYNC_MASTER",
-        haListenPort=0, **tls_keys,
+        haListenPort=0, healthPort=0, **tls_keys,
     )  # fmt: skip
     slave = start_broker(
         loop_thread, tmp_path / "s", ns.addr, brokerName="broker-t", brokerRole="SLAVE",
@@ -113,6 +114,17 @@ def test_a_mutual_tls_cluster(loop_thread, tmp_path, certs):
                     namesrv_pb2.GetBrokerClusterInfoRequest(), timeout=5
                 )
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+        # Probes that cannot speak TLS (the kubelet's) use the plaintext health-only port.
+        for server in (ns.app.server, master.app.server):
+            health = health_pb2_grpc.HealthStub(secure(f"127.0.0.1:{server.health_port}", None))
+            answer = health.Check(health_pb2.HealthCheckRequest(), timeout=5)
+            assert answer.status == health_pb2.HealthCheckResponse.SERVING
+            with pytest.raises(grpc.RpcError) as err:  # and nothing else is served there
+                namesrv_pb2_grpc.NameServerStub(
+                    secure(f"127.0.0.1:{server.health_port}", None)
+                ).GetBrokerClusterInfo(namesrv_pb2.GetBrokerClusterInfoRequest(), timeout=5)
+            assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
         # The ferry command, with the CA and a client certificate.
         env = {"FERRY_TLS_CA": c("ca.pem"), "FERRY_TLS_CERT": c("client.pem"),
