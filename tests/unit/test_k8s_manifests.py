@@ -22,7 +22,10 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"
 OVERLAYS = sorted((K8S / "overlays").iterdir())
-KUSTOMIZATIONS = sorted(p.parent for p in K8S.rglob("kustomization.yaml"))
+# Deployable kustomizations (components are parts: they are tested inside an overlay).
+KUSTOMIZATIONS = sorted(p.parent for p in K8S.rglob("kustomization.yaml")
+                        if "components" not in p.relative_to(K8S).parts)  # fmt: skip
+TLS_COMPONENT = K8S / "components" / "tls"
 SELECTOR_LABELS = {"app.kubernetes.io/name", "app.kubernetes.io/instance",
                    "app.kubernetes.io/component"}  # fmt: skip
 NAMESRV_ADDRS = ["ferry-namesrv-0.ferry-namesrv:9876", "ferry-namesrv-1.ferry-namesrv:9876"]
@@ -39,20 +42,69 @@ def render(directory: Path) -> list[dict]:
     return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
 
 
-@pytest.fixture(scope="module", params=OVERLAYS, ids=lambda p: p.name)
-def docs(request) -> list[dict]:
-    """An overlay, rendered (base and monitoring are parts, not deployable alone)."""
-    return render(request.param)
+def with_tls(overlay: Path, where: Path, tls_files: dict[str, str] | None = None) -> Path:
+    """An overlay of one's own, as the README shows: `overlay` plus the TLS
+    component, with the ferry-tls Secret (placeholder content unless given)."""
+    import os
+
+    where.mkdir(parents=True, exist_ok=True)
+    files = tls_files or {}
+    literals = [f"{k}=placeholder" for k in ("tls.crt", "tls.key", "ca.crt") if k not in files]
+    generator: dict = {"name": "ferry-tls"}
+    if files:
+        generator["files"] = [f"{k}={v}" for k, v in files.items()]
+    if literals:
+        generator["literals"] = literals
+    (where / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [os.path.relpath(overlay, where)],
+                "components": [os.path.relpath(TLS_COMPONENT, where)],
+                "secretGenerator": [generator],
+                "generatorOptions": {
+                    "labels": {
+                        "app.kubernetes.io/name": "ferry",
+                        "app.kubernetes.io/instance": "ferry",
+                        "app.kubernetes.io/component": "tls",
+                        "app.kubernetes.io/part-of": "ferry",
+                        "app.kubernetes.io/version": "0.1.0",
+                        "app.kubernetes.io/managed-by": "kustomize",
+                    }
+                },  # fmt: skip
+            }
+        )
+    )
+    return where
+
+
+VARIANTS = [(o, False) for o in OVERLAYS] + [(o, True) for o in OVERLAYS]
+
+
+@pytest.fixture(scope="module", params=VARIANTS, ids=lambda v: v[0].name + ("+tls" if v[1] else ""))
+def docs(request, tmp_path_factory) -> list[dict]:
+    """An overlay, rendered (base and monitoring are parts, not deployable alone),
+    and the same with the TLS component."""
+    overlay, tls = request.param
+    if tls:
+        return render(with_tls(overlay, tmp_path_factory.mktemp("tls") / "mine"))
+    return render(overlay)
 
 
 @pytest.fixture
 def overlay(request, docs) -> tuple[str, list[dict]]:
-    return request.node.callspec.params["docs"].name, docs
+    return request.node.callspec.params["docs"][0].name, docs
 
 
 @pytest.mark.parametrize("version", ["1.29.0", "1.33.0"])
-@pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=lambda p: str(p.relative_to(K8S)))
+@pytest.mark.parametrize(
+    "directory", [*KUSTOMIZATIONS, "2m-2s-sync+tls"],
+    ids=lambda p: p if isinstance(p, str) else str(p.relative_to(K8S)),
+)  # fmt: skip
 def test_documents_validate_strictly(directory, version, tmp_path):
+    if directory == "2m-2s-sync+tls":
+        directory = with_tls(K8S / "overlays" / "2m-2s-sync", tmp_path / "mine")
     docs = render(directory)
     rendered = tmp_path / "all.yaml"
     rendered.write_text(yaml.safe_dump_all(docs))
@@ -175,13 +227,16 @@ def test_probes_security_and_storage(docs):
         stores = {t["metadata"]["name"] for t in w["spec"].get("volumeClaimTemplates", [])}
         for c in pod["containers"]:
             ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
-            if "grpc" in ports:  # a gRPC server: probed on grpc.health.v1
+            # A gRPC server is probed on grpc.health.v1: on its gRPC port, or with
+            # TLS (which the kubelet's probes cannot speak) on its health-only port.
+            probe_port = ports.get("health", ports.get("grpc"))
+            if "grpc" in ports:
                 for probe in ("readinessProbe", "livenessProbe"):
-                    assert c[probe]["grpc"]["port"] == ports["grpc"], (name, probe)
+                    assert c[probe]["grpc"]["port"] == probe_port, (name, probe)
             if name.startswith("broker-"):
                 # Long enough for commit-log recovery: 10 minutes before liveness counts.
                 startup = c["startupProbe"]
-                assert startup["grpc"]["port"] == ports["grpc"]
+                assert startup["grpc"]["port"] == probe_port
                 assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
             assert c["securityContext"]["readOnlyRootFilesystem"] is True
             assert c["securityContext"]["allowPrivilegeEscalation"] is False
@@ -484,3 +539,31 @@ def test_exporter_and_spark_job_share_the_spool(overlay):
 
     parsed = build_parser().parse_args(args)
     assert parsed.spool.startswith("/spool/") and parsed.out.startswith("/spool/")
+
+
+def test_the_tls_component_puts_every_grpc_server_and_client_on_tls(tmp_path):
+    docs = render(with_tls(K8S / "overlays" / "2m-2s-sync", tmp_path / "mine"))
+    [secret] = [d["metadata"]["name"] for d in by_kind(docs, "Secret")
+                if d["metadata"]["name"].startswith("ferry-tls-")]  # fmt: skip
+    for w in workloads(docs):
+        pod = w["spec"]["template"]["spec"]
+        [c] = pod["containers"]
+        name = w["metadata"]["name"]
+        if name == "ferry-analytics":
+            continue  # reads the spool, speaks no gRPC
+        assert {"name": "tls", "secret": {"secretName": secret}} in pod["volumes"], name
+        assert {"name": "tls", "mountPath": "/etc/ferry/tls", "readOnly": True} in c["volumeMounts"]
+        args = " ".join(c["args"])
+        if name.startswith("broker-"):
+            for key in ("tlsCert", "tlsKey", "tlsClientCa", "tlsCa"):
+                assert f"{key}=/etc/ferry/tls/" in args, (name, key)
+            assert "haTls=true" in args and "healthPort=10914" in args
+        elif name == "ferry-namesrv":
+            for flag in ("--tls-cert", "--tls-key", "--tls-client-ca"):
+                assert flag in c["args"], flag
+            assert c["args"][c["args"].index("--health-port") + 1] == "9878"
+        else:  # the exporter: a client
+            env = {e["name"]: e["value"] for e in c["env"]}
+            assert env["FERRY_TLS_CA"] == "/etc/ferry/tls/ca.crt" and env["FERRY_TLS_CERT"]
+    for policy in by_kind(docs, "NetworkPolicy"):
+        assert {"ports": [{"port": "health"}]} in policy["spec"]["ingress"]
