@@ -77,13 +77,19 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.port_file is not None:
         config = dataclasses.replace(config, port_file=args.port_file)
-    if config.ha_secret.startswith(PLACEHOLDER_SECRET_PREFIX):
-        log.warning(
-            "haSecret is the placeholder shipped in deploy/k8s (%s...): anyone who has read "
-            "the manifests knows it. Set the ferry-ha Secret to a random value (README, "
-            "'Deploy on Kubernetes')",
-            PLACEHOLDER_SECRET_PREFIX,
-        )
+    for key, value, secret in (
+        ("haSecret", config.ha_secret, "ferry-ha"),
+        ("adminToken", config.admin_token, "ferry-admin"),
+    ):
+        if value.startswith(PLACEHOLDER_SECRET_PREFIX):
+            log.warning(
+                "%s is the placeholder shipped in deploy/k8s (%s...): anyone who has read "
+                "the manifests knows it. Set the %s Secret to a random value (README, "
+                "'Deploy on Kubernetes')",
+                key,
+                PLACEHOLDER_SECRET_PREFIX,
+                secret,
+            )
 
     from services.broker.app import BrokerApp  # imported here: `ferry --help` stays fast
 

@@ -129,6 +129,12 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         log.error("cannot start: %s", exc)
         return 2
+    if args.admin_token.startswith("REPLACE-ME"):
+        log.warning(
+            "the admin token is the placeholder shipped in deploy/k8s: anyone who has read "
+            "the manifests knows it. Set the ferry-admin Secret to a random value (README, "
+            "'Deploy on Kubernetes')"
+        )
     config = NamesrvConfig(
         host=args.host,
         port=args.port,

@@ -38,6 +38,7 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from ferry.runtime import auth
 from ferry.runtime.tls import ClientTLS
 from ferry.v1 import (
     broker_admin_pb2,
@@ -56,6 +57,7 @@ from tests.unit.test_k8s_manifests import TLS_COMPONENT, render
 REPO = Path(__file__).resolve().parents[2]
 OVERLAY = REPO / "deploy" / "k8s" / "overlays" / "2m-2s-sync"
 DEADLINE_S = 60.0
+TOKEN = "admin-" + secrets.token_hex(8)
 
 
 def render_with_secret(tmp_path: Path, secret: str, certs: Path | None = None) -> list[dict]:
@@ -68,7 +70,8 @@ def render_with_secret(tmp_path: Path, secret: str, certs: Path | None = None) -
         "kind": "Kustomization",
         "resources": [os.path.relpath(OVERLAY, mine)],
         "secretGenerator": [
-            {"name": "ferry-ha", "behavior": "replace", "literals": [f"secret={secret}"]}
+            {"name": "ferry-ha", "behavior": "replace", "literals": [f"secret={secret}"]},
+            {"name": "ferry-admin", "behavior": "replace", "literals": [f"token={TOKEN}"]},
         ],
     }
     if certs is not None:
@@ -291,6 +294,11 @@ def test_rendered_2m_2s_sync_forms_a_cluster(tmp_path, tls):
 
         topic = "K8sLocalRun"
         for master in ("broker-a-master-0", "broker-b-master-0"):
+            with pytest.raises(grpc.RpcError) as err:  # the admin token is on
+                broker_admin_pb2_grpc.BrokerAdminStub(channel(master)).DeleteTopic(
+                    broker_admin_pb2.DeleteTopicRequest(topic="TBW102"), timeout=10
+                )
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
             broker_admin_pb2_grpc.BrokerAdminStub(channel(master)).UpdateAndCreateTopic(
                 broker_admin_pb2.UpdateAndCreateTopicRequest(
                     topic_config=common_pb2.TopicConfig(
@@ -298,6 +306,7 @@ def test_rendered_2m_2s_sync_forms_a_cluster(tmp_path, tls):
                     )
                 ),
                 timeout=10,
+                metadata=auth.bearer(TOKEN),
             )
         for ns in ("ferry-namesrv-0", "ferry-namesrv-1"):
             stub = namesrv_pb2_grpc.NameServerStub(channel(ns))

@@ -328,6 +328,7 @@ def test_broker_confs_load_with_the_brokers_own_loader(overlay, tmp_path):
     brokers = [w for w in workloads(docs) if w["metadata"]["name"].startswith("broker-")]
     assert sorted(w["metadata"]["name"] for w in brokers) == sorted(expected)
     secret = secret_value(docs, "ferry-ha", "secret")
+    token = secret_value(docs, "ferry-admin", "token")
     for w in brokers:
         broker = w["metadata"]["name"]
         [container] = w["spec"]["template"]["spec"]["containers"]
@@ -335,7 +336,7 @@ def test_broker_confs_load_with_the_brokers_own_loader(overlay, tmp_path):
         path.write_text(broker_conf(docs, w))
         args = container["args"]
         assert args[:3] == ["broker", "-c", "/etc/ferry/broker.conf"]
-        env = {"POD_NAME": f"{broker}-0", "HA_SECRET": secret}
+        env = {"POD_NAME": f"{broker}-0", "HA_SECRET": secret, "FERRY_ADMIN_TOKEN": token}
         overrides = [re.sub(r"\$\((\w+)\)", lambda m, env=env: env[m.group(1)], a)
                      for a in args[4::2]]  # fmt: skip
         config, warnings = load_config(path, overrides, env={})
@@ -344,6 +345,7 @@ def test_broker_confs_load_with_the_brokers_own_loader(overlay, tmp_path):
         assert config.cluster_name == "DefaultCluster"
         assert config.broker_ip1 == config.broker_ip2 == f"{broker}-0.{broker}"
         assert config.ha_secret == secret
+        assert config.admin_token == token
         assert list(config.namesrv_addrs) == NAMESRV_ADDRS
         assert str(config.store_root) == "/data/store"
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -567,3 +569,14 @@ def test_the_tls_component_puts_every_grpc_server_and_client_on_tls(tmp_path):
             assert env["FERRY_TLS_CA"] == "/etc/ferry/tls/ca.crt" and env["FERRY_TLS_CERT"]
     for policy in by_kind(docs, "NetworkPolicy"):
         assert {"ports": [{"port": "health"}]} in policy["spec"]["ingress"]
+
+
+def test_name_servers_and_brokers_share_the_admin_token(overlay):
+    _, docs = overlay
+    for w in workloads(docs):
+        name = w["metadata"]["name"]
+        if not (name == "ferry-namesrv" or name.startswith("broker-")):
+            continue
+        env = {e["name"]: e for e in w["spec"]["template"]["spec"]["containers"][0]["env"]}
+        ref = env["FERRY_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]
+        assert ref["name"].startswith("ferry-admin-") and ref["key"] == "token", name
