@@ -71,7 +71,7 @@ FUZZ_EXAMPLES ?= 1000
 # HA frames, reports and handshakes per side for `make fuzz` (make test runs 2,000).
 HA_FUZZ_INPUTS ?= 100000
 
-fuzz: $(PROTO_STAMP)  ## FUZZ_EXAMPLES random requests per RPC and HA_FUZZ_INPUTS HA inputs per side (~20 min)
+fuzz: $(PROTO_STAMP)  ## FUZZ_EXAMPLES random requests per RPC and HA_FUZZ_INPUTS HA inputs per side (~12 min)
 	FERRY_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FERRY_HA_FUZZ_INPUTS=$(HA_FUZZ_INPUTS) \
 		$(BIN)/pytest -p no:xdist -q -s --timeout 3600 tests/fuzz $(PYTEST_ARGS)
 
