@@ -187,11 +187,7 @@ def _wait_replicating(topology: Topology, deadline: float) -> None:
     from ferry.v1 import ha_admin_pb2, ha_admin_pb2_grpc
 
     for master in topology.masters():
-        group = master.config.broker_name
-        slaves = sum(
-            1 for b in topology.brokers
-            if b.config.broker_name == group and b.config.broker_role == "SLAVE"
-        )  # fmt: skip
+        slaves = len(topology.slaves(master.config.broker_name))
         if not slaves:
             continue
         with grpc.insecure_channel(master.addr) as channel:
@@ -328,7 +324,7 @@ def run(args: argparse.Namespace) -> int:
 
         cluster(argparse.Namespace(namesrv=addr, timeout=3.0, json=False))
         master = topology.masters()[0]
-        slaves = [b for b in topology.brokers if b.config.broker_role == "SLAVE"]
+        slaves = topology.slaves()
         ha_lines = f"  .venv/bin/ferry ha-status -b {master.addr}\n" if slaves else ""
         if slaves:
             ha_lines += f"  .venv/bin/ferry ha-status -b {slaves[0].addr}\n"

@@ -87,6 +87,11 @@ class Topology:
     def masters(self) -> list[LocalBroker]:
         return [b for b in self.brokers if b.config.broker_role != "SLAVE"]
 
+    def slaves(self, group: str | None = None) -> list[LocalBroker]:
+        """The slaves, of one broker group when `group` is given."""
+        return [b for b in self.brokers if b.config.broker_role == "SLAVE"
+                and group in (None, b.config.broker_name)]  # fmt: skip
+
 
 def find_k8s_dir(explicit: Path | None = None) -> Path:
     """deploy/k8s of this checkout: the given one, else under the current

@@ -16,7 +16,6 @@ that find brokers through the name servers.
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -74,9 +73,7 @@ class BrokerClient:
     def __init__(self, addr: str, timeout_s: float = 10.0, admin_token: str | None = None) -> None:
         self.addr = addr
         self.timeout_s = timeout_s
-        # For the BrokerAdmin writes; None takes $FERRY_ADMIN_TOKEN.
-        token = os.environ.get(auth.ENV_ADMIN_TOKEN, "") if admin_token is None else admin_token
-        self._admin_md = tuple(auth.bearer(token))
+        self._admin_md = auth.client_metadata(admin_token)  # for the BrokerAdmin writes
         self.channel = tls.channel(addr, options=_OPTIONS)  # TLS per $FERRY_TLS_CA
         self.broker = broker_pb2_grpc.BrokerStub(self.channel)
         self.admin = broker_admin_pb2_grpc.BrokerAdminStub(self.channel)

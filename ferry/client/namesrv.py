@@ -71,9 +71,7 @@ class NamesrvClient:
             raise ValueError("at least one name server address is needed")
         self.addrs = list(addrs)
         self.timeout_s = timeout_s
-        # Sent with every call (reads ignore it): None takes $FERRY_ADMIN_TOKEN.
-        token = os.environ.get(auth.ENV_ADMIN_TOKEN, "") if admin_token is None else admin_token
-        self._metadata = tuple(auth.bearer(token))
+        self._metadata = auth.client_metadata(admin_token)  # sent with every call
         options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import os
 from collections.abc import Collection, Sequence
 
 import grpc
@@ -51,6 +52,29 @@ BROKER_ADMIN_METHODS = frozenset(
 def bearer(token: str) -> list[tuple[str, str]]:
     """The call metadata a client sends (none without a token)."""
     return [(METADATA_KEY, f"Bearer {token}")] if token else []
+
+
+def client_metadata(admin_token: str | None) -> tuple[tuple[str, str], ...]:
+    """A client's call metadata: its token, or with None $FERRY_ADMIN_TOKEN's."""
+    token = os.environ.get(ENV_ADMIN_TOKEN, "") if admin_token is None else admin_token
+    return tuple(bearer(token))
+
+
+# deploy/k8s/base ships its Secrets (ferry-ha, ferry-admin) with values that
+# start with this: a process that runs with one says so.
+PLACEHOLDER_PREFIX = "REPLACE-ME"
+
+
+def warn_if_placeholder(logger: logging.Logger, what: str, value: str, secret: str) -> None:
+    if value.startswith(PLACEHOLDER_PREFIX):
+        logger.warning(
+            "%s is the placeholder shipped in deploy/k8s (%s...): anyone who has read the "
+            "manifests knows it. Set the %s Secret to a random value (README, 'Deploy on "
+            "Kubernetes')",
+            what,
+            PLACEHOLDER_PREFIX,
+            secret,
+        )
 
 
 def token_matches(expected: str, header: str | None) -> bool:

@@ -100,16 +100,7 @@ class GrpcServer:
             server,
         )
         await self._set_all(NOT_SERVING)
-        address = f"{self._host}:{self._requested_port}"
-        try:
-            if self._tls is not None:
-                self.port = server.add_secure_port(address, self._tls.credentials())
-            else:
-                self.port = server.add_insecure_port(address)
-        except RuntimeError as exc:
-            raise OSError(f"cannot listen on {address}: {exc} (is the port in use?)") from None
-        if self.port == 0:
-            raise OSError(f"cannot listen on {address} (is the port in use?)")
+        self.port = self._listen(server, self._requested_port, self._tls)
         await server.start()
         self._server = server
         if self._health_port >= 0:
@@ -124,16 +115,24 @@ class GrpcServer:
         )  # fmt: skip
         return self.port
 
+    def _listen(self, server: grpc.aio.Server, port: int, tls: ServerTLS | None) -> int:
+        """Add the listening port (TLS when `tls`); the bound port, or OSError."""
+        address = f"{self._host}:{port}"
+        try:
+            if tls is not None:
+                bound = server.add_secure_port(address, tls.credentials())
+            else:
+                bound = server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise OSError(f"cannot listen on {address}: {exc} (is the port in use?)") from None
+        if bound == 0:
+            raise OSError(f"cannot listen on {address} (is the port in use?)")
+        return bound
+
     async def _start_health_server(self) -> None:
         health_only = grpc.aio.server(options=server_options(64 * 1024))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, health_only)
-        address = f"{self._host}:{self._health_port}"
-        try:
-            port = health_only.add_insecure_port(address)
-        except RuntimeError as exc:
-            raise OSError(f"cannot listen on {address}: {exc} (is the port in use?)") from None
-        if port == 0:
-            raise OSError(f"cannot listen on {address} (is the port in use?)")
+        port = self._listen(health_only, self._health_port, None)
         await health_only.start()
         self._health_server, self.health_port = health_only, port
         log.info("gRPC health (only) on %s:%d, plaintext", self._host, port)

@@ -7,10 +7,11 @@ subject alternative names must cover the address dialled: an IP SAN for
 127.0.0.1, the pod's DNS name in Kubernetes); with a certificate and key of
 its own it can present them.
 
-Where ferry's clients get their settings: the arguments, else the environment
-($FERRY_TLS_CA, $FERRY_TLS_CERT, $FERRY_TLS_KEY), so every `ferry` command,
-the exporter and library users share one switch. The HA data stream is not
-covered yet (it stays plaintext, authenticated by haSecret).
+Where ferry's blocking clients (the `ferry` commands, the exporter, library
+users) get their settings: the environment ($FERRY_TLS_CA, $FERRY_TLS_CERT,
+$FERRY_TLS_KEY; the commands' --tls-* flags set it), one switch for all.
+Brokers pass theirs from broker.conf. The HA stream's TLS (haTls) uses
+Python's ssl contexts, built in services.broker.app.
 """
 
 from __future__ import annotations
@@ -99,17 +100,12 @@ class ClientTLS:
         )
 
 
-_FROM_ENV = object()
-
-
-def channel(
-    addr: str, tls: ClientTLS | None | object = _FROM_ENV, options: Sequence = ()
-) -> grpc.Channel:
-    """A blocking channel: TLS when `tls` (default: from the environment) is set."""
-    settings = ClientTLS.from_env() if tls is _FROM_ENV else tls
+def channel(addr: str, options: Sequence = ()) -> grpc.Channel:
+    """A blocking channel: TLS when the environment names a CA."""
+    settings = ClientTLS.from_env()
     if settings is None:
         return grpc.insecure_channel(addr, options=list(options))
-    return grpc.secure_channel(addr, settings.credentials(), options=list(options))  # type: ignore[union-attr]
+    return grpc.secure_channel(addr, settings.credentials(), options=list(options))
 
 
 def aio_channel(addr: str, tls: ClientTLS | None, options: Sequence = ()) -> grpc.aio.Channel:

@@ -13,6 +13,7 @@ import gc
 import logging
 from pathlib import Path
 
+from ferry.runtime import auth
 from ferry.runtime.errors import ConfigError, CorruptFileError
 from ferry.runtime.logs import setup_logging
 from ferry.runtime.server import run_until_signalled
@@ -58,10 +59,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-# deploy/k8s/base ships the ferry-ha Secret as "REPLACE-ME-...": warned about.
-PLACEHOLDER_SECRET_PREFIX = "REPLACE-ME"
-
-
 def run(args: argparse.Namespace) -> int:
     if args.help_keys:
         print(describe_keys())
@@ -77,19 +74,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.port_file is not None:
         config = dataclasses.replace(config, port_file=args.port_file)
-    for key, value, secret in (
-        ("haSecret", config.ha_secret, "ferry-ha"),
-        ("adminToken", config.admin_token, "ferry-admin"),
-    ):
-        if value.startswith(PLACEHOLDER_SECRET_PREFIX):
-            log.warning(
-                "%s is the placeholder shipped in deploy/k8s (%s...): anyone who has read "
-                "the manifests knows it. Set the %s Secret to a random value (README, "
-                "'Deploy on Kubernetes')",
-                key,
-                PLACEHOLDER_SECRET_PREFIX,
-                secret,
-            )
+    auth.warn_if_placeholder(log, "haSecret", config.ha_secret, "ferry-ha")
+    auth.warn_if_placeholder(log, "adminToken", config.admin_token, "ferry-admin")
 
     from services.broker.app import BrokerApp  # imported here: `ferry --help` stays fast
 

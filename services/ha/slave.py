@@ -296,8 +296,7 @@ class Inbound(asyncio.BufferedProtocol):
 
     def __init__(self, capacity: int = CAPACITY) -> None:
         self.buf = bytearray(capacity)
-        # Pause reading below this much free space.
-        self.LOW_SPACE = min(256 << 10, capacity // 4)
+        self.low_space = min(256 << 10, capacity // 4)  # pause reading below this much room
         self.start = 0  # first unconsumed byte
         self.end = 0  # end of the received bytes
         self.eof = False
@@ -313,15 +312,15 @@ class Inbound(asyncio.BufferedProtocol):
         self.transport = transport  # type: ignore[assignment]
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        if len(self.buf) - self.end < self.LOW_SPACE:
+        if len(self.buf) - self.end < self.low_space:
             self._compact()
         return memoryview(self.buf)[self.end :]
 
     def buffer_updated(self, nbytes: int) -> None:
         self.end += nbytes
-        if len(self.buf) - self.end < self.LOW_SPACE:
+        if len(self.buf) - self.end < self.low_space:
             self._compact()
-            if len(self.buf) - self.end < self.LOW_SPACE and self.transport is not None:
+            if len(self.buf) - self.end < self.low_space and self.transport is not None:
                 self.transport.pause_reading()
                 self._paused = True
         self._wake()
@@ -418,8 +417,8 @@ class Inbound(asyncio.BufferedProtocol):
         if self.start + n <= len(self.buf):
             return
         self._compact()
-        if n + self.LOW_SPACE > len(self.buf):
-            bigger = bytearray(n + self.LOW_SPACE)
+        if n + self.low_space > len(self.buf):
+            bigger = bytearray(n + self.low_space)
             bigger[: self.end] = self.buf[: self.end]
             self.buf = bigger
         self._resume_if_room()
@@ -428,9 +427,9 @@ class Inbound(asyncio.BufferedProtocol):
         """Reading was paused on a full buffer: go on once there is room again."""
         if not self._paused:
             return
-        if len(self.buf) - self.end < self.LOW_SPACE:
+        if len(self.buf) - self.end < self.low_space:
             self._compact()
-        if len(self.buf) - self.end >= self.LOW_SPACE:
+        if len(self.buf) - self.end >= self.low_space:
             self._paused = False
             assert self.transport is not None
             self.transport.resume_reading()

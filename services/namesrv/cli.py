@@ -8,6 +8,7 @@ import logging
 import os
 from pathlib import Path
 
+from ferry.runtime import auth
 from ferry.runtime.auth import ENV_ADMIN_TOKEN
 from ferry.runtime.errors import ConfigError, CorruptFileError
 from ferry.runtime.logs import setup_logging
@@ -129,12 +130,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         log.error("cannot start: %s", exc)
         return 2
-    if args.admin_token.startswith("REPLACE-ME"):
-        log.warning(
-            "the admin token is the placeholder shipped in deploy/k8s: anyone who has read "
-            "the manifests knows it. Set the ferry-admin Secret to a random value (README, "
-            "'Deploy on Kubernetes')"
-        )
+    auth.warn_if_placeholder(log, "the admin token", args.admin_token, "ferry-admin")
     config = NamesrvConfig(
         host=args.host,
         port=args.port,

@@ -28,6 +28,7 @@ from ferry.v1 import (
     ha_admin_pb2,
     ha_admin_pb2_grpc,
 )
+from services.broker.commitlog import segment_name
 from tests.conftest import broker_options, wait_for
 from tests.integration.support import BrokerServer, PortRange
 
@@ -242,7 +243,7 @@ def read_log(store: Path, start: int, end: int) -> bytes:
     pos = start
     while pos < end:
         base = pos - pos % FILE_SIZE
-        path = directory / f"{base:020d}"
+        path = directory / segment_name(base)
         with path.open("rb") as f:
             f.seek(pos - base)
             chunk = f.read(min(end, base + FILE_SIZE) - pos)
@@ -256,9 +257,8 @@ def read_log(store: Path, start: int, end: int) -> bytes:
 def body_at(store: Path, offset: int) -> bytes | None:
     """The body of the record at physical `offset`, or None if none is there."""
     try:
-        head = read_log(store, offset, offset + 4)
-        size = int.from_bytes(head, "big", signed=True)
-        if size <= 0 or size > FILE_SIZE:
+        size = record.peek(read_log(store, offset, offset + record.BLANK_SIZE))
+        if isinstance(size, record.Blank) or size > FILE_SIZE:
             return None
         rec = record.decode(read_log(store, offset, offset + size))
     except (AssertionError, OSError, record.RecordError):
@@ -277,9 +277,3 @@ def check_acked_on(store: Path, acked: dict[int, bytes]) -> tuple[int, int]:
         elif found != body:
             differing += 1
     return lost, differing
-
-
-def log_range(store: Path) -> tuple[int, int]:
-    """[first file's start, end of the last file's data) from the files."""
-    files = sorted((store / "commitlog").iterdir())
-    return int(files[0].name), int(files[-1].name) + FILE_SIZE

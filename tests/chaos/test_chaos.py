@@ -65,8 +65,7 @@ def test_sigkill_sync_master_under_load_loses_no_acknowledged_message(tmp_path):
     try:
         for _ in range(ROUNDS):
             producers.start()
-            producers.wait_acked(100)
-            time.sleep(0.3)  # keep sending up to the kill
+            producers.wait_acked(100)  # and they go on sending through the kill
             pair.master.kill()
             report.faults += 1
             producers.stop()
@@ -104,7 +103,12 @@ def test_sigkill_slave_under_load_resumes_from_its_own_end(tmp_path):
             pair.slave.kill()
             report.faults += 1
             before = len(reports_in(pair.slave.log()))
-            time.sleep(0.3)  # sends meanwhile: SLAVE_NOT_AVAILABLE, not SEND_OK
+            refused = producers.statuses.get("SLAVE_NOT_AVAILABLE", 0)
+            wait_for(  # sends during the outage: not acknowledged
+                lambda r=refused: producers.statuses.get("SLAVE_NOT_AVAILABLE", 0) > r,
+                15,
+                "the master to answer SLAVE_NOT_AVAILABLE",
+            )
             pair.slave.start()
             recovered = re.findall(RECOVERED, pair.slave.log())[-1]
             end_on_disk = int(recovered[1])
