@@ -69,3 +69,22 @@ class CorruptFileError(FerryError):
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
+
+
+class StorageFault(FerryError):
+    """A write or sync of the store failed in a way the broker cannot account
+    for (not a full disk): what is on disk is no longer known. The broker stops
+    (fail-stop) and recovery runs at the next start."""
+
+    def __init__(self, operation: str, path: str, error: OSError) -> None:
+        errno_name = _errno_name(error.errno)
+        super().__init__(f"{operation} of {path} failed: {errno_name} ({error.strerror or error})")
+        self.operation = operation
+        self.path = path
+        self.errno = error.errno
+
+
+def _errno_name(number: int | None) -> str:
+    import errno
+
+    return errno.errorcode.get(number or 0, f"errno {number}")

@@ -166,14 +166,24 @@ def install_stop_signals(stop: asyncio.Event) -> None:
 
 
 async def run_until_signalled(
-    start: Callable[[], Awaitable[None]], stop: Callable[[], Awaitable[None]]
+    start: Callable[[], Awaitable[None]],
+    stop: Callable[[], Awaitable[None]],
+    until: asyncio.Event | None = None,
 ) -> None:
-    """Start an app, wait for SIGTERM/SIGINT, then stop it."""
+    """Start an app, wait for SIGTERM/SIGINT (or for `until`: the app stopped
+    itself), then stop it."""
     stopping = asyncio.Event()
     install_stop_signals(stopping)
     await start()
     try:
-        await stopping.wait()
-        log.info("signal received; stopping")
+        waits = [asyncio.ensure_future(stopping.wait())]
+        if until is not None:
+            waits.append(asyncio.ensure_future(until.wait()))
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        log.info("signal received; stopping" if stopping.is_set() else "stopping")
     finally:
         await stop()

@@ -46,6 +46,7 @@ from services.broker.config import BrokerConfig
 from services.broker.messaging import MessagingService, SendStatus
 from services.broker.metadata import BrokerMetadata
 from services.broker.metrics import BrokerMetrics
+from services.broker.retention import RetentionConfig
 from services.broker.schedule import DelayScheduler
 from services.broker.servicer import (
     BrokerAdminServicer,
@@ -123,7 +124,11 @@ class BrokerApp:
         self.permission = [config.broker_permission]
         self._metrics_endpoint: MetricsEndpoint | None = None
         self._tasks: list[asyncio.Task] = []
+        self._fault_watch: asyncio.Task | None = None
+        self._stopped = False
         self.recovery = None
+        # Set once the broker has stopped after a storage fault: the process exits non-zero.
+        self.failed = asyncio.Event()
 
     # ------------------------------------------------------------ addresses
 
@@ -159,10 +164,39 @@ class BrokerApp:
             sync_flush_timeout_s=cfg.sync_flush_timeout_s,
             store_host=(_ipv4_or_loopback(cfg.broker_ip1), cfg.listen_port),
             delay_levels_s=tuple(cfg.message_delay_levels_s),
+            retention=RetentionConfig(
+                file_reserved_time_s=cfg.file_reserved_time_s,
+                delete_when_hours=cfg.delete_when_hours,
+                disk_max_used_space_ratio=cfg.disk_max_used_space_ratio,
+                disk_space_clean_forcibly_ratio=cfg.disk_space_clean_forcibly_ratio,
+                disk_space_warning_level_ratio=cfg.disk_space_warning_level_ratio,
+                clean_file_forcibly_enable=cfg.clean_file_forcibly_enable,
+                delete_files_interval_s=cfg.delete_commit_log_files_interval_s,
+                check_interval_s=cfg.clean_resource_interval_s,
+            ),
         )
         self.store = store = MessageStore(store_config, self.clock)
         self.recovery = await asyncio.to_thread(store.open)
         self.metadata = metadata = BrokerMetadata.open(cfg.config_dir, self.clock)
+        persisted = metadata.settings.broker_permission
+        if persisted is not None:
+            # Set by UpdateBrokerPermission: wins over broker.conf, from the first registration.
+            if persisted != cfg.broker_permission:
+                log.warning(
+                    "brokerPermission=%d from %s (set by UpdateBrokerPermission) overrides "
+                    "brokerPermission=%d from the broker config; to change it, call "
+                    "UpdateBrokerPermission again (there is no ferry command for it), e.g. "
+                    "grpcurl %s-d '{\"broker_permission\": %d}' %s:%d "
+                    "ferry.v1.BrokerAdmin/UpdateBrokerPermission",
+                    persisted,
+                    metadata.settings.path,
+                    cfg.broker_permission,
+                    "" if cfg.tls_cert else "-plaintext ",
+                    cfg.broker_permission,
+                    cfg.broker_ip1,
+                    cfg.listen_port,
+                )
+            self.permission[0] = persisted
         if not cfg.is_slave:
             metadata.topics.ensure_system_topic(
                 schedule_topic_config(len(cfg.message_delay_levels_s))
@@ -235,7 +269,7 @@ class BrokerApp:
         messaging.on_sent = metrics.observe_send
         if cfg.metrics_port >= 0:
             self._metrics_endpoint = start_metrics_endpoint(
-                cfg.bind_host, cfg.metrics_port, self.registry
+                cfg.bind_host, cfg.metrics_port, self.registry, loop=asyncio.get_running_loop()
             )
         await store.start()
         await self._start_ha(store, messaging)
@@ -245,6 +279,7 @@ class BrokerApp:
             )
             self._tasks.append(asyncio.create_task(self.scheduler.run(), name="delay-scheduler"))
         self._tasks.append(asyncio.create_task(self._persist_offsets(), name="offset-persister"))
+        self._fault_watch = asyncio.create_task(self._stop_on_storage_fault(), name="fail-stop")
         self.gate.open = True
         await self.server.set_serving()
         if cfg.namesrv_addrs:
@@ -301,7 +336,24 @@ class BrokerApp:
             store.max_offset,
         )
 
+    async def _stop_on_storage_fault(self) -> None:
+        """Fail-stop (failstop.py): after a storage fault, leave the name servers
+        and stop serving, without a clean store close, then tell the process to
+        exit non-zero so that its supervisor restarts it and recovery runs."""
+        assert self.store is not None
+        await self.store.failstop.wait()
+        self.gate.open = False
+        try:
+            await self.stop()
+        finally:
+            self.failed.set()
+
     async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._fault_watch is not None and self._fault_watch is not asyncio.current_task():
+            self._fault_watch.cancel()
         self.gate.open = False
         if self.server is not None:
             await self.server.set_not_serving()
@@ -324,7 +376,10 @@ class BrokerApp:
         if self.store is not None:
             await self.store.stop()
         if self.metadata is not None:
-            self.metadata.persist_all()
+            try:
+                self.metadata.persist_all()
+            except OSError as exc:
+                log.error("could not persist metadata at shutdown: %s", exc)
         if self._metrics_endpoint is not None:
             self._metrics_endpoint.stop()
         log.info("broker stopped")
@@ -353,11 +408,10 @@ class BrokerApp:
                     max_connections=cfg.ha_max_connections,
                     ssl=_ha_server_ssl(cfg) if cfg.ha_tls else None,
                 ),
-                store,
+                store.replica_log,
                 acks,
             )
             await self.ha_master.start()
-            store.on_append = self.ha_master.notify_appended
             if cfg.effective_visibility == "confirmed":
                 store.confirm_offset_fn = lambda: acks.confirmed
             if cfg.broker_role == "SYNC_MASTER":
@@ -391,7 +445,7 @@ class BrokerApp:
                     replica_id=cfg.broker_id,
                     reset_out_of_range=cfg.ha_reset_out_of_range_slave,
                 ),
-                store,
+                store.replica_log,
             )
             await self.ha_slave.start()
             assert self.metadata is not None

@@ -21,8 +21,17 @@ from services.broker.commitlog import CommitLogError
 from services.broker.config import describe_keys, load_config
 from services.broker.consumequeue import ConsumeQueueError
 from services.broker.recovery import RecoveryError
+from services.broker.storelock import StoreLockedError
 
 log = logging.getLogger(__name__)
+
+# The exit status after a storage fault (fail-stop): non-zero, so that the
+# supervisor (Kubernetes, systemd) restarts the broker and recovery runs.
+EXIT_STORAGE = 3
+
+
+class StoppedOnStorageFault(Exception):
+    """The broker stopped itself after a storage fault."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -96,11 +105,23 @@ def run(args: argparse.Namespace) -> int:
             gc.freeze()
             gc.set_threshold(50_000, 20, 20)
 
-        await run_until_signalled(start, app.stop)
+        await run_until_signalled(start, app.stop, until=app.failed)
+        if app.store is not None and app.store.failstop.tripped:
+            raise StoppedOnStorageFault(app.store.failstop.fault)
 
     try:
         asyncio.run(main())
-    except (CorruptFileError, CommitLogError, ConsumeQueueError, RecoveryError) as exc:
+    except StoppedOnStorageFault as exc:
+        # Not CRITICAL: failstop.py logged the fault itself, once, at CRITICAL.
+        log.error("broker stopped after a storage failure: %s; exiting %d", exc, EXIT_STORAGE)
+        return EXIT_STORAGE
+    except (
+        CorruptFileError,
+        CommitLogError,
+        ConsumeQueueError,
+        RecoveryError,
+        StoreLockedError,
+    ) as exc:
         log.error("cannot start: %s", exc)
         return 1
     except ConfigError as exc:  # e.g. a TLS file that cannot be read

@@ -11,6 +11,17 @@ may come from anywhere below `max_offset`. This module does blocking file I/O:
 async callers run it in a thread. Byte positions inside a record belong to
 `ferry.record`; this module only knows record sizes and the BLANK marker.
 
+Files outlive their place in the log while someone reads them: a reader in
+another thread (a cold pull, an HA transfer) `pin`s the segment it reads, and
+retention (`remove_oldest`) takes the file out of the log at once but closes
+its descriptor only when the last pin goes — so a descriptor is never closed
+(and its number reused for another file) under a read.
+
+Segments are allocated ahead of need (RocketMQ's AllocateMappedFileService):
+`allocate_file` runs in a thread, creating and preallocating the next file
+under a hidden name beside the directory; the appender renames it into place
+when it rolls. Only when no spare is ready does it create a file itself.
+
 Recovery, flushing and dispatch live in `store.py`, `recovery.py` and
 `dispatcher.py`; they drive this class.
 """
@@ -39,15 +50,42 @@ class CommitLogError(Exception):
     """The commit log's files are not usable as they are; the message names the file."""
 
 
-@dataclass
+@dataclass(eq=False)
 class _Segment:
     start: int
     path: Path
     fd: int
+    pins: int = 0  # readers in other threads
+    removed: bool = False  # out of the log: close once unpinned
+
+
+@dataclass(frozen=True)
+class Region:
+    """Part of one commit-log file, pinned for a reader in another thread (or
+    for `sendfile`): `fd` stays open until `CommitLog.unpin(region.segment)`."""
+
+    segment: _Segment
+    offset: int  # commit offset of the first byte
+    file_position: int  # where that byte is in the file
+    size: int
+
+    @property
+    def fd(self) -> int:
+        return self.segment.fd
+
+
+SPARE_SUFFIX = ".alloc"
 
 
 def segment_name(start: int) -> str:
     return f"{start:0{NAME_DIGITS}d}"
+
+
+def _spare_path(directory: Path, start: int) -> Path:
+    """Where the next file is allocated ahead: hidden, beside the log's
+    directory (same file system: renamed into it when used), so that the
+    directory holds only the log's files."""
+    return directory.parent / f".{directory.name}-{segment_name(start)}{SPARE_SUFFIX}"
 
 
 class CommitLog:
@@ -60,6 +98,8 @@ class CommitLog:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._segments: list[_Segment] = self._open_existing()
         self._dirty: list[_Segment] = []
+        self._spare: _Segment | None = None  # the next file, allocated ahead
+        self.inline_allocations = 0  # files the appender had to create itself
         # Until recovery says otherwise, everything in the files counts as written.
         self._write_offset = self._segments[-1].start + file_size if self._segments else 0
 
@@ -95,8 +135,9 @@ class CommitLog:
             segment = self._segments.pop()
             if segment in self._dirty:
                 self._dirty.remove(segment)
-            os.close(segment.fd)
             segment.path.unlink()
+            self._release(segment)
+        self.discard_spare()
         if self._segments and offset < self.files_end:
             end = self.files_end if zero_to is None else min(zero_to, self.files_end)
             self._zero(self._segments[-1], offset - start, end - start)
@@ -164,11 +205,112 @@ class CommitLog:
     def discard_all(self) -> None:
         """Delete every file (a slave resyncing from scratch)."""
         for segment in self._segments:
-            os.close(segment.fd)
             segment.path.unlink()
+            self._release(segment)
         self._segments = []
         self._dirty = []
         self._write_offset = 0
+        self.discard_spare()
+
+    # ------------------------------------------------------------ retention
+
+    def oldest_removable(self) -> tuple[int, Path, int] | None:
+        """(start, path, fd) of the oldest file when it is not the one being
+        written (the newest file is never removed), else None."""
+        if len(self._segments) < 2:
+            return None
+        oldest = self._segments[0]
+        return oldest.start, oldest.path, oldest.fd
+
+    def remove_oldest(self) -> tuple[Path, int | None]:
+        """Take the oldest file out of the log (`min_offset` moves to the next
+        file at once). Returns its path, to unlink, and its descriptor to close
+        now — or None when a reader still holds it (closed by the last
+        `unpin`). Unlink and close in a thread: freeing a large file's blocks
+        takes time."""
+        if len(self._segments) < 2:
+            raise CommitLogError("the file being written is never removed")
+        segment = self._segments.pop(0)
+        if segment in self._dirty:
+            self._dirty.remove(segment)
+        segment.removed = True
+        if segment.pins:
+            return segment.path, None
+        return segment.path, segment.fd
+
+    # ------------------------------------------------------------ pins
+
+    def region(self, offset: int, max_bytes: int, limit: int | None = None) -> Region:
+        """Up to `max_bytes` from `offset`, within one file and below `limit`
+        (default: the write position), pinned: `unpin(region.segment)` after use."""
+        end = self._write_offset if limit is None else min(limit, self._write_offset)
+        size = min(max_bytes, end - offset, self.file_end(offset) - offset)
+        if offset < self.min_offset or size < 0:
+            raise CommitLogError(f"offset {offset} is outside [{self.min_offset}, {end})")
+        segment = self._segment_for(offset)
+        segment.pins += 1
+        return Region(segment, offset, offset - segment.start, size)
+
+    def pin_range(self, offset: int, size: int) -> Region:
+        """Exactly `[offset, offset + size)`, checked as `read` checks it, pinned."""
+        segment = self._checked_segment(offset, size)
+        segment.pins += 1
+        return Region(segment, offset, offset - segment.start, size)
+
+    def unpin(self, segment: _Segment) -> int | None:
+        """Release a pin; returns a descriptor the caller must close (in a
+        thread) when this was the last pin of a removed file."""
+        segment.pins -= 1
+        if segment.removed and segment.pins == 0:
+            return segment.fd
+        return None
+
+    # ------------------------------------------------------------ allocation ahead
+
+    @property
+    def spare_start(self) -> int | None:
+        """The start of the file to allocate ahead, or None when one is ready
+        (or the log is empty: its first file is made when the first bytes come)."""
+        if self._spare is not None or not self._segments:
+            return None
+        return self.files_end
+
+    @staticmethod
+    def allocate_file(directory: Path, start: int, file_size: int, preallocate: bool) -> Path:
+        """Create and size the file for `start` under a hidden name (blocking:
+        run in a thread). Returns its path, for `adopt_spare`."""
+        hidden = _spare_path(Path(directory), start)
+        fd = os.open(hidden, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            if preallocate:
+                os.posix_fallocate(fd, 0, file_size)
+            else:
+                os.ftruncate(fd, file_size)
+        except OSError:
+            hidden.unlink(missing_ok=True)
+            raise
+        finally:
+            os.close(fd)
+        return hidden
+
+    def adopt_spare(self, start: int, hidden: Path) -> bool:
+        """Hold a file made by `allocate_file` for the next roll. It keeps its
+        hidden name until the appender takes it (renamed then, on the
+        appender's thread), so the files under real names are always exactly
+        the log's, and a crash leaves at most a hidden file that the next open
+        removes. False (and the file removed) when the log moved on meanwhile
+        (the appender made that file itself)."""
+        if self._spare is not None or not self._segments or start != self.files_end:
+            hidden.unlink(missing_ok=True)
+            return False
+        self._spare = _Segment(start, hidden, os.open(hidden, os.O_RDWR))
+        return True
+
+    def discard_spare(self) -> None:
+        if self._spare is not None:
+            os.close(self._spare.fd)
+            self._spare.path.unlink(missing_ok=True)
+            self._spare = None
 
     def flush(self) -> None:
         """Make everything written durable (fdatasync of the files written since the last flush)."""
@@ -203,6 +345,10 @@ class CommitLog:
 
     def read(self, offset: int, size: int) -> bytes:
         """`size` bytes at `offset`, inside one file and below the write position."""
+        segment = self._checked_segment(offset, size)
+        return os.pread(segment.fd, size, offset - segment.start)
+
+    def _checked_segment(self, offset: int, size: int) -> _Segment:
         if offset < self.min_offset or offset + size > self._write_offset or size < 0:
             raise CommitLogError(
                 f"[{offset}, {offset + size}) is outside [{self.min_offset}, {self._write_offset})"
@@ -212,7 +358,7 @@ class CommitLog:
             raise CommitLogError(
                 f"[{offset}, {offset + size}) crosses the end of file {segment.path.name}"
             )
-        return os.pread(segment.fd, size, offset - segment.start)
+        return segment
 
     def records(self, offset: int, check_crc: bool = True) -> Iterator[tuple[int, Record]]:
         """Every record from `offset` (a record start) up to the write position,
@@ -240,12 +386,17 @@ class CommitLog:
         for segment in self._segments:
             os.close(segment.fd)
         self._segments = []
+        if self._spare is not None:
+            os.close(self._spare.fd)  # a hidden file: the next open removes it
+            self._spare = None
 
     # ------------------------------------------------------------ internals
 
     def _open_existing(self) -> list[_Segment]:
         segments: list[_Segment] = []
         size_problems: list[Path] = []
+        for path in self.directory.parent.glob(f".{self.directory.name}-*{SPARE_SUFFIX}"):
+            path.unlink(missing_ok=True)  # an allocation a crash left unused
         for path in sorted(self.directory.iterdir()):
             if path.name.startswith("."):
                 continue
@@ -301,6 +452,16 @@ class CommitLog:
         pwrite_all(segment.fd, data, start - segment.start)
 
     def _create(self, start: int) -> None:
+        spare = self._spare
+        if spare is not None and spare.start == start:
+            self._spare = None
+            final = self.directory / segment_name(start)
+            os.rename(spare.path, final)
+            spare.path = final
+            self._segments.append(spare)
+            return
+        self.discard_spare()
+        self.inline_allocations += 1
         path = self.directory / segment_name(start)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
@@ -315,6 +476,12 @@ class CommitLog:
             exc.filename = exc.filename or str(path)
             raise
         self._segments.append(_Segment(start, path, fd))
+
+    def _release(self, segment: _Segment) -> None:
+        """A file gone from the log: close it unless a reader holds it."""
+        segment.removed = True
+        if not segment.pins:
+            os.close(segment.fd)
 
     def _zero(self, segment: _Segment, position: int, end: int) -> None:
         while position < end:

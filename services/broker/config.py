@@ -79,6 +79,15 @@ class BrokerConfig:
     message_delay_levels_s: tuple[float, ...] = tuple(float(s) for s in DELAY_LEVELS_S)
     grace_s: float = 5.0
     port_file: Path | None = None
+    # Retention (RocketMQ's names; ratios as fractions here, percent in broker.conf).
+    file_reserved_time_s: float = 72 * 3600.0
+    delete_when_hours: tuple[int, ...] = (4,)
+    disk_max_used_space_ratio: float = 0.75
+    disk_space_clean_forcibly_ratio: float = 0.85
+    disk_space_warning_level_ratio: float = 0.90
+    clean_file_forcibly_enable: bool = True
+    delete_commit_log_files_interval_s: float = 0.1
+    clean_resource_interval_s: float = 10.0
 
     @property
     def is_slave(self) -> bool:
@@ -220,6 +229,41 @@ def parse_delay_levels(key: str, text: str) -> tuple[float, ...]:
     if not levels:
         raise ConfigError(key, "names no delay level")
     return tuple(levels)
+
+
+def _hours_to_s(key: str, text: str) -> float:
+    """RocketMQ's `fileReservedTime`: hours, fractions allowed (0.001 = 3.6 s)."""
+    try:
+        hours = float(text.strip())
+    except ValueError:
+        raise ConfigError(key, f"{text!r} is not a number of hours (e.g. 72 or 0.5)") from None
+    if not hours > 0 or hours != hours or hours == float("inf"):
+        raise ConfigError(key, f"{text!r} must be a positive number of hours")
+    return hours * 3600.0
+
+
+def parse_delete_when(key: str, text: str) -> tuple[int, ...]:
+    """RocketMQ's `deleteWhen`: hours of the day, `"04"` or `"04;16"`."""
+    hours = []
+    for item in text.replace(",", ";").split(";"):
+        item = item.strip()
+        if not item.isdigit() or not 0 <= int(item) <= 23:
+            raise ConfigError(
+                key, f"{text!r} is not hours of the day 00-23 separated by ';' (e.g. 04 or 04;16)"
+            )
+        hours.append(int(item))
+    return tuple(sorted(set(hours)))
+
+
+def _percent(key: str, text: str) -> float:
+    """A disk ratio given in percent (RocketMQ's diskMaxUsedSpaceRatio etc.)."""
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ConfigError(key, f"{text!r} is not a percentage (e.g. 75)") from None
+    if not 1 <= value <= 99:
+        raise ConfigError(key, f"{value:g} is outside 1..99 (percent of the disk)")
+    return value / 100.0
 
 
 def _file_size(key: str, text: str) -> int:
@@ -377,6 +421,46 @@ KNOWN_KEYS: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
         "delay levels, 1s 5s ... 2h",
     ),
     "shutdownGraceSeconds": ("grace_s", _int(0), "seconds calls in flight get at shutdown (ferry)"),
+    "fileReservedTime": (
+        "file_reserved_time_s",
+        _hours_to_s,
+        "hours a commit-log file is kept after its last write (fractions allowed)",
+    ),
+    "deleteWhen": (
+        "delete_when_hours",
+        parse_delete_when,
+        "hours of day when expired files are deleted, 04 or 04;16",
+    ),
+    "diskMaxUsedSpaceRatio": (
+        "disk_max_used_space_ratio",
+        _percent,
+        "percent of the disk above which expired files are deleted at once",
+    ),
+    "diskSpaceCleanForciblyRatio": (
+        "disk_space_clean_forcibly_ratio",
+        _percent,
+        "percent above which the oldest files are deleted even unexpired",
+    ),
+    "diskSpaceWarningLevelRatio": (
+        "disk_space_warning_level_ratio",
+        _percent,
+        "percent above which sends are refused until retention frees space",
+    ),
+    "cleanFileForciblyEnable": (
+        "clean_file_forcibly_enable",
+        _bool,
+        "delete unexpired files above diskSpaceCleanForciblyRatio",
+    ),
+    "deleteCommitLogFilesInterval": (
+        "delete_commit_log_files_interval_s",
+        _ms_to_s(0),
+        "ms between two commit-log file deletions",
+    ),
+    "cleanResourceInterval": (
+        "clean_resource_interval_s",
+        _ms_to_s(),
+        "ms between retention passes",
+    ),
 }
 
 
@@ -470,6 +554,20 @@ def _check(config: BrokerConfig) -> None:
             f"{config.max_message_size} with its fields; raise it to at least "
             f"{config.max_message_size + 64 * 1024}",
         )
+    ratios = (
+        ("diskMaxUsedSpaceRatio", config.disk_max_used_space_ratio),
+        ("diskSpaceCleanForciblyRatio", config.disk_space_clean_forcibly_ratio),
+        ("diskSpaceWarningLevelRatio", config.disk_space_warning_level_ratio),
+    )
+    for (low_key, low), (high_key, high) in zip(ratios, ratios[1:], strict=False):
+        if low > high:
+            raise ConfigError(
+                high_key,
+                f"{high:.0%} is below {low_key}={low:.0%}; retention needs "
+                "diskMaxUsedSpaceRatio <= diskSpaceCleanForciblyRatio <= "
+                "diskSpaceWarningLevelRatio (defaults 75, 85, 90), or sends would be refused "
+                "before it cleans",
+            )
     if config.max_message_size + 512 > config.commit_log_file_size:
         raise ConfigError(
             "maxMessageSize",
@@ -484,7 +582,13 @@ def describe_keys() -> str:
     rows = []
     for key, (name, _, meaning) in KNOWN_KEYS.items():
         value = getattr(defaults, name)
-        if name.endswith("_s") and isinstance(value, float) and name != "grace_s":
+        if name == "file_reserved_time_s":
+            shown = f"{value / 3600:g}"
+        elif name == "delete_when_hours":
+            shown = ";".join(f"{h:02d}" for h in value)
+        elif name.endswith("_ratio"):
+            shown = f"{value * 100:g}"
+        elif name.endswith("_s") and isinstance(value, float) and name != "grace_s":
             shown = str(int(value * 1000))
         elif isinstance(value, tuple):
             shown = (

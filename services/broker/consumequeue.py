@@ -15,6 +15,7 @@ small (20-byte entries); callers that flush run `sync()` in a thread.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -24,6 +25,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ferry.runtime.errors import StorageFault
 from ferry.runtime.files import pwrite_all
 
 log = logging.getLogger(__name__)
@@ -173,20 +175,49 @@ class ConsumeQueue:
                 lo = mid + 1
             else:
                 hi = mid
-        dropped = self.max_offset - lo
-        self._zero_from(lo)
-        self.max_offset = lo
-        if lo > self.min_offset:
-            offset, size, _ = self.entry(lo - 1)
-            self.max_commit_end = offset + size
-        else:
-            self.max_commit_end = 0
-        return dropped
+        return self.truncate_queue_offset(lo)
 
     def take_dirty(self) -> list[int]:
         fds = list(self._dirty)
         self._dirty.clear()
         return fds
+
+    def delete_below(self, commit_min: int) -> int:
+        """Retention removed the commit log below `commit_min`: the queue now
+        starts at its first entry whose record is at or after it, and the
+        files holding only older entries go (never the newest file, which the
+        next entry is written to). Returns how many files were deleted."""
+        lo, hi = self.min_offset, self.max_offset
+        while lo < hi:  # the first entry whose record starts at or after commit_min
+            mid = (lo + hi) // 2
+            if self.entry(mid)[0] < commit_min:
+                lo = mid + 1
+            else:
+                hi = mid
+        self.min_offset = lo
+        deleted = 0
+        while len(self._files) > 1 and self._files[0].start + self.entries_per_file <= lo:
+            f = self._files.pop(0)
+            self._dirty.discard(f.fd)
+            os.close(f.fd)
+            f.path.unlink(missing_ok=True)
+            deleted += 1
+        return deleted
+
+    def truncate_queue_offset(self, queue_offset: int) -> int:
+        """Drop the entries from `queue_offset` on; returns how many."""
+        queue_offset = max(queue_offset, self.min_offset)
+        if queue_offset >= self.max_offset:
+            return 0
+        dropped = self.max_offset - queue_offset
+        self._zero_from(queue_offset)
+        self.max_offset = queue_offset
+        if queue_offset > self.min_offset:
+            offset, size, _ = self.entry(queue_offset - 1)
+            self.max_commit_end = offset + size
+        else:
+            self.max_commit_end = 0
+        return dropped
 
     # ------------------------------------------------------------ reads
 
@@ -274,12 +305,29 @@ class ConsumeQueue:
 
 
 def sync_fds(fds: Iterable[int]) -> None:
-    """fdatasync each file (run in a thread)."""
+    """fdatasync each file (run in a thread).
+
+    Raises:
+        StorageFault: a file could not be synced. Its dirty pages may be lost
+            (after a failed fdatasync Linux may drop them and report success
+            next time): the caller must not count anything in it as durable.
+    """
     for fd in fds:
         try:
             os.fdatasync(fd)
-        except OSError as exc:  # closed under us by recovery or a topic deletion
-            log.debug("fdatasync fd=%d failed: %s", fd, exc)
+        except OSError as exc:
+            if exc.errno == errno.EBADF:
+                # Closed meanwhile: its file was deleted (a topic, retention,
+                # a truncation), so nothing in it is needed any more.
+                continue
+            raise StorageFault("fdatasync", _fd_path(fd), exc) from exc
+
+
+def _fd_path(fd: int) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return f"fd {fd}"
 
 
 class ConsumeQueues:
@@ -335,6 +383,14 @@ class ConsumeQueues:
             if queue._dirty:
                 fds.extend(queue.take_dirty())
         return fds
+
+    def delete_below(self, commit_min: int) -> int:
+        """Every queue follows the commit log's new minimum; returns files deleted."""
+        return sum(queue.delete_below(commit_min) for queue in self._queues.values())
+
+    def truncate_commit_end(self, commit_end: int) -> int:
+        """Every queue drops the entries past `commit_end`; returns how many."""
+        return sum(queue.truncate_commit_end(commit_end) for queue in self._queues.values())
 
     def close(self) -> None:
         for queue in self._queues.values():

@@ -22,8 +22,10 @@ from ferry import record
 from ferry.model import DELAY_LEVELS_S, SCHEDULE_TOPIC
 from ferry.record import RecordError
 from ferry.runtime.clock import wait_event
+from ferry.runtime.errors import StorageFault
 from services.broker.commitlog import CommitLog
 from services.broker.consumequeue import ConsumeQueues
+from services.broker.failstop import is_full_disk
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,8 @@ class Dispatcher:
         on_dispatch: Callable[[set[tuple[str, int]]], None] | None = None,
         delay_levels_s: tuple[float, ...] = DELAY_LEVELS_S,
         step_bytes: int = DEFAULT_STEP_BYTES,
+        busy: Callable[[], bool] | None = None,
+        on_fault: Callable[[StorageFault], None] | None = None,
     ) -> None:
         self.commit_log = commit_log
         self.queues = queues
@@ -54,8 +58,9 @@ class Dispatcher:
         self.delay_levels_s = delay_levels_s
         self.step_bytes = step_bytes
         self.records_dispatched = 0
-        # Set by an HA slave: True while it is receiving a bulk transfer.
-        self.busy: Callable[[], bool] | None = None
+        # True while an HA slave receives a bulk transfer: dispatch steps aside.
+        self.busy = busy
+        self.on_fault = on_fault  # a consume-queue write failed (not a full disk)
         self._wake = asyncio.Event() if _has_loop() else None
         self.error: str | None = None
         self._topic_names: dict[bytes, str] = {}
@@ -153,6 +158,12 @@ class Dispatcher:
             except DispatchError:
                 await asyncio.sleep(1.0)
             except OSError as exc:
+                if not is_full_disk(exc):
+                    fault = StorageFault("write", f"consume queues under {self.queues.root}", exc)
+                    log.error("dispatch stopped: %s", fault)
+                    if self.on_fault is not None:
+                        self.on_fault(fault)
+                    return
                 # A full disk (consume-queue files grow as they fill): the
                 # entries are written again from the same commit-log offset
                 # once there is room; consumers wait for them meanwhile.

@@ -323,12 +323,12 @@ class MessagingService:
         del config
         count = min(max_nums or DEFAULT_PULL_NUMS, MAX_PULL_NUMS)
         tag_hashes = parse_sub_expression(sub_expression)
-        result = self.store.get_messages(topic, queue_id, queue_offset, count, tag_hashes)
+        result = await self.store.get_messages(topic, queue_id, queue_offset, count, tag_hashes)
         if result.status is GetStatus.NO_NEW_MSG and max_wait_ms > 0:
             await self.store.wait_for_messages(
                 topic, queue_id, queue_offset, min(max_wait_ms, MAX_WAIT_MS) / 1000
             )
-            result = self.store.get_messages(topic, queue_id, queue_offset, count, tag_hashes)
+            result = await self.store.get_messages(topic, queue_id, queue_offset, count, tag_hashes)
         return PullOutcome(result, self._suggest(group, result))
 
     def _suggest(self, group: str, result: GetResult) -> int:

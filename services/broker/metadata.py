@@ -5,6 +5,13 @@
 - `subscriptionGroup.json` {"dataVersion": {...}, "subscriptionGroupTable": {name: {...}}}
 - `consumerOffset.json`    {"dataVersion": {...}, "offsetTable": {"topic@group": {"0": 12}}}
 - `delayOffset.json`       {"dataVersion": {...}, "offsetTable": {"3": 5}}
+- `broker.json`            {"dataVersion": {...}, "brokerConfig": {"brokerPermission": 4}}
+
+`broker.json` is ferry's counterpart of RocketMQ's `config/broker.properties`:
+broker settings changed at run time (today only `brokerPermission`, by
+UpdateBrokerPermission), keyed by their broker.conf names. They win over
+broker.conf at the next start. The file is the broker's own: a slave keeps
+its own permission, and slave sync never writes this file.
 
 Every change bumps the table's DataVersion (timestamp = now, counter + 1).
 Topics and subscription groups are written (atomically, the previous file
@@ -26,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ferry.model import (
+    PERM_MAX,
     TOPIC_FILTER_TYPES,
     DataVersion,
     SubscriptionGroupConfig,
@@ -45,6 +53,7 @@ TOPICS_FILE = "topics.json"
 CONSUMER_OFFSET_FILE = "consumerOffset.json"
 DELAY_OFFSET_FILE = "delayOffset.json"
 SUBSCRIPTION_GROUP_FILE = "subscriptionGroup.json"
+BROKER_SETTINGS_FILE = "broker.json"
 
 
 # ---------------------------------------------------------------- JSON shapes
@@ -394,8 +403,48 @@ class DelayOffsetTable(_Table):
         self._write()
 
 
+class BrokerSettingsTable(_Table):
+    """`broker.json`: settings changed at run time, keyed by their broker.conf
+    names; a setting absent here is broker.conf's. Only `brokerPermission` so
+    far: an unknown key or a value out of range makes the file corrupt (a hand
+    edit that would otherwise be ignored without a word)."""
+
+    file_name = BROKER_SETTINGS_FILE
+    table_key = "brokerConfig"
+
+    def _decode(self, table: dict[str, Any]) -> dict[str, int]:
+        for key, value in table.items():
+            if key != "brokerPermission":
+                raise ValueError(f"unknown setting {key!r} (known: brokerPermission)")
+            if type(value) is not int or not 0 <= value <= PERM_MAX:
+                raise ValueError(f"brokerPermission {value!r} is not an integer in 0..{PERM_MAX}")
+        return dict(table)
+
+    def _encode(self) -> dict[str, Any]:
+        return dict(sorted(self._table.items()))
+
+    @property
+    def broker_permission(self) -> int | None:
+        """The persisted permission, or None when broker.conf's applies."""
+        return self._table.get("brokerPermission")
+
+    def set_broker_permission(self, perm: int) -> DataVersion:
+        """Persist `perm` (written and fsynced before returning). A failed
+        write raises and leaves the table as it was."""
+        check_perm(perm, "broker_permission")
+        before = self._table, self._version
+        self._table = {**self._table, "brokerPermission": perm}
+        version = self._bump()
+        try:
+            self._write()
+        except BaseException:
+            self._table, self._version = before
+            raise
+        return version
+
+
 class BrokerMetadata:
-    """The four tables of one broker."""
+    """The tables of one broker."""
 
     def __init__(
         self,
@@ -403,11 +452,13 @@ class BrokerMetadata:
         consumer_offsets: ConsumerOffsetTable,
         delay_offsets: DelayOffsetTable,
         subscription_groups: SubscriptionGroupTable,
+        settings: BrokerSettingsTable,
     ) -> None:
         self.topics = topics
         self.consumer_offsets = consumer_offsets
         self.delay_offsets = delay_offsets
         self.subscription_groups = subscription_groups
+        self.settings = settings
 
     @classmethod
     def open(cls, config_dir: Path, clock: Clock) -> BrokerMetadata:
@@ -418,6 +469,7 @@ class BrokerMetadata:
             ConsumerOffsetTable(config_dir / CONSUMER_OFFSET_FILE, clock),
             DelayOffsetTable(config_dir / DELAY_OFFSET_FILE, clock),
             SubscriptionGroupTable(config_dir / SUBSCRIPTION_GROUP_FILE, clock),
+            BrokerSettingsTable(config_dir / BROKER_SETTINGS_FILE, clock),
         )
 
     def persist_all(self) -> None:

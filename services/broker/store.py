@@ -1,17 +1,27 @@
-"""The message store: the commit log, its consume queues, flushing, recovery
+"""The message store: the commit log, its consume queues, recovery, appends
 and reads — RocketMQ's DefaultMessageStore, without the broker around it.
 
 Data flow: `put` (the appender) encodes records and writes them to the commit
 log; the dispatcher tails the commit log into the consume queues and wakes
-long-polling readers; the flusher makes both durable and writes the
-checkpoint; `get_messages` reads a queue's entries and then their records.
+long-polling readers (`longpoll.py`); the flusher makes both durable and writes
+the checkpoint (`flush.py`); retention deletes old files (`retention.py`);
+`get_messages` reads a queue's entries and then their records. The HA data
+plane sees the store only through `replica_log` (`replica_log.py`).
 
-Ownership and concurrency: everything here runs on the event loop thread,
-except fdatasync, which runs in a worker thread on file descriptors handed
-over by `take_dirty`. The appender is `_append`: it assigns commit offsets and
-queue offsets and writes without awaiting in between, so appends are
-serialised and each batch is contiguous. No other code writes the commit log
-(on a slave, the HA client appends raw bytes through `append_raw`).
+Ownership and concurrency: everything here runs on the event loop thread.
+Work that may wait on the disk does not: fdatasync (the flusher), commit-log
+reads that are not in the page cache (`get_messages` tries a non-blocking
+read first and falls back to a reader thread), allocating the next commit-log
+file (ahead of need, in a thread) and unlinking deleted files. A file read in
+a thread is pinned so retention cannot close it under the read. The appender
+is `_append`: it assigns commit offsets and queue offsets and writes without
+awaiting in between, so appends are serialised and each batch is contiguous.
+No other code writes the commit log (on a slave, the HA client appends raw
+bytes through `replica_log`).
+
+Storage errors: a full disk refuses the write (RESOURCE_EXHAUSTED) and loses
+nothing; any other failed write or sync trips `failstop` (`failstop.py`).
+The store holds `storePathRootDir/lock` while open (`storelock.py`).
 
 Topic configuration, permissions and queue choice are the caller's job
 (`messaging.py`); this module trusts its arguments.
@@ -20,35 +30,33 @@ Topic configuration, permissions and queue choice are the caller's job
 from __future__ import annotations
 
 import asyncio
-import bisect
+import concurrent.futures
 import contextlib
 import dataclasses
 import enum
-import errno
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from ferry import record
 from ferry.model import DELAY_LEVELS_S
 from ferry.runtime.clock import Clock, wait_event
-from ferry.runtime.errors import FerryError, ResourceExhausted, Unavailable
+from ferry.runtime.errors import FerryError, ResourceExhausted, StorageFault, Unavailable
 from ferry.runtime.tasks import cancel_and_wait
-from services.broker.commitlog import CommitLog
+from services.broker.commitlog import CommitLog, CommitLogError, _Segment
 from services.broker.consumequeue import ConsumeQueues, sync_fds
 from services.broker.dispatcher import Dispatcher
-from services.broker.recovery import (
-    ABORT,
-    CHECKPOINT,
-    Checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-    scan_commit_log,
-)
+from services.broker.failstop import FailStop, is_full_disk
+from services.broker.flush import Flusher
+from services.broker.longpoll import LongPolls
+from services.broker.recovery import ABORT, CHECKPOINT, load_checkpoint, scan_commit_log
+from services.broker.replica_log import StoreReplicaLog
+from services.broker.retention import Retention, RetentionConfig, disk_used_ratio
+from services.broker.storelock import StoreLock
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +78,8 @@ class StoreConfig:
     delay_levels_s: tuple[float, ...] = DELAY_LEVELS_S
     preallocate: bool = True
     max_pull_bytes: int = 8 << 20
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
+    reader_threads: int = 4  # commit-log reads that would wait on the disk
 
     @property
     def commit_log_dir(self) -> Path:
@@ -141,52 +151,86 @@ class RecoveryReport:
     seconds: float = 0.0
 
 
-@dataclass(order=True)
-class _FlushWaiter:
-    offset: int
-    future: asyncio.Future = field(compare=False)
-
-
 class MessageStore:
-    def __init__(self, config: StoreConfig, clock: Clock) -> None:
+    def __init__(
+        self,
+        config: StoreConfig,
+        clock: Clock,
+        disk_ratio: Callable[[], float] | None = None,
+    ) -> None:
         self.config = config
         self.clock = clock
+        self.failstop = FailStop()
         self.commit_log = CommitLog(
             config.commit_log_dir, config.commit_log_file_size, preallocate=config.preallocate
         )
         self.queues = ConsumeQueues(config.consume_queue_dir, config.consume_queue_entries_per_file)
+        self.long_polls = LongPolls(self._visible_max)
+        self.replica_log = StoreReplicaLog(self)
         self.dispatcher = Dispatcher(
             self.commit_log,
             self.queues,
             0,
-            on_dispatch=self._on_dispatch,
+            on_dispatch=self.long_polls.notify,
             delay_levels_s=config.delay_levels_s,
+            busy=self.replica_log.receiving_bulk,
+            on_fault=self.failstop.trip,
+        )
+        self.flusher = Flusher(
+            self.commit_log,
+            self.queues,
+            lambda: self.dispatcher.offset,
+            config.root / CHECKPOINT,
+            clock,
+            config.flush_interval_s,
+            self.failstop,
+        )
+        self.retention = Retention(
+            config.retention,
+            self.commit_log,
+            self.queues,
+            lambda: self.dispatcher.offset,
+            clock,
+            disk_ratio or partial(disk_used_ratio, config.root),
         )
         self._store_host = record.pack_host(config.store_host)
         self._msg_id_prefix = record.message_id(config.store_host, 0)[:16]
         # Next queue offset per (topic, queue id): assigned by the appender.
         self._next_queue_offset: dict[tuple[str, int], int] = {}
-        self._long_polls: dict[tuple[str, int], list[asyncio.Future]] = {}
-        self._flush_waiters: list[_FlushWaiter] = []
-        self._flush_wake: asyncio.Event | None = None
-        self._flushed_offset = 0
+        self._grown = asyncio.Event()  # replaced after each append: wait_for_growth
+        self._allocate = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
-        self._checkpoint_lock = threading.Lock()
-        self._checkpoint_written = (0, 0)
+        self._readers: concurrent.futures.ThreadPoolExecutor | None = None
+        self._lock: StoreLock | None = None
         self._opened = False
+        self._nowait_reads = True  # RWF_NOWAIT works on this file system
         self.confirm_offset_fn: Callable[[], int] | None = None  # set by HA on a SYNC_MASTER
-        self.on_append: Callable[[int], None] | None = None  # HA master: new bytes to stream
         self.put_message_count = 0
         self.get_message_count = 0
+        self.cold_reads = 0
 
     # ------------------------------------------------------------ lifecycle
 
     def open(self) -> RecoveryReport:
-        """Recover (SPEC §4.4) and create the abort marker. Blocking: call it
-        before serving (in a thread if a loop is running)."""
+        """Lock the store, recover it (SPEC §4.4) and create the abort marker.
+        Blocking: call it before serving (in a thread if a loop is running).
+
+        Raises:
+            StoreLockedError: another process holds the store; nothing was touched.
+        """
         started = time.monotonic()
         root = self.config.root
-        root.mkdir(parents=True, exist_ok=True)
+        self._lock = StoreLock.acquire(root)
+        try:
+            return self._recover(started)
+        except BaseException:
+            self.commit_log.close()
+            self.queues.close()
+            self._lock.release()
+            raise
+
+    def _recover(self, started: float) -> RecoveryReport:
+        root = self.config.root
         abort = root / ABORT
         crashed = abort.exists()
         checkpoint = load_checkpoint(root / CHECKPOINT)
@@ -201,7 +245,9 @@ class MessageStore:
                 end,
             )
         cq_existed = self.queues.load_all()
-        dropped_entries = sum(q.truncate_commit_end(end) for q in self.queues.all())
+        dropped_entries = self.queues.truncate_commit_end(end)
+        # Entries pointing below the oldest commit-log file (retention) are gone.
+        self.queues.delete_below(self.commit_log.min_offset)
         rebuild = not cq_existed or checkpoint is None
         if rebuild:
             dispatch_from = self.commit_log.min_offset
@@ -212,8 +258,8 @@ class MessageStore:
         dispatched = self.dispatcher.dispatch_all()
         for queue in self.queues.all():
             self._next_queue_offset[(queue.topic, queue.queue_id)] = queue.max_offset
-        self._flushed_offset = end
-        self._write_checkpoint_now(self._durable_snapshot())
+        self.flusher.flushed_offset = end
+        self.flusher.write_checkpoint_now(self.flusher.snapshot())
         abort.write_bytes(str(os.getpid()).encode())
         self._opened = True
         report = RecoveryReport(
@@ -244,38 +290,66 @@ class MessageStore:
         return report
 
     async def start(self) -> None:
-        """Start the dispatcher and flusher tasks."""
-        self._flush_wake = asyncio.Event()
-        self.dispatcher._wake = asyncio.Event()
+        """Start the dispatcher, flusher, allocator and retention tasks."""
+        self._readers = concurrent.futures.ThreadPoolExecutor(
+            self.config.reader_threads, thread_name_prefix="store-read"
+        )
+        self._grown = asyncio.Event()
+        self._allocate = asyncio.Event()
+        self._allocate.set()
         self._tasks = [
             asyncio.create_task(self.dispatcher.run(), name="dispatcher"),
-            asyncio.create_task(self._flush_loop(), name="flusher"),
+            asyncio.create_task(self.flusher.run(), name="flusher"),
+            asyncio.create_task(self._allocate_loop(), name="commitlog-allocator"),
+            asyncio.create_task(self.retention.run(), name="retention"),
         ]
 
     async def stop(self) -> None:
         """Stop background tasks, make everything durable, write the checkpoint
-        and remove the abort marker (a clean shutdown)."""
+        and remove the abort marker (a clean shutdown). After a storage fault,
+        nothing is flushed and the abort marker stays: recovery runs next time."""
         await cancel_and_wait(*self._tasks)
         self._tasks = []
         if not self._opened:
             return
+        if self.failstop.tripped:
+            self.abandon()
+            return
         self.dispatcher.dispatch_all()
-        snapshot = self._durable_snapshot()
-        await asyncio.to_thread(sync_fds, snapshot[2])
-        self._flushed_offset = snapshot[0]
-        self._write_checkpoint_now(snapshot)
-        self._release_flush_waiters()
-        for futures in self._long_polls.values():
-            for future in futures:
-                if not future.done():
-                    future.set_result(None)
-        self._long_polls.clear()
-        self.commit_log.close()
-        self.queues.close()
+        try:
+            await self.flusher.flush_now()
+        except StorageFault as fault:
+            self.failstop.trip(fault)
+            self.abandon()
+            return
+        self.long_polls.close()
+        self._close_files()
         with contextlib.suppress(FileNotFoundError):
             (self.config.root / ABORT).unlink()
+        log.info("store closed cleanly at commit offset %d", self.flusher.flushed_offset)
+
+    def abandon(self) -> None:
+        """Close the files and release the lock without flushing or touching
+        the checkpoint and abort marker — what a crash leaves behind (after a
+        storage fault; tests simulate crashes with it)."""
+        for task in self._tasks:
+            task.cancel()
+        self._tasks = []
+        self.long_polls.close()
+        if self._opened:
+            self._close_files()
+            log.warning("store abandoned without a clean close: recovery runs at the next start")
+
+    def _close_files(self) -> None:
         self._opened = False
-        log.info("store closed cleanly at commit offset %d", snapshot[0])
+        if self._readers is not None:
+            self._readers.shutdown(wait=True)
+            self._readers = None
+        self.commit_log.close()
+        self.queues.close()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def set_store_host(self, host: tuple[str, int]) -> None:
         """The advertised address stored in records and message ids (known once
@@ -295,7 +369,7 @@ class MessageStore:
 
     @property
     def flushed_offset(self) -> int:
-        return self._flushed_offset
+        return self.flusher.flushed_offset
 
     @property
     def confirm_offset(self) -> int:
@@ -319,19 +393,29 @@ class MessageStore:
     ) -> PutResult:
         """Append messages to one queue as one contiguous unit. With SYNC_FLUSH
         and `wait_flush`, return once their bytes are fsynced (group commit),
-        or with FLUSH_DISK_TIMEOUT after `sync_flush_timeout_s`."""
+        or with FLUSH_DISK_TIMEOUT after `sync_flush_timeout_s`.
+
+        Raises:
+            ResourceExhausted: the disk is full or above the warning ratio.
+            Unavailable: a storage fault; nothing more is acknowledged.
+        """
+        self.retention.check_writable()
         result = self._append(topic, queue_id, messages)
         if (
             self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
             and wait_flush
-            and not await self.wait_flushed(result.end_offset, self.config.sync_flush_timeout_s)
+            and not await self.flusher.wait_flushed(
+                result.end_offset, self.config.sync_flush_timeout_s
+            )
         ):
-            return dataclasses.replace(result, status=PutStatus.FLUSH_DISK_TIMEOUT)
+            result = dataclasses.replace(result, status=PutStatus.FLUSH_DISK_TIMEOUT)
+        self.failstop.check()
         return result
 
     def _append(self, topic: str, queue_id: int, messages: Sequence[MessageIn]) -> PutResult:
         if not self._opened:
-            raise RuntimeError("the store is not open")
+            raise Unavailable("the store is not open")
+        self.failstop.check()
         key = (topic, queue_id)
         first_queue_offset = self._next_queue_offset.get(key, 0)
         topic_bytes = topic.encode()
@@ -348,16 +432,15 @@ class MessageStore:
                     ),
                 )
             )
+        files_before = self.commit_log.files_end
         try:
             offsets = self.commit_log.append_many(items)
         except OSError as exc:
-            raise _write_failure(exc, self.config.root) from exc
+            raise self._write_failure(exc) from exc
         self._next_queue_offset[key] = first_queue_offset + len(messages)
         end = self.commit_log.max_offset
         self.put_message_count += len(messages)
-        self.dispatcher.wake()
-        if self.on_append is not None:
-            self.on_append(end)
+        self._appended(files_before)
         prefix = self._msg_id_prefix
         return PutResult(
             PutStatus.PUT_OK,
@@ -370,142 +453,164 @@ class MessageStore:
             store_ts,
         )
 
-    def append_raw(self, commit_offset: int, data: bytes) -> int:
+    def append_raw(self, commit_offset: int, data: bytes | memoryview) -> int:
         """A slave's replicated bytes, appended as they are at `commit_offset`,
         which must be the log's end — or, for an empty log, the start of a file
-        (the master's choice). Returns the new end."""
+        (the master's choice). Returns the new end.
+
+        Raises:
+            ValueError: the offset is not where the bytes can go.
+            OSError: not written (a full disk; any other error also trips fail-stop).
+        """
         if not self._opened:
-            raise RuntimeError("the store is not open")
+            raise ValueError("the store is not open")
+        self.failstop.check()
         log_ = self.commit_log
         if commit_offset != log_.max_offset:
             if log_.segment_starts() or self.queues.all():
                 raise ValueError(f"bytes at {commit_offset}, but the log ends at {log_.max_offset}")
-            log_.start_at(commit_offset)
+            try:
+                log_.start_at(commit_offset)
+            except CommitLogError as exc:
+                raise ValueError(str(exc)) from None
             self.dispatcher.offset = commit_offset
-        end = log_.append_raw(data)
-        self.dispatcher.wake()
+        files_before = log_.files_end
+        try:
+            end = log_.append_raw(data)
+        except CommitLogError as exc:
+            raise ValueError(str(exc)) from None
+        except OSError as exc:
+            if not is_full_disk(exc):
+                self.failstop.trip(StorageFault("pwrite", str(log_.directory), exc))
+            raise
+        self._appended(files_before)
         return end
 
-    def discard_all(self, start_offset: int) -> None:
+    def _appended(self, files_before: int) -> None:
+        self.dispatcher.wake()
+        grown, self._grown = self._grown, asyncio.Event()
+        grown.set()
+        if self.commit_log.files_end != files_before:
+            self._allocate.set()  # a new file: allocate the next, run retention
+            self.retention.wake()
+
+    async def wait_for_growth(self, offset: int, timeout_s: float) -> bool:
+        """True once the log ends past `offset`; False after `timeout_s`."""
+        if self.max_offset > offset:
+            return True
+        grown = self._grown
+        await wait_event(grown, timeout_s)
+        return self.max_offset > offset
+
+    def restart_at(self, start_offset: int) -> None:
         """Drop the whole log and every consume queue and start empty at
-        `start_offset` (a slave whose offset fell out of its master's retention)."""
+        `start_offset`, a file start (a slave whose offset fell out of its
+        master's retention, or an empty slave starting where its master says)."""
+        if self.commit_log.segment_starts() or self.queues.all():
+            log.warning("store discarded: empty, starting at commit offset %d", start_offset)
         self.commit_log.discard_all()
         for queue in self.queues.all():
             self.queues.delete_topic(queue.topic)
         self._next_queue_offset.clear()
         self.commit_log.start_at(start_offset)
         self.dispatcher.offset = start_offset
-        self._flushed_offset = start_offset
-        self._checkpoint_written = (0, 0)
-        self._write_checkpoint_now((start_offset, start_offset, []))
-        log.warning("store discarded: empty, starting at commit offset %d", start_offset)
+        self.flusher.flushed_offset = start_offset
+        self.flusher.reset(start_offset, start_offset)
 
-    # ------------------------------------------------------------ flushing
+    discard_all = restart_at
 
-    async def wait_flushed(self, offset: int, timeout_s: float) -> bool:
-        """Wait until the commit log is fsynced up to `offset`; False on timeout."""
-        if self._flushed_offset >= offset:
-            return True
-        future = asyncio.get_running_loop().create_future()
-        bisect.insort(self._flush_waiters, _FlushWaiter(offset, future))
-        if self._flush_wake is not None:
-            self._flush_wake.set()
-        try:
-            async with asyncio.timeout(timeout_s):
-                await asyncio.shield(future)
-            return True
-        except TimeoutError:
-            return False
+    async def truncate(self, offset: int) -> None:
+        """Cut the log at `offset`, a record boundary in [min_offset, max_offset]:
+        the commit log ends there (later bytes zeroed, later files deleted), the
+        consume-queue entries pointing past it go, the next queue offsets follow,
+        and the checkpoint never claims more than what is left. Durable before
+        it returns (failover cuts a divergent tail with it).
 
-    async def _flush_loop(self) -> None:
-        """ASYNC_FLUSH: flush every `flush_interval_s`. SYNC_FLUSH: flush as soon as
-        a waiter asks, sharing one fsync among all waiting sends (group commit);
-        also every interval, for the consume queues and the checkpoint."""
-        assert self._flush_wake is not None
-        interval = self.config.flush_interval_s
-        last_checkpoint = time.monotonic()
-        checkpoint_failing = False
-        while True:
-            await wait_event(self._flush_wake, interval)
-            self._flush_wake.clear()
-            now = time.monotonic()
-            full = now - last_checkpoint >= interval
+        Raises:
+            ValueError: `offset` is outside the log or not a record boundary.
+        """
+        log_ = self.commit_log
+        if not log_.min_offset <= offset <= log_.max_offset:
+            raise ValueError(
+                f"cannot truncate at {offset}: the log holds [{log_.min_offset}, {log_.max_offset}]"
+            )
+        if offset < log_.max_offset:
+            head = log_.read(offset, min(record.BLANK_SIZE, log_.max_offset - offset))
             try:
-                if full:
-                    snapshot = self._durable_snapshot()
-                    await asyncio.to_thread(sync_fds, snapshot[2])
-                    self._flushed_offset = max(self._flushed_offset, snapshot[0])
-                    self._release_flush_waiters()
-                    last_checkpoint = now
-                    checkpoint_failing = await self._checkpoint(snapshot, checkpoint_failing)
-                elif self._flush_waiters:
-                    target = self.commit_log.max_offset
-                    fds = self.commit_log.take_dirty()
-                    await asyncio.to_thread(sync_fds, fds)
-                    self._flushed_offset = max(self._flushed_offset, target)
-                    self._release_flush_waiters()
-            except OSError as exc:
-                log.error("flush failed: %s; retrying", exc)
-                await asyncio.sleep(interval)
-
-    def _durable_snapshot(self) -> tuple[int, int, list[int]]:
-        """(commit offset, dispatched offset, files to fsync) at this instant."""
-        return (
-            self.commit_log.max_offset,
-            self.dispatcher.offset,
-            self.commit_log.take_dirty() + self.queues.take_dirty(),
+                record.peek(head)
+            except record.RecordError as exc:
+                raise ValueError(
+                    f"cannot truncate at {offset}: not a record boundary ({exc})"
+                ) from None
+        # Queues first up to the cut, so their ends are exact for what stays.
+        self.dispatcher.dispatch_all(limit=offset)
+        dropped = self.queues.truncate_commit_end(offset)
+        log_.set_write_offset(offset)
+        for queue in self.queues.all():
+            self._next_queue_offset[(queue.topic, queue.queue_id)] = queue.max_offset
+        self.dispatcher.offset = min(self.dispatcher.offset, offset)
+        fds = log_.take_dirty() + self.queues.take_dirty()
+        try:
+            await asyncio.to_thread(sync_fds, fds)
+        except StorageFault as fault:
+            self.failstop.trip(fault)
+            raise
+        self.flusher.reset(offset, self.dispatcher.offset)
+        self._allocate.set()
+        log.warning(
+            "commit log truncated at %d (%d consume-queue entries dropped)", offset, dropped
         )
 
-    async def _checkpoint(self, snapshot: tuple[int, int, list[int]], failing: bool) -> bool:
-        """Write the checkpoint; True while it cannot be written (a full disk).
-        Its failure does not hold back commit-log flushes, only how far a
-        recovery after a crash must scan."""
-        try:
-            await asyncio.to_thread(self._write_checkpoint_now, snapshot)
-        except OSError as exc:
-            if not failing:
-                log.error(
-                    "cannot write the checkpoint: %s; a recovery would scan from the last one "
-                    "written; retrying every %.1f s",
-                    exc,
-                    self.config.flush_interval_s,
-                )
-            return True
-        if failing:
-            log.info("checkpoint written again")
-        return False
-
-    def _write_checkpoint_now(self, snapshot: tuple[int, int, list[int]]) -> None:
-        """Write the checkpoint (from the flusher's thread or at stop: serialised)."""
-        now = self.clock.wall_ms()
-        with self._checkpoint_lock:
-            if snapshot[:2] < self._checkpoint_written:
-                return  # a late flusher thread: never move the checkpoint back
-            self._checkpoint_written = snapshot[:2]
-            save_checkpoint(
-                self.config.root / CHECKPOINT,
-                Checkpoint(
-                    flushed_offset=snapshot[0],
-                    dispatched_offset=snapshot[1],
-                    physic_msg_timestamp=now,
-                    logics_msg_timestamp=now,
-                ),
+    def _write_failure(self, exc: OSError) -> FerryError:
+        """What a producer is told when the commit log cannot take its messages.
+        Nothing already stored is touched: the log's end did not move, and the
+        next append writes over whatever part of this one reached the file."""
+        root = self.config.root
+        if is_full_disk(exc):
+            log.error("commit log write refused, the disk is full: %s", exc)
+            return ResourceExhausted(
+                f"the broker's disk is full ({exc.strerror}: {exc.filename or root}); the "
+                "message was not stored and nothing stored before is affected; free space "
+                f"under {root} (storePathRootDir) and send again"
             )
+        self.failstop.trip(
+            StorageFault("pwrite", str(exc.filename or self.commit_log.directory), exc)
+        )
+        return self.failstop.refusal()
 
-    def _release_flush_waiters(self) -> None:
-        flushed = self._flushed_offset
-        waiters = self._flush_waiters
-        released = 0
-        while released < len(waiters) and waiters[released].offset <= flushed:
-            future = waiters[released].future
-            if not future.done():
-                future.set_result(True)
-            released += 1
-        del waiters[:released]
+    # ------------------------------------------------------------ allocation ahead
+
+    async def _allocate_loop(self) -> None:
+        """Keep the next commit-log file allocated before the appender needs it
+        (creating and preallocating a 1 GiB file takes long enough to stall
+        every send, HA transfer and keep-alive if done on the loop)."""
+        log_ = self.commit_log
+        while True:
+            await self._allocate.wait()
+            self._allocate.clear()
+            start = log_.spare_start
+            if start is None:
+                continue
+            try:
+                path = await asyncio.to_thread(
+                    CommitLog.allocate_file,
+                    log_.directory,
+                    start,
+                    log_.file_size,
+                    self.config.preallocate,
+                )
+            except (OSError, CommitLogError) as exc:
+                # A full disk: the appender allocates itself when it must (and
+                # refuses the send if it cannot). Retried at the next roll.
+                log.warning("could not allocate the next commit-log file %d: %s", start, exc)
+                continue
+            if not self._opened or not log_.adopt_spare(start, path):
+                path.unlink(missing_ok=True)
+                self._allocate.set()
 
     # ------------------------------------------------------------ reads
 
-    def get_messages(
+    async def get_messages(
         self,
         topic: str,
         queue_id: int,
@@ -536,7 +641,9 @@ class MessageStore:
         for span_start, span_end, span_entries in spans:
             if span_entries[0][0] + span_entries[0][1] > confirm:
                 break
-            data = self.commit_log.read(span_start, span_end - span_start)
+            if span_start < self.commit_log.min_offset:
+                break  # deleted by retention meanwhile: the next pull is told OFFSET_MOVED
+            data = await self._read(span_start, span_end - span_start)
             stop = False
             for commit_offset, size, code in span_entries:
                 if commit_offset + size > confirm or (budget < size and found):
@@ -556,6 +663,35 @@ class MessageStore:
             return GetResult(GetStatus.NO_MATCHED_MSG, [], next_offset, low, high)
         return GetResult(GetStatus.NO_NEW_MSG, [], queue_offset, low, high)
 
+    async def _read(self, offset: int, size: int) -> bytes | bytearray:
+        """Commit-log bytes: read on the loop when the page cache has them all,
+        else in a reader thread, the file pinned meanwhile."""
+        region = self.commit_log.pin_range(offset, size)
+        try:
+            if self._nowait_reads:
+                buf = bytearray(size)
+                try:
+                    if os.preadv(region.fd, [buf], region.file_position, os.RWF_NOWAIT) == size:
+                        return buf
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    self._nowait_reads = False  # not supported here: always use the threads
+            self.cold_reads += 1
+            return await self.in_reader_thread(_pread_all, region.fd, size, region.file_position)
+        finally:
+            self.unpin(region.segment)
+
+    async def in_reader_thread(self, fn: Callable, *args):
+        """Run a blocking read in the store's reader threads."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._readers, fn, *args)
+
+    def unpin(self, segment: _Segment) -> None:
+        fd = self.commit_log.unpin(segment)
+        if fd is not None:  # the last reader of a deleted file: closing frees its blocks
+            asyncio.get_running_loop().run_in_executor(None, os.close, fd)
+
     def read_record(self, commit_offset: int, size: int) -> record.Record:
         decoded = record.decode(self.commit_log.read(commit_offset, size), 0)
         if not isinstance(decoded, record.Record):
@@ -567,32 +703,12 @@ class MessageStore:
     ) -> None:
         """Long polling: return when the queue has a message at `queue_offset`
         that consumers may see, or after `timeout_s`."""
-        deadline = time.monotonic() + timeout_s
-        key = (topic, queue_id)
-        loop = asyncio.get_running_loop()
-        while self._opened:
-            if self._visible_max(topic, queue_id) > queue_offset:
-                return
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            future = loop.create_future()
-            self._long_polls.setdefault(key, []).append(future)
-            try:
-                async with asyncio.timeout(min(remaining, 1.0)):
-                    await future
-            except TimeoutError:
-                pass
-            finally:
-                waiters = self._long_polls.get(key)
-                if waiters and future in waiters:
-                    waiters.remove(future)
-                    if not waiters:
-                        del self._long_polls[key]
+        if self._opened:
+            await self.long_polls.wait(topic, queue_id, queue_offset, timeout_s)
 
     def notify_confirmed(self) -> None:
         """The confirm offset moved (HA): wake every long poll to re-check."""
-        self._on_dispatch(set(self._long_polls))
+        self.long_polls.notify_all()
 
     def _visible_max(self, topic: str, queue_id: int) -> int:
         queue = self.queues.get(topic, queue_id)
@@ -606,14 +722,6 @@ class MessageStore:
             return queue.max_offset
         return queue.max_offset - 1  # not all visible: let the reader re-check
 
-    def _on_dispatch(self, keys: set[tuple[str, int]]) -> None:
-        for key in keys:
-            futures = self._long_polls.pop(key, None)
-            if futures:
-                for future in futures:
-                    if not future.done():
-                        future.set_result(None)
-
     # ------------------------------------------------------------ topics
 
     def delete_topic(self, topic: str) -> None:
@@ -624,6 +732,13 @@ class MessageStore:
 
     def queue_offsets_of(self, topic: str) -> Mapping[int, tuple[int, int]]:
         return {q.queue_id: (q.min_offset, q.max_offset) for q in self.queues.of_topic(topic)}
+
+
+def _pread_all(fd: int, size: int, position: int) -> bytes:
+    data = os.pread(fd, size, position)
+    if len(data) != size:
+        raise OSError(f"read {len(data)} of {size} bytes at file position {position}")
+    return data
 
 
 def _encoder(
@@ -661,21 +776,3 @@ def _spans(
                 continue
         spans.append((offset, offset + size, [entry]))
     return spans
-
-
-def _write_failure(exc: OSError, root: Path) -> FerryError:
-    """What a producer is told when the commit log cannot take its messages.
-    Nothing already stored is touched: the log's end did not move, and the next
-    append writes over whatever part of this one reached the file."""
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        log.error("commit log write refused, the disk is full: %s", exc)
-        return ResourceExhausted(
-            f"the broker's disk is full ({exc.strerror}: {exc.filename or root}); the "
-            "message was not stored and nothing stored before is affected; free space "
-            f"under {root} (storePathRootDir) and send again"
-        )
-    log.error("commit log write failed: %s", exc)
-    return Unavailable(
-        f"the broker could not write its commit log ({exc}); the message was not stored; "
-        "see the broker's log"
-    )

@@ -13,7 +13,8 @@ task (transfer frames and heartbeats), as RocketMQ's HAConnection:
   WELCOME names where the stream restarts and the slave resyncs;
 - a frame never crosses a file boundary, carries at most `transfer_batch_bytes`
   and never goes past the commit log's write position; bodies go out with
-  `sendfile` straight from the file;
+  `sendfile` straight from the file (a region the log holds for the transfer
+  and brings into the page cache first, off the loop, when it is cold);
 - a heartbeat (a header with size 0) after `heartbeat_interval_s` without data;
 - the connection closes after `housekeeping_interval_s` without a report, on a
   report beyond the master's max offset or going backwards, and on any
@@ -21,6 +22,7 @@ task (transfer frames and heartbeats), as RocketMQ's HAConnection:
 
 Acks are tracked per replica (the handshake's replica id, else the remote
 address) in `ReplicaAcks`, which releases waiting SYNC_MASTER sends.
+The log is reached only through `ReplicatedLog` (replicated_log.py).
 Runs on the broker's event loop.
 """
 
@@ -32,14 +34,11 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from ferry.runtime.clock import wait_event
 from ferry.runtime.tasks import cancel_and_wait
-from services.broker.commitlog import segment_name
-from services.broker.store import MessageStore
 from services.ha import protocol
 from services.ha.protocol import HAProtocolError
+from services.ha.replicated_log import ReplicatedLog
 from services.ha.sync import ReplicaAcks
 
 log = logging.getLogger(__name__)
@@ -98,16 +97,15 @@ class ReplicaState:
 
 
 class HAMaster:
-    def __init__(self, config: HAMasterConfig, store: MessageStore, acks: ReplicaAcks) -> None:
+    def __init__(self, config: HAMasterConfig, log_: ReplicatedLog, acks: ReplicaAcks) -> None:
         self.config = config
-        self.store = store
+        self.replica_log = log_
         self.acks = acks
         self.connections: dict[object, Connection] = {}
         # replica label -> commit-log bytes streamed to it, over all its connections
         self.sent_bytes: dict[str, int] = {}
         self._tasks: dict[object, asyncio.Task] = {}
         self._server: asyncio.AbstractServer | None = None
-        self._appended = asyncio.Event()
         self.port = 0
         self.out_of_range_closes = 0
         self.protocol_errors = 0
@@ -129,7 +127,7 @@ class HAMaster:
         return self.port
 
     def replica_states(self) -> list[ReplicaState]:
-        top = self.store.max_offset
+        top = self.replica_log.max_offset
         states = []
         for conn in list(self.connections.values()):
             lag = max(0, top - conn.ack_offset)
@@ -144,10 +142,6 @@ class HAMaster:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2)
         self._server = None
-
-    def notify_appended(self, end_offset: int) -> None:
-        """The store appended bytes: wake every writer."""
-        self._appended.set()
 
     # ------------------------------------------------------------ one connection
 
@@ -181,7 +175,7 @@ class HAMaster:
             self._tasks[key] = task  # type: ignore[assignment]
             conn = Connection(addr, key, replica_id, ack_offset=first, transfer_from=start)
             self.connections[key] = conn
-            self.acks.connect(key, first if first <= self.store.max_offset else 0)
+            self.acks.connect(key, first if first <= self.replica_log.max_offset else 0)
             log.info(
                 "HA slave connected from %s (replica %s): reported %d, streaming from %d",
                 addr,
@@ -221,29 +215,28 @@ class HAMaster:
 
     def _start_for(self, report: int, addr: str) -> int:
         """Where the stream starts for a slave that reported `report` (legacy)."""
-        store = self.store
+        log_ = self.replica_log
         if report == 0:
             return self._fresh_start()
-        if report > store.max_offset:
+        if report > log_.max_offset:
             raise HAProtocolError(
                 f"slave reported offset {report}, beyond this master's max offset "
-                f"{store.max_offset}: it holds data this master does not"
+                f"{log_.max_offset}: it holds data this master does not"
             )
-        if report < store.min_offset:
+        if report < log_.min_offset:
             self.out_of_range_closes += 1
             raise HAProtocolError(
                 f"slave reported offset {report}, older than this master's oldest offset "
-                f"{store.min_offset} (deleted by retention): it cannot catch up by streaming; "
+                f"{log_.min_offset} (deleted by retention): it cannot catch up by streaming; "
                 "configure haSecret on both sides to let it resync by itself, or wipe its store"
             )
         return report
 
     def _fresh_start(self) -> int:
-        store = self.store
+        log_ = self.replica_log
         if self.config.sync_from == "minOffset":
-            return store.min_offset
-        top = store.max_offset
-        return max(store.min_offset, top - top % store.commit_log.file_size)
+            return log_.min_offset
+        return max(log_.min_offset, log_.file_start(log_.max_offset))
 
     async def _handshake(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, addr: str
@@ -263,28 +256,28 @@ class HAMaster:
             raise HAProtocolError(
                 f"slave of group {hello.group!r} connected to the master of {self.config.group!r}"
             )
-        store = self.store
+        log_ = self.replica_log
         offset = hello.max_offset
         if offset == 0:
             start = self._fresh_start()
-        elif offset > store.max_offset:
+        elif offset > log_.max_offset:
             raise HAProtocolError(
                 f"slave {hello.replica_id} is at {offset}, beyond this master's max offset "
-                f"{store.max_offset}"
+                f"{log_.max_offset}"
             )
-        elif offset < store.min_offset:
+        elif offset < log_.min_offset:
             self.out_of_range_closes += 1
             start = self._fresh_start()
             log.warning(
                 "slave %d at %d is older than this master's oldest offset %d: it resyncs from %d",
                 hello.replica_id,
                 offset,
-                store.min_offset,
+                log_.min_offset,
                 start,
             )
         else:
             start = offset
-        welcome = protocol.Welcome(store.min_offset, store.max_offset, start)
+        welcome = protocol.Welcome(log_.min_offset, log_.max_offset, start)
         writer.write(protocol.encode_welcome(secret, challenge, hello.mac, welcome))
         await writer.drain()
         # The first legacy report follows the WELCOME: the slave's offset after any resync.
@@ -330,7 +323,7 @@ class HAMaster:
             whole = len(pending) - len(pending) % size
             if not whole:
                 continue
-            top = self.store.max_offset
+            top = self.replica_log.max_offset
             last = conn.ack_offset
             for start in range(0, whole, size):
                 offset = protocol.decode_report(pending[start : start + size])
@@ -351,31 +344,22 @@ class HAMaster:
         # sendfile() would bypass TLS: over TLS the bytes go through the transport.
         sender = _StreamSender(writer) if self.config.ssl else _DirectSender(writer)
         label = conn.label
-        store = self.store
-        file_size = store.commit_log.file_size
+        log_ = self.replica_log
         batch = self.config.transfer_batch_bytes
         heartbeat = self.config.heartbeat_interval_s
-        files: dict[int, int] = {}
         last_write = time.monotonic()
         frames = 0  # sent since the last yield to the event loop
         try:
             while True:
                 position = conn.transfer_from
-                limit = store.max_offset
-                if position < limit:
-                    start = position - position % file_size
-                    size = min(batch, limit - position, start + file_size - position)
-                    fd = files.get(start)
-                    if fd is None:
-                        if len(files) > 4:
-                            for old in files.values():
-                                os.close(old)
-                            files.clear()
-                        fd = files[start] = os.open(
-                            Path(store.commit_log.directory) / segment_name(start), os.O_RDONLY
-                        )
-                    await sender.send_bytes(protocol.encode_header(position, size))
-                    await sender.send_file(fd, position - start, size)
+                if position < log_.max_offset:
+                    region = await log_.read_region(position, batch)
+                    try:
+                        size = region.size
+                        await sender.send_bytes(protocol.encode_header(position, size))
+                        await sender.send_file(region.fd, region.file_position, size)
+                    finally:
+                        log_.release(region)
                     conn.transfer_from = position + size
                     conn.transferred_bytes += size
                     self.sent_bytes[label] = self.sent_bytes.get(label, 0) + size
@@ -390,12 +374,8 @@ class HAMaster:
                     await sender.send_bytes(protocol.encode_header(position, 0))
                     last_write = time.monotonic()
                     continue
-                self._appended.clear()
-                if store.max_offset <= position:
-                    await wait_event(self._appended, min(heartbeat - idle, 0.5))
+                await log_.wait_for_growth(position, min(heartbeat - idle, 0.5))
         finally:
-            for fd in files.values():
-                os.close(fd)
             sender.close()
 
 

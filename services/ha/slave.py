@@ -17,7 +17,8 @@ master's HA address, report this log's end, append what the master streams.
   master's retention) and `reset_out_of_range` is on, the slave discards its log
   and starts empty at that offset, and says so in the log.
 
-The dispatcher builds the slave's consume queues from the appended bytes.
+The log is reached only through `ReplicatedLog` (replicated_log.py); the
+broker's store builds the slave's consume queues from the appended bytes.
 Runs on the broker's event loop.
 """
 
@@ -30,15 +31,11 @@ from dataclasses import dataclass
 
 from ferry.runtime.clock import wait_event
 from ferry.runtime.tasks import cancel_and_wait
-from services.broker.store import MessageStore
 from services.ha import protocol
 from services.ha.protocol import HAProtocolError
+from services.ha.replicated_log import ReplicatedLog
 
 log = logging.getLogger(__name__)
-
-# A read pass this large means the master is streaming a backlog (catch-up):
-# the dispatcher then steps aside for a while (Dispatcher.busy).
-BULK_PASS_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -58,9 +55,9 @@ class HASlaveConfig:
 
 
 class HASlave:
-    def __init__(self, config: HASlaveConfig, store: MessageStore) -> None:
+    def __init__(self, config: HASlaveConfig, log_: ReplicatedLog) -> None:
         self.config = config
-        self.store = store
+        self.replica_log = log_
         self.master_addr = config.master_address
         self._master_known = asyncio.Event()
         if self.master_addr:
@@ -71,8 +68,6 @@ class HASlave:
         self.last_write_ms = 0
         self.master_max_offset = 0
         self.resyncs = 0
-        self._last_pass_bytes = 0
-        self._last_pass_at = 0.0
         self.disconnects = 0
         self._writer: _Writer | None = None
 
@@ -157,19 +152,15 @@ class HASlave:
                 async with asyncio.timeout(housekeeping):
                     await self._handshake(inbound, writer)
             self.connected = True
-            log.info("HA connected to master %s; reporting %d", addr, self.store.max_offset)
+            log.info("HA connected to master %s; reporting %d", addr, self.replica_log.max_offset)
             self._report(writer)
             heartbeat = asyncio.create_task(self._heartbeats(writer), name="ha-slave-heartbeat")
-            store = self.store
-            file_size = store.commit_log.file_size
+            log_ = self.replica_log
             max_frame = self.config.max_frame_bytes
-            store.dispatcher.busy = self._receiving_bulk
             while True:
                 async with asyncio.timeout(housekeeping):
                     await inbound.wait_more()
                 self.last_read_ms = int(time.time() * 1000)
-                self._last_pass_bytes = inbound.end - inbound.start
-                self._last_pass_at = time.monotonic()
                 # Everything that arrived in this turn: usually many frames.
                 applied = False
                 while (frame := inbound.next_frame(max_frame)) is not None:
@@ -178,17 +169,15 @@ class HASlave:
                     if not size:
                         self.master_max_offset = max(self.master_max_offset, offset)
                         continue
-                    end = store.max_offset
-                    if offset != end and not (
-                        not store.commit_log.segment_starts() and offset % file_size == 0
-                    ):
-                        raise HAProtocolError(
-                            f"master sent bytes at {offset}, but this log ends at {end}; "
-                            "reconnecting to report the end again"
-                        )
+                    end = log_.max_offset
                     try:
-                        store.append_raw(offset, body)
-                    except (ValueError, OSError) as exc:
+                        log_.append(offset, body)
+                    except ValueError as exc:
+                        raise HAProtocolError(
+                            f"master sent bytes at {offset}, but this log ends at {end} ({exc}); "
+                            "reconnecting to report the end again"
+                        ) from None
+                    except OSError as exc:
                         raise HAProtocolError(
                             f"cannot append {size} bytes at {offset}: {exc}"
                         ) from None
@@ -204,7 +193,6 @@ class HASlave:
                 if inbound.eof:
                     raise HAProtocolError(inbound.eof_reason())
         finally:
-            self.store.dispatcher.busy = None
             transport.close()
             await cancel_and_wait(heartbeat)
 
@@ -214,7 +202,11 @@ class HASlave:
             await protocol.read_exactly(reader, protocol.CHALLENGE_SIZE, "CHALLENGE")
         )
         hello = protocol.encode_hello(
-            secret, challenge, self.config.group, self.config.replica_id, self.store.max_offset
+            secret,
+            challenge,
+            self.config.group,
+            self.config.replica_id,
+            self.replica_log.max_offset,
         )
         writer.write(hello)
         welcome = protocol.decode_welcome(
@@ -223,40 +215,30 @@ class HASlave:
             hello[-protocol.MAC_SIZE :],
             await protocol.read_exactly(reader, protocol.WELCOME_SIZE, "WELCOME"),
         )
-        store = self.store
-        if welcome.start_offset != store.max_offset:
-            empty = not store.commit_log.segment_starts()
-            if empty and store.max_offset == store.commit_log.min_offset:
-                store.commit_log.start_at(welcome.start_offset)
-                store.dispatcher.offset = welcome.start_offset
+        log_ = self.replica_log
+        if welcome.start_offset != log_.max_offset:
+            if log_.max_offset == log_.min_offset:  # empty: start where the master says
+                log_.restart_at(welcome.start_offset)
             elif self.config.reset_out_of_range:
                 self.resyncs += 1
                 log.warning(
                     "this slave's log ends at %d, outside the master's range [%d, %d]: "
                     "discarding it and resyncing from %d",
-                    store.max_offset,
+                    log_.max_offset,
                     welcome.min_offset,
                     welcome.max_offset,
                     welcome.start_offset,
                 )
-                store.discard_all(welcome.start_offset)
+                log_.restart_at(welcome.start_offset)
             else:
                 raise HAProtocolError(
                     f"the master restarts the stream at {welcome.start_offset}, this log ends at "
-                    f"{store.max_offset}, and haResetOutOfRangeSlave is off"
+                    f"{log_.max_offset}, and haResetOutOfRangeSlave is off"
                 )
         self.master_max_offset = welcome.max_offset
 
-    def _receiving_bulk(self) -> bool:
-        """A catch-up in progress: the last read pass brought at least
-        BULK_PASS_BYTES, and it was recent."""
-        return (
-            self._last_pass_bytes >= BULK_PASS_BYTES
-            and time.monotonic() - self._last_pass_at < 0.05
-        )
-
     def _report(self, writer: _Writer) -> None:
-        writer.write(protocol.encode_report(self.store.max_offset))
+        writer.write(protocol.encode_report(self.replica_log.max_offset))
         self.last_write_ms = int(time.time() * 1000)
 
     async def _heartbeats(self, writer: _Writer) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from ferry import record
 from ferry.runtime.clock import FakeClock
-from services.broker import store as store_module
+from services.broker import flush as flush_module
 from services.broker.consumequeue import ENTRY_SIZE
 from services.broker.recovery import RecoveryError
 from services.broker.store import (
@@ -77,12 +77,13 @@ class Harness:
 
     def crash(self) -> None:
         assert self.store is not None
-        for task in self.store._tasks:
-            task.cancel()
+        self.store.abandon()
         self.run(asyncio.sleep(0))
-        self.store.commit_log.close()
-        self.store.queues.close()
         self.store = None
+
+    def get(self, *args):
+        assert self.store is not None
+        return self.run(self.store.get_messages(*args))
 
     def close(self) -> None:
         if self.store is not None:
@@ -97,11 +98,12 @@ def harness(tmp_path):
     h.close()
 
 
-def read_all(store: MessageStore, topic: str, queue_id: int) -> list[record.Record]:
+def read_all(h: Harness, topic: str, queue_id: int) -> list[record.Record]:
     out: list[record.Record] = []
-    offset = store.queue_min_offset(topic, queue_id)
+    assert h.store is not None
+    offset = h.store.queue_min_offset(topic, queue_id)
     while True:
-        result = store.get_messages(topic, queue_id, offset, 1000)
+        result = h.get(topic, queue_id, offset, 1000)
         if result.status is not GetStatus.FOUND:
             return out
         out.extend(result.records)
@@ -117,7 +119,7 @@ def test_put_assigns_queue_offsets_per_queue_and_reads_back(harness):
     assert [r.queue_offset for r in results] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
     assert all(r.status is PutStatus.PUT_OK for r in results)
     harness.dispatch()
-    got = read_all(store, "T", 1)
+    got = read_all(harness, "T", 1)
     assert [r.body for r in got] == [body(i) for i in range(1, 10, 2)]
     assert [r.queue_offset for r in got] == [0, 1, 2, 3, 4]
     assert [r.commit_offset for r in got] == [results[i].commit_offsets[0] for i in range(1, 10, 2)]
@@ -131,35 +133,35 @@ def test_batch_is_contiguous_and_rolls_across_files(harness):
     assert result.queue_offset == 0 and len(result.commit_offsets) == 30
     assert len(store.commit_log.segment_starts()) >= 3
     harness.dispatch()
-    assert [r.body for r in read_all(store, "T", 0)] == [m.body for m in batch]
+    assert [r.body for r in read_all(harness, "T", 0)] == [m.body for m in batch]
 
 
 def test_pull_statuses_and_next_offsets(harness):
-    store = harness.open()
+    harness.open()
     for i in range(3):
         harness.put("T", 0, [msg(body(i))])
     harness.dispatch()
-    assert store.get_messages("T", 0, 3, 10).status is GetStatus.NO_NEW_MSG
-    illegal = store.get_messages("T", 0, 9, 10)
+    assert harness.get("T", 0, 3, 10).status is GetStatus.NO_NEW_MSG
+    illegal = harness.get("T", 0, 9, 10)
     assert (illegal.status, illegal.next_begin_offset, illegal.max_offset) == (
         GetStatus.OFFSET_ILLEGAL,
         3,
         3,
     )
-    found = store.get_messages("T", 0, 1, 10)
+    found = harness.get("T", 0, 1, 10)
     assert found.status is GetStatus.FOUND and found.next_begin_offset == 3
-    assert store.get_messages("T", 5, 0, 10).status is GetStatus.NO_NEW_MSG
+    assert harness.get("T", 5, 0, 10).status is GetStatus.NO_NEW_MSG
 
 
 def test_tag_filter_skips_other_tags(harness):
-    store = harness.open()
+    harness.open()
     for i in range(6):
         harness.put("T", 0, [msg(body(i), tags="a" if i % 3 == 0 else "b")])
     harness.dispatch()
-    result = store.get_messages("T", 0, 0, 10, frozenset({record.tags_hash("a")}))
+    result = harness.get("T", 0, 0, 10, frozenset({record.tags_hash("a")}))
     assert [r.body for r in result.records] == [body(0), body(3)]
     assert result.next_begin_offset == 6
-    none = store.get_messages("T", 0, 1, 2, frozenset({record.tags_hash("a")}))
+    none = harness.get("T", 0, 1, 2, frozenset({record.tags_hash("a")}))
     assert none.status is GetStatus.NO_MATCHED_MSG and none.next_begin_offset == 3
 
 
@@ -172,7 +174,7 @@ def test_long_poll_returns_when_a_message_is_dispatched(harness):
         assert not waiter.done()
         await store.put("T", 0, [msg(b"hello")])
         await asyncio.wait_for(waiter, 5.0)  # the dispatcher wakes it, long before 10 s
-        return store.get_messages("T", 0, 0, 10)
+        return await store.get_messages("T", 0, 0, 10)
 
     result = harness.run(scenario())
     assert result.status is GetStatus.FOUND and result.records[0].body == b"hello"
@@ -183,13 +185,13 @@ def test_long_poll_returns_when_a_message_is_dispatched(harness):
 
 def test_sync_flush_shares_fsyncs_between_concurrent_sends(tmp_path, monkeypatch):
     calls = []
-    real = store_module.sync_fds
+    real = flush_module.sync_fds
 
     def counting(fds):
         calls.append(len(fds))
         real(fds)
 
-    monkeypatch.setattr(store_module, "sync_fds", counting)
+    monkeypatch.setattr(flush_module, "sync_fds", counting)
     h = Harness(tmp_path / "s", flush_disk_type=FlushDiskType.SYNC_FLUSH, flush_interval_s=30)
     store = h.open()
 
@@ -206,18 +208,18 @@ def test_sync_flush_shares_fsyncs_between_concurrent_sends(tmp_path, monkeypatch
 def test_sync_flush_timeout_reports_flush_disk_timeout_and_keeps_the_message(tmp_path, monkeypatch):
     import time
 
-    monkeypatch.setattr(store_module, "sync_fds", lambda fds: time.sleep(0.5))
+    monkeypatch.setattr(flush_module, "sync_fds", lambda fds: time.sleep(0.5))
     h = Harness(
         tmp_path / "s",
         flush_disk_type=FlushDiskType.SYNC_FLUSH,
         sync_flush_timeout_s=0.05,
         flush_interval_s=30,
     )
-    store = h.open()
+    h.open()
     result = h.put("T", 0, [msg(b"slow disk")])
     assert result.status is PutStatus.FLUSH_DISK_TIMEOUT
     h.dispatch()
-    assert read_all(store, "T", 0)[0].body == b"slow disk"
+    assert read_all(h, "T", 0)[0].body == b"slow disk"
     h.close()
 
 
@@ -231,11 +233,11 @@ def test_clean_restart_keeps_everything_and_continues_offsets(harness):
     end = harness.store.max_offset
     harness.stop()
     assert not (harness.root / "abort").exists()
-    store = harness.open()
+    harness.open()
     assert harness.report.crashed is False and harness.report.end_offset == end
     assert harness.put("T", 0, [msg(b"next")]).queue_offset == 7
     harness.dispatch()
-    assert [r.body for r in read_all(store, "T", 1)] == [body(i) for i in range(1, 20, 3)]
+    assert [r.body for r in read_all(harness, "T", 1)] == [body(i) for i in range(1, 20, 3)]
 
 
 def test_crash_recovery_keeps_every_written_record(harness):
@@ -243,10 +245,10 @@ def test_crash_recovery_keeps_every_written_record(harness):
     results = [harness.put("T", i % 2, [msg(body(i, 200))]) for i in range(60)]
     harness.crash()
     assert (harness.root / "abort").exists()
-    store = harness.open()
+    harness.open()
     assert harness.report.crashed is True
     assert harness.report.end_offset == results[-1].end_offset
-    got = read_all(store, "T", 0) + read_all(store, "T", 1)
+    got = read_all(harness, "T", 0) + read_all(harness, "T", 1)
     assert sorted(r.body for r in got) == sorted(body(i, 200) for i in range(60))
 
 
@@ -256,10 +258,12 @@ def test_missing_consume_queues_are_rebuilt(harness):
         harness.put("T", i % 4, [msg(body(i, 150))])
     harness.stop()
     shutil.rmtree(harness.root / "consumequeue")
-    store = harness.open()
+    harness.open()
     assert harness.report.consume_queues_rebuilt is True
     for q in range(4):
-        assert [r.body for r in read_all(store, "T", q)] == [body(i, 150) for i in range(q, 30, 4)]
+        assert [r.body for r in read_all(harness, "T", q)] == [
+            body(i, 150) for i in range(q, 30, 4)
+        ]
     assert harness.put("T", 0, [msg(b"x")]).queue_offset == 8
 
 
@@ -292,8 +296,8 @@ def test_torn_tail_at_every_byte_of_the_last_record(tmp_path):
         h = Harness(work)
         store = h.open()
         assert store.max_offset == start, f"cut at {cut}"
-        q0 = read_all(store, "T", 0)
-        q1 = read_all(store, "T", 1)
+        q0 = read_all(h, "T", 0)
+        q1 = read_all(h, "T", 1)
         assert [r.body for r in q0] == [body(i, 60) for i in range(0, 12, 2)], f"cut at {cut}"
         assert [r.body for r in q1] == [body(i, 60) for i in range(1, 11, 2)], f"cut at {cut}"
         assert store.queue_max_offset("T", 1) == 5  # the torn record's entry is gone
@@ -313,7 +317,7 @@ def test_torn_tail_with_the_file_itself_cut_short(tmp_path):
     h = Harness(tmp_path / "s")
     store = h.open()
     assert store.max_offset == last
-    assert len(read_all(store, "T", 0)) == 4
+    assert len(read_all(h, "T", 0)) == 4
     h.close()
 
 
@@ -392,7 +396,7 @@ def test_a_last_file_that_is_exactly_full_reopens_and_the_next_append_starts_a_f
     store = h.open()
     assert store.max_offset == second
     h.dispatch()
-    assert [r.body for r in read_all(store, "T", 0)] == [body(i, 300) for i in range(len(kept))]
+    assert [r.body for r in read_all(h, "T", 0)] == [body(i, 300) for i in range(len(kept))]
     after = h.put("T", 0, [msg(b"next")])
     assert after.commit_offsets[0] == second
     assert store.commit_log.segment_starts() == [0, second]

@@ -1,0 +1,63 @@
+"""Long polling: pulls that found nothing wait here until their queue has a
+message consumers may see (RocketMQ's PullRequestHoldService, without its
+polling thread).
+
+The dispatcher calls `notify(keys)` for the queues it wrote; HA calls
+`notify_all()` when the confirmed offset moves (a SYNC_MASTER shows only what
+a slave has). Waiters re-check `visible_max` when woken, and at least every
+second. Event-loop thread only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable
+
+
+class LongPolls:
+    def __init__(self, visible_max: Callable[[str, int], int]) -> None:
+        self.visible_max = visible_max
+        self._waiters: dict[tuple[str, int], list[asyncio.Future]] = {}
+        self.open = True
+
+    async def wait(self, topic: str, queue_id: int, queue_offset: int, timeout_s: float) -> None:
+        """Return when the queue has a visible message at `queue_offset`, or after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        key = (topic, queue_id)
+        loop = asyncio.get_running_loop()
+        while self.open:
+            if self.visible_max(topic, queue_id) > queue_offset:
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            future = loop.create_future()
+            self._waiters.setdefault(key, []).append(future)
+            try:
+                async with asyncio.timeout(min(remaining, 1.0)):
+                    await future
+            except TimeoutError:
+                pass
+            finally:
+                waiters = self._waiters.get(key)
+                if waiters and future in waiters:
+                    waiters.remove(future)
+                    if not waiters:
+                        del self._waiters[key]
+
+    def notify(self, keys: Iterable[tuple[str, int]]) -> None:
+        for key in keys:
+            futures = self._waiters.pop(key, None)
+            if futures:
+                for future in futures:
+                    if not future.done():
+                        future.set_result(None)
+
+    def notify_all(self) -> None:
+        self.notify(list(self._waiters))
+
+    def close(self) -> None:
+        """Release every waiter (the store is stopping)."""
+        self.open = False
+        self.notify_all()
