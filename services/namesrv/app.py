@@ -90,7 +90,10 @@ class NamesrvApp:
         await self.server.start()
         if self.config.metrics_port >= 0:
             self._metrics_endpoint = start_metrics_endpoint(
-                self.config.host, self.config.metrics_port, self.registry
+                self.config.host,
+                self.config.metrics_port,
+                self.registry,
+                loop=asyncio.get_running_loop(),
             )
         self._housekeeping = asyncio.create_task(self._housekeep(), name="namesrv-housekeeping")
         await self.server.set_serving()

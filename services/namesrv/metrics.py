@@ -1,5 +1,9 @@
 """The name server's Prometheus metrics (SPEC §6). Values read from the route
-table are collected at scrape time; events are counted as they happen."""
+table are collected at scrape time; events are counted as they happen.
+
+The route collector runs on the event loop, which owns the route table
+(`ferry.runtime.metrics_http` hands each scrape's collection to the loop), so it
+reads the live tables directly; it must stay quick and never block or await."""
 
 from __future__ import annotations
 
