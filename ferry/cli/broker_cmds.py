@@ -1,5 +1,6 @@
 """`ferry topic`, `ferry send`, `ferry consume`, `ferry runtime`: producers,
-consumers and administration against running brokers."""
+consumers and administration against running brokers (`ferry store` is in
+store_cmds.py)."""
 
 from __future__ import annotations
 
@@ -106,7 +107,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=ha_status)
 
-    p = sub.add_parser("runtime", help="a broker's runtime figures")
+    p = sub.add_parser(
+        "runtime",
+        help="a broker's runtime figures",
+        description="A broker's offsets, rates and role, then its disk use and retention "
+        "settings (fileReservedTime, deleteWhen, the disk ratios) and what retention deleted.",
+    )
     p.add_argument("-b", "--broker", required=True, metavar="HOST:PORT", help="the broker")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=runtime)
@@ -378,6 +384,22 @@ def _when(ms: int) -> str:
     return f"{max(0.0, time.time() - ms / 1000):.1f}s ago"
 
 
+# GetBrokerRuntimeInfo's disk and retention entries, in the order `ferry runtime`
+# shows them, with what each means.
+_RETENTION_ROWS = (
+    ("diskUsedRatio", "of the file system holding the store"),
+    ("sendsRefusedDiskFull", "true above diskSpaceWarningLevelRatio: sends are refused"),
+    ("fileReservedTime", "a commit-log file is kept this long after its last write"),
+    ("deleteWhen", "hours of the day when expired files are deleted"),
+    ("diskMaxUsedSpaceRatio", "above it, expired files are deleted at any hour"),
+    ("diskSpaceCleanForciblyRatio", "above it, the oldest files go even unexpired"),
+    ("diskSpaceWarningLevelRatio", "above it, sends are refused"),
+    ("cleanFileForciblyEnable", "whether diskSpaceCleanForciblyRatio applies"),
+    ("deletedCommitLogFiles", "deleted by retention since the broker started"),
+    ("deletedConsumeQueueFiles", "deleted with them"),
+)
+
+
 def runtime(args: argparse.Namespace) -> int:
     check_addr(args.broker, "--broker")
     with BrokerClient(args.broker) as c:
@@ -390,6 +412,11 @@ def runtime(args: argparse.Namespace) -> int:
         for field in info.DESCRIPTOR.fields
         if field.name != "table"
     ]
-    rows += [[k, v] for k, v in sorted(info.table.items())]
+    retention = {key for key, _ in _RETENTION_ROWS}
+    rows += [[k, v] for k, v in sorted(info.table.items()) if k not in retention]
     print(table(["FIELD", "VALUE"], rows))
+    disk = [[k, info.table[k], meaning] for k, meaning in _RETENTION_ROWS if k in info.table]
+    if disk:
+        print()
+        print(table(["DISK AND RETENTION", "VALUE", ""], disk))
     return 0

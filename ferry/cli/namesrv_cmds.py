@@ -26,6 +26,12 @@ def add_namesrv_option(parser: argparse.ArgumentParser, json_output: bool = True
     parser.add_argument(
         "--timeout", type=float, default=3.0, metavar="SECONDS", help="per name server (default 3)"
     )
+    add_tls_options(parser)
+    if json_output:
+        parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def add_tls_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tls-ca",
         metavar="PEM",
@@ -44,8 +50,6 @@ def add_namesrv_option(parser: argparse.ArgumentParser, json_output: bool = True
         default=None,
         help="the client certificate's key ($FERRY_TLS_KEY)",
     )
-    if json_output:
-        parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
 def add_admin_token_option(parser: argparse.ArgumentParser) -> None:

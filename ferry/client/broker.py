@@ -10,12 +10,17 @@ that find brokers through the name servers.
   starting from the group's committed offset (or the queue's min offset with
   `from_beginning`, else its max: RocketMQ's CONSUME_FROM_LAST_OFFSET), and
   commits what it consumed. Pulls go to the master; when the master is gone
-  from the route, to the lowest slave id present.
+  from the route, to the lowest slave id present. A pull below a queue's min
+  offset (OFFSET_MOVED: the broker's retention deleted those messages before
+  they were consumed) resumes at the queue's new min offset, commits it at
+  once, as RocketMQ's consumers do, and logs a WARNING with the number of
+  messages skipped.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +40,8 @@ from ferry.v1 import (
     ha_admin_pb2,
     ha_admin_pb2_grpc,
 )
+
+log = logging.getLogger(__name__)
 
 _RETRIABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 _OPTIONS = [
@@ -183,6 +190,14 @@ class BrokerClient:
     def update_permission(self, perm: int) -> broker_admin_pb2.UpdateBrokerPermissionResponse:
         return self.admin.UpdateBrokerPermission(
             broker_admin_pb2.UpdateBrokerPermissionRequest(broker_permission=perm),
+            timeout=self.timeout_s,
+            metadata=self._admin_md,
+        )
+
+    def delete_expired_commit_log(self) -> broker_admin_pb2.DeleteExpiredCommitLogResponse:
+        """One retention pass on this broker now, ignoring deleteWhen."""
+        return self.admin.DeleteExpiredCommitLog(
+            broker_admin_pb2.DeleteExpiredCommitLogRequest(),
             timeout=self.timeout_s,
             metadata=self._admin_md,
         )
@@ -403,22 +418,21 @@ class Consumer:
             if position is None:
                 position = self._start_position(client, queue)
                 self._positions[queue] = position
-            response = client.pull(
-                self.group,
-                self.topic,
-                queue.queue_id,
-                position.offset,
-                max_msgs,
-                wait_ms,
-                self.sub_expression,
-            )
+            response = self._pull_at(client, queue, position.offset, max_msgs, wait_ms)
+            if response.status == broker_pb2.OFFSET_MOVED:
+                # Once more from the new start; moved again meanwhile, the next poll goes on.
+                self._offset_moved(route, queue, position, response.next_begin_offset, addr)
+                response = self._pull_at(client, queue, position.offset, max_msgs, wait_ms)
         except grpc.RpcError as exc:
             if exc.code() in _RETRIABLE:
                 self._routes.get(self.topic, refresh=True)
                 return []
             raise
         self._suggested[queue.broker_name] = response.suggest_which_broker_id
-        if response.status in (broker_pb2.OFFSET_ILLEGAL, broker_pb2.OFFSET_MOVED):
+        if response.status == broker_pb2.OFFSET_MOVED:
+            self._offset_moved(route, queue, position, response.next_begin_offset, addr)
+            return []
+        if response.status == broker_pb2.OFFSET_ILLEGAL:
             position.offset = response.next_begin_offset
             return []
         if response.status == broker_pb2.NO_MATCHED_MSG:
@@ -428,6 +442,13 @@ class Consumer:
             return []
         position.offset = response.next_begin_offset
         return [Consumed(queue.broker_name, queue.queue_id, m) for m in response.messages]
+
+    def _pull_at(
+        self, client: BrokerClient, queue: QueueRef, offset: int, max_msgs: int, wait_ms: int
+    ) -> broker_pb2.PullMessageResponse:
+        return client.pull(
+            self.group, self.topic, queue.queue_id, offset, max_msgs, wait_ms, self.sub_expression
+        )
 
     def _start_position(self, client: BrokerClient, queue: QueueRef) -> _Position:
         committed = client.query_offset(self.group, self.topic, queue.queue_id)
@@ -439,21 +460,50 @@ class Consumer:
             return _Position(start, -1)
         return _Position(committed, committed)
 
+    def _offset_moved(
+        self, route: _Route, queue: QueueRef, position: _Position, new_start: int, addr: str
+    ) -> None:
+        """The queue now starts past `position` (retention deleted the rest):
+        continue at its new min offset and commit that at once."""
+        skipped = new_start - position.offset
+        log.warning(
+            "skipping %d messages: the broker's retention deleted them before group %s "
+            "consumed them (fileReservedTime, or a full disk); resuming at queue offset %d "
+            "topic=%s queue_id=%d broker=%s (%s) requested_offset=%d",
+            skipped,
+            self.group,
+            new_start,
+            self.topic,
+            queue.queue_id,
+            queue.broker_name,
+            addr,
+            position.offset,
+        )
+        position.offset = new_start
+        try:
+            self._commit_one(route, queue, position)
+        except grpc.RpcError as exc:
+            if exc.code() not in _RETRIABLE:
+                raise
+            # Not committed yet: the next commit() does it.
+
+    def _commit_one(self, route: _Route, queue: QueueRef, position: _Position) -> bool:
+        addr = route.read_addr(queue.broker_name)
+        if addr is None:
+            return False
+        self._routes.client(addr).commit_offset(
+            self.group, self.topic, queue.queue_id, position.offset
+        )
+        position.committed = position.offset
+        return True
+
     def commit(self) -> int:
         """Commit every queue's position that moved; returns how many were committed."""
         route = self._routes.get(self.topic)
         committed = 0
         for queue, position in self._positions.items():
-            if position.offset == position.committed:
-                continue
-            addr = route.read_addr(queue.broker_name)
-            if addr is None:
-                continue
-            self._routes.client(addr).commit_offset(
-                self.group, self.topic, queue.queue_id, position.offset
-            )
-            position.committed = position.offset
-            committed += 1
+            if position.offset != position.committed and self._commit_one(route, queue, position):
+                committed += 1
         return committed
 
     def positions(self) -> Iterable[tuple[QueueRef, int]]:

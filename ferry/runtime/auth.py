@@ -45,6 +45,7 @@ BROKER_ADMIN_METHODS = frozenset(
         "UpdateAndCreateSubscriptionGroup",
         "DeleteSubscriptionGroup",
         "UpdateBrokerPermission",
+        "DeleteExpiredCommitLog",
     )
 )
 

@@ -26,6 +26,7 @@ STATUS_BY_ERROR: dict[type[errors.FerryError], grpc.StatusCode] = {
     errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     errors.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
+    errors.StorageFault: grpc.StatusCode.UNAVAILABLE,  # the broker is stopping (fail-stop)
 }
 
 

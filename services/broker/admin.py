@@ -1,5 +1,5 @@
 """The broker's administration use cases: topics, subscription groups, the
-broker's permission, runtime figures.
+broker's permission, an on-demand retention pass, runtime figures.
 
 Every change is persisted (by the metadata table) before the call returns,
 and topic changes are registered with the name servers at once through the
@@ -50,6 +50,16 @@ class RuntimeInfo:
     version: str
     master_addr: str
     table: dict[str, str]
+
+
+@dataclass(frozen=True)
+class CleanReport:
+    """What an on-demand retention pass did (`deleteExpiredCommitLog`)."""
+
+    deleted_files: int  # commit-log files
+    min_offset: int  # the commit log's oldest commit offset after the pass
+    consume_queue_files: int
+    disk_used_ratio: float  # after the pass, 0..1
 
 
 class _Rate:
@@ -143,14 +153,55 @@ class AdminService:
         return version
 
     async def update_permission(self, perm: int) -> tuple[int, int]:
+        """Set brokerPermission, on a master or a slave (each keeps its own).
+
+        The new value is persisted in `config/broker.json` (fsynced) before it
+        takes effect and before this returns, and wins over broker.conf at the
+        next start. A bad value or a failed write (of `broker.json`, or of the
+        topics' DataVersion bump that comes first) leaves the permission as it
+        was. Then, on a broker with name servers, every topic is registered
+        again with `perm & brokerPermission`.
+
+        Returns:
+            (previous permission, new permission).
+        """
         check_perm(perm, "broker_permission")
         previous = self._permission[0]
-        self._permission[0] = perm
         self.metadata.topics.touch()
-        log.warning("brokerPermission changed from %d to %d", previous, perm)
+        self.metadata.settings.set_broker_permission(perm)
+        self._permission[0] = perm
+        log.warning(
+            "brokerPermission changed from %d to %d, persisted in %s",
+            previous,
+            perm,
+            self.metadata.settings.path,
+        )
         if self.announce_all is not None:
             await self.announce_all()
         return previous, perm
+
+    async def delete_expired_commit_log(self) -> CleanReport:
+        """One retention pass now, whatever the hour (RocketMQ's
+        `deleteExpiredCommitLog`): expired commit-log files go, and the oldest
+        ones even unexpired while the disk is above diskSpaceCleanForciblyRatio.
+        Allowed on a slave too: each broker cleans its own files."""
+        retention = self.store.retention
+        result = await retention.clean_now()
+        report = CleanReport(
+            result.deleted_files,
+            result.min_offset,
+            result.consume_queue_files,
+            retention.last_ratio,
+        )
+        log.info(
+            "deleteExpiredCommitLog deleted=%d consume_queue_files=%d min_offset=%d "
+            "disk_used=%.1f%%",
+            report.deleted_files,
+            report.consume_queue_files,
+            report.min_offset,
+            report.disk_used_ratio * 100,
+        )
+        return report
 
     def runtime_info(self, flush_disk_type: str) -> RuntimeInfo:
         store = self.store
@@ -179,5 +230,24 @@ class AdminService:
                 "getMessageTotal": str(store.get_message_count),
                 "commitLogFiles": str(len(store.commit_log.segment_starts())),
                 "consumeQueues": str(len(store.queues.all())),
+                **self._retention_table(),
             },
         )
+
+    def _retention_table(self) -> dict[str, str]:
+        """Disk use and the retention settings, as broker.conf writes them
+        (fileReservedTime in hours, ratios in percent)."""
+        retention = self.store.retention
+        cfg = retention.config
+        return {
+            "diskUsedRatio": f"{retention.disk_ratio() * 100:.1f}%",
+            "fileReservedTime": f"{cfg.file_reserved_time_s / 3600:g}h",
+            "deleteWhen": ";".join(f"{h:02d}" for h in cfg.delete_when_hours),
+            "diskMaxUsedSpaceRatio": f"{cfg.disk_max_used_space_ratio * 100:g}%",
+            "diskSpaceCleanForciblyRatio": f"{cfg.disk_space_clean_forcibly_ratio * 100:g}%",
+            "diskSpaceWarningLevelRatio": f"{cfg.disk_space_warning_level_ratio * 100:g}%",
+            "cleanFileForciblyEnable": str(cfg.clean_file_forcibly_enable).lower(),
+            "deletedCommitLogFiles": str(retention.deleted_files_total),
+            "deletedConsumeQueueFiles": str(retention.deleted_queue_files_total),
+            "sendsRefusedDiskFull": str(retention.disk_full).lower(),
+        }

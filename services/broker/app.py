@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 from ferry.model import SCHEDULE_TOPIC, TopicConfig
 from ferry.runtime import auth
 from ferry.runtime.clock import Clock, SystemClock
+from ferry.runtime.errors import FerryError, StorageFault
 from ferry.runtime.files import atomic_write_bytes
 from ferry.runtime.metrics_http import MetricsEndpoint, start_metrics_endpoint
 from ferry.runtime.server import GrpcServer, Service
@@ -177,7 +178,9 @@ class BrokerApp:
         )
         self.store = store = MessageStore(store_config, self.clock)
         self.recovery = await asyncio.to_thread(store.open)
-        self.metadata = metadata = BrokerMetadata.open(cfg.config_dir, self.clock)
+        self.metadata = metadata = BrokerMetadata.open(
+            cfg.config_dir, self.clock, on_fault=store.failstop.trip
+        )
         persisted = metadata.settings.broker_permission
         if persisted is not None:
             # Set by UpdateBrokerPermission: wins over broker.conf, from the first registration.
@@ -378,7 +381,7 @@ class BrokerApp:
         if self.metadata is not None:
             try:
                 self.metadata.persist_all()
-            except OSError as exc:
+            except (OSError, FerryError) as exc:
                 log.error("could not persist metadata at shutdown: %s", exc)
         if self._metrics_endpoint is not None:
             self._metrics_endpoint.stop()
@@ -488,7 +491,9 @@ class BrokerApp:
             try:
                 self.metadata.consumer_offsets.persist()
                 self.metadata.delay_offsets.persist()
-            except OSError as exc:
+            except StorageFault:
+                return  # fail-stop has it: the broker is stopping
+            except (OSError, FerryError) as exc:
                 log.error("could not persist offsets: %s; retrying", exc)
 
 

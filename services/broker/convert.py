@@ -8,7 +8,8 @@ from collections.abc import Mapping
 from ferry import record
 from ferry.model import DataVersion, SubscriptionGroupConfig, TopicConfig
 from ferry.runtime.errors import InvalidArgument
-from ferry.v1 import broker_pb2, common_pb2
+from ferry.v1 import broker_admin_pb2, broker_pb2, common_pb2
+from services.broker.admin import CleanReport
 from services.broker.messaging import OutgoingMessage, SendOutcome
 from services.broker.store import GetResult
 
@@ -192,3 +193,12 @@ def pull_response_pb(
             store_host=r.store_host,
         )
     return response
+
+
+def clean_report_pb(report: CleanReport) -> broker_admin_pb2.DeleteExpiredCommitLogResponse:
+    return broker_admin_pb2.DeleteExpiredCommitLogResponse(
+        deleted_files=report.deleted_files,
+        min_offset=report.min_offset,
+        consume_queue_files=report.consume_queue_files,
+        disk_used_ratio=report.disk_used_ratio,
+    )

@@ -26,8 +26,9 @@ place, so a snapshot handed out stays as it was.
 
 from __future__ import annotations
 
+import errno
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,7 @@ from ferry.model import (
     check_topic,
 )
 from ferry.runtime.clock import Clock
-from ferry.runtime.errors import InvalidArgument, NotFound
+from ferry.runtime.errors import InvalidArgument, NotFound, ResourceExhausted, StorageFault
 from ferry.runtime.files import load_json_with_backup, write_json_with_backup
 
 log = logging.getLogger(__name__)
@@ -149,9 +150,12 @@ class _Table:
     file_name = ""
     table_key = ""
 
-    def __init__(self, path: Path, clock: Clock) -> None:
+    def __init__(
+        self, path: Path, clock: Clock, on_fault: Callable[[StorageFault], None] | None = None
+    ) -> None:
         self.path = Path(path)
         self.clock = clock
+        self.on_fault = on_fault  # the broker's fail-stop
         self.dirty = False
         doc, source = load_json_with_backup(self.path, self._validate)
         self.loaded_from = source
@@ -191,10 +195,28 @@ class _Table:
         return self._version
 
     def _write(self) -> None:
-        write_json_with_backup(
-            self.path,
-            {"dataVersion": version_to_json(self._version), self.table_key: self._encode()},
-        )
+        """Write the file atomically.
+
+        Raises:
+            ResourceExhausted: the disk is full; the file on disk is unchanged.
+            StorageFault: any other failure (after calling `on_fault`): what is
+                on disk is not known any more, the broker stops.
+        """
+        try:
+            write_json_with_backup(
+                self.path,
+                {"dataVersion": version_to_json(self._version), self.table_key: self._encode()},
+            )
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise ResourceExhausted(
+                    f"the broker's disk is full: {self.path.name} could not be saved ({exc}); "
+                    "free space on the store's disk and try again"
+                ) from exc
+            fault = StorageFault("write", str(self.path), exc)
+            if self.on_fault is not None:
+                self.on_fault(fault)
+            raise fault from exc
         self.dirty = False
 
     def persist(self) -> bool:
@@ -461,15 +483,22 @@ class BrokerMetadata:
         self.settings = settings
 
     @classmethod
-    def open(cls, config_dir: Path, clock: Clock) -> BrokerMetadata:
+    def open(
+        cls,
+        config_dir: Path,
+        clock: Clock,
+        on_fault: Callable[[StorageFault], None] | None = None,
+    ) -> BrokerMetadata:
+        """Load every table; `on_fault` (the broker's fail-stop) hears of a
+        write that failed for another reason than a full disk."""
         config_dir = Path(config_dir)
         config_dir.mkdir(parents=True, exist_ok=True)
         return cls(
-            TopicTable(config_dir / TOPICS_FILE, clock),
-            ConsumerOffsetTable(config_dir / CONSUMER_OFFSET_FILE, clock),
-            DelayOffsetTable(config_dir / DELAY_OFFSET_FILE, clock),
-            SubscriptionGroupTable(config_dir / SUBSCRIPTION_GROUP_FILE, clock),
-            BrokerSettingsTable(config_dir / BROKER_SETTINGS_FILE, clock),
+            TopicTable(config_dir / TOPICS_FILE, clock, on_fault),
+            ConsumerOffsetTable(config_dir / CONSUMER_OFFSET_FILE, clock, on_fault),
+            DelayOffsetTable(config_dir / DELAY_OFFSET_FILE, clock, on_fault),
+            SubscriptionGroupTable(config_dir / SUBSCRIPTION_GROUP_FILE, clock, on_fault),
+            BrokerSettingsTable(config_dir / BROKER_SETTINGS_FILE, clock, on_fault),
         )
 
     def persist_all(self) -> None:

@@ -6,11 +6,18 @@ lag comes from `HAMaster.replica_states()`, the same figures GetHAStatus
 answers with. Events (sends, sync waits) are counted as they
 happen through the small `observe_*` methods the services call.
 
+The store collector runs on the event loop, which owns everything it reads
+(`ferry.runtime.metrics_http` hands each scrape's collection to the loop), so it
+iterates those tables directly; it must stay quick and never block or await.
+
 Series (labels `cluster`, `broker_name`, `broker_id`, `role` on the store and
 HA gauges, to tell brokers apart when one Prometheus scrapes them all):
 - store: `ferry_commitlog_{max,min,flushed}_offset_bytes`,
   `ferry_dispatch_behind_bytes`, `ferry_broker_topics`, `ferry_broker_permission`,
   `ferry_broker_get_messages_total`, `ferry_consumer_lag_messages{group,topic}`;
+- retention: `ferry_store_disk_used_ratio` (0..1, the store's file system),
+  `ferry_store_disk_full` (1 while sends are refused),
+  `ferry_store_deleted_files_total{kind}` (`commitlog`, `consumequeue`);
 - sends: `ferry_broker_put_messages_total{topic,status}`,
   `ferry_broker_put_duration_seconds` (histogram);
 - HA master, per slave `replica`: `ferry_ha_slave_ack_offset_bytes`,
@@ -102,6 +109,7 @@ class _StoreCollector(Collector):
             self.permission(),
         )
         yield self._consumer_lag(ids)
+        yield from self._retention(ids)
         yield from self._ha(ids)
         build = GaugeMetricFamily(
             "ferry_build_info", "ferry version.", labels=["version", "component"]
@@ -126,6 +134,29 @@ class _StoreCollector(Collector):
             )
             family.add_metric([*ids, group, topic], lag)
         return family
+
+    def _retention(self, ids: list[str]) -> Iterable[Metric]:
+        retention = self.store.retention
+        yield _gauge(
+            ids,
+            "ferry_store_disk_used_ratio",
+            "Used fraction of the file system holding the store (0..1, as df counts it).",
+            retention.disk_ratio(),
+        )
+        yield _gauge(
+            ids,
+            "ferry_store_disk_full",
+            "1 while the disk is above diskSpaceWarningLevelRatio and sends are refused.",
+            1 if retention.disk_full else 0,
+        )
+        deleted = CounterMetricFamily(
+            "ferry_store_deleted_files",
+            "Files deleted by retention since the broker started, by kind.",
+            labels=[*_ID_LABELS, "kind"],
+        )
+        deleted.add_metric([*ids, "commitlog"], retention.deleted_files_total)
+        deleted.add_metric([*ids, "consumequeue"], retention.deleted_queue_files_total)
+        yield deleted
 
     def _ha(self, ids: list[str]) -> Iterable[Metric]:
         master, slave = self.ha()

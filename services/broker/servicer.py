@@ -207,6 +207,13 @@ class BrokerAdminServicer(broker_admin_pb2_grpc.BrokerAdminServicer):
             previous_permission=previous, broker_permission=current
         )
 
+    @grpc_method
+    async def DeleteExpiredCommitLog(
+        self, request: broker_admin_pb2.DeleteExpiredCommitLogRequest, context
+    ) -> broker_admin_pb2.DeleteExpiredCommitLogResponse:
+        self.gate.check()
+        return convert.clean_report_pb(await self.admin.delete_expired_commit_log())
+
 
 class SlaveSyncServicer(slave_sync_pb2_grpc.SlaveSyncServicer):
     def __init__(self, metadata, gate: Gate) -> None:

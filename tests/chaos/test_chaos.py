@@ -5,9 +5,9 @@ chaos-report.jsonl; `make test` runs 2 rounds of each."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
-import shutil
 import subprocess
 import time
 
@@ -268,11 +268,12 @@ def test_name_server_restarts_and_losses(tmp_path):
 
 def test_slave_behind_retention_resyncs_by_itself(tmp_path):
     """Each round: the slave is down while the master writes more than a few
-    files, then the master's files the slave still had are deleted (as
-    retention would; ferry has no retention cleanup yet, so the test removes
-    them with the master stopped). Restarted, the slave finds its end outside
-    the master's range, says so in its log, discards its log and resyncs from
-    the master's first file; the logs end byte-identical."""
+    files; then the master's retention deletes the files the slave still had
+    (their last writes made 100 h old with os.utime, past the default 72 h
+    fileReservedTime, and `ferry store clean` run against the live master).
+    Restarted, the slave finds its end outside the master's range, says so in
+    its log, discards its log and resyncs from the master's first file; the
+    logs end byte-identical."""
     report = Report("retention-resync")
     pair = Pair(tmp_path, haSyncFrom="minOffset").start()
     producers = Producers(pair.master.addr, count=2, body_size=8192)
@@ -294,14 +295,15 @@ def test_slave_behind_retention_resyncs_by_itself(tmp_path):
                 "the master to write two more files",
             )
             producers.stop()
-            pair.master.stop()
-            for f in master_files():
-                if f.name <= slave_last:
-                    f.unlink()
-            shutil.rmtree(pair.master.store / "consumequeue")
-            (pair.master.store / "checkpoint").unlink()
+            old = time.time() - 100 * 3600
+            expired = [f for f in master_files() if f.name <= slave_last]
+            for f in expired:
+                os.utime(f, (old, old))
+            cleaned = run_ferry("store", "clean", "-b", pair.master.addr, "--json")
+            assert cleaned.returncode == 0, cleaned.stderr
+            assert json.loads(cleaned.stdout)["deletedFiles"] == len(expired)
+            assert all(f.name > slave_last for f in master_files())
             report.faults += 1
-            pair.master.start()
             warnings_before = pair.slave.log().count("resyncing from")
             pair.slave.start()
             end = pair.wait_in_sync()

@@ -122,6 +122,7 @@ def test_a_broker_registers_with_the_token_and_guards_its_admin_rpcs(loop_thread
                 config=common_pb2.SubscriptionGroupConfig(group_name="g"))),
             ("DeleteSubscriptionGroup", broker_admin_pb2.DeleteSubscriptionGroupRequest(group_name="g")),
             ("UpdateBrokerPermission", broker_admin_pb2.UpdateBrokerPermissionRequest(broker_permission=4)),
+            ("DeleteExpiredCommitLog", broker_admin_pb2.DeleteExpiredCommitLogRequest()),
         ]  # fmt: skip
         assert {m for m, _ in writes} == {p.rsplit("/", 1)[1] for p in auth.BROKER_ADMIN_METHODS}
         for method, request in writes:

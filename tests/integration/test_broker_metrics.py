@@ -22,6 +22,10 @@ EXPECTED_TYPES = {
     "ferry_broker_get_messages": "counter",
     "ferry_consumer_lag_messages": "gauge",
     "ferry_build_info": "gauge",
+    # retention
+    "ferry_store_disk_used_ratio": "gauge",
+    "ferry_store_disk_full": "gauge",
+    "ferry_store_deleted_files": "counter",
     # sends
     "ferry_broker_put_messages": "counter",
     "ferry_broker_put_duration_seconds": "histogram",
@@ -91,6 +95,12 @@ def test_names_types_and_lag_agree_with_ha_status(loop_thread, proxied):  # noqa
     assert value(families, "ferry_ha_sync_wait_seconds", "ferry_ha_sync_wait_seconds_count") == 2
     assert value(families, "ferry_consumer_lag_messages", group="billing", topic="F") == 2
     assert value(families, "ferry_ha_sent_bytes", "ferry_ha_sent_bytes_total") > 0
+    assert 0 < value(families, "ferry_store_disk_used_ratio") < 1
+    assert value(families, "ferry_store_disk_full") == 0
+    assert (
+        value(families, "ferry_store_deleted_files", "ferry_store_deleted_files_total",
+              kind="commitlog") == 0
+    )  # fmt: skip
 
     slave_families = scrape(slave)
     for name, kind in SLAVE_TYPES.items():

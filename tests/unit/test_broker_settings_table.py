@@ -6,13 +6,15 @@ write changes the table or the broker's permission."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
+import os
 
 import pytest
 
 from ferry.model import TopicConfig
-from ferry.runtime.errors import CorruptFileError, InvalidArgument
+from ferry.runtime.errors import CorruptFileError, InvalidArgument, ResourceExhausted, StorageFault
 from services.broker import metadata as metadata_module
 from services.broker.admin import AdminService
 from services.broker.metadata import BrokerMetadata
@@ -100,9 +102,9 @@ def test_a_bad_permission_is_refused_and_nothing_changes(meta, tmp_path, perm):
     assert (tmp_path / "config" / "broker.json").read_bytes() == before
 
 
-def fail_writes(monkeypatch):
+def fail_writes(monkeypatch, errno_: int = 28):
     def refuse(path, document):
-        raise OSError(28, "No space left on device", str(path))
+        raise OSError(errno_, os.strerror(errno_), str(path))
 
     monkeypatch.setattr(metadata_module, "write_json_with_backup", refuse)
 
@@ -110,17 +112,30 @@ def fail_writes(monkeypatch):
 def test_a_failed_write_leaves_the_table_as_it_was(meta, monkeypatch):
     version = meta.settings.set_broker_permission(6)
     fail_writes(monkeypatch)
-    with pytest.raises(OSError):
+    with pytest.raises(ResourceExhausted, match="disk is full"):
         meta.settings.set_broker_permission(4)
     assert meta.settings.broker_permission == 6
     assert meta.settings.data_version == version
+
+
+def test_a_write_failing_for_another_reason_than_a_full_disk_trips_fail_stop(
+    tmp_path, fake_clock, monkeypatch
+):
+    faults = []
+    meta = BrokerMetadata.open(tmp_path / "config", fake_clock, on_fault=faults.append)
+    fail_writes(monkeypatch, errno.EIO)
+    with pytest.raises(StorageFault):
+        meta.settings.set_broker_permission(4)
+    assert [f.errno for f in faults] == [errno.EIO]
+    assert "broker.json" in faults[0].path
+    assert meta.settings.broker_permission is None
 
 
 def test_a_failed_write_leaves_the_brokers_permission_as_it_was(meta, fake_clock, monkeypatch):
     permission = [6]
     admin = AdminService(("c", "broker-a", 0, "ASYNC_MASTER"), meta, None, fake_clock, permission)
     fail_writes(monkeypatch)
-    with pytest.raises(OSError):
+    with pytest.raises(ResourceExhausted):
         asyncio.run(admin.update_permission(4))
     assert permission == [6]
     assert meta.settings.broker_permission is None
