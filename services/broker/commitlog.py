@@ -449,7 +449,11 @@ class CommitLog:
         segment = self._segment_for(start)
         if segment not in self._dirty:
             self._dirty.append(segment)
-        pwrite_all(segment.fd, data, start - segment.start)
+        try:
+            pwrite_all(segment.fd, data, start - segment.start)
+        except OSError as exc:
+            exc.filename = exc.filename or str(segment.path)  # name the file in what is logged
+            raise
 
     def _create(self, start: int) -> None:
         spare = self._spare

@@ -154,7 +154,11 @@ class ConsumeQueue:
             room = f.start + self.entries_per_file - position
             chunk = entries[index : index + room]
             data = b"".join(ENTRY.pack(*e) for e in chunk)
-            pwrite_all(f.fd, data, (position - f.start) * ENTRY_SIZE)
+            try:
+                pwrite_all(f.fd, data, (position - f.start) * ENTRY_SIZE)
+            except OSError as exc:
+                exc.filename = exc.filename or str(f.path)
+                raise
             self._dirty.add(f.fd)
             position += len(chunk)
             index += len(chunk)

@@ -159,7 +159,8 @@ class Dispatcher:
                 await asyncio.sleep(1.0)
             except OSError as exc:
                 if not is_full_disk(exc):
-                    fault = StorageFault("write", f"consume queues under {self.queues.root}", exc)
+                    where = exc.filename or f"a consume queue under {self.queues.root}"
+                    fault = StorageFault("pwrite", str(where), exc)
                     log.error("dispatch stopped: %s", fault)
                     if self.on_fault is not None:
                         self.on_fault(fault)

@@ -69,6 +69,9 @@ class Flusher:
         self._waiters: list[_FlushWaiter] = []
         self._wake: asyncio.Event | None = None
         self._checkpoint_lock = threading.Lock()
+        # One sync at a time: a flushed offset moves only after the sync that
+        # covers it (the flusher's and a truncation's `flush_now` never overlap).
+        self._sync_lock = asyncio.Lock()
         self._checkpoint_written = (0, 0)
         failstop.on_trip(self._fail_waiters)
 
@@ -127,15 +130,17 @@ class Flusher:
                 self._wake.clear()
                 now = time.monotonic()
                 if now - last_checkpoint >= interval:
-                    snapshot = self.snapshot()
-                    await asyncio.to_thread(sync_fds, snapshot[2])
-                    self._advance(snapshot[0])
+                    async with self._sync_lock:
+                        snapshot = self.snapshot()
+                        await asyncio.to_thread(sync_fds, snapshot[2])
+                        self._advance(snapshot[0])
                     last_checkpoint = now
                     checkpoint_failing = await self._checkpoint(snapshot, checkpoint_failing)
                 elif self._waiters:
-                    target = self.commit_log.max_offset
-                    await asyncio.to_thread(sync_fds, self.commit_log.take_dirty())
-                    self._advance(target)
+                    async with self._sync_lock:
+                        target = self.commit_log.max_offset
+                        await asyncio.to_thread(sync_fds, self.commit_log.take_dirty())
+                        self._advance(target)
         except StorageFault as fault:
             self.failstop.trip(fault)
 
@@ -149,9 +154,10 @@ class Flusher:
         Raises:
             StorageFault: a sync or the checkpoint write failed.
         """
-        snapshot = self.snapshot()
-        await asyncio.to_thread(sync_fds, snapshot[2])
-        self._advance(snapshot[0])
+        async with self._sync_lock:
+            snapshot = self.snapshot()
+            await asyncio.to_thread(sync_fds, snapshot[2])
+            self._advance(snapshot[0])
         try:
             self.write_checkpoint_now(snapshot)
         except OSError as exc:
@@ -208,6 +214,11 @@ class Flusher:
                     logics_msg_timestamp=now,
                 ),
             )
+
+    def paused(self) -> asyncio.Lock:
+        """`async with flusher.paused():` no sync is in flight or starts inside
+        (a truncation cuts the log there)."""
+        return self._sync_lock
 
     def reset(self, flushed_offset: int, dispatched_offset: int) -> None:
         """The log was cut or restarted: the flushed offset and the checkpoint

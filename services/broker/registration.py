@@ -145,11 +145,13 @@ class Registrar:
         self._loop_task = asyncio.create_task(self._periodic(), name="register-loop")
 
     async def stop(self) -> None:
-        """Stop the loops, then unregister from every name server (bounded)."""
+        """Stop registering, unregister from every name server (bounded), then
+        close the KeepAlive streams: in that order the name servers count a
+        graceful unregister, not a lost connection."""
         self._stopping = True
-        tasks = [t for t in [self._loop_task, *(s.keepalive for s in self._servers)] if t]
-        await cancel_and_wait(*tasks)
+        await cancel_and_wait(self._loop_task)
         await asyncio.gather(*(self._unregister(s) for s in self._servers))
+        await cancel_and_wait(*(s.keepalive for s in self._servers if s.keepalive))
         for server in self._servers:
             if server.channel is not None:
                 await server.channel.close()

@@ -30,7 +30,6 @@ Topic configuration, permissions and queue choice are the caller's job
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import dataclasses
 import enum
@@ -47,13 +46,15 @@ from ferry.model import DELAY_LEVELS_S
 from ferry.runtime.clock import Clock, wait_event
 from ferry.runtime.errors import FerryError, ResourceExhausted, StorageFault, Unavailable
 from ferry.runtime.tasks import cancel_and_wait
+from services.broker.allocator import SegmentAllocator
 from services.broker.commitlog import CommitLog, CommitLogError, _Segment
-from services.broker.consumequeue import ConsumeQueues, sync_fds
+from services.broker.consumequeue import ConsumeQueues
 from services.broker.dispatcher import Dispatcher
 from services.broker.failstop import FailStop, is_full_disk
 from services.broker.flush import Flusher
 from services.broker.longpoll import LongPolls
-from services.broker.recovery import ABORT, CHECKPOINT, load_checkpoint, scan_commit_log
+from services.broker.reader import LogReader
+from services.broker.recovery import ABORT, CHECKPOINT, RecoveryReport, recover_store
 from services.broker.replica_log import StoreReplicaLog
 from services.broker.retention import Retention, RetentionConfig, disk_used_ratio
 from services.broker.storelock import StoreLock
@@ -137,20 +138,6 @@ class GetResult:
     max_offset: int
 
 
-@dataclass
-class RecoveryReport:
-    crashed: bool
-    end_offset: int
-    scanned_from: int
-    dropped_bytes: int
-    reason: str | None
-    dispatched_from: int
-    dispatched_bytes: int
-    consume_queues_rebuilt: bool
-    cq_entries_dropped: int
-    seconds: float = 0.0
-
-
 class MessageStore:
     def __init__(
         self,
@@ -197,17 +184,15 @@ class MessageStore:
         self._msg_id_prefix = record.message_id(config.store_host, 0)[:16]
         # Next queue offset per (topic, queue id): assigned by the appender.
         self._next_queue_offset: dict[tuple[str, int], int] = {}
+        self.reader = LogReader(self.commit_log, config.reader_threads)
+        self.allocator = SegmentAllocator(self.commit_log, config.preallocate, lambda: self._opened)
         self._grown = asyncio.Event()  # replaced after each append: wait_for_growth
-        self._allocate = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
-        self._readers: concurrent.futures.ThreadPoolExecutor | None = None
         self._lock: StoreLock | None = None
         self._opened = False
-        self._nowait_reads = True  # RWF_NOWAIT works on this file system
         self.confirm_offset_fn: Callable[[], int] | None = None  # set by HA on a SYNC_MASTER
         self.put_message_count = 0
         self.get_message_count = 0
-        self.cold_reads = 0
 
     # ------------------------------------------------------------ lifecycle
 
@@ -230,77 +215,25 @@ class MessageStore:
             raise
 
     def _recover(self, started: float) -> RecoveryReport:
-        root = self.config.root
-        abort = root / ABORT
-        crashed = abort.exists()
-        checkpoint = load_checkpoint(root / CHECKPOINT)
-        scan_from = checkpoint.flushed_offset if checkpoint else self.commit_log.min_offset
-        scan = scan_commit_log(self.commit_log, scan_from)
-        end = scan.end_offset
-        if not crashed and checkpoint and checkpoint.flushed_offset != end:
-            log.warning(
-                "clean shutdown, but the checkpoint's flushed offset %d differs from the "
-                "recovered end %d",
-                checkpoint.flushed_offset,
-                end,
-            )
-        cq_existed = self.queues.load_all()
-        dropped_entries = self.queues.truncate_commit_end(end)
-        # Entries pointing below the oldest commit-log file (retention) are gone.
-        self.queues.delete_below(self.commit_log.min_offset)
-        rebuild = not cq_existed or checkpoint is None
-        if rebuild:
-            dispatch_from = self.commit_log.min_offset
-        else:
-            assert checkpoint is not None
-            dispatch_from = min(max(checkpoint.dispatched_offset, self.commit_log.min_offset), end)
-        self.dispatcher.offset = dispatch_from
-        dispatched = self.dispatcher.dispatch_all()
+        report = recover_store(
+            self.config.root, self.commit_log, self.queues, self.dispatcher, started
+        )
         for queue in self.queues.all():
             self._next_queue_offset[(queue.topic, queue.queue_id)] = queue.max_offset
-        self.flusher.flushed_offset = end
+        self.flusher.flushed_offset = report.end_offset
         self.flusher.write_checkpoint_now(self.flusher.snapshot())
-        abort.write_bytes(str(os.getpid()).encode())
+        (self.config.root / ABORT).write_bytes(str(os.getpid()).encode())
         self._opened = True
-        report = RecoveryReport(
-            crashed=crashed,
-            end_offset=end,
-            scanned_from=scan.scanned_from,
-            dropped_bytes=scan.dropped_bytes,
-            reason=scan.reason,
-            dispatched_from=dispatch_from,
-            dispatched_bytes=dispatched,
-            consume_queues_rebuilt=rebuild,
-            cq_entries_dropped=dropped_entries,
-            seconds=time.monotonic() - started,
-        )
-        log.info(
-            "store recovered crashed=%s commit_log=[%d,%d) scanned_from=%d dropped_bytes=%d "
-            "dispatched_from=%d rebuilt=%s cq_entries_dropped=%d in %.2fs",
-            crashed,
-            self.commit_log.min_offset,
-            end,
-            scan.scanned_from,
-            scan.dropped_bytes,
-            dispatch_from,
-            rebuild,
-            dropped_entries,
-            report.seconds,
-        )
         return report
 
     async def start(self) -> None:
         """Start the dispatcher, flusher, allocator and retention tasks."""
-        self._readers = concurrent.futures.ThreadPoolExecutor(
-            self.config.reader_threads, thread_name_prefix="store-read"
-        )
+        self.reader.start()
         self._grown = asyncio.Event()
-        self._allocate = asyncio.Event()
-        self._allocate.set()
         self._tasks = [
             asyncio.create_task(self.dispatcher.run(), name="dispatcher"),
             asyncio.create_task(self.flusher.run(), name="flusher"),
-            asyncio.create_task(self._allocate_loop(), name="commitlog-allocator"),
+            asyncio.create_task(self.allocator.run(), name="commitlog-allocator"),
             asyncio.create_task(self.retention.run(), name="retention"),
         ]
 
@@ -342,9 +275,7 @@ class MessageStore:
 
     def _close_files(self) -> None:
         self._opened = False
-        if self._readers is not None:
-            self._readers.shutdown(wait=True)
-            self._readers = None
+        self.reader.close()
         self.commit_log.close()
         self.queues.close()
         if self._lock is not None:
@@ -481,7 +412,7 @@ class MessageStore:
             raise ValueError(str(exc)) from None
         except OSError as exc:
             if not is_full_disk(exc):
-                self.failstop.trip(StorageFault("pwrite", str(log_.directory), exc))
+                self.failstop.trip(StorageFault("pwrite", str(exc.filename or log_.directory), exc))
             raise
         self._appended(files_before)
         return end
@@ -491,7 +422,7 @@ class MessageStore:
         grown, self._grown = self._grown, asyncio.Event()
         grown.set()
         if self.commit_log.files_end != files_before:
-            self._allocate.set()  # a new file: allocate the next, run retention
+            self.allocator.wake()  # a new file: allocate the next, run retention
             self.retention.wake()
 
     async def wait_for_growth(self, offset: int, timeout_s: float) -> bool:
@@ -542,21 +473,23 @@ class MessageStore:
                 raise ValueError(
                     f"cannot truncate at {offset}: not a record boundary ({exc})"
                 ) from None
-        # Queues first up to the cut, so their ends are exact for what stays.
-        self.dispatcher.dispatch_all(limit=offset)
-        dropped = self.queues.truncate_commit_end(offset)
-        log_.set_write_offset(offset)
-        for queue in self.queues.all():
-            self._next_queue_offset[(queue.topic, queue.queue_id)] = queue.max_offset
-        self.dispatcher.offset = min(self.dispatcher.offset, offset)
-        fds = log_.take_dirty() + self.queues.take_dirty()
+        async with self.flusher.paused():  # no sync in flight while the log is cut
+            # Queues first up to the cut, so their ends are exact for what stays.
+            self.dispatcher.dispatch_all(limit=offset)
+            dropped = self.queues.truncate_commit_end(offset)
+            log_.set_write_offset(offset)
+            for queue in self.queues.all():
+                self._next_queue_offset[(queue.topic, queue.queue_id)] = queue.max_offset
+            self.dispatcher.offset = min(self.dispatcher.offset, offset)
+            # The flushed offset and checkpoint go back to the cut at once, then
+            # forward again only with a sync that covers the cut (zeroed bytes).
+            self.flusher.reset(offset, self.dispatcher.offset)
         try:
-            await asyncio.to_thread(sync_fds, fds)
+            await self.flusher.flush_now()
         except StorageFault as fault:
             self.failstop.trip(fault)
             raise
-        self.flusher.reset(offset, self.dispatcher.offset)
-        self._allocate.set()
+        self.allocator.wake()
         log.warning(
             "commit log truncated at %d (%d consume-queue entries dropped)", offset, dropped
         )
@@ -577,36 +510,6 @@ class MessageStore:
             StorageFault("pwrite", str(exc.filename or self.commit_log.directory), exc)
         )
         return self.failstop.refusal()
-
-    # ------------------------------------------------------------ allocation ahead
-
-    async def _allocate_loop(self) -> None:
-        """Keep the next commit-log file allocated before the appender needs it
-        (creating and preallocating a 1 GiB file takes long enough to stall
-        every send, HA transfer and keep-alive if done on the loop)."""
-        log_ = self.commit_log
-        while True:
-            await self._allocate.wait()
-            self._allocate.clear()
-            start = log_.spare_start
-            if start is None:
-                continue
-            try:
-                path = await asyncio.to_thread(
-                    CommitLog.allocate_file,
-                    log_.directory,
-                    start,
-                    log_.file_size,
-                    self.config.preallocate,
-                )
-            except (OSError, CommitLogError) as exc:
-                # A full disk: the appender allocates itself when it must (and
-                # refuses the send if it cannot). Retried at the next roll.
-                log.warning("could not allocate the next commit-log file %d: %s", start, exc)
-                continue
-            if not self._opened or not log_.adopt_spare(start, path):
-                path.unlink(missing_ok=True)
-                self._allocate.set()
 
     # ------------------------------------------------------------ reads
 
@@ -643,7 +546,7 @@ class MessageStore:
                 break
             if span_start < self.commit_log.min_offset:
                 break  # deleted by retention meanwhile: the next pull is told OFFSET_MOVED
-            data = await self._read(span_start, span_end - span_start)
+            data = await self.reader.read(span_start, span_end - span_start)
             stop = False
             for commit_offset, size, code in span_entries:
                 if commit_offset + size > confirm or (budget < size and found):
@@ -663,34 +566,12 @@ class MessageStore:
             return GetResult(GetStatus.NO_MATCHED_MSG, [], next_offset, low, high)
         return GetResult(GetStatus.NO_NEW_MSG, [], queue_offset, low, high)
 
-    async def _read(self, offset: int, size: int) -> bytes | bytearray:
-        """Commit-log bytes: read on the loop when the page cache has them all,
-        else in a reader thread, the file pinned meanwhile."""
-        region = self.commit_log.pin_range(offset, size)
-        try:
-            if self._nowait_reads:
-                buf = bytearray(size)
-                try:
-                    if os.preadv(region.fd, [buf], region.file_position, os.RWF_NOWAIT) == size:
-                        return buf
-                except BlockingIOError:
-                    pass
-                except OSError:
-                    self._nowait_reads = False  # not supported here: always use the threads
-            self.cold_reads += 1
-            return await self.in_reader_thread(_pread_all, region.fd, size, region.file_position)
-        finally:
-            self.unpin(region.segment)
-
     async def in_reader_thread(self, fn: Callable, *args):
         """Run a blocking read in the store's reader threads."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._readers, fn, *args)
+        return await self.reader.in_thread(fn, *args)
 
     def unpin(self, segment: _Segment) -> None:
-        fd = self.commit_log.unpin(segment)
-        if fd is not None:  # the last reader of a deleted file: closing frees its blocks
-            asyncio.get_running_loop().run_in_executor(None, os.close, fd)
+        self.reader.unpin(segment)
 
     def read_record(self, commit_offset: int, size: int) -> record.Record:
         decoded = record.decode(self.commit_log.read(commit_offset, size), 0)
@@ -732,13 +613,6 @@ class MessageStore:
 
     def queue_offsets_of(self, topic: str) -> Mapping[int, tuple[int, int]]:
         return {q.queue_id: (q.min_offset, q.max_offset) for q in self.queues.of_topic(topic)}
-
-
-def _pread_all(fd: int, size: int, position: int) -> bytes:
-    data = os.pread(fd, size, position)
-    if len(data) != size:
-        raise OSError(f"read {len(data)} of {size} bytes at file position {position}")
-    return data
 
 
 def _encoder(

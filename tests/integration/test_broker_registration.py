@@ -58,3 +58,20 @@ def test_slave_learns_its_masters_address(loop_thread, tmp_path, ns):
     finally:
         slave.stop()
         master.stop()
+
+
+def test_a_stopping_broker_unregisters_before_closing_its_keep_alive(loop_thread, tmp_path, ns):
+    """The name server counts a clean stop as graceful, not as a lost connection
+    (the KeepAlive stream used to be closed first, and removed the broker)."""
+    b = start_broker(loop_thread, tmp_path / "s", ns.addr)
+    wait_for(lambda: b.addr in live_addrs(ns.stub), 10, "the broker to register")
+    wait_for(lambda: ns.app.routes.live_count() == 1, 10, "the broker to be live")
+    b.stop()
+    samples = {
+        reason: ns.app.registry.get_sample_value(
+            "ferry_namesrv_unregisters_total", {"reason": reason}
+        )
+        for reason in ("graceful", "connection_lost")
+    }
+    assert samples == {"graceful": 1.0, "connection_lost": 0.0}
+    assert b.addr not in live_addrs(ns.stub)
