@@ -75,6 +75,7 @@ def _broker_args(store: Path, *options: str, file_size: int = 1 << 30) -> list[s
         "bindAddress=127.0.0.1",
         "listenPort=0",
         "metricsPort=-1",
+        "haListenPort=0",  # a free port: brokers here run side by side
         f"storePathRootDir={store}",
         f"mappedFileSizeCommitLog={file_size}",
         *options,
@@ -358,16 +359,15 @@ def _write_log(store_dir: Path, log_bytes: int) -> int:
         store.dispatcher.dispatch_all()
         queue += 1
         written += len(batch)
-    snapshot = store._durable_snapshot()
+    snapshot = store.flusher.snapshot()
     from services.broker.consumequeue import sync_fds
 
     sync_fds(snapshot[2])
-    store._write_checkpoint_now(snapshot)
+    store.flusher.write_checkpoint_now(snapshot)
     while store.max_offset < log_bytes - 4096:  # the tail after the last checkpoint
         store._append("Recover", 0, [message])
         written += 1
-    store.commit_log.close()
-    store.queues.close()
+    store.abandon()  # files closed, lock released; checkpoint and abort marker stay
     return written
 
 
