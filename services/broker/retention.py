@@ -244,11 +244,31 @@ def _last_write(fd: int) -> float:
     return os.fstat(fd).st_mtime
 
 
+# A deleted file's pages are freed this many bytes at a time, with a pause
+# between: freeing 1 GiB of page cache at once keeps a core busy for most of a
+# second, which on a small machine the senders feel.
+RELEASE_STEP_BYTES = 32 << 20
+RELEASE_PAUSE_S = 0.002
+
+
 def _unlink_and_close(path: Path, fd: int | None) -> None:
+    """Unlink a deleted file, then give its blocks back a slice at a time
+    (worker thread). A file a reader still holds (`fd` None) is freed by that
+    reader's close instead."""
     try:
         path.unlink()
     except OSError as exc:
         log.warning("retention: could not unlink %s: %s", path, exc)
-    if fd is not None:
+    if fd is None:
+        return
+    try:
+        size = os.fstat(fd).st_size
+        while size > 0:
+            size = max(0, size - RELEASE_STEP_BYTES)
+            os.ftruncate(fd, size)
+            time.sleep(RELEASE_PAUSE_S)
+    except OSError as exc:
+        log.debug("retention: releasing %s: %s", path, exc)
+    finally:
         with contextlib.suppress(OSError):
             os.close(fd)

@@ -36,7 +36,7 @@ import enum
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -78,7 +78,10 @@ class StoreConfig:
     store_host: tuple[str, int] = ("127.0.0.1", 10911)
     delay_levels_s: tuple[float, ...] = DELAY_LEVELS_S
     preallocate: bool = True
-    max_pull_bytes: int = 8 << 20
+    # Bytes of messages one pull returns at most (RocketMQ's
+    # maxTransferBytesOnMessageInMemory): an answer is built and serialised on
+    # the event loop, so a large one stalls every send meanwhile.
+    max_pull_bytes: int = 256 << 10
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     reader_threads: int = 4  # commit-log reads that would wait on the disk
 
@@ -540,12 +543,14 @@ class MessageStore:
         decode = record.decode_stored
         next_offset = queue_offset
         budget = self.config.max_pull_bytes
-        spans = _spans(entries, self.commit_log.file_size)
+        spans = _spans(entries, self.commit_log.file_size, max_span=budget)
         for span_start, span_end, span_entries in spans:
             if span_entries[0][0] + span_entries[0][1] > confirm:
                 break
             if span_start < self.commit_log.min_offset:
                 break  # deleted by retention meanwhile: the next pull is told OFFSET_MOVED
+            if found and span_entries[0][1] > budget:
+                break  # full: not one more record fits
             data = await self.reader.read(span_start, span_end - span_start)
             stop = False
             for commit_offset, size, code in span_entries:
@@ -630,23 +635,28 @@ def _encoder(
 def _spans(
     entries: list[tuple[int, int, int]],
     file_size: int,
+    max_span: int,
     max_gap: int = 64 << 10,
-    max_span: int = 4 << 20,
-) -> list[tuple[int, int, list[tuple[int, int, int]]]]:
+) -> Iterator[tuple[int, int, list[tuple[int, int, int]]]]:
     """Group consume-queue entries into commit-log ranges read with one pread
-    each: entries close together (and in one file) share a read."""
-    spans: list[tuple[int, int, list[tuple[int, int, int]]]] = []
+    each: entries close together (and in one file) share a read of at most
+    `max_span` bytes (a single larger record is a span of its own). Lazy: a
+    pull that has its fill stops asking, and nothing more is grouped or read."""
+    start = end = 0
+    group: list[tuple[int, int, int]] = []
     for entry in entries:
         offset, size, _ = entry
-        if spans:
-            start, end, group = spans[-1]
-            if (
-                0 <= offset - end <= max_gap
-                and offset + size - start <= max_span
-                and offset // file_size == start // file_size
-            ):
-                spans[-1] = (start, offset + size, group)
-                group.append(entry)
-                continue
-        spans.append((offset, offset + size, [entry]))
-    return spans
+        if (
+            group
+            and 0 <= offset - end <= max_gap
+            and offset + size - start <= max_span
+            and offset // file_size == start // file_size
+        ):
+            end = offset + size
+            group.append(entry)
+            continue
+        if group:
+            yield start, end, group
+        start, end, group = offset, offset + size, [entry]
+    if group:
+        yield start, end, group
