@@ -142,6 +142,10 @@ class GetResult:
 
 
 class MessageStore:
+    """One broker's store. Constructing it takes `storePathRootDir/lock`
+    (StoreLockedError when another process holds it); `stop` or `abandon`
+    releases it."""
+
     def __init__(
         self,
         config: StoreConfig,
@@ -151,9 +155,16 @@ class MessageStore:
         self.config = config
         self.clock = clock
         self.failstop = FailStop()
-        self.commit_log = CommitLog(
-            config.commit_log_dir, config.commit_log_file_size, preallocate=config.preallocate
-        )
+        # The lock first: a second broker on this store stops before it reads
+        # or writes anything in it (the commit log lists and opens its files).
+        self._lock: StoreLock | None = StoreLock.acquire(config.root)
+        try:
+            self.commit_log = CommitLog(
+                config.commit_log_dir, config.commit_log_file_size, preallocate=config.preallocate
+            )
+        except BaseException:
+            self._lock.release()
+            raise
         self.queues = ConsumeQueues(config.consume_queue_dir, config.consume_queue_entries_per_file)
         self.long_polls = LongPolls(self._visible_max)
         self.replica_log = StoreReplicaLog(self)
@@ -191,7 +202,6 @@ class MessageStore:
         self.allocator = SegmentAllocator(self.commit_log, config.preallocate, lambda: self._opened)
         self._grown = asyncio.Event()  # replaced after each append: wait_for_growth
         self._tasks: list[asyncio.Task] = []
-        self._lock: StoreLock | None = None
         self._opened = False
         self.confirm_offset_fn: Callable[[], int] | None = None  # set by HA on a SYNC_MASTER
         self.put_message_count = 0
@@ -200,21 +210,16 @@ class MessageStore:
     # ------------------------------------------------------------ lifecycle
 
     def open(self) -> RecoveryReport:
-        """Lock the store, recover it (SPEC §4.4) and create the abort marker.
-        Blocking: call it before serving (in a thread if a loop is running).
-
-        Raises:
-            StoreLockedError: another process holds the store; nothing was touched.
-        """
+        """Recover the store (SPEC §4.4) and create the abort marker. Blocking:
+        call it before serving (in a thread if a loop is running)."""
         started = time.monotonic()
-        root = self.config.root
-        self._lock = StoreLock.acquire(root)
         try:
             return self._recover(started)
         except BaseException:
             self.commit_log.close()
             self.queues.close()
-            self._lock.release()
+            if self._lock is not None:
+                self._lock.release()
             raise
 
     def _recover(self, started: float) -> RecoveryReport:

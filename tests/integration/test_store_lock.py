@@ -25,9 +25,12 @@ def test_a_second_broker_on_a_locked_store_fails_at_once_and_the_first_is_untouc
             stub = broker_pb2_grpc.BrokerStub(channel)
             before = stub.SendMessage(broker_pb2.SendMessageRequest(topic=TOPIC, body=b"one"))
             files = sorted(p.name for p in (store / "commitlog").iterdir())
+            # Another file size too: it must stop at the lock, before it reads
+            # (and would refuse) the files.
+            other = broker_options(store, mappedFileSizeCommitLog=2 << 20)
             second = subprocess.run(
                 [sys.executable, "-m", "services.broker"]
-                + [a for option in broker_options(store) for a in ("-o", option)],
+                + [a for option in other for a in ("-o", option)],
                 capture_output=True,
                 text=True,
                 timeout=60,  # a deadline for a process that must exit by itself

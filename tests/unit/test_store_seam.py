@@ -167,9 +167,9 @@ def test_a_region_is_held_and_wait_for_growth_wakes_on_append(tmp_path):
 def test_a_second_store_on_a_locked_root_fails_at_once_and_the_first_goes_on(tmp_path):
     first = Opened(tmp_path / "s")
     try:
-        second = MessageStore(config(tmp_path / "s"), FakeClock())
-        with pytest.raises(StoreLockedError) as locked:
-            second.open()
+        other = StoreConfig(root=tmp_path / "s", commit_log_file_size=FILE_SIZE * 2)
+        with pytest.raises(StoreLockedError) as locked:  # before it reads the files
+            MessageStore(other, FakeClock())
         assert str(tmp_path / "s") in str(locked.value)
         assert f"PID {os.getpid()}" in str(locked.value)
         r = first.run(first.store.put("T", 0, [MessageIn(body=b"still mine", properties=b"")]))
