@@ -471,12 +471,10 @@ def latency_under_io(
         f"quiet windows of {plan.quiet_s:g} s: {quiet.text()}."
     )
     return [
-        Figure(
-            name=f"SendMessage p99 while a consumer drains {size} of cold data (a)",
-            value=cold.p99_ms,
-            unit="ms",
-            baseline=quiet.p99_ms,
-            baseline_label="no other load (0)",
+        _against_quiet(
+            f"SendMessage p99 while a consumer drains {size} of cold data (a)",
+            cold.p99_ms,
+            quiet.p99_ms,
             target=Target("ratio", "<=", 2.0),
             detail=f"(a): {cold.text()}; (0): {quiet.text()}. Page cache before the drain: "
             f"{r['resident_evicted']:.1%} of the first file (mincore), after it "
@@ -486,31 +484,19 @@ def latency_under_io(
             f"{r['cpu']['cold']:.0%} during the drain, {r['cpu']['quiet']:.0%} in the first "
             "quiet window.",
         ),
-        Figure(
-            name="SendMessage p50 while the cold drain runs (a)",
-            value=cold.p50_ms,
-            unit="ms",
-            baseline=quiet.p50_ms,
-            baseline_label="no other load (0)",
-            target=None,
-        ),
-        Figure(
-            name="SendMessage p99 while the same drain reads the page cache (a', control)",
-            value=warm.p99_ms,
-            unit="ms",
-            baseline=quiet.p99_ms,
-            baseline_label="no other load (0)",
-            target=None,
+        _against_quiet("SendMessage p50 while the cold drain runs (a)", cold.p50_ms, quiet.p50_ms),
+        _against_quiet(
+            "SendMessage p99 while the same drain reads the page cache (a', control)",
+            warm.p99_ms,
+            quiet.p99_ms,
             detail=f"{warm.text()}. The drain: {wd.end - wd.start:.1f} s, "
             f"{wd.mb_per_s:.0f} MB/s, broker CPU {r['cpu']['warm']:.0%}. (a) beyond (a') is the disk; (a') beyond (0) is the "
             "broker's one core decoding and serialising 8 MiB answers.",
         ),
-        Figure(
-            name=f"SendMessage p99 while retention deletes {_mib(r['deleted_bytes'])} (b)",
-            value=delete.p99_ms,
-            unit="ms",
-            baseline=quiet.p99_ms,
-            baseline_label="no other load (0)",
+        _against_quiet(
+            f"SendMessage p99 while retention deletes {_mib(r['deleted_bytes'])} (b)",
+            delete.p99_ms,
+            quiet.p99_ms,
             target=Target("ratio", "<=", 2.0),
             detail=f"(b): {delete.text()}. One pass by {trigger} took "
             f"{r['delete_call_s'] * 1e3:.0f} ms (unlink and close in a worker thread), broker CPU "
@@ -519,15 +505,23 @@ def latency_under_io(
             f"The file was {r['resident_deleted']:.0%} in the page cache (just drained), so "
             "the kernel also dropped its cached pages.",
         ),
-        Figure(
-            name="SendMessage p50 while retention deletes (b)",
-            value=delete.p50_ms,
-            unit="ms",
-            baseline=quiet.p50_ms,
-            baseline_label="no other load (0)",
-            target=None,
-        ),
+        _against_quiet("SendMessage p50 while retention deletes (b)", delete.p50_ms, quiet.p50_ms),
     ]
+
+
+def _against_quiet(
+    name: str, value_ms: float, quiet_ms: float, target: Target | None = None, detail: str = ""
+) -> Figure:
+    """A SendMessage latency figure against the same percentile over the quiet windows (0)."""
+    return Figure(
+        name=name,
+        value=value_ms,
+        unit="ms",
+        baseline=quiet_ms,
+        baseline_label="no other load (0)",
+        target=target,
+        detail=detail,
+    )
 
 
 # ---------------------------------------------------------------- 2. sustained retention

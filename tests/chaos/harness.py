@@ -19,18 +19,10 @@ from pathlib import Path
 import grpc
 
 from ferry import record
-from ferry.v1 import (
-    broker_admin_pb2,
-    broker_admin_pb2_grpc,
-    broker_pb2,
-    broker_pb2_grpc,
-    common_pb2,
-    ha_admin_pb2,
-    ha_admin_pb2_grpc,
-)
+from ferry.v1 import broker_pb2, broker_pb2_grpc, ha_admin_pb2, ha_admin_pb2_grpc
 from services.broker.commitlog import segment_name
 from tests.conftest import broker_options, wait_for
-from tests.integration.support import BrokerServer, PortRange
+from tests.integration.support import BrokerServer, PortRange, create_topic
 
 ROUNDS = int(os.environ.get("FERRY_CHAOS_ROUNDS", "2"))
 FILE_SIZE = 1 << 20  # commit-log files roll every few rounds
@@ -73,17 +65,6 @@ class Report:
         if target:
             with open(target, "a") as f:
                 f.write(json.dumps(row) + "\n")
-
-
-def create_topic(channel: grpc.Channel) -> None:
-    broker_admin_pb2_grpc.BrokerAdminStub(channel).UpdateAndCreateTopic(
-        broker_admin_pb2.UpdateAndCreateTopicRequest(
-            topic_config=common_pb2.TopicConfig(
-                topic_name=TOPIC, read_queue_nums=QUEUES, write_queue_nums=QUEUES, perm=6
-            )
-        ),
-        timeout=10,
-    )
 
 
 def count_messages(channel: grpc.Channel) -> int:
@@ -143,7 +124,7 @@ class Pair:
         self.master.start()
         self.slave.start()
         with grpc.insecure_channel(self.master.addr) as ch:
-            create_topic(ch)
+            create_topic(ch, TOPIC, QUEUES)
         self.wait_in_sync()
         return self
 

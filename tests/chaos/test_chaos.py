@@ -17,6 +17,7 @@ import pytest
 from ferry.v1 import broker_pb2, broker_pb2_grpc
 from tests.chaos.harness import (
     FILE_SIZE,
+    QUEUES,
     ROUNDS,
     SLAVE_TIMEOUT_MS,
     TOPIC,
@@ -25,13 +26,12 @@ from tests.chaos.harness import (
     Report,
     check_acked_on,
     count_messages,
-    create_topic,
     fixed_port,
     read_log,
 )
 from tests.conftest import broker_options, wait_for
 from tests.faultproxy import FaultProxy
-from tests.integration.support import BrokerServer, NamesrvProcess, run_ferry
+from tests.integration.support import BrokerServer, NamesrvProcess, create_topic, run_ferry
 
 RECOVERED = r"store recovered .* commit_log=\[(\d+),(\d+)\)"
 
@@ -362,7 +362,7 @@ def test_disk_full_on_the_master_refuses_sends_and_resumes(tmp_path):
         broker.start()
         pid = broker.proc.pid
         with grpc.insecure_channel(broker.addr) as ch:
-            create_topic(ch)
+            create_topic(ch, TOPIC, QUEUES)
         producers = Producers(broker.addr, count=2, body_size=4000)
         for _ in range(ROUNDS):
             _resize_tmpfs(disk, _used(disk) + (2 << 20))

@@ -14,9 +14,9 @@ import grpc
 import pytest
 
 from ferry.v1 import broker_admin_pb2, broker_admin_pb2_grpc, broker_pb2, broker_pb2_grpc
-from tests.chaos.harness import QUEUES, TOPIC, create_topic
+from tests.chaos.harness import QUEUES, TOPIC
 from tests.conftest import broker_options
-from tests.integration.support import BrokerServer
+from tests.integration.support import BrokerServer, create_topic
 
 FS_BYTES = 64 << 20
 FILE_BYTES = 1 << 20
@@ -59,7 +59,7 @@ def test_a_producer_writing_four_times_the_disk_keeps_succeeding_as_old_files_go
     try:
         broker.start()
         with grpc.insecure_channel(broker.addr) as channel:
-            create_topic(channel)
+            create_topic(channel, TOPIC, QUEUES)
             stub = broker_pb2_grpc.BrokerStub(channel)
             peak = 0.0
             written = 0

@@ -9,28 +9,13 @@ import time
 
 import grpc
 
-from ferry.v1 import (
-    broker_admin_pb2,
-    broker_admin_pb2_grpc,
-    broker_pb2,
-    broker_pb2_grpc,
-    common_pb2,
-)
+from ferry.v1 import broker_pb2, broker_pb2_grpc
 from tests.conftest import broker_options, wait_for
-from tests.integration.support import BrokerServer
+from tests.integration.support import BrokerServer, create_topic, pull_all
 
 PRODUCERS = 4
 QUEUES = 4
 SEND_WINDOW_S = 1.5  # producers run this long before the kill
-
-
-def _stubs(addr: str):
-    channel = grpc.insecure_channel(addr)
-    return (
-        channel,
-        broker_pb2_grpc.BrokerStub(channel),
-        broker_admin_pb2_grpc.BrokerAdminStub(channel),
-    )
 
 
 def test_sigkill_under_sync_flush_loses_no_acknowledged_message(tmp_path):
@@ -43,14 +28,9 @@ def test_sigkill_under_sync_flush_loses_no_acknowledged_message(tmp_path):
     stop = threading.Event()
     killed = threading.Event()
     try:
-        channel, broker, admin = _stubs(server.addr)
-        admin.UpdateAndCreateTopic(
-            broker_admin_pb2.UpdateAndCreateTopicRequest(
-                topic_config=common_pb2.TopicConfig(
-                    topic_name="Crash", read_queue_nums=QUEUES, write_queue_nums=QUEUES, perm=6
-                )
-            )
-        )
+        channel = grpc.insecure_channel(server.addr)
+        broker = broker_pb2_grpc.BrokerStub(channel)
+        create_topic(channel, "Crash", QUEUES)
 
         def produce(worker: int) -> None:
             n = 0
@@ -84,26 +64,8 @@ def test_sigkill_under_sync_flush_loses_no_acknowledged_message(tmp_path):
         assert len(acked) >= 200
 
         server.start()
-        channel, broker, _ = _stubs(server.addr)
-        found: dict[tuple[int, int], bytes] = {}
-        for queue_id in range(QUEUES):
-            offset = 0
-            while True:
-                r = broker.PullMessage(
-                    broker_pb2.PullMessageRequest(
-                        consumer_group="check",
-                        topic="Crash",
-                        queue_id=queue_id,
-                        queue_offset=offset,
-                        max_msg_nums=1000,
-                    )  # fmt: skip
-                )
-                if r.status != broker_pb2.FOUND:
-                    break
-                for m in r.messages:
-                    found[(m.queue_id, m.queue_offset)] = m.body
-                offset = r.next_begin_offset
-        channel.close()
+        with grpc.insecure_channel(server.addr) as channel:
+            found = pull_all(channel, "Crash", QUEUES)
         missing = [k for k in acked if k not in found]
         different = [k for k in acked if k in found and found[k] != acked[k]]
         assert not missing, f"{len(missing)} of {len(acked)} acknowledged messages lost"

@@ -33,15 +33,7 @@ import pytest
 
 from ferry.runtime.clock import FakeClock
 from ferry.runtime.errors import ResourceExhausted, StorageFault, Unavailable
-from ferry.v1 import (
-    broker_admin_pb2,
-    broker_admin_pb2_grpc,
-    broker_pb2,
-    broker_pb2_grpc,
-    common_pb2,
-    namesrv_pb2,
-    namesrv_pb2_grpc,
-)
+from ferry.v1 import broker_pb2, broker_pb2_grpc, namesrv_pb2, namesrv_pb2_grpc
 from services.broker import commitlog as commitlog_module
 from services.broker import flush as flush_module
 from services.broker.cli import EXIT_STORAGE
@@ -55,7 +47,7 @@ from services.broker.store import (
     StoreConfig,
 )
 from tests.conftest import broker_options, wait_for
-from tests.integration.support import BrokerServer, NamesrvProcess
+from tests.integration.support import BrokerServer, NamesrvProcess, create_topic, pull_all
 
 TRIGGER_ENV = "FERRY_FAULT_TRIGGER"  # fdatasync and fsync fail while this file exists
 PWRITE_TRIGGER_ENV = "FERRY_FAULT_PWRITE_TRIGGER"  # pwrite fails while this file exists
@@ -234,17 +226,6 @@ class LogWatch:
         self._thread.join(5)
 
 
-def create_topic(channel: grpc.Channel) -> None:
-    broker_admin_pb2_grpc.BrokerAdminStub(channel).UpdateAndCreateTopic(
-        broker_admin_pb2.UpdateAndCreateTopicRequest(
-            topic_config=common_pb2.TopicConfig(
-                topic_name=TOPIC, read_queue_nums=QUEUES, write_queue_nums=QUEUES, perm=6
-            )
-        ),
-        timeout=10,
-    )
-
-
 def routed_addrs(stub: namesrv_pb2_grpc.NameServerStub, topic: str) -> set[str]:
     """Every broker address the name server routes `topic` to (none: NOT_FOUND)."""
     try:
@@ -256,28 +237,6 @@ def routed_addrs(stub: namesrv_pb2_grpc.NameServerStub, topic: str) -> set[str]:
             return set()
         raise
     return {addr for data in route.broker_datas for addr in data.broker_addrs.values()}
-
-
-def pull_all(addr: str) -> dict[tuple[int, int], bytes]:
-    found: dict[tuple[int, int], bytes] = {}
-    with grpc.insecure_channel(addr) as channel:
-        stub = broker_pb2_grpc.BrokerStub(channel)
-        for queue_id in range(QUEUES):
-            offset = 0
-            while True:
-                r = stub.PullMessage(
-                    broker_pb2.PullMessageRequest(
-                        consumer_group="check", topic=TOPIC, queue_id=queue_id,
-                        queue_offset=offset, max_msg_nums=1000,
-                    ),
-                    timeout=10,
-                )  # fmt: skip
-                if r.status != broker_pb2.FOUND:
-                    break
-                for m in r.messages:
-                    found[(m.queue_id, m.queue_offset)] = m.body
-                offset = r.next_begin_offset
-    return found
 
 
 def timeline(sends: list[Send], t0: float, around: float = 0.05) -> str:
@@ -353,7 +312,7 @@ def run_fault_scenario(
             env.setenv(scenario.trigger_env, str(trigger))
             server.start()
         with grpc.insecure_channel(server.addr) as channel:
-            create_topic(channel)
+            create_topic(channel, TOPIC, QUEUES)
         wait_for(
             lambda: server.addr in routed_addrs(routes, TOPIC),
             15,
@@ -457,7 +416,8 @@ def run_fault_scenario(
         timings["restart"] = time.monotonic() - began_restart
         restart_log = server.log()[restart_log_start:]
         assert "store recovered crashed=True" in restart_log, restart_log[-3000:]
-        found = pull_all(server.addr)
+        with grpc.insecure_channel(server.addr) as channel:
+            found = pull_all(channel, TOPIC, QUEUES)
         missing = [k for k in acked if k not in found]
         different = [k for k in acked if k in found and found[k] != acked[k]]
         assert not missing, (
@@ -639,9 +599,22 @@ def test_failed_fdatasync_fails_the_waiting_send_and_freezes_the_flushed_offset(
     asyncio.run(scenario())
 
 
-def test_failed_pwrite_trips_the_failstop(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("number", "refusal", "match"),
+    [
+        (errno.EIO, Unavailable, "storage failure"),
+        (errno.ENOSPC, ResourceExhausted, "disk is full"),
+    ],
+    ids=["EIO", "ENOSPC"],
+)
+def test_pwrite_failure_trips_unless_the_disk_is_full(
+    tmp_path, monkeypatch, number, refusal, match
+):
+    """The commit log's pwrite: EIO is a fault and every later put is refused;
+    a full disk refuses that put only, and the next one is stored."""
     root = tmp_path / "store"
-    failures = [errno.EIO]
+    failures = [number]
+    fault = number == errno.EIO
 
     async def scenario() -> None:
         store, _ = await _open_store(root)
@@ -649,45 +622,26 @@ def test_failed_pwrite_trips_the_failstop(tmp_path, monkeypatch):
             assert (await store.put("T", 0, _messages(0))).status is PutStatus.PUT_OK
             end = store.max_offset
             monkeypatch.setattr(commitlog_module, "pwrite_all", _failing_pwrite(failures))
-            with pytest.raises(Unavailable, match="storage failure"):
+            with pytest.raises(refusal, match=match):
                 await store.put("T", 0, _messages(1))
             assert not failures, "the commit log did not write through pwrite_all"
-            assert store.failstop.tripped
-            assert store.failstop.fault is not None and store.failstop.fault.errno == errno.EIO
-            assert store.failstop.fault.operation == "pwrite"
+            assert store.failstop.tripped is fault
             assert store.max_offset == end
-            with pytest.raises(Unavailable):  # pwrite works again; still refused
-                await store.put("T", 0, _messages(2))
+            if fault:
+                assert store.failstop.fault is not None and store.failstop.fault.errno == errno.EIO
+                assert store.failstop.fault.operation == "pwrite"
+                with pytest.raises(Unavailable):  # pwrite works again; still refused
+                    await store.put("T", 0, _messages(2))
+            else:
+                result = await store.put("T", 0, _messages(2))
+                assert result.status is PutStatus.PUT_OK and result.queue_offset == 1
+                store.dispatcher.dispatch_all()
+                got = await store.get_messages("T", 0, 0, 10)
+                bodies = [m.body for i in (0, 2) for m in _messages(i)]
+                assert [m.body for m in got.records] == bodies
         finally:
             await store.stop()
-        assert (root / ABORT).exists()
-
-    asyncio.run(scenario())
-
-
-def test_full_disk_on_pwrite_is_refused_without_tripping(tmp_path, monkeypatch):
-    root = tmp_path / "store"
-    failures = [errno.ENOSPC]
-
-    async def scenario() -> None:
-        store, _ = await _open_store(root)
-        try:
-            assert (await store.put("T", 0, _messages(0))).status is PutStatus.PUT_OK
-            end = store.max_offset
-            monkeypatch.setattr(commitlog_module, "pwrite_all", _failing_pwrite(failures))
-            with pytest.raises(ResourceExhausted, match="disk is full"):
-                await store.put("T", 0, _messages(1))
-            assert not failures
-            assert not store.failstop.tripped
-            assert store.max_offset == end
-            result = await store.put("T", 0, _messages(2))
-            assert result.status is PutStatus.PUT_OK and result.queue_offset == 1
-            store.dispatcher.dispatch_all()
-            got = await store.get_messages("T", 0, 0, 10)
-            assert [m.body for m in got.records] == [m.body for i in (0, 2) for m in _messages(i)]
-        finally:
-            await store.stop()
-        assert not (root / ABORT).exists(), "a full disk is not a fault: the close is clean"
+        assert (root / ABORT).exists() is fault, "a full disk is not a fault: the close is clean"
 
     asyncio.run(scenario())
 

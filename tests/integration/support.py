@@ -1,6 +1,7 @@
 """Helpers for the integration tests: subprocesses (name servers, a broker-like
 KeepAlive client, the `ferry` command, grpcurl) that are always stopped by PID,
-Prometheus text parsing, and small readers of a running name server's state."""
+Prometheus text parsing, small readers of a running name server's state, and
+a broker's topics created and read back over a channel."""
 
 from __future__ import annotations
 
@@ -19,7 +20,15 @@ from pathlib import Path
 import grpc
 import pytest
 
-from ferry.v1 import namesrv_pb2, namesrv_pb2_grpc
+from ferry.v1 import (
+    broker_admin_pb2,
+    broker_admin_pb2_grpc,
+    broker_pb2,
+    broker_pb2_grpc,
+    common_pb2,
+    namesrv_pb2,
+    namesrv_pb2_grpc,
+)
 from tests.conftest import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -189,6 +198,50 @@ def has_route(stub: namesrv_pb2_grpc.NameServerStub, topic: str) -> bool:
 def live_addrs(stub: namesrv_pb2_grpc.NameServerStub) -> set[str]:
     info = stub.GetBrokerClusterInfo(namesrv_pb2.GetBrokerClusterInfoRequest(), timeout=5)
     return set(info.broker_live_table)
+
+
+# ---------------------------------------------------------------- a broker's topics
+
+
+def create_topic(
+    channel: grpc.Channel, topic: str, queues: int, perm: int = 6
+) -> common_pb2.DataVersion:
+    """Creates (or updates) `topic` with `queues` read and write queues on the
+    broker behind `channel`; returns its topic table's new DataVersion."""
+    response = broker_admin_pb2_grpc.BrokerAdminStub(channel).UpdateAndCreateTopic(
+        broker_admin_pb2.UpdateAndCreateTopicRequest(
+            topic_config=common_pb2.TopicConfig(
+                topic_name=topic, read_queue_nums=queues, write_queue_nums=queues, perm=perm
+            )
+        ),
+        timeout=10,
+    )
+    return response.data_version
+
+
+def pull_all(
+    channel: grpc.Channel, topic: str, queues: int, group: str = "check"
+) -> dict[tuple[int, int], bytes]:
+    """Every message in queues 0 to `queues` - 1 of `topic`, pulled from
+    offset 0 until a pull finds nothing: body by (queue id, queue offset)."""
+    stub = broker_pb2_grpc.BrokerStub(channel)
+    found: dict[tuple[int, int], bytes] = {}
+    for queue_id in range(queues):
+        offset = 0
+        while True:
+            r = stub.PullMessage(
+                broker_pb2.PullMessageRequest(
+                    consumer_group=group, topic=topic, queue_id=queue_id,
+                    queue_offset=offset, max_msg_nums=1000,
+                ),
+                timeout=10,
+            )  # fmt: skip
+            if r.status != broker_pb2.FOUND:
+                break
+            for m in r.messages:
+                found[(m.queue_id, m.queue_offset)] = m.body
+            offset = r.next_begin_offset
+    return found
 
 
 # ---------------------------------------------------------------- subprocesses

@@ -18,19 +18,13 @@ from ferry.v1 import (
     slave_sync_pb2_grpc,
 )
 from tests.conftest import start_broker, start_namesrv, wait_for
+from tests.integration import support
 from tests.integration.support import has_route, live_addrs
 
 
 def create_topic(broker, name: str, queues: int = 4, perm: int = 6) -> common_pb2.DataVersion:
-    response = broker.admin.UpdateAndCreateTopic(
-        broker_admin_pb2.UpdateAndCreateTopicRequest(
-            topic_config=common_pb2.TopicConfig(
-                topic_name=name, read_queue_nums=queues, write_queue_nums=queues, perm=perm
-            )
-        ),
-        timeout=10,
-    )
-    return response.data_version
+    """`name` on an in-process broker (a RunningBroker)."""
+    return support.create_topic(broker.channel, name, queues, perm)
 
 
 @pytest.fixture

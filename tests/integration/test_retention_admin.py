@@ -71,6 +71,12 @@ def wait_settled(broker, what: str) -> None:
     wait_for(lambda: store_call(broker, settled), 15, f"{what} to flush and dispatch")
 
 
+def wait_replicated(master, slave, what: str) -> None:
+    """Until the slave's commit log ends where the master's does now."""
+    end = store_call(master, lambda store: store.max_offset)
+    wait_for(lambda: store_call(slave, lambda store: store.max_offset) == end, 15, what)
+
+
 def fill(client: BrokerClient) -> None:
     for first in range(0, TOTAL, 20):
         entries = [broker_pb2.SendEntry(body=body(i)) for i in range(first, first + 20)]
@@ -265,12 +271,7 @@ def test_a_slave_cleans_its_own_files_and_keeps_replicating(loop_thread, tmp_pat
             common_pb2.TopicConfig(topic_name=TOPIC, read_queue_nums=1, write_queue_nums=1, perm=6)
         )
         fill(m)
-        end = store_call(master, lambda store: store.max_offset)
-        wait_for(
-            lambda: store_call(slave, lambda store: store.max_offset) == end,
-            15,
-            "the slave to replicate the commit log",
-        )
+        wait_replicated(master, slave, "the slave to replicate the commit log")
         wait_settled(slave, "the slave")
         files = expire_all_but_newest(tmp_path / "slave")
         master_files = expire_all_but_newest(tmp_path / "master")
@@ -286,12 +287,7 @@ def test_a_slave_cleans_its_own_files_and_keeps_replicating(loop_thread, tmp_pat
 
         # Replication goes on into the slave's newest file and beyond.
         fill(m)
-        end = store_call(master, lambda store: store.max_offset)
-        wait_for(
-            lambda: store_call(slave, lambda store: store.max_offset) == end,
-            15,
-            "the slave to replicate after cleaning",
-        )
+        wait_replicated(master, slave, "the slave to replicate after cleaning")
         assert store_call(slave, lambda store: store.queue_max_offset(TOPIC, 0)) == 2 * TOTAL
         m.close()
         s.close()

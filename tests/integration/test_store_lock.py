@@ -10,9 +10,9 @@ import sys
 import grpc
 
 from ferry.v1 import broker_pb2, broker_pb2_grpc
-from tests.chaos.harness import TOPIC, create_topic
+from tests.chaos.harness import QUEUES, TOPIC
 from tests.conftest import broker_options
-from tests.integration.support import REPO, BrokerServer, child_env
+from tests.integration.support import REPO, BrokerServer, child_env, create_topic
 
 
 def test_a_second_broker_on_a_locked_store_fails_at_once_and_the_first_is_untouched(tmp_path):
@@ -21,7 +21,7 @@ def test_a_second_broker_on_a_locked_store_fails_at_once_and_the_first_is_untouc
     try:
         first.start()
         with grpc.insecure_channel(first.addr) as channel:
-            create_topic(channel)
+            create_topic(channel, TOPIC, QUEUES)
             stub = broker_pb2_grpc.BrokerStub(channel)
             before = stub.SendMessage(broker_pb2.SendMessageRequest(topic=TOPIC, body=b"one"))
             files = sorted(p.name for p in (store / "commitlog").iterdir())

@@ -60,6 +60,12 @@ def filled(tmp_path_factory) -> tuple[Path, list[tuple[int, int, int, bytes]]]:
     return root, records
 
 
+def _open_copy(root: Path, work: Path) -> Opened:
+    """A store opened on a copy of `root` made at `work` (`root` stays as it was)."""
+    shutil.copytree(root, work)
+    return Opened(work)
+
+
 def _read_queue(s: Opened, queue_id: int) -> list[bytes]:
     bodies: list[bytes] = []
     offset = 0
@@ -80,8 +86,7 @@ def test_truncation_at_every_record_boundary_leaves_a_consistent_store(filled, t
     assert len({b // FILE_SIZE for b in boundaries}) >= 3
     for cut in [*boundaries, end]:
         work = tmp_path / f"cut-{cut}"
-        shutil.copytree(root, work)
-        s = Opened(work)
+        s = _open_copy(root, work)
         log: ReplicatedLog = s.store.replica_log
         s.run(log.truncate(cut))
         kept = [r for r in records if r[0] < cut]
@@ -112,9 +117,7 @@ def test_truncation_at_every_record_boundary_leaves_a_consistent_store(filled, t
 
 def test_truncation_refuses_an_offset_inside_a_record_or_outside_the_log(filled, tmp_path):
     root, records = filled
-    work = tmp_path / "w"
-    shutil.copytree(root, work)
-    s = Opened(work)
+    s = _open_copy(root, tmp_path / "w")
     end = s.store.max_offset
     try:
         for bad in (records[3][0] + 5, end + 1, -1):
@@ -128,8 +131,7 @@ def test_truncation_refuses_an_offset_inside_a_record_or_outside_the_log(filled,
 def test_restart_at_drops_everything_and_starts_empty_at_a_file_start(filled, tmp_path):
     root, _ = filled
     work = tmp_path / "w"
-    shutil.copytree(root, work)
-    s = Opened(work)
+    s = _open_copy(root, work)
     log: ReplicatedLog = s.store.replica_log
     log.restart_at(10 * FILE_SIZE)
     assert (log.min_offset, log.max_offset) == (10 * FILE_SIZE, 10 * FILE_SIZE)
