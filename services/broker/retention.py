@@ -190,13 +190,8 @@ class Retention:
             expired = age >= cfg.file_reserved_time_s
             if not expired and not forcibly:
                 break
-            queue_files += await self._delete_oldest(
-                path,
-                "expired"
-                if expired
-                else f"disk {ratio:.0%} full, above diskSpaceCleanForciblyRatio",
-                age,
-            )
+            why = "expired" if expired else f"disk {ratio:.0%} full: cleaning forcibly"
+            queue_files += await self._delete_oldest(why, age)
             deleted += 1
             ratio = self.disk_ratio()
             # Once forced, go on down to the low-water mark.
@@ -204,7 +199,9 @@ class Retention:
         self.used_ratio()
         return CleanResult(deleted, self.commit_log.min_offset, queue_files)
 
-    async def _delete_oldest(self, path: Path, why: str, age_s: float) -> int:
+    async def _delete_oldest(self, why: str, age_s: float) -> int:
+        """Delete the commit log's oldest file and the consume-queue files below
+        the new minimum; returns how many of those there were."""
         path, fd = self.commit_log.remove_oldest()
         minimum = self.commit_log.min_offset
         queue_files = self.queues.delete_below(minimum)
