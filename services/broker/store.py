@@ -571,6 +571,9 @@ class MessageStore:
                 break
         self.get_message_count += len(found)
         if found:
+            # One event-loop turn between reading the records and building the
+            # answer from them: a send waiting meanwhile goes first.
+            await asyncio.sleep(0)
             return GetResult(GetStatus.FOUND, found, next_offset, low, high)
         if next_offset > queue_offset:
             return GetResult(GetStatus.NO_MATCHED_MSG, [], next_offset, low, high)
