@@ -26,6 +26,7 @@ from ferry.model import (
 )
 from ferry.runtime.clock import Clock
 from ferry.runtime.errors import InvalidArgument, PermissionDenied
+from services.broker.retention import CleanResult
 from services.broker.store import MessageStore
 
 log = logging.getLogger(__name__)
@@ -50,16 +51,6 @@ class RuntimeInfo:
     version: str
     master_addr: str
     table: dict[str, str]
-
-
-@dataclass(frozen=True)
-class CleanReport:
-    """What an on-demand retention pass did (`deleteExpiredCommitLog`)."""
-
-    deleted_files: int  # commit-log files
-    min_offset: int  # the commit log's oldest commit offset after the pass
-    consume_queue_files: int
-    disk_used_ratio: float  # after the pass, 0..1
 
 
 class _Rate:
@@ -180,19 +171,12 @@ class AdminService:
             await self.announce_all()
         return previous, perm
 
-    async def delete_expired_commit_log(self) -> CleanReport:
+    async def delete_expired_commit_log(self) -> CleanResult:
         """One retention pass now, whatever the hour (RocketMQ's
         `deleteExpiredCommitLog`): expired commit-log files go, and the oldest
         ones even unexpired while the disk is above diskSpaceCleanForciblyRatio.
         Allowed on a slave too: each broker cleans its own files."""
-        retention = self.store.retention
-        result = await retention.clean_now()
-        report = CleanReport(
-            result.deleted_files,
-            result.min_offset,
-            result.consume_queue_files,
-            retention.last_ratio,
-        )
+        report = await self.store.retention.clean_now()
         log.info(
             "deleteExpiredCommitLog deleted=%d consume_queue_files=%d min_offset=%d "
             "disk_used=%.1f%%",

@@ -9,8 +9,8 @@ from ferry import record
 from ferry.model import DataVersion, SubscriptionGroupConfig, TopicConfig
 from ferry.runtime.errors import InvalidArgument
 from ferry.v1 import broker_admin_pb2, broker_pb2, common_pb2
-from services.broker.admin import CleanReport
 from services.broker.messaging import OutgoingMessage, SendOutcome
+from services.broker.retention import CleanResult
 from services.broker.store import GetResult
 
 _FILTER_NAMES = {common_pb2.SINGLE_TAG: "SINGLE_TAG", common_pb2.MULTI_TAG: "MULTI_TAG"}
@@ -195,7 +195,7 @@ def pull_response_pb(
     return response
 
 
-def clean_report_pb(report: CleanReport) -> broker_admin_pb2.DeleteExpiredCommitLogResponse:
+def clean_report_pb(report: CleanResult) -> broker_admin_pb2.DeleteExpiredCommitLogResponse:
     return broker_admin_pb2.DeleteExpiredCommitLogResponse(
         deleted_files=report.deleted_files,
         min_offset=report.min_offset,

@@ -47,14 +47,14 @@ class StoreReplicaLog:
             if not _cached(region.fd, region.file_position, region.size):
                 # Cold (a slave catching up on old data): fault it into the page
                 # cache in a thread, so sendfile on the loop does not wait on the disk.
-                await store.in_reader_thread(os.pread, region.fd, region.size, region.file_position)
+                await store.reader.in_thread(os.pread, region.fd, region.size, region.file_position)
         except BaseException:
             self.release(region)
             raise
         return region
 
     def release(self, region: Region) -> None:  # type: ignore[override]
-        self._store.unpin(region.segment)
+        self._store.reader.unpin(region.segment)
 
     async def wait_for_growth(self, offset: int, timeout_s: float) -> bool:
         return await self._store.wait_for_growth(offset, timeout_s)

@@ -67,9 +67,12 @@ class RetentionConfig:
 
 @dataclass(frozen=True)
 class CleanResult:
+    """What a pass did (the answer of `deleteExpiredCommitLog`)."""
+
     deleted_files: int  # commit-log files
     min_offset: int  # the commit log's oldest offset after the pass
     consume_queue_files: int = 0
+    disk_used_ratio: float = 0.0  # after the pass, 0..1
 
 
 def disk_used_ratio(path: Path) -> float:
@@ -166,7 +169,7 @@ class Retention:
         forcibly = cfg.clean_file_forcibly_enable and ratio > cfg.disk_space_clean_forcibly_ratio
         if not (manual or time_up or space_high or forcibly):
             self._set_full(ratio)
-            return CleanResult(0, self.commit_log.min_offset)
+            return CleanResult(0, self.commit_log.min_offset, 0, ratio)
         limit = None if manual else cfg.max_files_per_pass
         deleted = queue_files = 0
         while limit is None or deleted < limit:
@@ -196,8 +199,8 @@ class Retention:
             ratio = self.disk_ratio()
             # Once forced, go on down to the low-water mark.
             forcibly = forcibly and ratio > cfg.disk_max_used_space_ratio
-        self.used_ratio()
-        return CleanResult(deleted, self.commit_log.min_offset, queue_files)
+        ratio = self.used_ratio()
+        return CleanResult(deleted, self.commit_log.min_offset, queue_files, ratio)
 
     async def _delete_oldest(self, why: str, age_s: float) -> int:
         """Delete the commit log's oldest file and the consume-queue files below

@@ -47,7 +47,7 @@ from ferry.runtime.clock import Clock, wait_event
 from ferry.runtime.errors import FerryError, ResourceExhausted, StorageFault, Unavailable
 from ferry.runtime.tasks import cancel_and_wait
 from services.broker.allocator import SegmentAllocator
-from services.broker.commitlog import CommitLog, CommitLogError, _Segment
+from services.broker.commitlog import CommitLog, CommitLogError
 from services.broker.consumequeue import ConsumeQueues
 from services.broker.dispatcher import Dispatcher
 from services.broker.failstop import FailStop, is_full_disk
@@ -453,10 +453,10 @@ class MessageStore:
         self._next_queue_offset.clear()
         self.commit_log.start_at(start_offset)
         self.dispatcher.offset = start_offset
+        # Nothing is left to flush: everything up to the new start counts as
+        # flushed (reset alone only ever moves the flushed offset back).
         self.flusher.flushed_offset = start_offset
         self.flusher.reset(start_offset, start_offset)
-
-    discard_all = restart_at
 
     async def truncate(self, offset: int) -> None:
         """Cut the log at `offset`, a record boundary in [min_offset, max_offset]:
@@ -578,13 +578,6 @@ class MessageStore:
         if next_offset > queue_offset:
             return GetResult(GetStatus.NO_MATCHED_MSG, [], next_offset, low, high)
         return GetResult(GetStatus.NO_NEW_MSG, [], queue_offset, low, high)
-
-    async def in_reader_thread(self, fn: Callable, *args):
-        """Run a blocking read in the store's reader threads."""
-        return await self.reader.in_thread(fn, *args)
-
-    def unpin(self, segment: _Segment) -> None:
-        self.reader.unpin(segment)
 
     def read_record(self, commit_offset: int, size: int) -> record.Record:
         decoded = record.decode(self.commit_log.read(commit_offset, size), 0)
