@@ -146,6 +146,44 @@ DELAY_LEVELS_S = (
 )
 TOPIC_FILTER_TYPES = ("SINGLE_TAG", "MULTI_TAG")
 
+# Timed delivery (RocketMQ 5's timer): queue 0 of TIMER_TOPIC holds messages
+# waiting for their TIMER_DELIVER_MS (their consume-queue code is that time);
+# queue 1 records which of them the timer service has delivered.
+TIMER_TOPIC = "rmq_sys_wheel_timer"
+PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+# A message's message group (FIFO): it picks the queue by a stable hash.
+PROPERTY_SHARDING_KEY = "__SHARDINGKEY"
+PROPERTY_REAL_TOPIC = "REAL_TOPIC"
+PROPERTY_REAL_QUEUE_ID = "REAL_QID"
+# Pop consumption: where redelivered and dead messages go, and what they keep.
+RETRY_TOPIC_PREFIX = "%RETRY%"
+DLQ_TOPIC_PREFIX = "%DLQ%"
+PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"
+PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+PROPERTY_DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"
+PROPERTY_DLQ_ORIGIN_MESSAGE_ID = "DLQ_ORIGIN_MESSAGE_ID"
+PROPERTY_DLQ_DELIVERY_ATTEMPTS = "DLQ_DELIVERY_ATTEMPTS"
+
+
+def retry_topic(group: str, topic: str) -> str:
+    """The topic a group's unacknowledged messages of `topic` are redelivered
+    from (RocketMQ's per-topic retry topic, `%RETRY%<group>_<topic>`)."""
+    return f"{RETRY_TOPIC_PREFIX}{group}_{topic}"
+
+
+def dlq_topic(group: str) -> str:
+    return f"{DLQ_TOPIC_PREFIX}{group}"
+
+
+def revive_topic(cluster: str) -> str:
+    """The system topic holding pop checkpoints and acks (one queue)."""
+    safe = re.sub(r"[^a-zA-Z0-9_-]", "_", cluster)[:80]
+    return f"rmq_sys_REVIVE_LOG_{safe}"
+
+
+def is_system_topic(topic: str) -> bool:
+    return topic.startswith("rmq_sys_") or topic == SCHEDULE_TOPIC
+
 
 @dataclass(frozen=True, slots=True)
 class TopicConfig:

@@ -297,7 +297,7 @@ _HEAD_RAW = struct.Struct(">iIIiiqqiq8sq8siqi")
 def encode_raw(
     topic: bytes, queue_id: int, flag: int, queue_offset: int, commit_offset: int, sys_flag: int,
     born_timestamp: int, born_host: bytes, store_timestamp: int, store_host: bytes,
-    body: bytes, properties: bytes,
+    body: bytes, properties: bytes, reconsume_times: int = 0,
 ) -> bytes:  # fmt: skip
     """The hot-path encoder: the same bytes as `encode`, from pre-encoded parts
     (`topic` UTF-8 of 1..127 bytes, hosts from `pack_host`, properties from
@@ -306,7 +306,7 @@ def encode_raw(
         _HEAD_RAW.pack(
             HEAD_SIZE + len(body) + 3 + len(topic) + len(properties), MESSAGE_MAGIC,
             zlib.crc32(body) & 0x7FFFFFFF, queue_id, flag, queue_offset, commit_offset, sys_flag,
-            born_timestamp, born_host, store_timestamp, store_host, 0, 0, len(body),
+            born_timestamp, born_host, store_timestamp, store_host, reconsume_times, 0, len(body),
         ),
         body, _U8.pack(len(topic)), topic, _U16.pack(len(properties)), properties,
     ))  # fmt: skip

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from ferry.model import SCHEDULE_TOPIC, TopicConfig
+from ferry.model import SCHEDULE_TOPIC, TopicConfig, revive_topic
 from ferry.runtime import auth
 from ferry.runtime.clock import Clock, SystemClock
 from ferry.runtime.errors import FerryError, StorageFault
@@ -47,6 +48,7 @@ from services.broker.config import BrokerConfig
 from services.broker.messaging import MessagingService, SendStatus
 from services.broker.metadata import BrokerMetadata
 from services.broker.metrics import BrokerMetrics
+from services.broker.pop import PopConfig, PopService
 from services.broker.retention import RetentionConfig
 from services.broker.schedule import DelayScheduler
 from services.broker.servicer import (
@@ -59,6 +61,7 @@ from services.broker.servicer import (
 )
 from services.broker.slave_sync import SlaveSyncLoop
 from services.broker.store import FlushDiskType, MessageStore, StoreConfig
+from services.broker.timer import TimerService
 from services.ha.master import HAMaster, HAMasterConfig
 from services.ha.slave import HASlave, HASlaveConfig
 from services.ha.sync import ReplicaAcks
@@ -117,6 +120,8 @@ class BrokerApp:
         self.registrar = None  # services.broker.registration.Registrar, with name servers
         self.server: GrpcServer | None = None
         self.scheduler: DelayScheduler | None = None
+        self.pop: PopService | None = None
+        self.timer: TimerService | None = None
         self.acks: ReplicaAcks | None = None
         self.ha_master: HAMaster | None = None
         self.ha_slave: HASlave | None = None
@@ -214,7 +219,29 @@ class BrokerApp:
             broker_name=cfg.broker_name,
             slave_read_enable=cfg.slave_read_enable,
             groups=metadata.subscription_groups,
+            timer_max_delay_s=cfg.timer_max_delay_s,
         )
+        if not cfg.is_slave:
+            # Masters run timed delivery and pop consumption; slaves hold their
+            # records (HA copies them) and run neither.
+            self.timer = TimerService(store, metadata.topics, metadata.consumer_offsets, self.clock)
+            self.pop = PopService(
+                store,
+                metadata.topics,
+                metadata.subscription_groups,
+                metadata.consumer_offsets,
+                self.clock,
+                PopConfig(
+                    broker_name=cfg.broker_name,
+                    revive_topic=revive_topic(cfg.cluster_name),
+                    backoff_s=tuple(cfg.message_delay_levels_s),
+                    auto_create_group=cfg.auto_create_subscription_group,
+                ),
+                create_topic=self._create_system_topic,
+                timer_pending=lambda topic: (
+                    self.timer.pending_by_topic.get(topic, 0) if self.timer else 0
+                ),
+            )
         self.admin = admin = AdminService(identity, metadata, store, self.clock, self.permission)
         self.messaging = messaging
         self.server = GrpcServer(
@@ -222,7 +249,12 @@ class BrokerApp:
                 Service(
                     BROKER_SERVICE,
                     BrokerServicer(
-                        messaging, metadata.consumer_offsets, self.gate, store_config.store_host
+                        messaging,
+                        metadata.consumer_offsets,
+                        self.gate,
+                        store_config.store_host,
+                        pop=self.pop,
+                        broker_name=cfg.broker_name,
                     ),
                     broker_pb2_grpc.add_BrokerServicer_to_server,
                 ),
@@ -281,6 +313,11 @@ class BrokerApp:
                 store, metadata.delay_offsets, metadata.topics, self.clock
             )
             self._tasks.append(asyncio.create_task(self.scheduler.run(), name="delay-scheduler"))
+        if self.timer is not None and self.pop is not None:
+            await self.timer.load()
+            await self.pop.load()
+            self._tasks.append(asyncio.create_task(self.timer.run(), name="timer"))
+            self._tasks.append(asyncio.create_task(self.pop.run(), name="pop-revive"))
         self._tasks.append(asyncio.create_task(self._persist_offsets(), name="offset-persister"))
         self._fault_watch = asyncio.create_task(self._stop_on_storage_fault(), name="fail-stop")
         self.gate.open = True
@@ -308,6 +345,7 @@ class BrokerApp:
                 timeout_s=cfg.register_timeout_s,
                 force_register=cfg.force_register,
                 on_master=self._on_master,
+                on_order_topics=None if cfg.is_slave else self._apply_order_topics,
                 admin_token=cfg.admin_token,
                 tls=self.client_tls,
             )
@@ -380,6 +418,7 @@ class BrokerApp:
             await self.store.stop()
         if self.metadata is not None:
             try:
+                self._checkpoint_pop()
                 self.metadata.persist_all()
             except (OSError, FerryError) as exc:
                 log.error("could not persist metadata at shutdown: %s", exc)
@@ -460,6 +499,36 @@ class BrokerApp:
             )
             await self.slave_sync.start()
 
+    def _checkpoint_pop(self) -> None:
+        """Where a restart replays pop and timer state from; stored in the
+        consumer-offset table, so written with the committed offsets it matches."""
+        if self.pop is not None:
+            self.pop.checkpoint()
+        if self.timer is not None:
+            self.timer.checkpoint()
+
+    def _create_system_topic(self, config: TopicConfig) -> None:
+        """A retry or dead-letter topic, created on first use and announced to
+        the name servers (so `ferry consume %DLQ%group` finds it)."""
+        assert self.metadata is not None
+        self.metadata.topics.put(config)
+        log.info("created topic %s (%d queue)", config.topic_name, config.queue_nums)
+        if self.registrar is not None:
+            task = asyncio.create_task(self.registrar.register_topics([config]))
+            self._tasks.append(task)
+
+    def _apply_order_topics(self, table) -> None:
+        """ORDER_TOPIC_CONFIG from the name servers: a topic listed with this
+        broker's name is an ordered topic here (every group reads it in order)."""
+        assert self.metadata is not None
+        name = self.config.broker_name
+        for topic, value in table.items():
+            brokers = {part.split(":", 1)[0] for part in value.split(";") if part}
+            config = self.metadata.topics.get(topic)
+            if name in brokers and config is not None and not config.order:
+                self.metadata.topics.put(dataclasses.replace(config, order=True))
+                log.info("topic %s is ordered (ORDER_TOPIC_CONFIG on the name server)", topic)
+
     def _ha_status(self) -> HAStatusView:
         assert self.store is not None
         return HAStatusView(
@@ -489,6 +558,7 @@ class BrokerApp:
         while True:
             await asyncio.sleep(self.config.flush_consumer_offset_interval_s)
             try:
+                self._checkpoint_pop()
                 self.metadata.consumer_offsets.persist()
                 self.metadata.delay_offsets.persist()
             except StorageFault:

@@ -88,6 +88,9 @@ class BrokerConfig:
     clean_file_forcibly_enable: bool = True
     delete_commit_log_files_interval_s: float = 0.1
     clean_resource_interval_s: float = 10.0
+    # Pop consumption and timers.
+    timer_max_delay_s: float = 3 * 86400.0
+    auto_create_subscription_group: bool = True
 
     @property
     def is_slave(self) -> bool:
@@ -221,10 +224,12 @@ def parse_delay_levels(key: str, text: str) -> tuple[float, ...]:
     """RocketMQ's `messageDelayLevel`: `"1s 5s 10s 30s 1m ... 2h"`."""
     levels = []
     for item in text.split():
-        unit = _UNITS.get(item[-1:])
-        number = item[:-1]
+        if item.endswith("ms"):  # a ferry extension, for tests and quick retries
+            unit, number = 0.001, item[:-2]
+        else:
+            unit, number = _UNITS.get(item[-1:]), item[:-1]
         if unit is None or not number.isdigit() or int(number) <= 0:
-            raise ConfigError(key, f"{item!r} is not a delay like 5s, 1m, 2h or 1d")
+            raise ConfigError(key, f"{item!r} is not a delay like 500ms, 5s, 1m, 2h or 1d")
         levels.append(int(number) * unit)
     if not levels:
         raise ConfigError(key, "names no delay level")
@@ -419,6 +424,16 @@ KNOWN_KEYS: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
         "message_delay_levels_s",
         parse_delay_levels,
         "delay levels, 1s 5s ... 2h",
+    ),
+    "timerMaxDelaySec": (
+        "timer_max_delay_s",
+        _int(1),
+        "seconds ahead a TIMER_DELIVER_MS may be (default 259200, 3 days)",
+    ),
+    "autoCreateSubscriptionGroup": (
+        "auto_create_subscription_group",
+        _bool,
+        "create a consumer group on its first pop (default true)",
     ),
     "shutdownGraceSeconds": ("grace_s", _int(0), "seconds calls in flight get at shutdown (ferry)"),
     "fileReservedTime": (

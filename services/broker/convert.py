@@ -10,6 +10,7 @@ from ferry.model import DataVersion, SubscriptionGroupConfig, TopicConfig
 from ferry.runtime.errors import InvalidArgument
 from ferry.v1 import broker_admin_pb2, broker_pb2, common_pb2
 from services.broker.messaging import OutgoingMessage, SendOutcome
+from services.broker.pop import AckResult, ChangeResult, GroupStatus, Popped
 from services.broker.retention import CleanResult
 from services.broker.store import GetResult
 
@@ -160,39 +161,107 @@ def pull_response_pb(
     )
     prefixes: dict[bytes, str] = {}
     add = response.messages.add
-    tags_key, keys_key = record.PROPERTY_TAGS, record.PROPERTY_KEYS
     for r in result.records:
-        prefix = prefixes.get(r.store_host_raw)
-        if prefix is None:
-            prefix = prefixes[r.store_host_raw] = r.store_host_raw.hex().upper()
-        props = r.properties
-        tags = keys = ""
-        if props:
-            tags = props.get(tags_key, "")
-            keys = props.get(keys_key, "")
-            if len(props) > (tags_key in props) + (keys_key in props):
-                props = {k: v for k, v in props.items() if k not in _HIDDEN}
-            else:
-                props = None
-        add(
-            topic=r.topic,
-            queue_id=r.queue_id,
-            queue_offset=r.queue_offset,
-            commit_offset=r.commit_offset,
-            body=r.body,
-            tags=tags,
-            keys=keys,
-            properties=props or None,
-            born_timestamp=r.born_timestamp,
-            store_timestamp=r.store_timestamp,
-            msg_id=f"{prefix}{r.commit_offset:016X}",
-            flag=r.flag,
-            reconsume_times=r.reconsume_times,
-            store_size=r.size,
-            born_host=r.born_host,
-            store_host=r.store_host,
-        )
+        add(**_message_fields(r, prefixes))
     return response
+
+
+def _message_fields(r: record.StoredMessage, prefixes: dict[bytes, str]) -> dict:
+    prefix = prefixes.get(r.store_host_raw)
+    if prefix is None:
+        prefix = prefixes[r.store_host_raw] = r.store_host_raw.hex().upper()
+    props = r.properties
+    tags = keys = ""
+    tags_key, keys_key = record.PROPERTY_TAGS, record.PROPERTY_KEYS
+    if props:
+        tags = props.get(tags_key, "")
+        keys = props.get(keys_key, "")
+        if len(props) > (tags_key in props) + (keys_key in props):
+            props = {k: v for k, v in props.items() if k not in _HIDDEN}
+        else:
+            props = None
+    return dict(
+        topic=r.topic,
+        queue_id=r.queue_id,
+        queue_offset=r.queue_offset,
+        commit_offset=r.commit_offset,
+        body=r.body,
+        tags=tags,
+        keys=keys,
+        properties=props or None,
+        born_timestamp=r.born_timestamp,
+        store_timestamp=r.store_timestamp,
+        msg_id=f"{prefix}{r.commit_offset:016X}",
+        flag=r.flag,
+        reconsume_times=r.reconsume_times,
+        store_size=r.size,
+        born_host=r.born_host,
+        store_host=r.store_host,
+    )
+
+
+def pop_response_pb(popped: list[Popped]) -> broker_pb2.PopMessageResponse:
+    response = broker_pb2.PopMessageResponse(
+        status=broker_pb2.POP_FOUND if popped else broker_pb2.POP_NO_MESSAGE
+    )
+    prefixes: dict[bytes, str] = {}
+    add = response.messages.add
+    for p in popped:
+        fields = _message_fields(p.message, prefixes)
+        fields.update(
+            topic=p.topic,
+            msg_id=p.msg_id,
+            receipt_handle=p.receipt_handle,
+            delivery_attempt=p.delivery_attempt,
+            invisible_until_ms=p.invisible_until_ms,
+        )
+        add(**fields)
+    return response
+
+
+_ACK_STATUS = {"OK": broker_pb2.OK, "STALE": broker_pb2.STALE, "FOREIGN": broker_pb2.FOREIGN}
+
+
+def ack_response_pb(results: list[AckResult]) -> broker_pb2.AckMessageResponse:
+    return broker_pb2.AckMessageResponse(
+        results=[
+            broker_pb2.AckResult(
+                receipt_handle=r.receipt_handle, status=_ACK_STATUS[r.status], reason=r.reason
+            )
+            for r in results
+        ]
+    )
+
+
+def change_response_pb(result: ChangeResult) -> broker_pb2.ChangeInvisibleTimeResponse:
+    return broker_pb2.ChangeInvisibleTimeResponse(
+        receipt_handle=result.receipt_handle,
+        status=_ACK_STATUS[result.status],
+        reason=result.reason,
+        invisible_until_ms=result.invisible_until_ms,
+    )
+
+
+def group_status_pb(status: GroupStatus) -> broker_pb2.GetGroupStatusResponse:
+    return broker_pb2.GetGroupStatusResponse(
+        queues=[
+            broker_pb2.GroupQueueStatus(
+                queue_id=q.queue_id,
+                committed_offset=q.committed_offset,
+                pop_offset=q.pop_offset,
+                max_offset=q.max_offset,
+                in_flight=q.in_flight,
+                redeliveries_pending=q.redeliveries_pending,
+            )
+            for q in status.queues
+        ],
+        retries_pending=status.retries_pending,
+        dlq_messages=status.dlq_messages,
+        orderly=status.orderly,
+        retry_max_times=status.retry_max_times,
+        retry_topic=status.retry_topic,
+        dlq_topic=status.dlq_topic,
+    )
 
 
 def clean_report_pb(report: CleanResult) -> broker_admin_pb2.DeleteExpiredCommitLogResponse:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 
 from ferry import record
-from ferry.model import DELAY_LEVELS_S, SCHEDULE_TOPIC
+from ferry.model import DELAY_LEVELS_S, PROPERTY_TIMER_DELIVER_MS, SCHEDULE_TOPIC, TIMER_TOPIC
 from ferry.record import RecordError
 from ferry.runtime.clock import wait_event
 from ferry.runtime.errors import StorageFault
@@ -87,7 +87,8 @@ class Dispatcher:
                 # One record larger than a step: read it whole, if it is all written.
                 head = record.peek(chunk[: record.BLANK_SIZE])
                 if isinstance(head, int) and start + head <= end:
-                    records, pos, blank = record.scan_dispatch(self.commit_log.read(start, head), 0)
+                    chunk = self.commit_log.read(start, head)
+                    records, pos, blank = record.scan_dispatch(chunk, 0)
         except RecordError as exc:
             self.error = f"commit offset {start}+: {exc}"
             log.error("dispatch stopped after commit offset %d: %s", start, exc)
@@ -100,7 +101,9 @@ class Dispatcher:
             topic = topics.get(topic_raw)
             if topic is None:
                 topic = topics[topic_raw] = topic_raw.decode(errors="replace")
-            if topic == SCHEDULE_TOPIC:
+            if topic == TIMER_TOPIC and queue_id == 0:
+                code = _deliver_ms(chunk, commit_offset - start, size)
+            elif topic == SCHEDULE_TOPIC:
                 level = queue_id + 1
                 code = store_ts + (
                     int(levels[level - 1] * 1000) if 1 <= level <= len(levels) else 0
@@ -207,6 +210,16 @@ class Dispatcher:
     def _notify(self, touched: set[tuple[str, int]]) -> None:
         if touched and self.on_dispatch is not None:
             self.on_dispatch(touched)
+
+
+def _deliver_ms(chunk: bytes | memoryview, pos: int, size: int) -> int:
+    """A timed message's consume-queue code: its TIMER_DELIVER_MS (0 when unreadable:
+    the timer service then delivers it at once rather than never)."""
+    try:
+        value = record.decode_stored(chunk, pos, size).properties.get(PROPERTY_TIMER_DELIVER_MS, "")
+        return int(value)
+    except (RecordError, ValueError):
+        return 0
 
 
 def _has_loop() -> bool:

@@ -46,6 +46,29 @@ class LongPolls:
                     if not waiters:
                         del self._waiters[key]
 
+    async def wait_any(self, keys: Iterable[tuple[str, int]], timeout_s: float) -> None:
+        """Return when any of the queues is notified (something was written to
+        it, or the pop service freed it), or after `timeout_s`. The caller
+        re-checks what it wants."""
+        if not self.open:
+            return
+        future = asyncio.get_running_loop().create_future()
+        keys = list(keys)
+        for key in keys:
+            self._waiters.setdefault(key, []).append(future)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await future
+        except TimeoutError:
+            pass
+        finally:
+            for key in keys:
+                waiters = self._waiters.get(key)
+                if waiters and future in waiters:
+                    waiters.remove(future)
+                    if not waiters:
+                        del self._waiters[key]
+
     def notify(self, keys: Iterable[tuple[str, int]]) -> None:
         for key in keys:
             futures = self._waiters.pop(key, None)

@@ -17,6 +17,7 @@ import itertools
 import logging
 import os
 import time
+import zlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -26,7 +27,12 @@ from ferry.model import (
     MASTER_ID,
     PERM_READ,
     PERM_WRITE,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_SHARDING_KEY,
+    PROPERTY_TIMER_DELIVER_MS,
     SCHEDULE_TOPIC,
+    TIMER_TOPIC,
     SubscriptionGroupConfig,
     TopicConfig,
     check_name,
@@ -45,8 +51,6 @@ from services.broker.store import (
 log = logging.getLogger(__name__)
 
 PROPERTY_DELAY = "DELAY"
-PROPERTY_REAL_TOPIC = "REAL_TOPIC"
-PROPERTY_REAL_QUEUE_ID = "REAL_QID"
 DEFAULT_PULL_NUMS = 32
 MAX_PULL_NUMS = 4096
 MAX_WAIT_MS = 60_000
@@ -129,7 +133,9 @@ class MessagingService:
         slave_read_enable: bool = False,
         groups: GroupLookup | None = None,
         hot_bytes: int | None = None,
+        timer_max_delay_s: float = 3 * 86400,
     ) -> None:
+        self.timer_max_delay_ms = int(timer_max_delay_s * 1000)
         self.slave_read_enable = slave_read_enable
         self.groups = groups
         # RocketMQ's accessMessageInMemoryMaxRatio: a consumer further behind
@@ -158,9 +164,11 @@ class MessagingService:
         batch: bool = False,
     ) -> SendOutcome:
         check_topic(topic)
-        if topic == SCHEDULE_TOPIC:
+        if topic == SCHEDULE_TOPIC or topic.startswith("rmq_sys_"):
             raise InvalidArgument(
-                "topic", f"{SCHEDULE_TOPIC} is a system topic; send with the DELAY property instead"
+                "topic",
+                f"{topic} is a system topic; send with the DELAY or {PROPERTY_TIMER_DELIVER_MS} "
+                "property instead",
             )
         if self.is_slave:
             raise PermissionDenied(
@@ -182,13 +190,19 @@ class MessagingService:
             raise PermissionDenied(f"topic {topic!r} is not writable (perm={config.perm})")
         if not messages:
             raise InvalidArgument("messages", "a batch needs at least one message")
-        queue_id = self._pick_queue(config, queue_id)
+        queue_id = self._pick_queue(config, queue_id, _message_group(messages, batch))
         store_topic, store_queue = topic, queue_id
         encoded = []
         now = self.store.clock.wall_ms()
+        timed = 0
         for index, message in enumerate(messages):
             where = f"messages[{index}]" if batch else "body"
-            properties, delay_level = self._properties(message, topic, queue_id, where)
+            properties, delay_level, deliver_ms = self._properties(
+                message, topic, queue_id, where, now
+            )
+            if deliver_ms:
+                timed += 1
+                store_topic, store_queue = TIMER_TOPIC, 0
             if delay_level:
                 if batch:
                     raise InvalidArgument(
@@ -204,6 +218,12 @@ class MessagingService:
                     born_timestamp=message.born_timestamp or now,
                     born_host=self._born_host,
                 )
+            )
+        if timed and timed != len(encoded):
+            raise InvalidArgument(
+                "messages",
+                f"{timed} of {len(encoded)} messages carry a future {PROPERTY_TIMER_DELIVER_MS}: "
+                "a batch is timed as a whole or not at all; send them separately",
             )
         started = time.perf_counter()
         result = await self.store.put(
@@ -227,10 +247,15 @@ class MessagingService:
             result.msg_ids,
         )
 
-    def _pick_queue(self, config: TopicConfig, queue_id: int | None) -> int:
+    def _pick_queue(
+        self, config: TopicConfig, queue_id: int | None, message_group: str = ""
+    ) -> int:
         count = config.write_queue_nums
         if count <= 0:
             raise PermissionDenied(f"topic {config.topic_name!r} has no write queues")
+        if (queue_id is None or queue_id == -1) and message_group:
+            # One message group, one queue: its messages stay in send order.
+            return zlib.crc32(message_group.encode()) % count
         if queue_id is None or queue_id == -1:
             counter = self._round_robin.setdefault(config.topic_name, itertools.count())
             return next(counter) % count
@@ -243,8 +268,10 @@ class MessagingService:
         return queue_id
 
     def _properties(
-        self, message: MessageLike, topic: str, queue_id: int, where: str
-    ) -> tuple[bytes, int]:
+        self, message: MessageLike, topic: str, queue_id: int, where: str, now_ms: int
+    ) -> tuple[bytes, int, int]:
+        """The encoded properties, the DELAY level (0: none) and the timer
+        delivery time (0: deliver now)."""
         body = message.body
         if not body:
             raise InvalidArgument(
@@ -258,14 +285,14 @@ class MessagingService:
         if not message.properties:
             # The hot path: at most tags and keys.
             if not message.tags and not message.keys:
-                return b"", 0
+                return b"", 0, 0
             if _plain(message.tags) and _plain(message.keys):
                 parts = []
                 if message.tags:
                     parts.append(f"TAGS\x01{message.tags}\x02")
                 if message.keys:
                     parts.append(f"KEYS\x01{message.keys}\x02")
-                return "".join(parts).encode(), 0
+                return "".join(parts).encode(), 0, 0
         properties = dict(message.properties)
         if message.tags:
             properties[record.PROPERTY_TAGS] = message.tags
@@ -289,6 +316,15 @@ class MessagingService:
                 properties[PROPERTY_DELAY] = str(delay_level)
                 properties[PROPERTY_REAL_TOPIC] = topic
                 properties[PROPERTY_REAL_QUEUE_ID] = str(queue_id)
+        deliver_ms = self._deliver_ms(properties, where, now_ms)
+        if deliver_ms:
+            if delay_level:
+                raise InvalidArgument(
+                    f"{where}.properties",
+                    f"DELAY and {PROPERTY_TIMER_DELIVER_MS} together; use one of them",
+                )
+            properties[PROPERTY_REAL_TOPIC] = topic
+            properties[PROPERTY_REAL_QUEUE_ID] = str(queue_id)
         try:
             encoded = record.encode_properties(properties)
         except record.RecordError as exc:
@@ -298,7 +334,30 @@ class MessagingService:
                 f"{where}.properties",
                 f"{len(encoded)} bytes encoded; the limit is {record.MAX_PROPERTIES_BYTES}",
             )
-        return encoded, delay_level
+        return encoded, delay_level, deliver_ms
+
+    def _deliver_ms(self, properties: dict[str, str], where: str, now_ms: int) -> int:
+        """A future TIMER_DELIVER_MS (epoch ms), checked against timerMaxDelaySec;
+        0 when absent or already due (the message is delivered at once)."""
+        raw = properties.get(PROPERTY_TIMER_DELIVER_MS)
+        if raw is None:
+            return 0
+        try:
+            deliver_ms = int(raw)
+        except ValueError:
+            raise InvalidArgument(
+                f"{where}.properties",
+                f"{PROPERTY_TIMER_DELIVER_MS} {raw[:24]!r} is not epoch milliseconds",
+            ) from None
+        if deliver_ms - now_ms > self.timer_max_delay_ms:
+            raise InvalidArgument(
+                f"{where}.properties",
+                f"{PROPERTY_TIMER_DELIVER_MS} is {(deliver_ms - now_ms) / 1000:.0f} s ahead; the "
+                f"limit is timerMaxDelaySec={self.timer_max_delay_ms // 1000} s",
+            )
+        if deliver_ms <= now_ms:
+            return 0
+        return deliver_ms
 
     # ------------------------------------------------------------ pull
 
@@ -383,6 +442,18 @@ class MessagingService:
         return self.store.queue_min_offset(topic, queue_id), self.store.queue_max_offset(
             topic, queue_id
         )
+
+
+def _message_group(messages: Sequence[MessageLike], batch: bool) -> str:
+    """The message group (`__SHARDINGKEY`) of a send; a batch has one or none."""
+    groups = {(m.properties or {}).get(PROPERTY_SHARDING_KEY, "") for m in messages}
+    if len(groups) > 1:
+        raise InvalidArgument(
+            "messages" if batch else "properties",
+            f"a batch goes to one queue, so its messages need one {PROPERTY_SHARDING_KEY} "
+            f"(message group); found {len(groups)}",
+        )
+    return groups.pop() if groups else ""
 
 
 def _plain(text: str) -> bool:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -100,6 +100,7 @@ class Registrar:
         timeout_s: float = 6.0,
         force_register: bool = True,
         on_master: Callable[[str, str], None] | None = None,
+        on_order_topics: Callable[[Mapping[str, str]], None] | None = None,
         heartbeat_timeout_ms: int = 0,
         keepalive_ping_s: float = KEEPALIVE_PING_S,
         admin_token: str = "",
@@ -115,6 +116,9 @@ class Registrar:
         self.timeout_s = timeout_s
         self.force_register = force_register
         self.on_master = on_master
+        # The name server's ORDER_TOPIC_CONFIG table (topic -> "brokerName:queues;..."),
+        # from every registration answer: RocketMQ's checkOrderConfig.
+        self.on_order_topics = on_order_topics
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self.keepalive_ping_s = keepalive_ping_s
         self.instance_id = uuid.uuid4().hex
@@ -271,6 +275,8 @@ class Registrar:
         else:
             log.debug("registered with name server %s", server.addr)
         server.master = (response.master_addr, response.ha_server_addr)
+        if self.on_order_topics is not None and response.kv_table:
+            self.on_order_topics(dict(response.kv_table))
         # The name servers do not talk to each other: one may not have heard
         # from the master yet while another has. The first that knows it wins
         # (as in RocketMQ); "no master" only when none of them knows one.

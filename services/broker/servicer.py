@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import grpc
 
 from ferry.model import check_name, check_topic
-from ferry.runtime.errors import InvalidArgument, NotFound, Unavailable
+from ferry.runtime.errors import InvalidArgument, NotFound, PermissionDenied, Unavailable
 from ferry.runtime.grpc_errors import grpc_method
 from ferry.v1 import (
     broker_admin_pb2,
@@ -29,6 +29,7 @@ from ferry.v1 import (
 from services.broker import convert
 from services.broker.admin import AdminService
 from services.broker.messaging import MessagingService
+from services.broker.pop import PopService
 
 
 class Gate:
@@ -49,7 +50,11 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         offsets,  # services.broker.metadata.ConsumerOffsetTable
         gate: Gate,
         store_host: tuple[str, int],
+        pop: PopService | None = None,
+        broker_name: str = "",
     ) -> None:
+        self.pop = pop
+        self.broker_name = broker_name
         self.messaging = messaging
         self.offsets = offsets
         self.gate = gate
@@ -144,6 +149,59 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     def _check_queue(self, group: str, topic: str, queue_id: int) -> None:
         check_name(group, "consumer_group")
         self.messaging.queue_offsets(topic, queue_id)
+
+    # ------------------------------------------------------------ pop
+
+    def _pop(self) -> PopService:
+        if self.pop is None:
+            raise PermissionDenied(
+                f"broker {self.broker_name} is a SLAVE: pop consumption (PopMessage, AckMessage, "
+                "ChangeInvisibleTime) is served by its master"
+            )
+        return self.pop
+
+    @grpc_method
+    async def PopMessage(
+        self, request: broker_pb2.PopMessageRequest, context: grpc.aio.ServicerContext
+    ) -> broker_pb2.PopMessageResponse:
+        self.gate.check()
+        popped = await self._pop().pop(
+            request.consumer_group,
+            request.topic,
+            request.queue_id if request.HasField("queue_id") else None,
+            request.max_msg_nums,
+            request.invisible_ms,
+            request.max_wait_ms,
+            request.sub_expression,
+        )
+        return convert.pop_response_pb(popped)
+
+    @grpc_method
+    async def AckMessage(
+        self, request: broker_pb2.AckMessageRequest, context: grpc.aio.ServicerContext
+    ) -> broker_pb2.AckMessageResponse:
+        self.gate.check()
+        results = await self._pop().ack(
+            request.consumer_group, request.topic, list(request.receipt_handles)
+        )
+        return convert.ack_response_pb(results)
+
+    @grpc_method
+    async def ChangeInvisibleTime(
+        self, request: broker_pb2.ChangeInvisibleTimeRequest, context: grpc.aio.ServicerContext
+    ) -> broker_pb2.ChangeInvisibleTimeResponse:
+        self.gate.check()
+        result = await self._pop().change_invisible_time(
+            request.consumer_group, request.topic, request.receipt_handle, request.invisible_ms
+        )
+        return convert.change_response_pb(result)
+
+    @grpc_method
+    async def GetGroupStatus(
+        self, request: broker_pb2.GetGroupStatusRequest, context: grpc.aio.ServicerContext
+    ) -> broker_pb2.GetGroupStatusResponse:
+        self.gate.check()
+        return convert.group_status_pb(self._pop().status(request.consumer_group, request.topic))
 
 
 class BrokerAdminServicer(broker_admin_pb2_grpc.BrokerAdminServicer):

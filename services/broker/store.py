@@ -351,6 +351,33 @@ class MessageStore:
         self.failstop.check()
         return result
 
+    def append_internal(
+        self, topic: str, queue_id: int, messages: Sequence[MessageIn]
+    ) -> PutResult:
+        """Append the broker's own records (pop checkpoints and acks, timer
+        deliveries, retry and dead-letter copies) at once, without waiting for
+        a flush: the caller decides what to wait for (`wait_durable`).
+
+        Raises:
+            ResourceExhausted: the disk is full or above the warning ratio.
+            Unavailable: a storage fault.
+        """
+        self.retention.check_writable()
+        return self._append(topic, queue_id, messages)
+
+    async def wait_durable(self, end_offset: int) -> bool:
+        """With SYNC_FLUSH, wait until the log is fsynced up to `end_offset`
+        (False after `sync_flush_timeout_s`); at once otherwise.
+
+        Raises:
+            Unavailable: a storage fault.
+        """
+        ok = True
+        if self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH:
+            ok = await self.flusher.wait_flushed(end_offset, self.config.sync_flush_timeout_s)
+        self.failstop.check()
+        return ok
+
     def _append(self, topic: str, queue_id: int, messages: Sequence[MessageIn]) -> PutResult:
         if not self._opened:
             raise Unavailable("the store is not open")
@@ -579,6 +606,30 @@ class MessageStore:
             return GetResult(GetStatus.NO_MATCHED_MSG, [], next_offset, low, high)
         return GetResult(GetStatus.NO_NEW_MSG, [], queue_offset, low, high)
 
+    async def read_entries(
+        self, entries: Sequence[tuple[int, int, int]]
+    ) -> list[record.StoredMessage | None]:
+        """The records consume-queue entries point at, in order (off the loop when
+        cold); None for one that retention deleted meanwhile or that is unreadable."""
+        out: list[record.StoredMessage | None] = []
+        spans = _spans(
+            list(entries), self.commit_log.file_size, max_span=self.config.max_pull_bytes
+        )
+        for span_start, span_end, span_entries in spans:
+            if span_start < self.commit_log.min_offset:
+                out.extend(None for _ in span_entries)
+                continue
+            data = await self.reader.read(span_start, span_end - span_start)
+            for commit_offset, size, _ in span_entries:
+                try:
+                    out.append(record.decode_stored(data, commit_offset - span_start, size))
+                except record.RecordError:
+                    log.error(
+                        "no readable record at commit offset %d (%d bytes)", commit_offset, size
+                    )
+                    out.append(None)
+        return out
+
     def read_record(self, commit_offset: int, size: int) -> record.Record:
         decoded = record.decode(self.commit_log.read(commit_offset, size), 0)
         if not isinstance(decoded, record.Record):
@@ -627,7 +678,7 @@ def _encoder(
     def encode(commit_offset: int) -> bytes:
         return record.encode_raw(
             topic, queue_id, m.flag, queue_offset, commit_offset, m.sys_flag, m.born_timestamp,
-            m.born_host, store_ts, store_host, m.body, m.properties,
+            m.born_host, store_ts, store_host, m.body, m.properties, m.reconsume_times,
         )  # fmt: skip
 
     return encode

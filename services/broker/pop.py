@@ -1,0 +1,1032 @@
+"""Pop consumption (RocketMQ 5): consumer groups that share work, with
+invisibility, acknowledgements, redelivery with backoff, dead letters and
+ordered (FIFO) groups.
+
+State per (group, topic, queue), in memory:
+- `committed`: every queue offset below it is resolved (acknowledged, or moved
+  to the retry or dead-letter topic). It is the group's consumer offset
+  (`consumerOffset.json`), and it only moves past resolved messages.
+- `pop_offset`: the next offset never handed out.
+- `inflight`: offsets handed out and not resolved, each with the checkpoint
+  that issued it (its receipt handle names that checkpoint), a deadline and an
+  attempt number. Every offset in [committed, pop_offset) not in flight (nor,
+  for an ordered group, waiting for redelivery) is resolved.
+
+Every change is first written to the commit log, as records of the revive
+topic (`popcodec.py`): a checkpoint per pop of a queue, an ack record per
+acknowledgement batch or revival, a change record per re-timing. HA therefore
+carries them to slaves, and a restart rebuilds the state by replaying the
+revive queue from a checkpoint kept with the consumer offsets (every
+checkpoint before it is resolved, and the committed offsets beside it cover
+what those resolved). An acknowledgement is answered only once its record is
+written (and, with SYNC_FLUSH, flushed): after a crash no acknowledged
+message comes back, and every unacknowledged one does.
+
+Redelivery. A message of a normal group still in flight at its deadline is
+copied to the group's retry topic `%RETRY%<group>_<topic>` through the timer
+(`timer.py`), due after the group's retry backoff — the broker's delay levels
+(`messageDelayLevel`, 1s 5s 10s 30s 1m 2m ... 2h), by attempt — with
+reconsume times + 1, so its next delivery says `delivery_attempt + 1`. After
+`retry_max_times` redeliveries it is copied to `%DLQ%<group>` instead (one
+queue, readable, with DLQ_ORIGIN_TOPIC, DLQ_ORIGIN_MESSAGE_ID and
+DLQ_DELIVERY_ATTEMPTS). Pops read the retry topic before the topic itself.
+
+Ordered groups (`consume_message_orderly`, or any group on a topic marked
+ordered): a queue with a message in flight hands out nothing; an expired
+message stays where it is and is handed out again, before anything after it,
+once its backoff has passed — or goes to the dead-letter topic after
+`retry_max_times`, letting the queue move on.
+
+Runs on the event loop thread, on masters only; state changes happen between
+awaits, never across one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import time
+import zlib
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ferry import record
+from ferry.model import (
+    PERM_READ,
+    PROPERTY_DLQ_DELIVERY_ATTEMPTS,
+    PROPERTY_DLQ_ORIGIN_MESSAGE_ID,
+    PROPERTY_DLQ_ORIGIN_TOPIC,
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_RETRY_TOPIC,
+    PROPERTY_TIMER_DELIVER_MS,
+    RETRY_TOPIC_PREFIX,
+    TIMER_TOPIC,
+    TOPIC_MAX_LENGTH,
+    TOPIC_PATTERN,
+    SubscriptionGroupConfig,
+    TopicConfig,
+    check_name,
+    check_topic,
+    dlq_topic,
+    retry_topic,
+)
+from ferry.runtime.clock import Clock
+from ferry.runtime.errors import (
+    FerryError,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    StorageFault,
+)
+from services.broker.messaging import parse_sub_expression
+from services.broker.popcodec import (
+    Acks,
+    Change,
+    Checkpoint,
+    PopFormatError,
+    ReceiptHandle,
+    decode_handle,
+    decode_revive,
+    encode_revive,
+)
+from services.broker.store import MessageIn, MessageStore
+from services.broker.timer import parse_host
+
+log = logging.getLogger(__name__)
+
+REVIVE_GROUP = "CID_RMQ_SYS_REVIVE"
+MIN_INVISIBLE_MS = 1_000
+MAX_INVISIBLE_MS = 12 * 3600 * 1000
+MAX_POP_NUMS = 32
+MAX_WAIT_MS = 60_000
+SCAN_ENTRIES = 256  # consume-queue entries looked at per queue per pop (tag filters)
+REVIVE_BATCH = 512
+
+
+class TopicTable(Protocol):
+    def get(self, topic: str) -> TopicConfig | None: ...
+
+
+class GroupTable(Protocol):
+    def get(self, group: str) -> SubscriptionGroupConfig | None: ...
+
+    def put(self, config: SubscriptionGroupConfig): ...
+
+
+class OffsetTable(Protocol):
+    def query(self, group: str, topic: str, queue_id: int) -> int | None: ...
+
+    def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class PopConfig:
+    broker_name: str
+    revive_topic: str
+    backoff_s: tuple[float, ...]  # by attempt: the wait before redelivery n+1
+    auto_create_group: bool = True
+
+
+@dataclass(frozen=True)
+class Popped:
+    """One message handed out: the record and how the consumer sees it."""
+
+    message: record.StoredMessage
+    topic: str  # the topic the consumer asked for (a retry copy shows its origin)
+    msg_id: str  # stable across redeliveries
+    receipt_handle: str
+    delivery_attempt: int
+    invisible_until_ms: int
+
+
+@dataclass(frozen=True)
+class AckResult:
+    receipt_handle: str
+    status: str  # OK, STALE, FOREIGN
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class ChangeResult:
+    receipt_handle: str
+    status: str
+    reason: str = ""
+    invisible_until_ms: int = 0
+
+
+@dataclass(frozen=True)
+class QueueStatus:
+    queue_id: int
+    committed_offset: int
+    pop_offset: int
+    max_offset: int
+    in_flight: int
+    redeliveries_pending: int
+
+
+@dataclass(frozen=True)
+class GroupStatus:
+    queues: list[QueueStatus]
+    retries_pending: int
+    dlq_messages: int
+    orderly: bool
+    retry_max_times: int
+    retry_topic: str
+    dlq_topic: str
+
+
+@dataclass(slots=True)
+class _InFlight:
+    checkpoint: int
+    until_ms: int
+    attempt: int  # ordered groups; 0 for normal groups (the record's reconsume times say)
+
+
+@dataclass(slots=True)
+class _Redelivery:
+    """An ordered group's expired message, handed out again from `visible_ms`."""
+
+    checkpoint: int
+    attempt: int
+    visible_ms: int
+
+
+Key = tuple[str, str, int]  # (group, topic, queue id)
+
+
+@dataclass
+class _Queue:
+    key: Key
+    committed: int
+    pop_offset: int
+    inflight: dict[int, _InFlight] = field(default_factory=dict)
+    redeliver: dict[int, _Redelivery] = field(default_factory=dict)
+    _low: list[int] = field(default_factory=list)
+
+    def track(self, offset: int) -> None:
+        heapq.heappush(self._low, offset)
+
+    def low(self) -> int:
+        """The lowest unresolved offset (the committed offset to be)."""
+        heap = self._low
+        while heap and heap[0] not in self.inflight and heap[0] not in self.redeliver:
+            heapq.heappop(heap)
+        return heap[0] if heap else self.pop_offset
+
+    @property
+    def locked(self) -> bool:
+        return bool(self.inflight) or bool(self.redeliver)
+
+
+class PopService:
+    def __init__(
+        self,
+        store: MessageStore,
+        topics: TopicTable,
+        groups: GroupTable,
+        offsets: OffsetTable,
+        clock: Clock,
+        config: PopConfig,
+        create_topic: Callable[[TopicConfig], None],
+        timer_pending: Callable[[str], int] = lambda topic: 0,
+    ) -> None:
+        self.store = store
+        self.topics = topics
+        self.groups = groups
+        self.offsets = offsets
+        self.clock = clock
+        self.config = config
+        self.create_topic = create_topic  # persist + announce a retry or DLQ topic
+        self.timer_pending = timer_pending  # timed copies waiting, by target topic
+        self._queues: dict[Key, _Queue] = {}
+        self._refs: Counter[int] = Counter()  # checkpoint -> unresolved offsets it issued
+        self._expiry: list[tuple[int, Key, int, int]] = []  # (until, key, offset, checkpoint)
+        self._wake = asyncio.Event()
+        self._next_queue: dict[tuple[str, str], int] = {}
+        self.redeliveries = 0  # copies to a retry topic, and ordered re-deliveries
+        self.dead_letters = 0
+        self.loaded_records = 0
+
+    # ------------------------------------------------------------ pop
+
+    async def pop(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int | None,
+        max_nums: int,
+        invisible_ms: int,
+        max_wait_ms: int,
+        sub_expression: str = "",
+    ) -> list[Popped]:
+        config = self._readable(topic)
+        self._check_group_name(group, topic)
+        if queue_id is not None and queue_id != -1 and not 0 <= queue_id < config.read_queue_nums:
+            raise InvalidArgument(
+                "queue_id",
+                f"{queue_id} is out of range: topic {topic!r} has {config.read_queue_nums} "
+                f"readable queues (0..{config.read_queue_nums - 1}); -1 pops from any",
+            )
+        if not 1 <= max_nums <= MAX_POP_NUMS:
+            raise InvalidArgument("max_msg_nums", f"{max_nums} is outside 1..{MAX_POP_NUMS}")
+        _check_invisible(invisible_ms)
+        if max_wait_ms < 0:
+            raise InvalidArgument("max_wait_ms", f"{max_wait_ms} is negative")
+        tag_hashes = parse_sub_expression(sub_expression)
+        group_config = self._group(group)
+        orderly = group_config.consume_message_orderly or config.order
+        if queue_id is None or queue_id == -1:
+            count = config.read_queue_nums
+            start = self._next_queue.get((group, topic), 0) % max(count, 1)
+            self._next_queue[(group, topic)] = start + 1
+            queue_ids = [(start + i) % count for i in range(count)]
+        else:
+            queue_ids = [queue_id]
+        keys = [(topic, q) for q in queue_ids]
+        retry = retry_topic(group, topic)
+        if not orderly:
+            keys.insert(0, (retry, 0))
+        deadline = time.monotonic() + min(max_wait_ms, MAX_WAIT_MS) / 1000
+        while True:
+            taken = self._take(group, keys, max_nums, invisible_ms, tag_hashes, orderly)
+            if taken:
+                return await self._read(group, topic, taken)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            await self.store.long_polls.wait_any(keys, min(remaining, 1.0))
+
+    def _take(
+        self,
+        group: str,
+        keys: Sequence[tuple[str, int]],
+        max_nums: int,
+        invisible_ms: int,
+        tag_hashes: frozenset[int] | None,
+        orderly: bool,
+    ) -> list[tuple[Key, int, tuple[int, int, int], _InFlight]]:
+        """Reserve up to `max_nums` messages (synchronously: no other pop can
+        take them) and write one checkpoint per queue they came from."""
+        now = self.clock.wall_ms()
+        until = now + invisible_ms
+        confirm = self.store.confirm_offset
+        budget = self.store.config.max_pull_bytes
+        out: list[tuple[Key, int, tuple[int, int, int], _InFlight]] = []
+        for topic, queue_id in keys:
+            if len(out) >= max_nums or budget <= 0:
+                break
+            cq = self.store.queues.get(topic, queue_id)
+            if cq is None:
+                continue
+            state = self._queue(group, topic, queue_id)
+            if state.pop_offset < cq.min_offset:
+                self._skip_deleted(state, cq.min_offset)
+            want = max_nums - len(out)
+            picked: list[tuple[int, tuple[int, int, int], int]] = []  # offset, entry, attempt
+            scan_end = state.pop_offset
+            if orderly:
+                if state.inflight:
+                    continue  # locked: nothing after an in-flight message goes out
+                if state.redeliver:
+                    ready = sorted(state.redeliver)
+                    if state.redeliver[ready[0]].visible_ms > now:
+                        continue  # the head waits for its backoff; so does the queue
+                    for offset in ready[:want]:
+                        if cq.min_offset <= offset < cq.max_offset:
+                            picked.append(
+                                (offset, cq.entry(offset), state.redeliver[offset].attempt)
+                            )
+                    want = 0 if len(ready) > want else want - len(ready)
+            if want > 0:
+                scan_from = state.pop_offset
+                for i, entry in enumerate(cq.entries(scan_from, max(SCAN_ENTRIES, want))):
+                    commit_offset, size, code = entry
+                    if commit_offset + size > confirm:
+                        break  # a SYNC_MASTER hands out only what a slave has
+                    if picked and size > budget:
+                        break
+                    scan_end = scan_from + i + 1
+                    if tag_hashes is not None and code not in tag_hashes:
+                        continue  # filtered out: resolved for this group
+                    picked.append((scan_from + i, entry, 1 if orderly else 0))
+                    budget -= size
+                    want -= 1
+                    if want <= 0 or budget <= 0:
+                        break
+            if not picked:
+                if scan_end > state.pop_offset:
+                    state.pop_offset = scan_end
+                    self._advance(state)
+                continue
+            offsets = [offset for offset, _, _ in picked]
+            ck = Checkpoint(
+                group,
+                topic,
+                queue_id,
+                min(offsets),
+                max(scan_end, max(offsets) + 1),
+                tuple(offsets),
+                tuple(attempt for _, _, attempt in picked),
+                until,
+            )
+            try:
+                checkpoint = self._journal(ck)
+            except FerryError:
+                if out:
+                    break  # hand out what is already checkpointed
+                raise
+            state.pop_offset = max(state.pop_offset, scan_end)
+            for offset, entry, attempt in picked:
+                self._set_inflight(state, offset, _InFlight(checkpoint, until, attempt))
+                out.append((state.key, offset, entry, state.inflight[offset]))
+            self._advance(state)
+        if out:
+            self._wake.set()
+        return out
+
+    async def _read(
+        self, group: str, topic: str, taken: list[tuple[Key, int, tuple[int, int, int], _InFlight]]
+    ) -> list[Popped]:
+        stored = await self.store.read_entries([entry for _, _, entry, _ in taken])
+        out = []
+        broker = self.config.broker_name
+        for (key, offset, _, inflight), message in zip(taken, stored, strict=True):
+            if message is None:
+                continue  # deleted meanwhile: it expires and is resolved by the reviver
+            handle = ReceiptHandle(
+                broker, group, key[1], key[2], offset, inflight.checkpoint, inflight.until_ms
+            ).encode()
+            props = message.properties
+            attempt = inflight.attempt or message.reconsume_times + 1
+            out.append(
+                Popped(
+                    message,
+                    props.get(PROPERTY_RETRY_TOPIC, topic) if key[1] != topic else topic,
+                    props.get(PROPERTY_ORIGIN_MESSAGE_ID) or message.msg_id,
+                    handle,
+                    attempt,
+                    inflight.until_ms,
+                )
+            )
+        return out
+
+    # ------------------------------------------------------------ ack / change
+
+    async def ack(self, group: str, topic: str, handles: Sequence[str]) -> list[AckResult]:
+        check_name(group, "consumer_group")
+        check_topic(topic)
+        if not handles:
+            raise InvalidArgument("receipt_handles", "name at least one handle")
+        parsed = [self._parse(h, i) for i, h in enumerate(handles)]
+        results: list[AckResult] = []
+        resolved: dict[Key, list[tuple[int, int]]] = {}
+        for text, handle in zip(handles, parsed, strict=True):
+            verdict = self._foreign(handle, group, topic)
+            if verdict:
+                results.append(AckResult(text, "FOREIGN", verdict))
+                continue
+            key = (group, handle.topic, handle.queue_id)
+            state = self._queues.get(key)
+            inflight = state.inflight.get(handle.queue_offset) if state else None
+            if inflight is None or inflight.checkpoint != handle.checkpoint:
+                results.append(AckResult(text, "STALE", _stale_reason(state, handle)))
+                continue
+            if (handle.queue_offset, handle.checkpoint) in resolved.get(key, ()):
+                results.append(AckResult(text, "STALE", "named twice in this request"))
+                continue
+            resolved.setdefault(key, []).append((handle.queue_offset, handle.checkpoint))
+            results.append(AckResult(text, "OK"))
+        end = 0
+        for key, pairs in resolved.items():
+            end = self._journal(Acks(key[0], key[1], key[2], tuple(pairs)), end_only=True)
+            state = self._queues[key]
+            for offset, _ in pairs:
+                self._resolve(state, offset)
+            self._advance(state)
+            self.store.long_polls.notify([(key[1], key[2])])
+        if end:
+            await self.store.wait_durable(end)
+        return results
+
+    async def change_invisible_time(
+        self, group: str, topic: str, handle_text: str, invisible_ms: int
+    ) -> ChangeResult:
+        check_name(group, "consumer_group")
+        check_topic(topic)
+        _check_invisible(invisible_ms)
+        handle = self._parse(handle_text, None)
+        verdict = self._foreign(handle, group, topic)
+        if verdict:
+            return ChangeResult("", "FOREIGN", verdict)
+        key = (group, handle.topic, handle.queue_id)
+        state = self._queues.get(key)
+        inflight = state.inflight.get(handle.queue_offset) if state else None
+        if state is None or inflight is None or inflight.checkpoint != handle.checkpoint:
+            return ChangeResult("", "STALE", _stale_reason(state, handle))
+        until = self.clock.wall_ms() + invisible_ms
+        checkpoint = self._journal(
+            Change(
+                group,
+                handle.topic,
+                handle.queue_id,
+                handle.queue_offset,
+                handle.checkpoint,
+                until,
+                inflight.attempt,
+            )
+        )
+        self._set_inflight(
+            state, handle.queue_offset, _InFlight(checkpoint, until, inflight.attempt)
+        )
+        self._wake.set()
+        new = ReceiptHandle(
+            self.config.broker_name,
+            group,
+            handle.topic,
+            handle.queue_id,
+            handle.queue_offset,
+            checkpoint,
+            until,
+        )
+        return ChangeResult(new.encode(), "OK", "", until)
+
+    def _parse(self, text: str, index: int | None) -> ReceiptHandle:
+        try:
+            return decode_handle(text)
+        except PopFormatError as exc:
+            where = "receipt_handle" if index is None else f"receipt_handles[{index}]"
+            raise InvalidArgument(where, f"does not parse: {exc}") from None
+
+    def _foreign(self, handle: ReceiptHandle, group: str, topic: str) -> str:
+        if handle.broker_name != self.config.broker_name:
+            return (
+                f"issued by broker {handle.broker_name}, this is {self.config.broker_name}: "
+                "acknowledge on the broker the message came from"
+            )
+        if handle.group != group:
+            return f"issued to group {handle.group}, not {group}"
+        if handle.topic not in (topic, retry_topic(group, topic)):
+            return f"issued for topic {handle.topic}, not {topic}"
+        return ""
+
+    # ------------------------------------------------------------ status
+
+    def status(self, group: str, topic: str) -> GroupStatus:
+        config = self.topics.get(check_topic(topic))
+        if config is None:
+            raise NotFound(f"topic {topic!r} does not exist on broker {self.config.broker_name}")
+        check_name(group, "consumer_group")
+        group_config = self.groups.get(group) or SubscriptionGroupConfig(group)
+        queues = []
+        for queue_id in range(config.read_queue_nums):
+            state = self._queues.get((group, topic, queue_id))
+            max_offset = self.store.queue_max_offset(topic, queue_id)
+            if state is None:
+                committed = self.offsets.query(group, topic, queue_id)
+                committed = committed if committed is not None else -1
+                queues.append(QueueStatus(queue_id, committed, committed, max_offset, 0, 0))
+                continue
+            queues.append(
+                QueueStatus(
+                    queue_id,
+                    state.committed,
+                    state.pop_offset,
+                    max_offset,
+                    len(state.inflight),
+                    len(state.redeliver),
+                )
+            )
+        return GroupStatus(
+            queues,
+            self.retries_pending(group, topic),
+            self._dlq_size(group),
+            group_config.consume_message_orderly or config.order,
+            group_config.retry_max_times,
+            retry_topic(group, topic),
+            dlq_topic(group),
+        )
+
+    def retries_pending(self, group: str, topic: str) -> int:
+        """Retry copies waiting for their backoff or for a consumer."""
+        retry = retry_topic(group, topic)
+        waiting = self.timer_pending(retry)
+        state = self._queues.get((group, retry, 0))
+        backlog = self.store.queue_max_offset(retry, 0) - (state.committed if state else 0)
+        return waiting + max(0, backlog)
+
+    def _dlq_size(self, group: str) -> int:
+        topic = dlq_topic(group)
+        return self.store.queue_max_offset(topic, 0) - self.store.queue_min_offset(topic, 0)
+
+    def snapshot(self) -> dict[str, tuple[int, int, int]]:
+        """Per group: (in flight, retries pending, dead letters), for metrics."""
+        inflight: Counter[str] = Counter()
+        retries: Counter[str] = Counter()
+        topics: set[tuple[str, str]] = set()
+        for (group, topic, _), state in self._queues.items():
+            inflight[group] += len(state.inflight) + len(state.redeliver)
+            if not topic.startswith(RETRY_TOPIC_PREFIX):
+                topics.add((group, topic))
+        for group, topic in topics:
+            retries[group] += self.retries_pending(group, topic)
+        return {g: (inflight[g], retries[g], self._dlq_size(g)) for g in {g for g, _ in topics}}
+
+    # ------------------------------------------------------------ revive
+
+    async def run(self) -> None:
+        """Expire what was not acknowledged in time: redeliver or dead-letter it."""
+        while True:
+            try:
+                done = await self.revive_due()
+                if done:
+                    await asyncio.sleep(0)
+                    continue
+                wait = 1.0
+                if self._expiry:
+                    wait = min(wait, max((self._expiry[0][0] - self.clock.wall_ms()) / 1000, 0.005))
+                self._wake.clear()
+                try:
+                    async with asyncio.timeout(wait):
+                        await self._wake.wait()
+                except TimeoutError:
+                    pass
+            except asyncio.CancelledError:
+                raise
+            except StorageFault:
+                return  # fail-stop has it
+            except FerryError as exc:  # a full disk: retry
+                log.warning("pop: revive paused: %s; retrying in 1 s", exc)
+                await asyncio.sleep(1.0)
+            except Exception:
+                log.exception("pop: revive round failed; retrying in 1 s")
+                await asyncio.sleep(1.0)
+
+    async def revive_due(self) -> int:
+        """Handle every in-flight message past its deadline (up to a batch)."""
+        now = self.clock.wall_ms()
+        expired: dict[Key, list[tuple[int, _InFlight]]] = {}
+        heap = self._expiry
+        count = 0
+        while heap and heap[0][0] <= now and count < REVIVE_BATCH:
+            until, key, offset, checkpoint = heapq.heappop(heap)
+            state = self._queues.get(key)
+            if state is None:
+                continue
+            if offset < 0:  # an ordered queue's redelivery is due: wake its pops
+                self.store.long_polls.notify([(key[1], key[2])])
+                continue
+            inflight = state.inflight.get(offset)
+            if inflight is None or inflight.checkpoint != checkpoint or inflight.until_ms != until:
+                continue
+            expired.setdefault(key, []).append((offset, inflight))
+            count += 1
+        for key, items in expired.items():
+            try:
+                await self._expire(key, items)
+            except BaseException:
+                for offset, inflight in items:  # not handled: due again
+                    heapq.heappush(
+                        self._expiry, (inflight.until_ms, key, offset, inflight.checkpoint)
+                    )
+                raise
+        return count
+
+    async def _expire(self, key: Key, items: list[tuple[int, _InFlight]]) -> None:
+        group, topic, queue_id = key
+        group_config = self._group(group)
+        config = self.topics.get(topic)
+        orderly = not topic.startswith(RETRY_TOPIC_PREFIX) and (
+            group_config.consume_message_orderly or (config is not None and config.order)
+        )
+        state = self._queues[key]
+        now = self.clock.wall_ms()
+        if orderly:
+            dead = []
+            for offset, inflight in items:
+                if inflight.attempt > group_config.retry_max_times:
+                    dead.append((offset, inflight))
+                    continue
+                visible = inflight.until_ms + self._backoff_ms(inflight.attempt)
+                state.inflight.pop(offset)
+                state.redeliver[offset] = _Redelivery(
+                    inflight.checkpoint, inflight.attempt + 1, visible
+                )
+                self.redeliveries += 1
+                heapq.heappush(self._expiry, (visible, key, -1, -1))
+            if dead:
+                await self._dead_letter(key, dead, group_config, now)
+            self._advance(state)
+            self.store.long_polls.notify([(topic, queue_id)])
+            return
+        cq = self.store.queues.get(topic, queue_id)
+        entries = []
+        for offset, _ in items:
+            entries.append(cq.entry(offset) if cq is not None and offset >= cq.min_offset else None)
+        readable = [(item, entry) for item, entry in zip(items, entries, strict=True) if entry]
+        stored = await self.store.read_entries([entry for _, entry in readable])
+        retries: list[MessageIn] = []
+        dead_letters: list[MessageIn] = []
+        resolved: list[tuple[int, int]] = []
+        origin = topic
+        for ((offset, inflight), _), message in zip(readable, stored, strict=True):
+            current = state.inflight.get(offset)
+            if current is not inflight:
+                continue  # acknowledged or re-timed while reading
+            resolved.append((offset, inflight.checkpoint))
+            if message is None:
+                continue
+            origin = message.properties.get(PROPERTY_RETRY_TOPIC, topic)
+            reconsumed = message.reconsume_times
+            if reconsumed >= group_config.retry_max_times:
+                dead_letters.append(self._dlq_copy(message, origin, reconsumed + 1))
+            else:
+                retries.append(self._retry_copy(group, message, origin, reconsumed, now))
+        for (offset, inflight), entry in zip(items, entries, strict=True):
+            if entry is None and state.inflight.get(offset) is inflight:
+                resolved.append((offset, inflight.checkpoint))  # deleted by retention
+        if not resolved:
+            return
+        if retries:
+            self._ensure_topic(retry_topic(group, origin))
+            self.store.append_internal(TIMER_TOPIC, 0, retries)
+            self.redeliveries += len(retries)
+        if dead_letters:
+            self._ensure_topic(dlq_topic(group))
+            self.store.append_internal(dlq_topic(group), 0, dead_letters)
+            self.dead_letters += len(dead_letters)
+            log.warning(
+                "pop: %d messages of group %s went to %s after %d redeliveries",
+                len(dead_letters),
+                group,
+                dlq_topic(group),
+                group_config.retry_max_times,
+            )
+        self._journal(Acks(group, topic, queue_id, tuple(resolved), "revive"))
+        for offset, _ in resolved:
+            self._resolve(state, offset)
+        self._advance(state)
+
+    async def _dead_letter(
+        self,
+        key: Key,
+        items: list[tuple[int, _InFlight]],
+        group_config: SubscriptionGroupConfig,
+        now: int,
+    ) -> None:
+        group, topic, queue_id = key
+        state = self._queues[key]
+        cq = self.store.queues.get(topic, queue_id)
+        entries = [cq.entry(o) if cq and o >= cq.min_offset else None for o, _ in items]
+        present = [(item, e) for item, e in zip(items, entries, strict=True) if e]
+        stored = await self.store.read_entries([e for _, e in present])
+        copies = [
+            self._dlq_copy(message, topic, inflight.attempt)
+            for ((_, inflight), _), message in zip(present, stored, strict=True)
+            if message is not None
+        ]
+        if copies:
+            self._ensure_topic(dlq_topic(group))
+            self.store.append_internal(dlq_topic(group), 0, copies)
+            self.dead_letters += len(copies)
+            log.warning(
+                "pop: %d messages of ordered group %s went to %s after %d redeliveries",
+                len(copies),
+                group,
+                dlq_topic(group),
+                group_config.retry_max_times,
+            )
+        resolved = [(o, i.checkpoint) for o, i in items if state.inflight.get(o) is i]
+        self._journal(Acks(group, topic, queue_id, tuple(resolved), "dlq"))
+        for offset, _ in resolved:
+            self._resolve(state, offset)
+
+    def _retry_copy(
+        self, group: str, message: record.StoredMessage, origin: str, reconsumed: int, now: int
+    ) -> MessageIn:
+        properties = dict(message.properties)
+        properties.setdefault(PROPERTY_RETRY_TOPIC, origin)
+        properties.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, message.msg_id)
+        properties[PROPERTY_REAL_TOPIC] = retry_topic(group, origin)
+        properties[PROPERTY_REAL_QUEUE_ID] = "0"
+        properties[PROPERTY_TIMER_DELIVER_MS] = str(now + self._backoff_ms(reconsumed + 1))
+        return self._copy(message, properties, reconsumed + 1)
+
+    def _dlq_copy(self, message: record.StoredMessage, origin: str, attempts: int) -> MessageIn:
+        properties = dict(message.properties)
+        properties.pop(PROPERTY_RETRY_TOPIC, None)
+        origin_id = properties.pop(PROPERTY_ORIGIN_MESSAGE_ID, None) or message.msg_id
+        properties[PROPERTY_DLQ_ORIGIN_TOPIC] = origin
+        properties[PROPERTY_DLQ_ORIGIN_MESSAGE_ID] = origin_id
+        properties[PROPERTY_DLQ_DELIVERY_ATTEMPTS] = str(attempts)
+        return self._copy(message, properties, attempts)
+
+    def _copy(
+        self, message: record.StoredMessage, properties: dict[str, str], reconsume_times: int
+    ) -> MessageIn:
+        return MessageIn(
+            body=message.body,
+            properties=record.encode_properties(properties),
+            flag=message.flag,
+            born_timestamp=message.born_timestamp,
+            born_host=parse_host(message.born_host),
+            reconsume_times=reconsume_times,
+        )
+
+    def _backoff_ms(self, attempt: int) -> int:
+        """The wait after delivery `attempt` failed, before the next one."""
+        levels = self.config.backoff_s
+        return int(levels[min(max(attempt, 1), len(levels)) - 1] * 1000)
+
+    # ------------------------------------------------------------ durability
+
+    def _journal(self, item: Checkpoint | Acks | Change, end_only: bool = False) -> int:
+        """Append one revive record; returns its revive-queue offset (the
+        checkpoint id), or with `end_only` the commit offset just past it."""
+        result = self.store.append_internal(
+            self.config.revive_topic, 0, [MessageIn(encode_revive(item), b"")]
+        )
+        return result.end_offset if end_only else result.queue_offset
+
+    async def load(self) -> int:
+        """Replay the revive queue from the checkpoint (before serving)."""
+        start = self.offsets.query(REVIVE_GROUP, self.config.revive_topic, 0) or 0
+        cq = self.store.queues.get(self.config.revive_topic, 0)
+        if cq is None:
+            return 0
+        if start < cq.min_offset:
+            log.error(
+                "pop: revive records %d..%d were deleted by retention; messages in flight "
+                "then count as resolved",
+                start,
+                cq.min_offset,
+            )
+            start = cq.min_offset
+        offset = start
+        replayed = 0
+        while offset < cq.max_offset:
+            entries = cq.entries(offset, 4096)
+            if not entries:
+                break
+            for i, message in enumerate(await self.store.read_entries(entries)):
+                if message is None:
+                    continue
+                try:
+                    item = decode_revive(message.body)
+                except PopFormatError as exc:
+                    log.error("pop: revive record %d unreadable (%s); skipped", offset + i, exc)
+                    continue
+                self.apply(offset + i, item)
+                replayed += 1
+            offset += len(entries)
+        for state in self._queues.values():
+            self._advance(state)
+        self.loaded_records = replayed
+        inflight = sum(len(s.inflight) for s in self._queues.values())
+        log.info(
+            "pop: replayed %d revive records from %d: %d messages in flight in %d queues",
+            replayed,
+            start,
+            inflight,
+            len(self._queues),
+        )
+        return replayed
+
+    def apply(self, checkpoint_offset: int, item: Checkpoint | Acks | Change) -> None:
+        """One revive record, replayed."""
+        if isinstance(item, Checkpoint):
+            state = self._queue(item.group, item.topic, item.queue_id, base=item.start)
+            state.pop_offset = max(state.pop_offset, item.end)
+            for offset, attempt in zip(item.offsets, item.attempts, strict=True):
+                if offset >= state.committed:
+                    state.redeliver.pop(offset, None)
+                    self._set_inflight(
+                        state,
+                        offset,
+                        _InFlight(checkpoint_offset, item.invisible_until_ms, attempt),
+                    )
+        elif isinstance(item, Acks):
+            state = self._queues.get((item.group, item.topic, item.queue_id))
+            if state is None:
+                return
+            for offset, checkpoint in item.resolved:
+                inflight = state.inflight.get(offset)
+                if inflight is not None and inflight.checkpoint == checkpoint:
+                    self._resolve(state, offset)
+        else:
+            state = self._queues.get((item.group, item.topic, item.queue_id))
+            inflight = state.inflight.get(item.queue_offset) if state else None
+            if (
+                state is not None
+                and inflight is not None
+                and inflight.checkpoint == item.old_checkpoint
+            ):
+                self._set_inflight(
+                    state,
+                    item.queue_offset,
+                    _InFlight(checkpoint_offset, item.invisible_until_ms, item.attempt),
+                )
+
+    def checkpoint(self) -> int:
+        """Record where a restart replays from: the oldest checkpoint with an
+        unresolved message (stored with the committed offsets it matches)."""
+        live = [ck for ck, n in self._refs.items() if n > 0]
+        cq = self.store.queues.get(self.config.revive_topic, 0)
+        start = min(live) if live else (cq.max_offset if cq else 0)
+        if self.offsets.query(REVIVE_GROUP, self.config.revive_topic, 0) != start:
+            self.offsets.commit(REVIVE_GROUP, self.config.revive_topic, 0, start)
+        return start
+
+    def inflight_state(self) -> dict[Key, dict[int, tuple[int, int]]]:
+        """(checkpoint, attempt) of every unresolved offset, per queue: what a
+        replay of the same revive records on a slave must reproduce."""
+        out = {}
+        for key, state in self._queues.items():
+            items = {o: (i.checkpoint, i.attempt) for o, i in state.inflight.items()}
+            items.update({o: (r.checkpoint, r.attempt - 1) for o, r in state.redeliver.items()})
+            if items:
+                out[key] = items
+        return out
+
+    # ------------------------------------------------------------ internals
+
+    def _queue(self, group: str, topic: str, queue_id: int, base: int | None = None) -> _Queue:
+        key = (group, topic, queue_id)
+        state = self._queues.get(key)
+        if state is None:
+            committed = self.offsets.query(group, topic, queue_id)
+            if committed is None:
+                if base is not None:
+                    committed = base
+                else:
+                    group_config = self.groups.get(group)
+                    from_min = group_config.consume_from_min_enable if group_config else True
+                    committed = (
+                        self.store.queue_min_offset(topic, queue_id)
+                        if from_min
+                        else self.store.queue_max_offset(topic, queue_id)
+                    )
+                self.offsets.commit(group, topic, queue_id, committed)
+            state = self._queues[key] = _Queue(key, committed, committed)
+        return state
+
+    def _set_inflight(self, state: _Queue, offset: int, inflight: _InFlight) -> None:
+        old = state.inflight.get(offset)
+        if old is not None:
+            self._unref(old.checkpoint)
+        redelivery = state.redeliver.pop(offset, None)
+        if redelivery is not None:
+            self._unref(redelivery.checkpoint)
+        state.inflight[offset] = inflight
+        self._refs[inflight.checkpoint] += 1
+        state.track(offset)
+        heapq.heappush(self._expiry, (inflight.until_ms, state.key, offset, inflight.checkpoint))
+
+    def _resolve(self, state: _Queue, offset: int) -> None:
+        inflight = state.inflight.pop(offset, None)
+        if inflight is not None:
+            self._unref(inflight.checkpoint)
+        redelivery = state.redeliver.pop(offset, None)
+        if redelivery is not None:
+            self._unref(redelivery.checkpoint)
+
+    def _unref(self, checkpoint: int) -> None:
+        self._refs[checkpoint] -= 1
+        if self._refs[checkpoint] <= 0:
+            del self._refs[checkpoint]
+
+    def _advance(self, state: _Queue) -> None:
+        low = state.low()
+        if low > state.committed:
+            state.committed = low
+            group, topic, queue_id = state.key
+            self.offsets.commit(group, topic, queue_id, low)
+
+    def _skip_deleted(self, state: _Queue, new_min: int) -> None:
+        log.warning(
+            "pop: group %s skips %d messages of %s/%d that retention deleted before they "
+            "were consumed",
+            state.key[0],
+            new_min - state.pop_offset,
+            state.key[1],
+            state.key[2],
+        )
+        for offset in [o for o in state.inflight if o < new_min]:
+            self._resolve(state, offset)
+        for offset in [o for o in state.redeliver if o < new_min]:
+            self._resolve(state, offset)
+        state.pop_offset = new_min
+        self._advance(state)
+
+    def _readable(self, topic: str) -> TopicConfig:
+        check_topic(topic)
+        config = self.topics.get(topic)
+        if config is None:
+            raise NotFound(
+                f"topic {topic!r} does not exist on broker {self.config.broker_name}; "
+                f"create it with `ferry topic create {topic} -b BROKER`"
+            )
+        if not config.perm & PERM_READ:
+            raise PermissionDenied(f"topic {topic!r} is not readable (perm={config.perm})")
+        return config
+
+    def _check_group_name(self, group: str, topic: str) -> None:
+        check_name(group, "consumer_group")
+        for name in (retry_topic(group, topic), dlq_topic(group)):
+            if len(name.encode()) > TOPIC_MAX_LENGTH or not TOPIC_PATTERN.fullmatch(name):
+                raise InvalidArgument(
+                    "consumer_group",
+                    f"{group!r} cannot name its retry/dead-letter topic {name[:60]!r}: pop "
+                    f"groups use [%|a-zA-Z0-9_-] only, and {name[:20]}... must fit in "
+                    f"{TOPIC_MAX_LENGTH} bytes",
+                )
+
+    def _group(self, group: str) -> SubscriptionGroupConfig:
+        config = self.groups.get(group)
+        if config is not None:
+            return config
+        if not self.config.auto_create_group:
+            raise NotFound(
+                f"consumer group {group!r} does not exist on broker {self.config.broker_name} "
+                "and autoCreateSubscriptionGroup is off; create it with "
+                "BrokerAdmin/UpdateAndCreateSubscriptionGroup"
+            )
+        config = SubscriptionGroupConfig(group)
+        self.groups.put(config)
+        log.info("pop: consumer group %s created on first use", group)
+        return config
+
+    def _ensure_topic(self, topic: str) -> None:
+        if self.topics.get(topic) is None:
+            self.create_topic(TopicConfig(topic, read_queue_nums=1, write_queue_nums=1, perm=6))
+
+    def queue_keys(self) -> Iterable[Key]:
+        return self._queues.keys()
+
+
+def _check_invisible(invisible_ms: int) -> None:
+    if not MIN_INVISIBLE_MS <= invisible_ms <= MAX_INVISIBLE_MS:
+        raise InvalidArgument(
+            "invisible_ms",
+            f"{invisible_ms} is outside {MIN_INVISIBLE_MS}..{MAX_INVISIBLE_MS} (1 s .. 12 h)",
+        )
+
+
+def _stale_reason(state: _Queue | None, handle: ReceiptHandle) -> str:
+    if state is not None and handle.queue_offset < state.committed:
+        return "already resolved: acknowledged, or redelivered after its invisibility ended"
+    if state is not None and handle.queue_offset in state.redeliver:
+        return "its invisibility ended; it will be delivered again with a new handle"
+    return (
+        "not in flight under this handle: acknowledged, redelivered, or replaced by "
+        "ChangeInvisibleTime"
+    )
+
+
+def message_group_queue(message_group: str, queue_count: int) -> int:
+    """The queue a message group's messages share: a stable hash (CRC32)."""
+    return zlib.crc32(message_group.encode()) % queue_count
