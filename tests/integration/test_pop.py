@@ -1,0 +1,432 @@
+"""Pop consumption against a real in-process broker over gRPC: groups that
+share work, acknowledgements, redelivery with backoff, dead letters,
+ChangeInvisibleTime, ordered groups, timed delivery and bad input."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import grpc
+import pytest
+
+from ferry.v1 import broker_admin_pb2, broker_pb2, common_pb2
+from tests.conftest import start_broker, wait_for
+from tests.integration import support
+
+BACKOFF = "1s 1s 2s"  # messageDelayLevel: the retry backoff by attempt
+
+
+@pytest.fixture
+def broker(loop_thread, tmp_path):
+    b = start_broker(
+        loop_thread,
+        tmp_path / "store",
+        brokerName="broker-p",
+        messageDelayLevel=BACKOFF,
+        mappedFileSizeCommitLog=8 << 20,
+    )
+    yield b
+    b.stop()
+
+
+def pop(b, group, topic, n=32, invisible_ms=30_000, wait_ms=0, **kw):
+    return b.broker.PopMessage(
+        broker_pb2.PopMessageRequest(
+            consumer_group=group,
+            topic=topic,
+            max_msg_nums=n,
+            invisible_ms=invisible_ms,
+            max_wait_ms=wait_ms,
+            **kw,
+        ),
+        timeout=30,
+    )
+
+
+def ack(b, group, topic, handles):
+    return b.broker.AckMessage(
+        broker_pb2.AckMessageRequest(consumer_group=group, topic=topic, receipt_handles=handles),
+        timeout=30,
+    )
+
+
+def set_group(b, group, **fields):
+    b.admin.UpdateAndCreateSubscriptionGroup(
+        broker_admin_pb2.UpdateAndCreateSubscriptionGroupRequest(
+            config=common_pb2.SubscriptionGroupConfig(group_name=group, **fields)
+        ),
+        timeout=10,
+    )
+
+
+def send_many(b, topic, bodies, batch=500, **entry_fields):
+    for i in range(0, len(bodies), batch):
+        r = b.broker.SendMessages(
+            broker_pb2.SendMessagesRequest(
+                topic=topic,
+                messages=[
+                    broker_pb2.SendEntry(body=body, **entry_fields)
+                    for body in bodies[i : i + batch]
+                ],
+            ),
+            timeout=30,
+        )
+        assert r.status == broker_pb2.SEND_OK
+
+
+def test_three_consumers_share_30000_messages_each_delivered_once(broker):
+    support.create_topic(broker.channel, "Work", 8)
+    bodies = [b"w%05d" % i for i in range(30_000)]
+    send_many(broker, "Work", bodies)  # batches go to the queues in turn
+    received: list[list[bytes]] = [[] for _ in range(3)]
+    attempts: set[int] = set()
+    errors: list[str] = []
+
+    def consume(index: int) -> None:
+        empty = 0
+        while empty < 3:  # three long polls in a row find nothing: all taken
+            try:
+                r = pop(broker, "billing", "Work", 32, wait_ms=300)
+                if not r.messages:
+                    empty += 1
+                    continue
+                empty = 0
+                received[index].extend(m.body for m in r.messages)
+                attempts.update(m.delivery_attempt for m in r.messages)
+                results = ack(broker, "billing", "Work", [m.receipt_handle for m in r.messages])
+                if any(x.status != broker_pb2.OK for x in results.results):
+                    errors.append(f"ack refused: {results.results[0]}")
+            except grpc.RpcError as exc:
+                errors.append(f"{exc.code().name}: {exc.details()}")
+                return
+
+    threads = [threading.Thread(target=consume, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors, errors[:3]
+    union = [body for part in received for body in part]
+    assert len(union) == len(set(union)) == 30_000, "each message exactly once"
+    assert set(union) == set(bodies)
+    assert all(part for part in received), "every consumer took a share"
+    assert attempts == {1}
+    status = broker.broker.GetGroupStatus(
+        broker_pb2.GetGroupStatusRequest(consumer_group="billing", topic="Work")
+    )
+    assert [q.committed_offset for q in status.queues] == [q.max_offset for q in status.queues]
+    assert sum(q.in_flight for q in status.queues) == 0
+    # The committed offset is the group's consumer offset, as a pull consumer sees it.
+    offset = broker.broker.QueryConsumerOffset(
+        broker_pb2.QueryConsumerOffsetRequest(consumer_group="billing", topic="Work", queue_id=0)
+    )
+    assert offset.offset == status.queues[0].max_offset > 0
+
+
+def test_unacknowledged_is_redelivered_with_backoff_then_dead_lettered(broker):
+    support.create_topic(broker.channel, "Jobs", 2)
+    set_group(broker, "flaky", retry_max_times=2)
+    sent = broker.broker.SendMessage(
+        broker_pb2.SendMessageRequest(
+            topic="Jobs", queue_id=1, body=b"poison", tags="t", properties={"k": "v"}
+        )
+    )
+    first = pop(broker, "flaky", "Jobs", invisible_ms=1000)
+    popped_at = time.time()
+    assert [(m.body, m.delivery_attempt) for m in first.messages] == [(b"poison", 1)]
+    assert first.messages[0].msg_id == sent.msg_id
+    # Invisible to the whole group meanwhile.
+    assert not pop(broker, "flaky", "Jobs").messages
+
+    seen = [first.messages[0]]
+    deadline = time.monotonic() + 60
+    while len(seen) < 3 and time.monotonic() < deadline:
+        r = pop(broker, "flaky", "Jobs", invisible_ms=1000, wait_ms=1000)
+        if r.messages:
+            seen.append(r.messages[0])
+            seen_at = time.time()
+            attempt = r.messages[0].delivery_attempt
+            # Never before invisibility + backoff of the previous attempt (1 s each).
+            assert seen_at - popped_at >= 1.0 + 1.0 - 0.05
+            popped_at = seen_at
+            assert attempt == len(seen)
+    assert [(m.body, m.delivery_attempt, m.topic) for m in seen] == [
+        (b"poison", 1, "Jobs"),
+        (b"poison", 2, "Jobs"),
+        (b"poison", 3, "Jobs"),
+    ]
+    assert {m.msg_id for m in seen} == {sent.msg_id}, "one message id across deliveries"
+    assert seen[1].properties["k"] == "v" and seen[1].tags == "t"
+
+    # The third delivery is not acknowledged either: retry_max_times=2 is spent.
+    def in_dlq():
+        r = broker.broker.PullMessage(
+            broker_pb2.PullMessageRequest(
+                consumer_group="inspect", topic="%DLQ%flaky", queue_id=0, queue_offset=0
+            )
+        )
+        return list(r.messages) if r.status == broker_pb2.FOUND else None
+
+    dead = wait_for(lambda: _quiet(in_dlq), 30, "the message in %DLQ%flaky")
+    assert len(dead) == 1
+    d = dead[0]
+    assert d.body == b"poison" and d.tags == "t"
+    assert d.properties["DLQ_ORIGIN_TOPIC"] == "Jobs"
+    assert d.properties["DLQ_ORIGIN_MESSAGE_ID"] == sent.msg_id
+    assert d.properties["DLQ_DELIVERY_ATTEMPTS"] == "3"
+    assert d.reconsume_times == 3
+    # ... and nowhere else: the group gets nothing more.
+    assert not pop(broker, "flaky", "Jobs", wait_ms=2500).messages
+    status = broker.broker.GetGroupStatus(
+        broker_pb2.GetGroupStatusRequest(consumer_group="flaky", topic="Jobs")
+    )
+    assert (status.dlq_messages, status.retries_pending, status.retry_max_times) == (1, 0, 2)
+    assert sum(q.in_flight for q in status.queues) == 0
+    assert status.queues[1].committed_offset == 1
+
+
+def _quiet(fn):
+    try:
+        return fn()
+    except grpc.RpcError:
+        return None
+
+
+def test_change_invisible_time_extends_shortens_and_spends_the_old_handle(broker):
+    support.create_topic(broker.channel, "Inv", 1)
+    broker.broker.SendMessage(broker_pb2.SendMessageRequest(topic="Inv", body=b"a"))
+    broker.broker.SendMessage(broker_pb2.SendMessageRequest(topic="Inv", body=b"b"))
+    a, b_ = pop(broker, "g", "Inv", invisible_ms=1000).messages
+
+    def change(handle, ms):
+        return broker.broker.ChangeInvisibleTime(
+            broker_pb2.ChangeInvisibleTimeRequest(
+                consumer_group="g", topic="Inv", receipt_handle=handle, invisible_ms=ms
+            )
+        )
+
+    # Extend a to 10 minutes; shorten... b stays at 1 s.
+    extended = change(a.receipt_handle, 600_000)
+    assert extended.status == broker_pb2.OK and extended.receipt_handle != a.receipt_handle
+    assert extended.invisible_until_ms > a.invisible_until_ms + 500_000
+    # The old handle is spent, for acks and for changes.
+    stale = ack(broker, "g", "Inv", [a.receipt_handle]).results[0]
+    assert stale.status == broker_pb2.STALE and stale.reason
+    assert change(a.receipt_handle, 5000).status == broker_pb2.STALE
+    # b comes back after 1 s + backoff; a does not (extended).
+    again = wait_for(
+        lambda: pop(broker, "g", "Inv", invisible_ms=600_000, wait_ms=500).messages,
+        30,
+        "b redelivered",
+    )
+    assert [(m.body, m.delivery_attempt) for m in again] == [(b"b", 2)]
+    # Shorten: from 10 minutes to 1 s, and a is delivered again soon.
+    shortened = change(extended.receipt_handle, 1000)
+    assert shortened.status == broker_pb2.OK
+    back = wait_for(
+        lambda: pop(broker, "g", "Inv", invisible_ms=60_000, wait_ms=500).messages,
+        30,
+        "a redelivered after shortening",
+    )
+    assert [(m.body, m.delivery_attempt) for m in back] == [(b"a", 2)]
+    assert ack(broker, "g", "Inv", [shortened.receipt_handle]).results[0].status == (
+        broker_pb2.STALE
+    )
+    results = ack(broker, "g", "Inv", [back[0].receipt_handle, again[0].receipt_handle]).results
+    assert [r.status for r in results] == [broker_pb2.OK, broker_pb2.OK]
+
+
+def test_foreign_and_garbled_handles(broker):
+    support.create_topic(broker.channel, "F", 1)
+    support.create_topic(broker.channel, "G", 1)
+    broker.broker.SendMessage(broker_pb2.SendMessageRequest(topic="F", body=b"x"))
+    (m,) = pop(broker, "g1", "F").messages
+    results = ack(broker, "g2", "F", [m.receipt_handle]).results
+    assert results[0].status == broker_pb2.FOREIGN and "g1" in results[0].reason
+    assert ack(broker, "g1", "G", [m.receipt_handle]).results[0].status == broker_pb2.FOREIGN
+    other_broker = m.receipt_handle.replace("broker-p", "broker-z")
+    assert ack(broker, "g1", "F", [other_broker]).results[0].status == broker_pb2.FOREIGN
+    with pytest.raises(grpc.RpcError) as err:
+        ack(broker, "g1", "F", [m.receipt_handle, "garbage"])
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "receipt_handles[1]" in err.value.details()
+    # Nothing changed: the good handle still acknowledges.
+    assert ack(broker, "g1", "F", [m.receipt_handle]).results[0].status == broker_pb2.OK
+
+
+@pytest.mark.parametrize(
+    ("fields", "names"),
+    [
+        ({"max_msg_nums": 0}, "max_msg_nums"),
+        ({"max_msg_nums": 33}, "max_msg_nums"),
+        ({"invisible_ms": 999}, "invisible_ms"),
+        ({"invisible_ms": 12 * 3600 * 1000 + 1}, "invisible_ms"),
+        ({"topic": "bad topic"}, "topic"),
+        ({"consumer_group": ""}, "consumer_group"),
+        ({"consumer_group": "a.b"}, "consumer_group"),
+        ({"queue_id": 5}, "queue_id"),
+    ],
+)
+def test_pop_bad_input_names_the_field_and_changes_nothing(broker, fields, names):
+    support.create_topic(broker.channel, "B", 2)
+    request = dict(consumer_group="g", topic="B", max_msg_nums=1, invisible_ms=1000, max_wait_ms=0)
+    request.update(fields)
+    with pytest.raises(grpc.RpcError) as err:
+        broker.broker.PopMessage(broker_pb2.PopMessageRequest(**request))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert names in err.value.details()
+
+
+def test_pop_unknown_topic_is_not_found(broker):
+    with pytest.raises(grpc.RpcError) as err:
+        pop(broker, "g", "Nope")
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_long_poll_returns_when_a_message_arrives(broker):
+    support.create_topic(broker.channel, "LP", 2)
+    result: list = []
+    t = threading.Thread(target=lambda: result.append(pop(broker, "g", "LP", wait_ms=20_000)))
+    t.start()
+    wait_for(lambda: broker.broker.SendMessage(
+        broker_pb2.SendMessageRequest(topic="LP", body=b"late")
+    ) and True, 10, "a send")  # fmt: skip
+    t.join(30)
+    assert [m.body for m in result[0].messages] == [b"late"]
+
+
+def test_tag_filter_resolves_the_rest(broker):
+    support.create_topic(broker.channel, "Tags", 1)
+    for i in range(6):
+        broker.broker.SendMessage(
+            broker_pb2.SendMessageRequest(topic="Tags", body=b"%d" % i, tags="a" if i % 2 else "b")
+        )
+    got = pop(broker, "g", "Tags", sub_expression="a").messages
+    assert [m.body for m in got] == [b"1", b"3", b"5"]
+    ack(broker, "g", "Tags", [m.receipt_handle for m in got])
+    status = broker.broker.GetGroupStatus(
+        broker_pb2.GetGroupStatusRequest(consumer_group="g", topic="Tags")
+    )
+    assert status.queues[0].committed_offset == 6
+
+
+# ---------------------------------------------------------------- ordered groups
+
+
+def test_ordered_group_processes_each_message_group_in_send_order(loop_thread, tmp_path):
+    b = start_broker(
+        loop_thread,
+        tmp_path / "store",
+        brokerName="broker-o",
+        messageDelayLevel="100ms 200ms",
+        mappedFileSizeCommitLog=8 << 20,
+    )
+    try:
+        support.create_topic(b.channel, "Fifo", 8)
+        set_group(b, "ordered", consume_message_orderly=True, retry_max_times=16)
+        groups = [f"order-{g}" for g in range(100)]
+        sent: dict[str, list[int]] = {g: [] for g in groups}
+        for seq in range(5):  # interleaved: every group's first, then every second...
+            for g in groups:
+                r = b.broker.SendMessage(
+                    broker_pb2.SendMessageRequest(
+                        topic="Fifo",
+                        body=f"{g}:{seq}".encode(),
+                        properties={"__SHARDINGKEY": g},
+                    )
+                )
+                assert r.status == broker_pb2.SEND_OK
+                sent[g].append(seq)
+        processed: dict[str, list[int]] = {g: [] for g in groups}
+        lock = threading.Lock()
+        failures = [0]
+        errors: list[str] = []
+        rng = random.Random(7)
+
+        total = sum(len(v) for v in sent.values())
+        deadline = time.monotonic() + 240
+
+        def consume() -> None:
+            while time.monotonic() < deadline:
+                with lock:
+                    if sum(len(v) for v in processed.values()) >= total:
+                        return
+                try:
+                    r = pop(b, "ordered", "Fifo", 8, invisible_ms=2000, wait_ms=500)
+                except grpc.RpcError as exc:
+                    errors.append(f"{exc.code().name}: {exc.details()}")
+                    return
+                if not r.messages:
+                    continue
+                done, failed_queues = [], set()
+                for m in r.messages:
+                    if m.queue_id in failed_queues:
+                        continue  # after a failure, the rest of its queue waits
+                    with lock:
+                        fail = rng.random() < 0.05
+                    if fail:
+                        failed_queues.add(m.queue_id)
+                        failures[0] += 1
+                        continue
+                    done.append(m)
+                if not done:
+                    continue
+                results = ack(b, "ordered", "Fifo", [m.receipt_handle for m in done]).results
+                with lock:
+                    for m, res in zip(done, results, strict=True):
+                        if res.status == broker_pb2.OK:
+                            g, seq = m.body.decode().split(":")
+                            processed[g].append(int(seq))
+
+        threads = [threading.Thread(target=consume) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        assert not errors, errors[:3]
+        assert failures[0] > 0, "the test must exercise failures"
+        out_of_order = {g: processed[g] for g in groups if processed[g] != sent[g]}
+        assert not out_of_order, f"{len(out_of_order)} groups out of order or incomplete"
+    finally:
+        b.stop()
+
+
+def test_message_group_shares_one_queue(broker):
+    support.create_topic(broker.channel, "MG", 8)
+    queues = {
+        broker.broker.SendMessage(
+            broker_pb2.SendMessageRequest(
+                topic="MG", body=b"x", properties={"__SHARDINGKEY": "customer-42"}
+            )
+        ).queue_id
+        for _ in range(20)
+    }
+    assert len(queues) == 1
+
+
+# ---------------------------------------------------------------- timers
+
+
+def test_timed_message_is_never_early_and_the_limit_is_enforced(broker):
+    support.create_topic(broker.channel, "Later", 1)
+    deliver = int(time.time() * 1000) + 1500
+    r = broker.broker.SendMessage(
+        broker_pb2.SendMessageRequest(
+            topic="Later", body=b"t", properties={"TIMER_DELIVER_MS": str(deliver)}
+        )
+    )
+    assert r.status == broker_pb2.SEND_OK
+    got = wait_for(lambda: pop(broker, "g", "Later", wait_ms=500).messages, 30, "the timed message")
+    assert got[0].body == b"t" and got[0].store_timestamp >= deliver
+    assert int(got[0].properties.get("TIMER_DELIVER_MS", "0") or 0) in (0, deliver)
+    too_far = int(time.time() * 1000) + 3 * 86400 * 1000 + 60_000
+    with pytest.raises(grpc.RpcError) as err:
+        broker.broker.SendMessage(
+            broker_pb2.SendMessageRequest(
+                topic="Later", body=b"t", properties={"TIMER_DELIVER_MS": str(too_far)}
+            )
+        )
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "timerMaxDelaySec=259200" in err.value.details()
