@@ -430,3 +430,39 @@ def test_timed_message_is_never_early_and_the_limit_is_enforced(broker):
         )
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "timerMaxDelaySec=259200" in err.value.details()
+
+
+def test_order_topic_config_on_the_name_server_makes_an_ordered_topic(
+    loop_thread, tmp_path, namesrv
+):
+    from ferry.v1 import namesrv_pb2, namesrv_pb2_grpc
+
+    namesrv_pb2_grpc.NameServerStub(namesrv.channel).PutKVConfig(
+        namesrv_pb2.PutKVConfigRequest(
+            namespace="ORDER_TOPIC_CONFIG", key="Ledger", value="broker-o:4"
+        ),
+        timeout=10,
+    )
+    b = start_broker(loop_thread, tmp_path / "store", namesrv.addr, brokerName="broker-o")
+    try:
+        support.create_topic(b.channel, "Ledger", 4)  # registered at once: the answer says ordered
+
+        def orderly():
+            return b.broker.GetGroupStatus(
+                broker_pb2.GetGroupStatusRequest(consumer_group="any", topic="Ledger")
+            ).orderly
+
+        wait_for(orderly, 20, "Ledger to become an ordered topic")
+        for body in (b"1", b"2"):
+            b.broker.SendMessage(
+                broker_pb2.SendMessageRequest(topic="Ledger", queue_id=0, body=body)
+            )
+        first = pop(b, "any", "Ledger", invisible_ms=60_000, queue_id=0).messages
+        assert [m.body for m in first] == [b"1", b"2"]
+        # In flight: the queue hands out nothing else until they are resolved.
+        b.broker.SendMessage(broker_pb2.SendMessageRequest(topic="Ledger", queue_id=0, body=b"3"))
+        assert not pop(b, "any", "Ledger", queue_id=0).messages
+        ack(b, "any", "Ledger", [m.receipt_handle for m in first])
+        assert [m.body for m in pop(b, "any", "Ledger", queue_id=0).messages] == [b"3"]
+    finally:
+        b.stop()

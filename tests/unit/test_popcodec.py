@@ -1,0 +1,115 @@
+"""The pop formats: receipt handles and revive/timer-done records round-trip,
+and anything else only ever raises PopFormatError."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.broker.popcodec import (
+    Acks,
+    Change,
+    Checkpoint,
+    PopFormatError,
+    ReceiptHandle,
+    decode_handle,
+    decode_revive,
+    decode_timer_done,
+    encode_revive,
+    encode_timer_done,
+)
+
+names = st.text(alphabet="abcXYZ019_-%|", min_size=1, max_size=30)
+offsets = st.integers(0, 2**62)
+
+
+@given(names, names, names, st.integers(0, 65535), offsets, offsets, offsets)
+def test_handle_round_trip(broker, group, topic, queue_id, offset, checkpoint, until):
+    handle = ReceiptHandle(broker, group, topic, queue_id, offset, checkpoint, until)
+    assert decode_handle(handle.encode()) == handle
+
+
+@given(st.text(max_size=200))
+def test_random_text_is_a_handle_or_a_format_error(text):
+    with contextlib.suppress(PopFormatError):
+        decode_handle(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "1 a b c 0 0 0",
+        "2 a b c 0 0 0 0",
+        "1 a b c x 0 0 0",
+        "1 a b c -1 0 0 0",
+        "1  b c 0 0 0 0",
+    ],
+)
+def test_bad_handles(text):
+    with pytest.raises(PopFormatError):
+        decode_handle(text)
+
+
+@st.composite
+def checkpoints(draw):
+    start = draw(st.integers(0, 10**9))
+    picked = sorted(draw(st.sets(st.integers(0, 50), max_size=10)))
+    return Checkpoint(
+        draw(names), draw(names), draw(st.integers(0, 100)), start, start + 51,
+        tuple(start + p for p in picked), tuple(draw(st.integers(0, 20)) for _ in picked),
+        draw(offsets),
+    )  # fmt: skip
+
+
+records = st.one_of(
+    checkpoints(),
+    st.builds(
+        Acks,
+        names,
+        names,
+        st.integers(0, 100),
+        st.lists(st.tuples(offsets, offsets), max_size=5).map(tuple),
+        st.sampled_from(["ack", "revive", "dlq"]),
+    ),  # fmt: skip
+    st.builds(Change, names, names, st.integers(0, 100), offsets, offsets, offsets, offsets),
+)
+
+
+@given(records)
+def test_revive_record_round_trip(item):
+    assert decode_revive(encode_revive(item)) == item
+
+
+@given(st.binary(max_size=300))
+def test_random_bytes_are_a_record_or_a_format_error(data):
+    with contextlib.suppress(PopFormatError):
+        decode_revive(data)
+    with contextlib.suppress(PopFormatError):
+        decode_timer_done(data)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"k":"ck","g":"g","t":"t","q":0,"s":5,"e":6,"o":[9],"a":[1],"d":1}',  # outside range
+        b'{"k":"ck","g":"g","t":"t","q":0,"s":5,"e":6,"o":[5],"a":[],"d":1}',  # lengths differ
+        b'{"k":"ack","g":"g","t":"t","q":0,"m":[[1]]}',
+        b'{"k":"chg","g":"g","t":"t","q":-1,"o":1,"r":1,"d":1,"a":1}',
+        b'{"k":"zz","g":"g","t":"t","q":0}',
+        b"[1,2]",
+        b'{"k":"ck","g":"","t":"t","q":0}',
+        b'{"k":"ack","g":"g","t":"t","q":0,"m":[[1,true]]}',
+    ],
+)
+def test_bad_revive_records(body):
+    with pytest.raises(PopFormatError):
+        decode_revive(body)
+
+
+@given(st.lists(st.integers(0, 2**62), max_size=50))
+def test_timer_done_round_trip(listed):
+    assert decode_timer_done(encode_timer_done(listed)) == tuple(listed)
