@@ -300,8 +300,12 @@ class BrokerApp:
             lambda: self.permission[0],
             cfg,
             ha=lambda: (self.ha_master, self.ha_slave),
+            pop=self.pop,
+            timer=self.timer,
         )
         messaging.on_sent = metrics.observe_send
+        if self.timer is not None:
+            self.timer.on_delivered = metrics.observe_timer_delivery
         if cfg.metrics_port >= 0:
             self._metrics_endpoint = start_metrics_endpoint(
                 cfg.bind_host, cfg.metrics_port, self.registry, loop=asyncio.get_running_loop()

@@ -26,12 +26,24 @@ HA gauges, to tell brokers apart when one Prometheus scrapes them all):
   `ferry_ha_sync_wait_seconds` (histogram), `ferry_ha_sync_results_total{status}`;
 - HA slave: `ferry_ha_slave_max_offset_bytes`, `ferry_ha_master_offset_bytes`
   (last seen), `ferry_ha_last_read_timestamp_seconds`, `ferry_ha_slave_connected`;
+- pop consumption (masters), per consumer `group`: `ferry_pop_inflight_messages`
+  (handed out, not yet acknowledged or redelivered), `ferry_pop_retries_pending_messages`
+  (waiting in the group's retry topics or for their backoff),
+  `ferry_pop_dlq_messages` (in `%DLQ%<group>`); and `ferry_pop_redeliveries_total`,
+  `ferry_pop_dead_letters_total`;
+- timed delivery (masters; TIMER_DELIVER_MS messages and pop's retry copies):
+  `ferry_timer_pending_messages`, `ferry_timer_delivered_total`,
+  `ferry_timer_delivery_lateness_seconds` (histogram: delivery time minus due time);
 - `ferry_build_info{version,service}`.
+
+Slaves run neither pop consumption nor timers: their pop and timer families are
+absent (the lateness histogram is present, without series).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -40,10 +52,17 @@ from prometheus_client.registry import Collector
 import ferry
 from services.broker.store import MessageStore
 
+if TYPE_CHECKING:
+    from services.broker.pop import PopService
+    from services.broker.timer import TimerService
+
 _ID_LABELS = ["cluster", "broker_name", "broker_id", "role"]
 # Sends answer in well under a millisecond, or wait for an fsync or a slave (up
 # to syncFlushTimeout / slaveTimeout, seconds).
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+# A timed message goes out within milliseconds of its time, or late by seconds
+# when the timer falls behind (a backlog, a full disk, a SYNC_MASTER's slave).
+_LATENESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
 def _gauge(ids: list[str], name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -61,11 +80,15 @@ class _StoreCollector(Collector):
         permission: Callable[[], int],
         config,
         ha: Callable[[], tuple[object | None, object | None]],
+        pop: PopService | None = None,
+        timer: TimerService | None = None,
     ) -> None:
         self.store = store
         self.metadata = metadata
         self.permission = permission
         self.ha = ha  # -> (HAMaster or None, HASlave or None)
+        self.pop = pop  # None on a slave, as is the timer
+        self.timer = timer
         self.ids = [config.cluster_name, config.broker_name, str(config.broker_id)]
         self.role = config.broker_role
 
@@ -111,6 +134,8 @@ class _StoreCollector(Collector):
         yield self._consumer_lag(ids)
         yield from self._retention(ids)
         yield from self._ha(ids)
+        yield from self._pop(ids)
+        yield from self._timer(ids)
         build = GaugeMetricFamily(
             "ferry_build_info", "ferry version.", labels=["version", "component"]
         )
@@ -157,6 +182,62 @@ class _StoreCollector(Collector):
         deleted.add_metric([*ids, "commitlog"], retention.deleted_files_total)
         deleted.add_metric([*ids, "consumequeue"], retention.deleted_queue_files_total)
         yield deleted
+
+    def _pop(self, ids: list[str]) -> Iterable[Metric]:
+        pop = self.pop
+        if pop is None:
+            return
+        labels = [*_ID_LABELS, "group"]
+        inflight = GaugeMetricFamily(
+            "ferry_pop_inflight_messages",
+            "Messages handed out to the group, not yet acknowledged (nor moved to retry or DLQ).",
+            labels=labels,
+        )
+        retries = GaugeMetricFamily(
+            "ferry_pop_retries_pending_messages",
+            "Unacknowledged messages of the group waiting for their backoff or a consumer.",
+            labels=labels,
+        )
+        dlq = GaugeMetricFamily(
+            "ferry_pop_dlq_messages", "Messages in the group's %DLQ% topic.", labels=labels
+        )
+        for group, (in_flight, pending, dead) in sorted(pop.snapshot().items()):
+            key = [*ids, group]
+            inflight.add_metric(key, in_flight)
+            retries.add_metric(key, pending)
+            dlq.add_metric(key, dead)
+        yield from (inflight, retries, dlq)
+        redeliveries = CounterMetricFamily(
+            "ferry_pop_redeliveries",
+            "Unacknowledged messages redelivered (copied to a retry topic, or re-queued in order).",
+            labels=_ID_LABELS,
+        )
+        redeliveries.add_metric(ids, pop.redeliveries)
+        dead_letters = CounterMetricFamily(
+            "ferry_pop_dead_letters",
+            "Messages moved to a %DLQ% topic after retry_max_times redeliveries.",
+            labels=_ID_LABELS,
+        )
+        dead_letters.add_metric(ids, pop.dead_letters)
+        yield from (redeliveries, dead_letters)
+
+    def _timer(self, ids: list[str]) -> Iterable[Metric]:
+        timer = self.timer
+        if timer is None:
+            return
+        yield _gauge(
+            ids,
+            "ferry_timer_pending_messages",
+            "Timed messages (and pop retry copies) waiting for their time.",
+            timer.pending,
+        )
+        delivered = CounterMetricFamily(
+            "ferry_timer_delivered",
+            "Timed messages (and pop retry copies) delivered since the broker started.",
+            labels=_ID_LABELS,
+        )
+        delivered.add_metric(ids, timer.delivered)
+        yield delivered
 
     def _ha(self, ids: list[str]) -> Iterable[Metric]:
         master, slave = self.ha()
@@ -222,8 +303,10 @@ class BrokerMetrics:
         permission: Callable[[], int],
         config,
         ha: Callable[[], tuple[object | None, object | None]] = lambda: (None, None),
+        pop: PopService | None = None,
+        timer: TimerService | None = None,
     ) -> None:
-        registry.register(_StoreCollector(store, metadata, permission, config, ha))
+        registry.register(_StoreCollector(store, metadata, permission, config, ha, pop, timer))
         self.ids = [config.cluster_name, config.broker_name, str(config.broker_id)]
         self._puts = Counter(
             "ferry_broker_put_messages",
@@ -249,6 +332,16 @@ class BrokerMetrics:
             ["cluster", "broker_name", "broker_id", "status"],
             registry=registry,
         )
+        self._timer_lateness = Histogram(
+            "ferry_timer_delivery_lateness_seconds",
+            "How long after its due time (TIMER_DELIVER_MS, a retry's backoff) each timed message "
+            "was delivered.",
+            ids,
+            buckets=_LATENESS_BUCKETS,
+            registry=registry,
+        )
+        if timer is not None:  # a series from the start on masters, empty on slaves
+            self._timer_lateness.labels(*self.ids)
 
     def observe_send(self, topic: str, status: str, messages: int, seconds: float) -> None:
         self._puts.labels(*self.ids, topic, status).inc(messages)
@@ -257,3 +350,10 @@ class BrokerMetrics:
     def observe_sync(self, status: str, seconds: float) -> None:
         self._sync_results.labels(*self.ids, status).inc()
         self._sync_seconds.labels(*self.ids).observe(seconds)
+
+    def observe_timer_delivery(self, messages: int, lateness_s: float) -> None:
+        """TimerService.on_delivered: `messages` timed messages delivered
+        `lateness_s` after their time."""
+        lateness = self._timer_lateness.labels(*self.ids)
+        for _ in range(messages):
+            lateness.observe(lateness_s)

@@ -344,7 +344,8 @@ class PopService:
                     want = 0 if len(ready) > want else want - len(ready)
             if want > 0:
                 scan_from = state.pop_offset
-                for i, entry in enumerate(cq.entries(scan_from, max(SCAN_ENTRIES, want))):
+                scan = want if tag_hashes is None else max(SCAN_ENTRIES, want)
+                for i, entry in enumerate(cq.entries(scan_from, scan)):
                     commit_offset, size, code = entry
                     if commit_offset + size > confirm:
                         break  # a SYNC_MASTER hands out only what a slave has
