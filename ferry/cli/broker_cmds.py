@@ -1,10 +1,11 @@
 """`ferry topic`, `ferry send`, `ferry consume`, `ferry runtime`: producers,
 consumers and administration against running brokers (`ferry store` is in
-store_cmds.py)."""
+store_cmds.py, `ferry group` in group_cmds.py)."""
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import signal
 import sys
@@ -14,7 +15,8 @@ from pathlib import Path
 from ferry.cli.namesrv_cmds import add_admin_token_option, add_namesrv_option
 from ferry.cli.namesrv_cmds import client as namesrv_client
 from ferry.cli.output import message_json, table
-from ferry.client.broker import BrokerClient, Consumer, NoRoute, Producer
+from ferry.client.broker import BrokerClient, Consumer, NoRoute, Producer, message_properties
+from ferry.client.pop import INVISIBLE_MAX_S, INVISIBLE_MIN_S, MAX_MSGS, PopConsumer, Received
 from ferry.model import check_addr, check_topic
 from ferry.runtime.errors import InvalidArgument, NotFound
 from ferry.v1 import broker_pb2, common_pb2
@@ -64,8 +66,33 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, default=1, help="messages per SendMessages RPC (default 1)")
     p.add_argument("--tags", default="", help="message tags")
     p.add_argument("--keys", default="", help="message keys (space-separated)")
-    p.add_argument(
+    timing = p.add_mutually_exclusive_group()
+    timing.add_argument(
         "--delay-level", type=int, default=0, help="RocketMQ delay level 1..18 (1s ... 2h)"
+    )
+    timing.add_argument(
+        "--delay-ms",
+        type=int,
+        default=None,
+        metavar="MS",
+        help="a timed message: deliver this long after the command starts (every message of "
+        "the run gets the same delivery time; at most the broker's timerMaxDelaySec, 3 days "
+        "by default)",
+    )
+    timing.add_argument(
+        "--deliver-at",
+        default=None,
+        metavar="ISO8601",
+        help="a timed message: deliver at this time, e.g. 2026-11-23T18:30:00 (local time) "
+        "or 2026-11-23T17:30:00Z",
+    )
+    p.add_argument(
+        "--message-group",
+        default="",
+        metavar="GROUP",
+        help="FIFO message group (property __SHARDINGKEY): every message of a group goes to "
+        "one queue, chosen by a stable hash of the group, so an orderly consumer group or an "
+        "ordered topic (topic create --order) gets them in the order sent",
     )
     add_namesrv_option(p)
     p.set_defaults(func=send)
@@ -73,20 +100,24 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "consume",
         help="consume messages of a topic as a consumer group",
-        description="Pull every queue of the topic as GROUP, print each message and commit the "
-        "offsets. Without --max it runs until Ctrl-C (or --idle-exit-s of silence).",
+        description="Consume the topic as GROUP and print one line per message. By default by "
+        "pop (RocketMQ 5): the brokers hand each message to one consumer of the group, so "
+        "several `ferry consume` processes of one group split the work; each printed batch is "
+        "acknowledged (unless --no-ack), and a message not acknowledged within --invisible-s "
+        "comes back with its attempt number raised. A group new to a queue starts at its "
+        "oldest message, otherwise where the group left off. With --pull: today's pull "
+        "consumer, which reads every queue itself from the group's committed offset and "
+        "commits what it printed. Without --max it runs until Ctrl-C (or --idle-exit-s of "
+        "silence).",
     )
     p.add_argument("topic")
     p.add_argument("--group", "-g", required=True, help="consumer group")
     p.add_argument(
-        "--from-beginning",
+        "--pull",
         action="store_true",
-        help="a group with no committed offset starts at the oldest message (default: the newest)",
+        help="pull every queue instead of pop: this process alone reads the group's offsets",
     )
     p.add_argument("--max", type=int, default=0, help="stop after this many messages")
-    p.add_argument(
-        "--wait-ms", type=int, default=1000, help="long-poll wait per round (default 1000)"
-    )
     p.add_argument(
         "--idle-exit-s",
         type=float,
@@ -94,6 +125,43 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         help="stop after this long with no message (0: never)",
     )
     p.add_argument("--tags", default="", help="tag expression, e.g. 'a || b'")
+    pop = p.add_argument_group("pop (the default)")
+    pop.add_argument(
+        "--invisible-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="a received message is hidden from the group this long; not acknowledged by "
+        "then, it is delivered again (1..43200, default 30)",
+    )
+    pop.add_argument(
+        "--wait-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="long-poll wait per receive (default 1)",
+    )
+    pop.add_argument(
+        "--no-ack",
+        action="store_true",
+        help="print but do not acknowledge: the messages come back after --invisible-s "
+        "with attempt=2, 3, ...",
+    )
+    pull = p.add_argument_group("pull (--pull)")
+    pull.add_argument(
+        "--from-beginning",
+        action="store_true",
+        help="a group with no committed offset starts at the oldest message (default: the "
+        "newest). Pop always starts a new group at the oldest message, so there it changes "
+        "nothing",
+    )
+    pull.add_argument(
+        "--wait-ms",
+        type=int,
+        default=None,
+        metavar="MS",
+        help="long-poll wait per round (default 1000)",
+    )
     add_namesrv_option(p)
     p.set_defaults(func=consume)
 
@@ -199,6 +267,8 @@ def send(args: argparse.Namespace) -> int:
         raise InvalidArgument("--count/--batch/--size", "must be at least 1")
     if args.file is not None and not args.file.is_file():
         raise InvalidArgument("--file", f"{args.file} is not a readable file")
+    deliver_at_ms = _deliver_at_ms(args)
+    group = args.message_group
     properties = {"DELAY": str(args.delay_level)} if args.delay_level else {}
     statuses: dict[str, int] = {}
     sent = sent_bytes = 0
@@ -209,19 +279,28 @@ def send(args: argparse.Namespace) -> int:
                 n = min(args.batch, args.count - sent)
                 if args.batch == 1:
                     body = _body(args, sent)
-                    out = producer.send(args.topic, body, args.tags, args.keys, properties)
+                    out = producer.send(
+                        args.topic,
+                        body,
+                        args.tags,
+                        args.keys,
+                        properties,
+                        message_group=group,
+                        deliver_at_ms=deliver_at_ms,
+                    )
                     size = len(body)
                 else:
+                    props = message_properties(properties, group, deliver_at_ms)
                     entries = [
                         broker_pb2.SendEntry(
                             body=_body(args, sent + i),
                             tags=args.tags,
                             keys=args.keys,
-                            properties=properties,
+                            properties=props,
                         )
                         for i in range(n)
                     ]
-                    out = producer.send_batch(args.topic, entries)
+                    out = producer.send_batch(args.topic, entries, message_group=group)
                     size = sum(len(e.body) for e in entries)
                 status = _SEND_STATUS.get(out.result.status, str(out.result.status))
                 statuses[status] = statuses.get(status, 0) + n
@@ -238,27 +317,58 @@ def send(args: argparse.Namespace) -> int:
         except NoRoute as exc:
             raise NotFound(str(exc)) from None
     elapsed = max(time.monotonic() - started, 1e-9)
+    extra = (f" messageGroup={group}" if group else "") + (
+        f" deliverAt={_local_iso(deliver_at_ms)}" if deliver_at_ms is not None else ""
+    )
     if args.count == 1:
         r = out.result
         print(
             f"{status} msgId={r.msg_id} broker={out.broker_name} ({out.broker_addr}) "
-            f"queueId={r.queue_id} queueOffset={r.queue_offset}"
+            f"queueId={r.queue_id} queueOffset={r.queue_offset}{extra}"
         )
     else:
         summary = ", ".join(f"{k}={v}" for k, v in sorted(statuses.items()))
         print(
             f"sent {sent} messages ({sent_bytes} bytes) in {elapsed:.2f} s: "
             f"{sent / elapsed:,.0f} msgs/s, {sent_bytes / elapsed / 2**20:.2f} MiB/s; statuses: {summary}"
+            + (f";{extra}" if extra else "")
         )
     return 0 if set(statuses) == {"SEND_OK"} else 1
 
 
-def _show(m: broker_pb2.MessageExt, broker_name: str, as_json: bool) -> str:
+def _deliver_at_ms(args: argparse.Namespace) -> int | None:
+    """The epoch ms of --delay-ms (from now) or --deliver-at (a naive time is local)."""
+    if args.delay_ms is not None:
+        if args.delay_ms < 0:
+            raise InvalidArgument("--delay-ms", f"{args.delay_ms} is negative")
+        return int(time.time() * 1000) + args.delay_ms
+    if args.deliver_at is not None:
+        try:
+            when = dt.datetime.fromisoformat(args.deliver_at)
+        except ValueError:
+            raise InvalidArgument(
+                "--deliver-at",
+                f"{args.deliver_at!r} is not an ISO 8601 time; e.g. 2026-11-23T18:30:00 "
+                "(local time) or 2026-11-23T17:30:00Z",
+            ) from None
+        return round(when.timestamp() * 1000)  # naive: local time
+    return None
+
+
+def _local_iso(ms: int) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000).astimezone().isoformat(timespec="milliseconds")
+
+
+def _printable(body: bytes) -> str | None:
     try:
-        text = m.body.decode()
-        body = text if text.isprintable() else None
+        text = body.decode()
     except UnicodeDecodeError:
-        body = None
+        return None
+    return text if text.isprintable() else None
+
+
+def _show(m: broker_pb2.MessageExt, broker_name: str, as_json: bool) -> str:
+    body = _printable(m.body)
     if as_json:
         doc = {
             "broker": broker_name,
@@ -277,53 +387,173 @@ def _show(m: broker_pb2.MessageExt, broker_name: str, as_json: bool) -> str:
     return f"{broker_name} q{m.queue_id} @{m.queue_offset} {m.msg_id} tags={m.tags or '-'} {shown}"
 
 
+def _show_received(m: Received, as_json: bool) -> str:
+    """A popped message: the pull line plus its delivery attempt (and message group)."""
+    body = _printable(m.body)
+    if as_json:
+        doc = {
+            "broker": m.broker_name,
+            "topic": m.topic,
+            "queueId": m.queue_id,
+            "queueOffset": m.queue_offset,
+            "msgId": m.msg_id,
+            "tags": m.tags,
+            "keys": m.keys,
+            "properties": m.properties,
+            "messageGroup": m.message_group,
+            "storeTimestamp": m.store_timestamp,
+            "deliveryAttempt": m.delivery_attempt,
+            "invisibleUntilMs": m.invisible_until_ms,
+            "receiptHandle": m.receipt_handle,
+            "body": body,
+            "bodyBytes": len(m.body),
+        }
+        return json.dumps(doc, sort_keys=True)
+    shown = body if body is not None else f"<{len(m.body)} bytes>"
+    group = f" group={m.message_group}" if m.message_group else ""
+    return (
+        f"{m.broker_name} q{m.queue_id} @{m.queue_offset} {m.msg_id} tags={m.tags or '-'} "
+        f"attempt={m.delivery_attempt}{group} {shown}"
+    )
+
+
+class _StopSignal:
+    """SIGINT/SIGTERM ask the consume loop to stop: it finishes its round
+    (printing, acknowledging or committing what it got) and exits."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def __enter__(self) -> _StopSignal:
+        self._previous = signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGTERM, self._on_signal)
+        return self
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.requested = True
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGINT, self._previous)
+
+
 def consume(args: argparse.Namespace) -> int:
     check_topic(args.topic)
-    if args.max < 0 or args.wait_ms < 0:
-        raise InvalidArgument("--max/--wait-ms", "must not be negative")
+    if args.max < 0:
+        raise InvalidArgument("--max", "must not be negative")
+    if args.pull:
+        for option, given in (
+            ("--invisible-s", args.invisible_s is not None),
+            ("--wait-s", args.wait_s is not None),
+            ("--no-ack", args.no_ack),
+        ):
+            if given:
+                raise InvalidArgument(
+                    option, "is for pop consumption (the default); --pull commits offsets instead"
+                )
+        return _consume_pull(args)
+    if args.wait_ms is not None:
+        raise InvalidArgument(
+            "--wait-ms", "is the --pull wait; pop consumption (the default) waits --wait-s seconds"
+        )
+    return _consume_pop(args)
+
+
+def _consume_pull(args: argparse.Namespace) -> int:
+    wait_ms = 1000 if args.wait_ms is None else args.wait_ms
+    if wait_ms < 0:
+        raise InvalidArgument("--wait-ms", "must not be negative")
     count = 0
-    interrupted = False
-
-    def on_signal(signum: int, frame: object) -> None:
-        nonlocal interrupted
-        interrupted = True
-
-    previous = signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
     last_message = time.monotonic()
     json_out = getattr(args, "json", False)
-    try:
-        with (
-            namesrv_client(args) as ns,
-            Consumer(
-                ns,
-                args.group,
-                args.topic,
-                from_beginning=args.from_beginning,
-                sub_expression=args.tags,
-            ) as consumer,
-        ):
-            try:
-                while not interrupted and (not args.max or count < args.max):
-                    batch = consumer.poll(
-                        max_msgs=min(32, args.max - count) if args.max else 32, wait_ms=args.wait_ms
-                    )
-                    for item in batch:
-                        print(_show(item.message, item.broker_name, json_out), flush=True)
-                        count += 1
-                    if batch:
-                        last_message = time.monotonic()
-                        consumer.commit()
-                    elif args.idle_exit_s and time.monotonic() - last_message >= args.idle_exit_s:
-                        break
-            except NoRoute as exc:
-                raise NotFound(str(exc)) from None
-            finally:
-                consumer.commit()
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    with (
+        _StopSignal() as stop,
+        namesrv_client(args) as ns,
+        Consumer(
+            ns,
+            args.group,
+            args.topic,
+            from_beginning=args.from_beginning,
+            sub_expression=args.tags,
+        ) as consumer,
+    ):
+        try:
+            while not stop.requested and (not args.max or count < args.max):
+                batch = consumer.poll(
+                    max_msgs=min(32, args.max - count) if args.max else 32, wait_ms=wait_ms
+                )
+                for item in batch:
+                    print(_show(item.message, item.broker_name, json_out), flush=True)
+                    count += 1
+                if batch:
+                    last_message = time.monotonic()
+                    consumer.commit()
+                elif args.idle_exit_s and time.monotonic() - last_message >= args.idle_exit_s:
+                    break
+        except NoRoute as exc:
+            raise NotFound(str(exc)) from None
+        finally:
+            consumer.commit()
     print(f"consumed {count} messages as group {args.group}", file=sys.stderr)
     return 0
+
+
+def _consume_pop(args: argparse.Namespace) -> int:
+    invisible_s = 30.0 if args.invisible_s is None else args.invisible_s
+    wait_s = 1.0 if args.wait_s is None else args.wait_s
+    if not INVISIBLE_MIN_S <= invisible_s <= INVISIBLE_MAX_S:
+        raise InvalidArgument(
+            "--invisible-s", f"{invisible_s:g} is outside {INVISIBLE_MIN_S:g}..{INVISIBLE_MAX_S:g}"
+        )
+    if wait_s < 0:
+        raise InvalidArgument("--wait-s", "must not be negative")
+    count = acked = 0
+    last_message = time.monotonic()
+    with (
+        _StopSignal() as stop,
+        namesrv_client(args) as ns,
+        PopConsumer(
+            ns, args.group, args.topic, sub_expression=args.tags, invisible_s=invisible_s
+        ) as consumer,
+    ):
+        try:
+            while not stop.requested and (not args.max or count < args.max):
+                batch = consumer.receive(
+                    max_msgs=min(MAX_MSGS, args.max - count) if args.max else MAX_MSGS,
+                    wait_s=wait_s,
+                )
+                for m in batch:
+                    print(_show_received(m, args.json), flush=True)
+                count += len(batch)
+                if batch:
+                    last_message = time.monotonic()
+                    if not args.no_ack:
+                        acked += _ack(consumer, batch)
+                elif args.idle_exit_s and time.monotonic() - last_message >= args.idle_exit_s:
+                    break
+        except NoRoute as exc:
+            raise NotFound(str(exc)) from None
+    how = (
+        f"none acknowledged (--no-ack): they come back after {invisible_s:g} s"
+        if args.no_ack
+        else f"{acked} acknowledged"
+    )
+    print(f"consumed {count} messages as group {args.group} by pop; {how}", file=sys.stderr)
+    return 0
+
+
+def _ack(consumer: PopConsumer, batch: list[Received]) -> int:
+    """Acknowledge a printed batch; says which were not (they will come again)."""
+    done = 0
+    for m, outcome in zip(batch, consumer.ack(batch), strict=True):
+        if outcome.ok:
+            done += 1
+        else:
+            print(
+                f"ferry: {m.msg_id} not acknowledged ({outcome.status}: {outcome.reason}); "
+                "it is delivered again",
+                file=sys.stderr,
+            )
+    return done
 
 
 def _mib(n: float) -> str:

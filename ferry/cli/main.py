@@ -8,7 +8,7 @@ import sys
 
 import grpc
 
-from ferry.cli import broker_cmds, dev, namesrv_cmds, pipeline_cmds, store_cmds
+from ferry.cli import broker_cmds, dev, group_cmds, namesrv_cmds, pipeline_cmds, store_cmds
 from ferry.client.namesrv import NoNameServerAnswered
 from ferry.runtime import tls
 from ferry.runtime.errors import ConfigError, FerryError, InvalidArgument
@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     namesrv_cmds.add_commands(sub)
     broker_cmds.add_commands(sub)
+    group_cmds.add_commands(sub)
     store_cmds.add_commands(sub)
     pipeline_cmds.add_commands(sub)
     dev.add_command(sub)

@@ -5,7 +5,13 @@ that find brokers through the name servers.
 - `Producer`: resolves a topic's route through any name server, picks a
   writable queue of a master round-robin, and retries another broker's queue
   when one does not answer (`UNAVAILABLE`/deadline), up to `retries` times —
-  RocketMQ's `retryTimesWhenSendFailed`.
+  RocketMQ's `retryTimesWhenSendFailed`. A message with a message group
+  (property `__SHARDINGKEY`, RocketMQ 5's FIFO key) always goes to the same
+  master: `crc32(group) % count` over the route's writable masters sorted by
+  name, sent without a queue id so that broker picks the queue by the same hash
+  of its write queues; a retry goes to the same choice over the refreshed route
+  (never elsewhere while that broker is routed, which would break the group's
+  order). `deliver_at_ms` sets `TIMER_DELIVER_MS` (a timed message).
 - `Consumer`: pulls queue by queue over every readable queue of the route,
   starting from the group's committed offset (or the queue's min offset with
   `from_beginning`, else its max: RocketMQ's CONSUME_FROM_LAST_OFFSET), and
@@ -22,6 +28,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +36,13 @@ from typing import Any
 import grpc
 
 from ferry.client.namesrv import NamesrvClient
-from ferry.model import MASTER_ID, PERM_READ, PERM_WRITE
+from ferry.model import (
+    MASTER_ID,
+    PERM_READ,
+    PERM_WRITE,
+    PROPERTY_SHARDING_KEY,
+    PROPERTY_TIMER_DELIVER_MS,
+)
 from ferry.runtime import auth, tls
 from ferry.v1 import (
     broker_admin_pb2,
@@ -131,6 +144,53 @@ class BrokerClient:
                 sub_expression=sub_expression,
             ),
             timeout=self.timeout_s + wait_ms / 1000,
+        )
+
+    def pop(
+        self,
+        group: str,
+        topic: str,
+        max_msgs: int,
+        invisible_ms: int,
+        wait_ms: int,
+        sub_expression: str = "",
+        queue_id: int | None = None,
+    ) -> broker_pb2.PopMessageResponse:
+        """Pop from one queue, or (`queue_id` None) any readable queue of this broker."""
+        request = broker_pb2.PopMessageRequest(
+            consumer_group=group,
+            topic=topic,
+            max_msg_nums=max_msgs,
+            invisible_ms=invisible_ms,
+            max_wait_ms=wait_ms,
+            sub_expression=sub_expression,
+        )
+        if queue_id is not None:
+            request.queue_id = queue_id
+        return self.broker.PopMessage(request, timeout=self.timeout_s + wait_ms / 1000)
+
+    def ack(self, group: str, topic: str, handles: Sequence[str]) -> broker_pb2.AckMessageResponse:
+        return self.broker.AckMessage(
+            broker_pb2.AckMessageRequest(
+                consumer_group=group, topic=topic, receipt_handles=list(handles)
+            ),
+            timeout=self.timeout_s,
+        )
+
+    def change_invisible_time(
+        self, group: str, topic: str, handle: str, invisible_ms: int
+    ) -> broker_pb2.ChangeInvisibleTimeResponse:
+        return self.broker.ChangeInvisibleTime(
+            broker_pb2.ChangeInvisibleTimeRequest(
+                consumer_group=group, topic=topic, receipt_handle=handle, invisible_ms=invisible_ms
+            ),
+            timeout=self.timeout_s,
+        )
+
+    def group_status(self, group: str, topic: str) -> broker_pb2.GetGroupStatusResponse:
+        return self.broker.GetGroupStatus(
+            broker_pb2.GetGroupStatusRequest(consumer_group=group, topic=topic),
+            timeout=self.timeout_s,
         )
 
     def query_offset(self, group: str, topic: str, queue_id: int) -> int | None:
@@ -312,19 +372,32 @@ class Producer:
         tags: str = "",
         keys: str = "",
         properties: Mapping[str, str] | None = None,
+        message_group: str = "",
+        deliver_at_ms: int | None = None,
     ) -> Sent:
-        def call(client: BrokerClient, queue_id: int):
+        """Send one message. `message_group`: FIFO key (every message of a group
+        lands in one queue); `deliver_at_ms`: epoch ms before which no consumer
+        sees it (the broker refuses more than `timerMaxDelaySec` ahead)."""
+        props = message_properties(properties, message_group, deliver_at_ms)
+
+        def call(client: BrokerClient, queue_id: int | None):
             return client.send(
-                topic, body, queue_id=queue_id, tags=tags, keys=keys, properties=properties or {}
+                topic, body, queue_id=queue_id, tags=tags, keys=keys, properties=props
             )
 
-        return self._with_retries(topic, call)
+        return self._with_retries(topic, call, message_group)
 
-    def send_batch(self, topic: str, entries: Sequence[broker_pb2.SendEntry]) -> Sent:
-        """One batch, stored and acknowledged as one unit on one queue."""
-        return self._with_retries(topic, lambda c, q: c.send_batch(topic, entries, queue_id=q))
+    def send_batch(
+        self, topic: str, entries: Sequence[broker_pb2.SendEntry], message_group: str = ""
+    ) -> Sent:
+        """One batch, stored and acknowledged as one unit on one queue. With
+        `message_group` the batch goes where that group's messages go (the
+        entries carry their own properties: see `message_properties`)."""
+        return self._with_retries(
+            topic, lambda c, q: c.send_batch(topic, entries, queue_id=q), message_group
+        )
 
-    def _with_retries(self, topic: str, call) -> Sent:
+    def _with_retries(self, topic: str, call, message_group: str = "") -> Sent:
         refresh = False
         avoid: set[str] = set()
         last: grpc.RpcError | None = None
@@ -335,22 +408,46 @@ class Producer:
                 if route.data.queue_datas:
                     raise NoWritableQueue(topic)
                 raise NoRoute(topic)
-            candidates = [q for q in queues if q.broker_name not in avoid] or queues
-            queue = candidates[next(self._counter) % len(candidates)]
-            addr = route.master(queue.broker_name)
+            queue_id: int | None
+            if message_group:
+                name, queue_id = group_broker(queues, message_group), None
+            else:
+                candidates = [q for q in queues if q.broker_name not in avoid] or queues
+                queue = candidates[next(self._counter) % len(candidates)]
+                name, queue_id = queue.broker_name, queue.queue_id
+            addr = route.master(name)
             assert addr is not None
             try:
-                return Sent(
-                    call(self._routes.client(addr), queue.queue_id), queue.broker_name, addr
-                )
+                return Sent(call(self._routes.client(addr), queue_id), name, addr)
             except grpc.RpcError as exc:
                 if exc.code() not in _RETRIABLE:
                     raise
                 last = exc
-                avoid.add(queue.broker_name)
+                avoid.add(name)
                 refresh = True
         assert last is not None
         raise last
+
+
+def message_properties(
+    properties: Mapping[str, str] | None = None,
+    message_group: str = "",
+    deliver_at_ms: int | None = None,
+) -> dict[str, str]:
+    """`properties` plus the message group and delivery time, as the broker reads them."""
+    props = dict(properties or {})
+    if message_group:
+        props[PROPERTY_SHARDING_KEY] = message_group
+    if deliver_at_ms is not None:
+        props[PROPERTY_TIMER_DELIVER_MS] = str(int(deliver_at_ms))
+    return props
+
+
+def group_broker(queues: Iterable[QueueRef], message_group: str) -> str:
+    """The broker a message group's messages go to: a stable hash over the
+    names of the brokers with a writable queue, sorted."""
+    names = sorted({q.broker_name for q in queues})
+    return names[zlib.crc32(message_group.encode()) % len(names)]
 
 
 @dataclass

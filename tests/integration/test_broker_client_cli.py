@@ -56,9 +56,9 @@ def test_topic_create_send_consume_round_trip(cluster):
     summary = ok(run_ferry("send", "Demo", "--count", "200", "--size", "128", "--batch", "50", *n))
     assert "sent 200 messages (25600 bytes)" in summary and "SEND_OK=200" in summary
 
-    lines = ok(
-        run_ferry("consume", "Demo", "-g", "g1", "--from-beginning", "--max", "201", "--json", *n)
-    )
+    consumed = run_ferry("consume", "Demo", "-g", "g1", "--pull", "--from-beginning",
+                         "--max", "201", "--json", *n)  # fmt: skip
+    lines = ok(consumed)
     messages = [json.loads(line) for line in lines.splitlines()]
     assert len(messages) == 201
     assert {m["bodyBytes"] for m in messages[1:]} <= {128, 11}
@@ -68,7 +68,9 @@ def test_topic_create_send_consume_round_trip(cluster):
         per_queue.setdefault((m["broker"], m["queueId"]), []).append(m["queueOffset"])
     assert all(offsets == sorted(offsets) for offsets in per_queue.values())
     # Offsets were committed: the same group gets nothing more.
-    again = run_ferry("consume", "Demo", "-g", "g1", "--idle-exit-s", "0.5", "--wait-ms", "100", *n)
+    again = run_ferry(
+        "consume", "Demo", "-g", "g1", "--pull", "--idle-exit-s", "0.5", "--wait-ms", "100", *n
+    )
     assert ok(again).strip() == ""
 
 
