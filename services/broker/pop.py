@@ -403,7 +403,7 @@ class PopService:
                 broker, group, key[1], key[2], offset, inflight.checkpoint, inflight.until_ms
             ).encode()
             props = message.properties
-            attempt = inflight.attempt or message.reconsume_times + 1
+            attempt = inflight.attempt or _attempt(key[1], message)
             out.append(
                 Popped(
                     message,
@@ -682,7 +682,7 @@ class PopService:
             if message is None:
                 continue
             origin = message.properties.get(PROPERTY_RETRY_TOPIC, topic)
-            reconsumed = message.reconsume_times
+            reconsumed = _attempt(topic, message) - 1
             if reconsumed >= group_config.retry_max_times:
                 dead_letters.append(self._dlq_copy(message, origin, reconsumed + 1))
             else:
@@ -1007,6 +1007,15 @@ class PopService:
 
     def queue_keys(self) -> Iterable[Key]:
         return self._queues.keys()
+
+
+def _attempt(queue_topic: str, message: record.StoredMessage) -> int:
+    """Which delivery of a normal group this is: a retry copy counts the
+    deliveries before it in its reconsume times; any other message (including
+    a dead letter read back by another group) is on its first."""
+    if queue_topic.startswith(RETRY_TOPIC_PREFIX):
+        return message.reconsume_times + 1
+    return 1
 
 
 def _check_invisible(invisible_ms: int) -> None:

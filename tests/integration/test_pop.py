@@ -177,6 +177,9 @@ def test_unacknowledged_is_redelivered_with_backoff_then_dead_lettered(broker):
     assert d.properties["DLQ_ORIGIN_MESSAGE_ID"] == sent.msg_id
     assert d.properties["DLQ_DELIVERY_ATTEMPTS"] == "3"
     assert d.reconsume_times == 3
+    # Read back by an operator's group, a dead letter is on its first delivery there.
+    (inspected,) = pop(broker, "inspect", "%DLQ%flaky").messages
+    assert (inspected.body, inspected.delivery_attempt) == (b"poison", 1)
     # ... and nowhere else: the group gets nothing more.
     assert not pop(broker, "flaky", "Jobs", wait_ms=2500).messages
     status = broker.broker.GetGroupStatus(
