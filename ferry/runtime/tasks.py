@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
+
+from ferry.runtime.errors import FerryError, StorageFault
 
 log = logging.getLogger(__name__)
 
@@ -31,3 +34,23 @@ async def cancel_and_wait(*tasks: asyncio.Task | None) -> None:
                 raise
         except Exception:
             log.exception("task %s failed while stopping", task.get_name())
+
+
+async def run_rounds(name: str, one_round: Callable[[], Awaitable[None]]) -> None:
+    """A background service's loop: `one_round` again and again (it does some
+    work and then waits for more). A storage fault ends the loop (fail-stop
+    stops the process); a refusal such as a full disk, or a bug, is logged and
+    the next round runs after 1 s."""
+    while True:
+        try:
+            await one_round()
+        except asyncio.CancelledError:
+            raise
+        except StorageFault:
+            return
+        except FerryError as exc:
+            log.warning("%s paused: %s; retrying in 1 s", name, exc)
+            await asyncio.sleep(1.0)
+        except Exception:
+            log.exception("%s round failed; retrying in 1 s", name)
+            await asyncio.sleep(1.0)

@@ -44,6 +44,7 @@ awaits, never across one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import logging
 import time
@@ -76,13 +77,8 @@ from ferry.model import (
     retry_topic,
 )
 from ferry.runtime.clock import Clock
-from ferry.runtime.errors import (
-    FerryError,
-    InvalidArgument,
-    NotFound,
-    PermissionDenied,
-    StorageFault,
-)
+from ferry.runtime.errors import FerryError, InvalidArgument, NotFound, PermissionDenied
+from ferry.runtime.tasks import run_rounds
 from services.broker.messaging import parse_sub_expression
 from services.broker.popcodec import (
     Acks,
@@ -94,8 +90,7 @@ from services.broker.popcodec import (
     decode_revive,
     encode_revive,
 )
-from services.broker.store import MessageIn, MessageStore
-from services.broker.timer import parse_host
+from services.broker.store import MessageIn, MessageStore, copy_message
 
 log = logging.getLogger(__name__)
 
@@ -581,31 +576,19 @@ class PopService:
 
     async def run(self) -> None:
         """Expire what was not acknowledged in time: redeliver or dead-letter it."""
-        while True:
-            try:
-                done = await self.revive_due()
-                if done:
-                    await asyncio.sleep(0)
-                    continue
-                wait = 1.0
-                if self._expiry:
-                    wait = min(wait, max((self._expiry[0][0] - self.clock.wall_ms()) / 1000, 0.005))
-                self._wake.clear()
-                try:
-                    async with asyncio.timeout(wait):
-                        await self._wake.wait()
-                except TimeoutError:
-                    pass
-            except asyncio.CancelledError:
-                raise
-            except StorageFault:
-                return  # fail-stop has it
-            except FerryError as exc:  # a full disk: retry
-                log.warning("pop: revive paused: %s; retrying in 1 s", exc)
-                await asyncio.sleep(1.0)
-            except Exception:
-                log.exception("pop: revive round failed; retrying in 1 s")
-                await asyncio.sleep(1.0)
+        await run_rounds("pop revive", self._revive_round)
+
+    async def _revive_round(self) -> None:
+        if await self.revive_due():
+            await asyncio.sleep(0)
+            return
+        wait = 1.0
+        if self._expiry:
+            wait = min(wait, max((self._expiry[0][0] - self.clock.wall_ms()) / 1000, 0.005))
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait):
+                await self._wake.wait()
 
     async def revive_due(self) -> int:
         """Handle every in-flight message past its deadline (up to a batch)."""
@@ -755,7 +738,7 @@ class PopService:
         properties[PROPERTY_REAL_TOPIC] = retry_topic(group, origin)
         properties[PROPERTY_REAL_QUEUE_ID] = "0"
         properties[PROPERTY_TIMER_DELIVER_MS] = str(now + self._backoff_ms(reconsumed + 1))
-        return self._copy(message, properties, reconsumed + 1)
+        return copy_message(message, properties, reconsumed + 1)
 
     def _dlq_copy(self, message: record.StoredMessage, origin: str, attempts: int) -> MessageIn:
         properties = dict(message.properties)
@@ -764,19 +747,7 @@ class PopService:
         properties[PROPERTY_DLQ_ORIGIN_TOPIC] = origin
         properties[PROPERTY_DLQ_ORIGIN_MESSAGE_ID] = origin_id
         properties[PROPERTY_DLQ_DELIVERY_ATTEMPTS] = str(attempts)
-        return self._copy(message, properties, attempts)
-
-    def _copy(
-        self, message: record.StoredMessage, properties: dict[str, str], reconsume_times: int
-    ) -> MessageIn:
-        return MessageIn(
-            body=message.body,
-            properties=record.encode_properties(properties),
-            flag=message.flag,
-            born_timestamp=message.born_timestamp,
-            born_host=parse_host(message.born_host),
-            reconsume_times=reconsume_times,
-        )
+        return copy_message(message, properties, attempts)
 
     def _backoff_ms(self, attempt: int) -> int:
         """The wait after delivery `attempt` failed, before the next one."""

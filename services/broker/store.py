@@ -107,6 +107,28 @@ class MessageIn:
     reconsume_times: int = 0
 
 
+def copy_message(
+    message: record.StoredMessage,
+    properties: Mapping[str, str],
+    reconsume_times: int | None = None,
+) -> MessageIn:
+    """A stored message appended again (a timed delivery, a retry or a dead
+    letter): its body, flag, birth and reconsume times, with new properties."""
+    host, _, port = message.born_host.rpartition(":")
+    try:
+        born_host = record.pack_host((host or "127.0.0.1", int(port)))
+    except (ValueError, OSError):
+        born_host = record.pack_host(("127.0.0.1", 0))
+    return MessageIn(
+        body=message.body,
+        properties=record.encode_properties(properties),
+        flag=message.flag,
+        born_timestamp=message.born_timestamp,
+        born_host=born_host,
+        reconsume_times=message.reconsume_times if reconsume_times is None else reconsume_times,
+    )
+
+
 class PutStatus(enum.Enum):
     PUT_OK = "PUT_OK"
     FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"

@@ -42,9 +42,9 @@ from ferry.model import (
     TIMER_TOPIC,
 )
 from ferry.runtime.clock import Clock
-from ferry.runtime.errors import FerryError, StorageFault
+from ferry.runtime.tasks import run_rounds
 from services.broker.popcodec import PopFormatError, decode_timer_done, encode_timer_done
-from services.broker.store import MessageIn, MessageStore
+from services.broker.store import MessageIn, MessageStore, copy_message
 
 log = logging.getLogger(__name__)
 
@@ -63,14 +63,6 @@ class OffsetTable(Protocol):
     def query(self, group: str, topic: str, queue_id: int) -> int | None: ...
 
     def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None: ...
-
-
-def parse_host(text: str) -> bytes:
-    host, _, port = text.rpartition(":")
-    try:
-        return record.pack_host((host or "127.0.0.1", int(port)))
-    except (ValueError, OSError):
-        return record.pack_host(("127.0.0.1", 0))
 
 
 class TimerService:
@@ -147,28 +139,17 @@ class TimerService:
     async def run(self) -> None:
         if not self._loaded:
             await self.load()
-        key = [(TIMER_TOPIC, PENDING_QUEUE)]
-        while True:
-            try:
-                await self._scan()
-                if await self.deliver_due():
-                    await asyncio.sleep(0)
-                    continue
-                wait = 1.0
-                if self._heap:
-                    due_in = (self._heap[0][0] - self.clock.wall_ms()) / 1000
-                    wait = min(wait, max(due_in, 0.005))
-                await self.store.long_polls.wait_any(key, wait)
-            except asyncio.CancelledError:
-                raise
-            except StorageFault:
-                return  # fail-stop has it
-            except FerryError as exc:  # a full disk: retry
-                log.warning("timer: delivery paused: %s; retrying in 1 s", exc)
-                await asyncio.sleep(1.0)
-            except Exception:
-                log.exception("timer round failed; retrying in 1 s")
-                await asyncio.sleep(1.0)
+        await run_rounds("timer delivery", self._round)
+
+    async def _round(self) -> None:
+        await self._scan()
+        if await self.deliver_due():
+            await asyncio.sleep(0)
+            return
+        wait = 1.0
+        if self._heap:
+            wait = min(wait, max((self._heap[0][0] - self.clock.wall_ms()) / 1000, 0.005))
+        await self.store.long_polls.wait_any([(TIMER_TOPIC, PENDING_QUEUE)], wait)
 
     async def _scan(self, skip: set[int] | None = None) -> None:
         """Read timer-queue entries past `scanned` into the heap."""
@@ -274,14 +255,7 @@ class TimerService:
         count = config.queue_nums
         if count and not 0 <= queue_id < count:
             queue_id %= count
-        return (topic, queue_id), MessageIn(
-            body=message.body,
-            properties=record.encode_properties(properties),
-            flag=message.flag,
-            born_timestamp=message.born_timestamp,
-            born_host=parse_host(message.born_host),
-            reconsume_times=message.reconsume_times,
-        )
+        return (topic, queue_id), copy_message(message, properties)
 
     # ------------------------------------------------------------ checkpoint
 
