@@ -101,6 +101,7 @@ MAX_POP_NUMS = 32
 MAX_WAIT_MS = 60_000
 SCAN_ENTRIES = 256  # consume-queue entries looked at per queue per pop (tag filters)
 REVIVE_BATCH = 512
+COMPACT_AT = 100_000  # deadlines kept before the stale ones are dropped
 
 
 class TopicTable(Protocol):
@@ -241,6 +242,7 @@ class PopService:
         self._queues: dict[Key, _Queue] = {}
         self._refs: Counter[int] = Counter()  # checkpoint -> unresolved offsets it issued
         self._expiry: list[tuple[int, Key, int, int]] = []  # (until, key, offset, checkpoint)
+        self._compact_at = COMPACT_AT
         self._wake = asyncio.Event()
         self._next_queue: dict[tuple[str, str], int] = {}
         self.redeliveries = 0  # copies to a retry topic, and ordered re-deliveries
@@ -897,6 +899,20 @@ class PopService:
         self._refs[inflight.checkpoint] += 1
         state.track(offset)
         heapq.heappush(self._expiry, (inflight.until_ms, state.key, offset, inflight.checkpoint))
+        if len(self._expiry) > self._compact_at:
+            self._compact_expiry()
+
+    def _compact_expiry(self) -> None:
+        """Drop the deadlines of resolved and re-timed messages (they are left
+        in the heap when that happens): with long invisibility times and fast
+        acks, the heap would otherwise hold every message of the last hours."""
+        live: list[tuple[int, Key, int, int]] = []
+        for key, state in self._queues.items():
+            live.extend((i.until_ms, key, o, i.checkpoint) for o, i in state.inflight.items())
+            live.extend((r.visible_ms, key, -1, -1) for r in state.redeliver.values())
+        heapq.heapify(live)
+        self._expiry = live
+        self._compact_at = max(COMPACT_AT, 4 * len(live))
 
     def _resolve(self, state: _Queue, offset: int) -> None:
         inflight = state.inflight.pop(offset, None)

@@ -469,3 +469,30 @@ def test_order_topic_config_on_the_name_server_makes_an_ordered_topic(
         assert [m.body for m in pop(b, "any", "Ledger", queue_id=0).messages] == [b"3"]
     finally:
         b.stop()
+
+
+def test_deadline_heap_is_compacted_but_in_flight_messages_still_expire(broker):
+    from services.broker import pop as pop_module
+
+    service = broker.app.pop
+    support.create_topic(broker.channel, "Heap", 1)
+    send_many(broker, "Heap", [b"h%03d" % i for i in range(300)])
+    popped = []
+    while len(popped) < 300:
+        popped.extend(pop(broker, "heap", "Heap", invisible_ms=600_000).messages)
+    ack(broker, "heap", "Heap", [m.receipt_handle for m in popped[:299]])
+    last = popped[299]
+    service._compact_at = 50  # the broker's own threshold is 100,000
+    change = broker.broker.ChangeInvisibleTime(
+        broker_pb2.ChangeInvisibleTimeRequest(
+            consumer_group="heap", topic="Heap", receipt_handle=last.receipt_handle,
+            invisible_ms=1000,
+        )
+    )  # fmt: skip
+    assert change.status == broker_pb2.OK
+    assert len(service._expiry) < 300, "resolved messages' deadlines were dropped"
+    assert service._compact_at >= pop_module.COMPACT_AT
+    back = wait_for(
+        lambda: pop(broker, "heap", "Heap", wait_ms=500).messages, 30, "the re-timed message"
+    )
+    assert [(m.body, m.delivery_attempt) for m in back] == [(last.body, 2)]
