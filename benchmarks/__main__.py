@@ -23,6 +23,7 @@ BENCHMARKS: dict[str, str] = {
     "broker": "benchmarks.broker_bench",
     "ha": "benchmarks.ha_bench",
     "pipeline": "benchmarks.pipeline_bench",
+    "pop": "benchmarks.pop_bench",
     "store": "benchmarks.store_bench",
 }
 

@@ -208,9 +208,10 @@ def pop_response_pb(popped: list[Popped]) -> broker_pb2.PopMessageResponse:
     add = response.messages.add
     for p in popped:
         fields = _message_fields(p.message, prefixes)
+        if p.msg_id is not None:
+            fields["msg_id"] = p.msg_id
         fields.update(
             topic=p.topic,
-            msg_id=p.msg_id,
             receipt_handle=p.receipt_handle,
             delivery_attempt=p.delivery_attempt,
             invisible_until_ms=p.invisible_until_ms,

@@ -52,7 +52,7 @@ import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from ferry import record
 from ferry.model import (
@@ -81,6 +81,7 @@ from ferry.runtime.errors import FerryError, InvalidArgument, NotFound, Permissi
 from ferry.runtime.tasks import run_rounds
 from services.broker.messaging import parse_sub_expression
 from services.broker.popcodec import (
+    HANDLE_VERSION,
     Acks,
     Change,
     Checkpoint,
@@ -101,7 +102,7 @@ MAX_POP_NUMS = 32
 MAX_WAIT_MS = 60_000
 SCAN_ENTRIES = 256  # consume-queue entries looked at per queue per pop (tag filters)
 REVIVE_BATCH = 512
-COMPACT_AT = 100_000  # deadlines kept before the stale ones are dropped
+COMPACT_AT = 10_000  # checkpoint deadlines kept before the resolved ones are dropped
 
 
 class TopicTable(Protocol):
@@ -128,20 +129,18 @@ class PopConfig:
     auto_create_group: bool = True
 
 
-@dataclass(frozen=True)
-class Popped:
+class Popped(NamedTuple):
     """One message handed out: the record and how the consumer sees it."""
 
     message: record.StoredMessage
     topic: str  # the topic the consumer asked for (a retry copy shows its origin)
-    msg_id: str  # stable across redeliveries
+    msg_id: str | None  # stable across redeliveries; None: the record's own
     receipt_handle: str
     delivery_attempt: int
     invisible_until_ms: int
 
 
-@dataclass(frozen=True)
-class AckResult:
+class AckResult(NamedTuple):
     receipt_handle: str
     status: str  # OK, STALE, FOREIGN
     reason: str = ""
@@ -195,24 +194,34 @@ class _Redelivery:
 Key = tuple[str, str, int]  # (group, topic, queue id)
 
 
+@dataclass(slots=True)
+class _Ck:
+    """A checkpoint (one pop of one queue, or one re-timing) with messages unresolved."""
+
+    key: Key
+    offsets: tuple[int, ...]
+    until_ms: int
+    live: int = 0  # its offsets still in flight or waiting for redelivery
+
+
 @dataclass
 class _Queue:
     key: Key
     committed: int
     pop_offset: int
+    # Offsets enter `inflight` in increasing order (a queue is handed out
+    # front to back; re-timing replaces a value in place; an ordered queue
+    # re-delivers only while nothing else of it is in flight), so its first
+    # key is its lowest.
     inflight: dict[int, _InFlight] = field(default_factory=dict)
     redeliver: dict[int, _Redelivery] = field(default_factory=dict)
-    _low: list[int] = field(default_factory=list)
-
-    def track(self, offset: int) -> None:
-        heapq.heappush(self._low, offset)
 
     def low(self) -> int:
         """The lowest unresolved offset (the committed offset to be)."""
-        heap = self._low
-        while heap and heap[0] not in self.inflight and heap[0] not in self.redeliver:
-            heapq.heappop(heap)
-        return heap[0] if heap else self.pop_offset
+        low = next(iter(self.inflight), self.pop_offset)
+        if self.redeliver:
+            low = min(low, min(self.redeliver))
+        return low
 
     @property
     def locked(self) -> bool:
@@ -240,8 +249,9 @@ class PopService:
         self.create_topic = create_topic  # persist + announce a retry or DLQ topic
         self.timer_pending = timer_pending  # timed copies waiting, by target topic
         self._queues: dict[Key, _Queue] = {}
-        self._refs: Counter[int] = Counter()  # checkpoint -> unresolved offsets it issued
-        self._expiry: list[tuple[int, Key, int, int]] = []  # (until, key, offset, checkpoint)
+        self._cks: dict[int, _Ck] = {}  # checkpoint -> its unresolved messages
+        self._expiry: list[tuple[int, int]] = []  # (until, checkpoint); stale ones skipped
+        self._wakeups: list[tuple[int, Key]] = []  # (visible, ordered queue) redeliveries
         self._compact_at = COMPACT_AT
         self._wake = asyncio.Event()
         self._next_queue: dict[tuple[str, str], int] = {}
@@ -379,9 +389,11 @@ class PopService:
                     break  # hand out what is already checkpointed
                 raise
             state.pop_offset = max(state.pop_offset, scan_end)
+            self._new_checkpoint(checkpoint, state.key, ck.offsets, until)
             for offset, entry, attempt in picked:
-                self._set_inflight(state, offset, _InFlight(checkpoint, until, attempt))
-                out.append((state.key, offset, entry, state.inflight[offset]))
+                inflight = _InFlight(checkpoint, until, attempt)
+                self._set_inflight(state, offset, inflight)
+                out.append((state.key, offset, entry, inflight))
             self._advance(state)
         if out:
             self._wake.set()
@@ -396,21 +408,18 @@ class PopService:
         for (key, offset, _, inflight), message in zip(taken, stored, strict=True):
             if message is None:
                 continue  # deleted meanwhile: it expires and is resolved by the reviver
-            handle = ReceiptHandle(
-                broker, group, key[1], key[2], offset, inflight.checkpoint, inflight.until_ms
-            ).encode()
-            props = message.properties
-            attempt = inflight.attempt or _attempt(key[1], message)
-            out.append(
-                Popped(
-                    message,
-                    props.get(PROPERTY_RETRY_TOPIC, topic) if key[1] != topic else topic,
-                    props.get(PROPERTY_ORIGIN_MESSAGE_ID) or message.msg_id,
-                    handle,
-                    attempt,
-                    inflight.until_ms,
-                )
+            handle = (
+                f"{HANDLE_VERSION} {broker} {group} {key[1]} {key[2]} {offset} "
+                f"{inflight.checkpoint} {inflight.until_ms}"
             )
+            if key[1] == topic:
+                shown, msg_id = topic, None
+            else:  # a retry copy: shown as the message it copies
+                props = message.properties
+                shown = props.get(PROPERTY_RETRY_TOPIC, topic)
+                msg_id = props.get(PROPERTY_ORIGIN_MESSAGE_ID)
+            attempt = inflight.attempt or _attempt(key[1], message)
+            out.append(Popped(message, shown, msg_id, handle, attempt, inflight.until_ms))
         return out
 
     # ------------------------------------------------------------ ack / change
@@ -420,24 +429,36 @@ class PopService:
         check_topic(topic)
         if not handles:
             raise InvalidArgument("receipt_handles", "name at least one handle")
-        parsed = [self._parse(h, i) for i, h in enumerate(handles)]
         results: list[AckResult] = []
         resolved: dict[Key, list[tuple[int, int]]] = {}
-        for text, handle in zip(handles, parsed, strict=True):
-            verdict = self._foreign(handle, group, topic)
-            if verdict:
-                results.append(AckResult(text, "FOREIGN", verdict))
+        seen: set[tuple[Key, int]] = set()
+        broker, retry = self.config.broker_name, retry_topic(group, topic)
+        queues = self._queues
+        # Nothing changes until every handle has parsed (a bad one fails the call).
+        for index, text in enumerate(handles):
+            handle = self._parse(text, index)
+            if (
+                handle.broker_name != broker
+                or handle.group != group
+                or (handle.topic != topic and handle.topic != retry)
+            ):
+                results.append(AckResult(text, "FOREIGN", self._foreign(handle, group, topic)))
                 continue
             key = (group, handle.topic, handle.queue_id)
-            state = self._queues.get(key)
-            inflight = state.inflight.get(handle.queue_offset) if state else None
+            state = queues.get(key)
+            offset = handle.queue_offset
+            inflight = state.inflight.get(offset) if state is not None else None
             if inflight is None or inflight.checkpoint != handle.checkpoint:
                 results.append(AckResult(text, "STALE", _stale_reason(state, handle)))
                 continue
-            if (handle.queue_offset, handle.checkpoint) in resolved.get(key, ()):
+            if (key, offset) in seen:
                 results.append(AckResult(text, "STALE", "named twice in this request"))
                 continue
-            resolved.setdefault(key, []).append((handle.queue_offset, handle.checkpoint))
+            seen.add((key, offset))
+            pairs = resolved.get(key)
+            if pairs is None:
+                pairs = resolved[key] = []
+            pairs.append((offset, handle.checkpoint))
             results.append(AckResult(text, "OK"))
         end = 0
         for key, pairs in resolved.items():
@@ -478,6 +499,7 @@ class PopService:
                 inflight.attempt,
             )
         )
+        self._new_checkpoint(checkpoint, key, (handle.queue_offset,), until)
         self._set_inflight(
             state, handle.queue_offset, _InFlight(checkpoint, until, inflight.attempt)
         )
@@ -585,8 +607,9 @@ class PopService:
             await asyncio.sleep(0)
             return
         wait = 1.0
-        if self._expiry:
-            wait = min(wait, max((self._expiry[0][0] - self.clock.wall_ms()) / 1000, 0.005))
+        for heap in (self._expiry, self._wakeups):
+            if heap:
+                wait = min(wait, max((heap[0][0] - self.clock.wall_ms()) / 1000, 0.005))
         self._wake.clear()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(wait):
@@ -595,31 +618,33 @@ class PopService:
     async def revive_due(self) -> int:
         """Handle every in-flight message past its deadline (up to a batch)."""
         now = self.clock.wall_ms()
+        wakeups = self._wakeups
+        while wakeups and wakeups[0][0] <= now:  # an ordered queue may hand out again
+            _, key = heapq.heappop(wakeups)
+            self.store.long_polls.notify([(key[1], key[2])])
         expired: dict[Key, list[tuple[int, _InFlight]]] = {}
         heap = self._expiry
+        taken: list[tuple[int, int]] = []
         count = 0
         while heap and heap[0][0] <= now and count < REVIVE_BATCH:
-            until, key, offset, checkpoint = heapq.heappop(heap)
-            state = self._queues.get(key)
-            if state is None:
+            until, checkpoint = heapq.heappop(heap)
+            ck = self._cks.get(checkpoint)
+            state = self._queues.get(ck.key) if ck is not None else None
+            if ck is None or state is None:
                 continue
-            if offset < 0:  # an ordered queue's redelivery is due: wake its pops
-                self.store.long_polls.notify([(key[1], key[2])])
-                continue
-            inflight = state.inflight.get(offset)
-            if inflight is None or inflight.checkpoint != checkpoint or inflight.until_ms != until:
-                continue
-            expired.setdefault(key, []).append((offset, inflight))
-            count += 1
-        for key, items in expired.items():
-            try:
+            taken.append((until, checkpoint))
+            for offset in ck.offsets:
+                inflight = state.inflight.get(offset)
+                if inflight is not None and inflight.checkpoint == checkpoint:
+                    expired.setdefault(ck.key, []).append((offset, inflight))
+                    count += 1
+        try:
+            for key, items in expired.items():
                 await self._expire(key, items)
-            except BaseException:
-                for offset, inflight in items:  # not handled: due again
-                    heapq.heappush(
-                        self._expiry, (inflight.until_ms, key, offset, inflight.checkpoint)
-                    )
-                raise
+        except BaseException:
+            for entry in taken:  # not all handled: due again (handled ones are skipped)
+                heapq.heappush(self._expiry, entry)
+            raise
         return count
 
     async def _expire(self, key: Key, items: list[tuple[int, _InFlight]]) -> None:
@@ -643,7 +668,7 @@ class PopService:
                     inflight.checkpoint, inflight.attempt + 1, visible
                 )
                 self.redeliveries += 1
-                heapq.heappush(self._expiry, (visible, key, -1, -1))
+                heapq.heappush(self._wakeups, (visible, key))
             if dead:
                 await self._dead_letter(key, dead, group_config, now)
             self._advance(state)
@@ -815,14 +840,18 @@ class PopService:
         if isinstance(item, Checkpoint):
             state = self._queue(item.group, item.topic, item.queue_id, base=item.start)
             state.pop_offset = max(state.pop_offset, item.end)
+            ck = self._new_checkpoint(
+                checkpoint_offset, state.key, item.offsets, item.invisible_until_ms
+            )
             for offset, attempt in zip(item.offsets, item.attempts, strict=True):
                 if offset >= state.committed:
-                    state.redeliver.pop(offset, None)
                     self._set_inflight(
                         state,
                         offset,
                         _InFlight(checkpoint_offset, item.invisible_until_ms, attempt),
                     )
+            if not ck.live:
+                del self._cks[checkpoint_offset]
         elif isinstance(item, Acks):
             state = self._queues.get((item.group, item.topic, item.queue_id))
             if state is None:
@@ -839,6 +868,9 @@ class PopService:
                 and inflight is not None
                 and inflight.checkpoint == item.old_checkpoint
             ):
+                self._new_checkpoint(
+                    checkpoint_offset, state.key, (item.queue_offset,), item.invisible_until_ms
+                )
                 self._set_inflight(
                     state,
                     item.queue_offset,
@@ -848,9 +880,8 @@ class PopService:
     def checkpoint(self) -> int:
         """Record where a restart replays from: the oldest checkpoint with an
         unresolved message (stored with the committed offsets it matches)."""
-        live = [ck for ck, n in self._refs.items() if n > 0]
         cq = self.store.queues.get(self.config.revive_topic, 0)
-        start = min(live) if live else (cq.max_offset if cq else 0)
+        start = min(self._cks) if self._cks else (cq.max_offset if cq else 0)
         if self.offsets.query(REVIVE_GROUP, self.config.revive_topic, 0) != start:
             self.offsets.commit(REVIVE_GROUP, self.config.revive_topic, 0, start)
         return start
@@ -888,7 +919,17 @@ class PopService:
             state = self._queues[key] = _Queue(key, committed, committed)
         return state
 
+    def _new_checkpoint(
+        self, checkpoint: int, key: Key, offsets: tuple[int, ...], until_ms: int
+    ) -> _Ck:
+        ck = self._cks[checkpoint] = _Ck(key, offsets, until_ms)
+        heapq.heappush(self._expiry, (until_ms, checkpoint))
+        if len(self._expiry) > self._compact_at:
+            self._compact_expiry()
+        return ck
+
     def _set_inflight(self, state: _Queue, offset: int, inflight: _InFlight) -> None:
+        """`offset` in flight under `inflight.checkpoint` (made by `_new_checkpoint`)."""
         old = state.inflight.get(offset)
         if old is not None:
             self._unref(old.checkpoint)
@@ -896,20 +937,13 @@ class PopService:
         if redelivery is not None:
             self._unref(redelivery.checkpoint)
         state.inflight[offset] = inflight
-        self._refs[inflight.checkpoint] += 1
-        state.track(offset)
-        heapq.heappush(self._expiry, (inflight.until_ms, state.key, offset, inflight.checkpoint))
-        if len(self._expiry) > self._compact_at:
-            self._compact_expiry()
+        self._cks[inflight.checkpoint].live += 1
 
     def _compact_expiry(self) -> None:
-        """Drop the deadlines of resolved and re-timed messages (they are left
-        in the heap when that happens): with long invisibility times and fast
-        acks, the heap would otherwise hold every message of the last hours."""
-        live: list[tuple[int, Key, int, int]] = []
-        for key, state in self._queues.items():
-            live.extend((i.until_ms, key, o, i.checkpoint) for o, i in state.inflight.items())
-            live.extend((r.visible_ms, key, -1, -1) for r in state.redeliver.values())
+        """Drop the deadlines of checkpoints already resolved (they stay in the
+        heap when that happens): with long invisibility times and fast acks, the
+        heap would otherwise hold every pop of the last hours."""
+        live = [(ck.until_ms, checkpoint) for checkpoint, ck in self._cks.items()]
         heapq.heapify(live)
         self._expiry = live
         self._compact_at = max(COMPACT_AT, 4 * len(live))
@@ -923,9 +957,10 @@ class PopService:
             self._unref(redelivery.checkpoint)
 
     def _unref(self, checkpoint: int) -> None:
-        self._refs[checkpoint] -= 1
-        if self._refs[checkpoint] <= 0:
-            del self._refs[checkpoint]
+        ck = self._cks[checkpoint]
+        ck.live -= 1
+        if ck.live <= 0:
+            del self._cks[checkpoint]
 
     def _advance(self, state: _Queue) -> None:
         low = state.low()

@@ -14,18 +14,20 @@ Receipt handle (a string, space-separated; no field can hold a space):
     | 7 | checkpoint     | revive-queue offset of the checkpoint that issued it  |
     | 8 | invisible until| epoch ms                                              |
 
-Revive records (queue 0 of `rmq_sys_REVIVE_LOG_<cluster>`), a compact JSON
-object each, key `k` the kind:
+Revive records (queue 0 of `rmq_sys_REVIVE_LOG_<cluster>`), big-endian; every
+one starts with a kind byte, the group and topic (`u16` length + UTF-8 each)
+and the queue id (`i32`):
 
-- `ck`: a pop of one queue. `g` group, `t` topic, `q` queue id, `s`/`e` the
-  queue-offset range scanned (offsets in it not listed were filtered out by
-  tags), `o` the offsets handed out, `a` their delivery attempts, `d` invisible
-  until (epoch ms). The record's own revive-queue offset names the checkpoint.
-- `ack`: `g`, `t`, `q`, `m` a list of `[queue offset, checkpoint]` resolved
-  (acknowledged, or moved to the retry or dead-letter topic: `why`).
-- `chg`: one in-flight message re-timed: `g`, `t`, `q`, `o` offset, `r` the old
-  checkpoint, `d` the new deadline, `a` attempt. The record's own offset is the
-  new checkpoint.
+    | kind    | then                                                              |
+    |---------|-------------------------------------------------------------------|
+    | `C` ck  | start `i64`, end `i64` (the queue-offset range scanned: offsets in |
+    |         | it not listed were filtered out by tags), invisible until `i64`   |
+    |         | (epoch ms), count `u32`, count × offset `i64`, count × attempt    |
+    |         | `u32`. The record's own revive-queue offset names the checkpoint. |
+    | `A` ack | why `u8` (0 ack, 1 revive: moved to the retry topic, 2 dlq),      |
+    |         | count `u32`, count × (queue offset `i64`, checkpoint `i64`)       |
+    | `G` chg | offset `i64`, old checkpoint `i64`, new deadline `i64`, attempt   |
+    |         | `u32`; the record's own offset is the new checkpoint.             |
 
 Timer-done records (queue 1 of the timer topic): `{"o": [timer queue offsets]}`.
 
@@ -35,8 +37,9 @@ Decoders distrust their input and raise `PopFormatError` only.
 from __future__ import annotations
 
 import json
+import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 HANDLE_VERSION = "1"
 MAX_HANDLE_CHARS = 1024
@@ -47,8 +50,7 @@ class PopFormatError(ValueError):
     """Bytes or text that are not a valid handle or journal record."""
 
 
-@dataclass(frozen=True, slots=True)
-class ReceiptHandle:
+class ReceiptHandle(NamedTuple):
     broker_name: str
     group: str
     topic: str
@@ -58,17 +60,9 @@ class ReceiptHandle:
     invisible_until_ms: int
 
     def encode(self) -> str:
-        return " ".join(
-            (
-                HANDLE_VERSION,
-                self.broker_name,
-                self.group,
-                self.topic,
-                str(self.queue_id),
-                str(self.queue_offset),
-                str(self.checkpoint),
-                str(self.invisible_until_ms),
-            )
+        return (
+            f"{HANDLE_VERSION} {self.broker_name} {self.group} {self.topic} {self.queue_id} "
+            f"{self.queue_offset} {self.checkpoint} {self.invisible_until_ms}"
         )
 
 
@@ -78,16 +72,18 @@ def decode_handle(text: str) -> ReceiptHandle:
     parts = text.split(" ")
     if len(parts) != 8 or parts[0] != HANDLE_VERSION:
         raise PopFormatError("not a ferry receipt handle (expected 8 space-separated fields, v1)")
-    _, broker, group, topic, *numbers = parts
+    _, broker, group, topic, queue_id, queue_offset, checkpoint, until = parts
     if not broker or not group or not topic:
         raise PopFormatError("a name field is empty")
     try:
-        queue_id, queue_offset, checkpoint, until = (int(n) for n in numbers)
+        handle = ReceiptHandle(
+            broker, group, topic, int(queue_id), int(queue_offset), int(checkpoint), int(until)
+        )
     except ValueError:
         raise PopFormatError("a number field is not an integer") from None
-    if queue_id < 0 or queue_offset < 0 or checkpoint < 0 or until < 0:
+    if min(handle[3:]) < 0:
         raise PopFormatError("a number field is negative")
-    return ReceiptHandle(broker, group, topic, queue_id, queue_offset, checkpoint, until)
+    return handle
 
 
 # ---------------------------------------------------------------- revive records
@@ -126,63 +122,101 @@ class Change:
 
 
 ReviveRecord = Checkpoint | Acks | Change
+_KIND = {Checkpoint: b"C", Acks: b"A", Change: b"G"}
+
+
+_HEAD = struct.Struct(">cH")
+_U16 = struct.Struct(">H")
+_I32 = struct.Struct(">i")
+_CK = struct.Struct(">qqqI")
+_ACK = struct.Struct(">BI")
+_CHG = struct.Struct(">qqqI")
+_WHY = ("ack", "revive", "dlq")
 
 
 def encode_revive(item: ReviveRecord) -> bytes:
-    doc: dict[str, Any]
+    group, topic = item.group.encode(), item.topic.encode()
+    head = b"".join(
+        (_HEAD.pack(_KIND[type(item)], len(group)), group, _U16.pack(len(topic)), topic,
+         _I32.pack(item.queue_id))
+    )  # fmt: skip
     if isinstance(item, Checkpoint):
-        doc = {
-            "k": "ck", "g": item.group, "t": item.topic, "q": item.queue_id, "s": item.start,
-            "e": item.end, "o": list(item.offsets), "a": list(item.attempts),
-            "d": item.invisible_until_ms,
-        }  # fmt: skip
-    elif isinstance(item, Acks):
-        doc = {
-            "k": "ack", "g": item.group, "t": item.topic, "q": item.queue_id,
-            "m": [list(pair) for pair in item.resolved], "why": item.why,
-        }  # fmt: skip
-    else:
-        doc = {
-            "k": "chg", "g": item.group, "t": item.topic, "q": item.queue_id,
-            "o": item.queue_offset, "r": item.old_checkpoint, "d": item.invisible_until_ms,
-            "a": item.attempt,
-        }  # fmt: skip
-    return json.dumps(doc, separators=(",", ":")).encode()
+        n = len(item.offsets)
+        return b"".join((
+            head,
+            _CK.pack(item.start, item.end, item.invisible_until_ms, n),
+            struct.pack(f">{n}q{n}I", *item.offsets, *item.attempts),
+        ))  # fmt: skip
+    if isinstance(item, Acks):
+        flat = [v for pair in item.resolved for v in pair]
+        why = _WHY.index(item.why) if item.why in _WHY else 0
+        return b"".join(
+            (head, _ACK.pack(why, len(item.resolved)), struct.pack(f">{len(flat)}q", *flat))
+        )
+    return head + _CHG.pack(
+        item.queue_offset, item.old_checkpoint, item.invisible_until_ms, item.attempt
+    )
 
 
 def decode_revive(body: bytes) -> ReviveRecord:
-    doc = _object(body)
-    kind = doc.get("k")
-    group, topic, queue_id = _str(doc, "g"), _str(doc, "t"), _int(doc, "q")
-    if kind == "ck":
-        offsets = _ints(doc, "o")
-        attempts = _ints(doc, "a")
-        if len(attempts) != len(offsets):
-            raise PopFormatError("checkpoint: offsets and attempts differ in length")
-        start, end = _int(doc, "s"), _int(doc, "e")
-        if end < start or any(not start <= o < end for o in offsets):
-            raise PopFormatError("checkpoint: an offset lies outside its range")
-        return Checkpoint(group, topic, queue_id, start, end, offsets, attempts, _int(doc, "d"))
-    if kind == "ack":
-        pairs = doc.get("m")
-        if not isinstance(pairs, list) or len(pairs) > MAX_RECORD_ITEMS:
-            raise PopFormatError("ack: 'm' is not a list")
-        resolved = []
-        for pair in pairs:
-            if (
-                not isinstance(pair, list)
-                or len(pair) != 2
-                or not all(type(v) is int and v >= 0 for v in pair)
-            ):
-                raise PopFormatError("ack: an entry is not [offset, checkpoint]")
-            resolved.append((pair[0], pair[1]))
-        why = doc.get("why", "ack")
-        return Acks(group, topic, queue_id, tuple(resolved), why if isinstance(why, str) else "ack")
-    if kind == "chg":
-        return Change(
-            group, topic, queue_id, _int(doc, "o"), _int(doc, "r"), _int(doc, "d"), _int(doc, "a")
-        )
-    raise PopFormatError(f"unknown revive record kind {str(kind)[:20]!r}")
+    try:
+        kind, group_len = _HEAD.unpack_from(body, 0)
+        at = _HEAD.size
+        group = _text(body, at, group_len)
+        at += group_len
+        (topic_len,) = _U16.unpack_from(body, at)
+        at += 2
+        topic = _text(body, at, topic_len)
+        at += topic_len
+        (queue_id,) = _I32.unpack_from(body, at)
+        at += 4
+        if queue_id < 0:
+            raise PopFormatError("negative queue id")
+        if kind == b"C":
+            start, end, until, n = _CK.unpack_from(body, at)
+            at += _CK.size
+            values = _array(body, at, n, f">{n}q{n}I", 12)
+            offsets, attempts = values[:n], values[n:]
+            if min(start, end, until) < 0 or end < start:
+                raise PopFormatError("checkpoint: a bad range or deadline")
+            if any(not start <= o < end for o in offsets):
+                raise PopFormatError("checkpoint: an offset lies outside its range")
+            return Checkpoint(group, topic, queue_id, start, end, offsets, attempts, until)
+        if kind == b"A":
+            why, n = _ACK.unpack_from(body, at)
+            at += _ACK.size
+            if why >= len(_WHY):
+                raise PopFormatError(f"ack: unknown reason {why}")
+            flat = _array(body, at, n, f">{2 * n}q", 16)
+            if flat and min(flat) < 0:
+                raise PopFormatError("ack: a negative offset")
+            pairs = tuple(zip(flat[0::2], flat[1::2], strict=True))
+            return Acks(group, topic, queue_id, pairs, _WHY[why])
+        if kind == b"G":
+            offset, old, until, attempt = _CHG.unpack_from(body, at)
+            if at + _CHG.size != len(body):
+                raise PopFormatError("change: wrong length")
+            if min(offset, old, until) < 0:
+                raise PopFormatError("change: a negative field")
+            return Change(group, topic, queue_id, offset, old, until, attempt)
+    except struct.error as exc:
+        raise PopFormatError(f"too short: {exc}") from None
+    raise PopFormatError(f"unknown revive record kind {kind!r}")
+
+
+def _text(body: bytes, at: int, length: int) -> str:
+    if length == 0 or at + length > len(body):
+        raise PopFormatError("a name is empty or does not fit")
+    try:
+        return body[at : at + length].decode()
+    except UnicodeDecodeError:
+        raise PopFormatError("a name is not UTF-8") from None
+
+
+def _array(body: bytes, at: int, n: int, fmt: str, per_item: int) -> tuple[int, ...]:
+    if n > MAX_RECORD_ITEMS or at + n * per_item != len(body):
+        raise PopFormatError(f"{n} items do not fit the record's {len(body)} bytes")
+    return struct.unpack_from(fmt, body, at)
 
 
 def encode_timer_done(offsets: list[int]) -> bytes:
@@ -201,20 +235,6 @@ def _object(body: bytes) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise PopFormatError("not a JSON object")
     return doc
-
-
-def _str(doc: dict[str, Any], key: str) -> str:
-    value = doc.get(key)
-    if not isinstance(value, str) or not value:
-        raise PopFormatError(f"{key!r} is not a non-empty string")
-    return value
-
-
-def _int(doc: dict[str, Any], key: str) -> int:
-    value = doc.get(key)
-    if type(value) is not int or value < 0:
-        raise PopFormatError(f"{key!r} is not a non-negative integer")
-    return value
 
 
 def _ints(doc: dict[str, Any], key: str) -> tuple[int, ...]:

@@ -75,7 +75,16 @@ records = st.one_of(
         st.lists(st.tuples(offsets, offsets), max_size=5).map(tuple),
         st.sampled_from(["ack", "revive", "dlq"]),
     ),  # fmt: skip
-    st.builds(Change, names, names, st.integers(0, 100), offsets, offsets, offsets, offsets),
+    st.builds(
+        Change,
+        names,
+        names,
+        st.integers(0, 100),
+        offsets,
+        offsets,
+        offsets,
+        st.integers(0, 2**32 - 1),
+    ),
 )
 
 
@@ -92,22 +101,47 @@ def test_random_bytes_are_a_record_or_a_format_error(data):
         decode_timer_done(data)
 
 
+GOOD = [
+    Checkpoint("g", "t", 3, 5, 9, (5, 7), (1, 2), 1000),
+    Acks("g", "t", 0, ((1, 2), (3, 4)), "revive"),
+    Change("g", "t", 1, 4, 2, 9, 1),
+]
+
+
+@pytest.mark.parametrize("item", GOOD, ids=["ck", "ack", "chg"])
+def test_every_truncation_and_extension_is_a_format_error(item):
+    body = encode_revive(item)
+    assert decode_revive(body) == item
+    for cut in range(len(body)):
+        with pytest.raises(PopFormatError):
+            decode_revive(body[:cut])
+    with pytest.raises(PopFormatError):
+        decode_revive(body + b"\x00")
+
+
 @pytest.mark.parametrize(
-    "body",
+    "item",
     [
-        b'{"k":"ck","g":"g","t":"t","q":0,"s":5,"e":6,"o":[9],"a":[1],"d":1}',  # outside range
-        b'{"k":"ck","g":"g","t":"t","q":0,"s":5,"e":6,"o":[5],"a":[],"d":1}',  # lengths differ
-        b'{"k":"ack","g":"g","t":"t","q":0,"m":[[1]]}',
-        b'{"k":"chg","g":"g","t":"t","q":-1,"o":1,"r":1,"d":1,"a":1}',
-        b'{"k":"zz","g":"g","t":"t","q":0}',
-        b"[1,2]",
-        b'{"k":"ck","g":"","t":"t","q":0}',
-        b'{"k":"ack","g":"g","t":"t","q":0,"m":[[1,true]]}',
+        Checkpoint("g", "t", 0, 5, 6, (9,), (1,), 1),  # an offset outside the range
+        Checkpoint("g", "t", 0, 6, 5, (), (), 1),  # end before start
+        Checkpoint("g", "t", -1, 5, 6, (5,), (1,), 1),  # a negative queue id
+        Acks("g", "t", 0, ((-1, 2),)),
+        Change("g", "t", 0, -4, 2, 9, 1),
     ],
 )
-def test_bad_revive_records(body):
+def test_bad_revive_records(item):
     with pytest.raises(PopFormatError):
-        decode_revive(body)
+        decode_revive(encode_revive(item))
+
+
+def test_unknown_kind_and_bad_names():
+    body = encode_revive(GOOD[1])
+    with pytest.raises(PopFormatError):
+        decode_revive(b"Z" + body[1:])
+    with pytest.raises(PopFormatError):
+        decode_revive(encode_revive(Acks("", "t", 0, ())))
+    with pytest.raises(PopFormatError):
+        decode_revive(body.replace(b"g", b"\xff", 1))
 
 
 @given(st.lists(st.integers(0, 2**62), max_size=50))
