@@ -224,14 +224,14 @@ _ACK_STATUS = {"OK": broker_pb2.OK, "STALE": broker_pb2.STALE, "FOREIGN": broker
 
 
 def ack_response_pb(results: list[AckResult]) -> broker_pb2.AckMessageResponse:
-    return broker_pb2.AckMessageResponse(
-        results=[
-            broker_pb2.AckResult(
-                receipt_handle=r.receipt_handle, status=_ACK_STATUS[r.status], reason=r.reason
-            )
-            for r in results
-        ]
-    )
+    response = broker_pb2.AckMessageResponse()
+    add = response.results.add
+    for r in results:
+        if r.reason:
+            add(receipt_handle=r.receipt_handle, status=_ACK_STATUS[r.status], reason=r.reason)
+        else:
+            add(receipt_handle=r.receipt_handle, status=_ACK_STATUS[r.status])
+    return response
 
 
 def change_response_pb(result: ChangeResult) -> broker_pb2.ChangeInvisibleTimeResponse:
