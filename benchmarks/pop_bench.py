@@ -771,7 +771,7 @@ def timed_delivery(broker: ServerProcess, plan: Plan, preload_rate: float) -> li
             baseline_label="the plain preload: same batches, callers and property bytes",
             target=None,
             detail=f"{n:,} messages in {r.send_s:.1f} s. A timed batch goes to the timer "
-            "queue; the dispatcher reads each entry's TIMER_DELIVER_MS.",
+            "queue; the timer reads each entry's TIMER_DELIVER_MS as it arrives.",
         ),
     ]
 

@@ -147,8 +147,8 @@ DELAY_LEVELS_S = (
 TOPIC_FILTER_TYPES = ("SINGLE_TAG", "MULTI_TAG")
 
 # Timed delivery (RocketMQ 5's timer): queue 0 of TIMER_TOPIC holds messages
-# waiting for their TIMER_DELIVER_MS (their consume-queue code is that time);
-# queue 1 records which of them the timer service has delivered.
+# waiting for their TIMER_DELIVER_MS; queue 1 records which of them the timer
+# service has delivered.
 TIMER_TOPIC = "rmq_sys_wheel_timer"
 PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
 # A message's message group (FIFO): it picks the queue by a stable hash.

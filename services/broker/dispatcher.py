@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 
 from ferry import record
-from ferry.model import DELAY_LEVELS_S, PROPERTY_TIMER_DELIVER_MS, SCHEDULE_TOPIC, TIMER_TOPIC
+from ferry.model import DELAY_LEVELS_S, SCHEDULE_TOPIC
 from ferry.record import RecordError
 from ferry.runtime.clock import wait_event
 from ferry.runtime.errors import StorageFault
@@ -101,9 +101,7 @@ class Dispatcher:
             topic = topics.get(topic_raw)
             if topic is None:
                 topic = topics[topic_raw] = topic_raw.decode(errors="replace")
-            if topic == TIMER_TOPIC and queue_id == 0:
-                code = _deliver_ms(chunk, commit_offset - start, size)
-            elif topic == SCHEDULE_TOPIC:
+            if topic == SCHEDULE_TOPIC:
                 level = queue_id + 1
                 code = store_ts + (
                     int(levels[level - 1] * 1000) if 1 <= level <= len(levels) else 0
@@ -210,16 +208,6 @@ class Dispatcher:
     def _notify(self, touched: set[tuple[str, int]]) -> None:
         if touched and self.on_dispatch is not None:
             self.on_dispatch(touched)
-
-
-def _deliver_ms(chunk: bytes | memoryview, pos: int, size: int) -> int:
-    """A timed message's consume-queue code: its TIMER_DELIVER_MS (0 when unreadable:
-    the timer service then delivers it at once rather than never)."""
-    try:
-        value = record.decode_stored(chunk, pos, size).properties.get(PROPERTY_TIMER_DELIVER_MS, "")
-        return int(value)
-    except (RecordError, ValueError):
-        return 0
 
 
 def _has_loop() -> bool:

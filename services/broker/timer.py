@@ -167,15 +167,15 @@ class TimerService:
                 offset = start + i
                 if skip is not None and offset in skip:
                     continue
-                commit_offset, size, code = entry
+                commit_offset, size, _ = entry
                 target = ""
-                deliver_ms = code
+                deliver_ms = 0  # unreadable: due at once (and dropped, logged, then)
                 if message is not None:
                     target = message.properties.get(PROPERTY_REAL_TOPIC, "")
                     try:
-                        deliver_ms = int(message.properties.get(PROPERTY_TIMER_DELIVER_MS, code))
+                        deliver_ms = int(message.properties.get(PROPERTY_TIMER_DELIVER_MS, 0))
                     except ValueError:
-                        deliver_ms = code
+                        deliver_ms = 0
                 heapq.heappush(self._heap, (deliver_ms, offset, commit_offset, size, target))
                 self._pending.add(offset)
                 heapq.heappush(self._low, offset)
