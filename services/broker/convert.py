@@ -210,13 +210,13 @@ def pop_response_pb(popped: list[Popped]) -> broker_pb2.PopMessageResponse:
         fields = _message_fields(p.message, prefixes)
         if p.msg_id is not None:
             fields["msg_id"] = p.msg_id
-        fields.update(
-            topic=p.topic,
+        fields["topic"] = p.topic
+        add(
+            **fields,
             receipt_handle=p.receipt_handle,
             delivery_attempt=p.delivery_attempt,
             invisible_until_ms=p.invisible_until_ms,
         )
-        add(**fields)
     return response
 
 

@@ -390,10 +390,17 @@ class PopService:
                 raise
             state.pop_offset = max(state.pop_offset, scan_end)
             self._new_checkpoint(checkpoint, state.key, ck.offsets, until)
+            inflight_of = state.inflight
+            fresh = 0
             for offset, entry, attempt in picked:
                 inflight = _InFlight(checkpoint, until, attempt)
-                self._set_inflight(state, offset, inflight)
+                if offset in inflight_of or offset in state.redeliver:
+                    self._set_inflight(state, offset, inflight)  # an ordered redelivery
+                else:
+                    inflight_of[offset] = inflight
+                    fresh += 1
                 out.append((state.key, offset, entry, inflight))
+            self._cks[checkpoint].live += fresh
             self._advance(state)
         if out:
             self._wake.set()
@@ -404,22 +411,32 @@ class PopService:
     ) -> list[Popped]:
         stored = await self.store.read_entries([entry for _, _, entry, _ in taken])
         out = []
-        broker = self.config.broker_name
+        prefixes: dict[Key, str] = {}
         for (key, offset, _, inflight), message in zip(taken, stored, strict=True):
             if message is None:
                 continue  # deleted meanwhile: it expires and is resolved by the reviver
-            handle = (
-                f"{HANDLE_VERSION} {broker} {group} {key[1]} {key[2]} {offset} "
-                f"{inflight.checkpoint} {inflight.until_ms}"
-            )
+            prefix = prefixes.get(key)
+            if prefix is None:
+                prefix = prefixes[key] = (
+                    f"{HANDLE_VERSION} {self.config.broker_name} {group} {key[1]} {key[2]} "
+                )
+            until = inflight.until_ms
+            handle = f"{prefix}{offset} {inflight.checkpoint} {until}"
             if key[1] == topic:
-                shown, msg_id = topic, None
-            else:  # a retry copy: shown as the message it copies
-                props = message.properties
-                shown = props.get(PROPERTY_RETRY_TOPIC, topic)
-                msg_id = props.get(PROPERTY_ORIGIN_MESSAGE_ID)
-            attempt = inflight.attempt or _attempt(key[1], message)
-            out.append(Popped(message, shown, msg_id, handle, attempt, inflight.until_ms))
+                out.append(Popped(message, topic, None, handle, inflight.attempt or 1, until))
+                continue
+            # A retry copy: shown as the message it copies, its attempt from its reconsume times.
+            props = message.properties
+            out.append(
+                Popped(
+                    message,
+                    props.get(PROPERTY_RETRY_TOPIC, topic),
+                    props.get(PROPERTY_ORIGIN_MESSAGE_ID),
+                    handle,
+                    inflight.attempt or _attempt(key[1], message),
+                    until,
+                )
+            )
         return out
 
     # ------------------------------------------------------------ ack / change
@@ -437,14 +454,15 @@ class PopService:
         # Nothing changes until every handle has parsed (a bad one fails the call).
         for index, text in enumerate(handles):
             handle = self._parse(text, index)
+            handle_topic = handle.topic
             if (
                 handle.broker_name != broker
                 or handle.group != group
-                or (handle.topic != topic and handle.topic != retry)
+                or (handle_topic != topic and handle_topic != retry)
             ):
                 results.append(AckResult(text, "FOREIGN", self._foreign(handle, group, topic)))
                 continue
-            key = (group, handle.topic, handle.queue_id)
+            key = (group, handle_topic, handle.queue_id)
             state = queues.get(key)
             offset = handle.queue_offset
             inflight = state.inflight.get(offset) if state is not None else None
