@@ -454,7 +454,7 @@ class PopService:
         # Nothing changes until every handle has parsed (a bad one fails the call).
         for index, text in enumerate(handles):
             handle = self._parse(text, index)
-            handle_topic = handle.topic
+            handle_topic = handle[2]
             if (
                 handle.broker_name != broker
                 or handle.group != group
@@ -482,8 +482,13 @@ class PopService:
         for key, pairs in resolved.items():
             end = self._journal(Acks(key[0], key[1], key[2], tuple(pairs)), end_only=True)
             state = self._queues[key]
-            for offset, _ in pairs:
-                self._resolve(state, offset)
+            inflight_of, cks = state.inflight, self._cks
+            for offset, checkpoint in pairs:
+                del inflight_of[offset]
+                ck = cks[checkpoint]
+                ck.live -= 1
+                if ck.live <= 0:
+                    del cks[checkpoint]
             self._advance(state)
             self.store.long_polls.notify([(key[1], key[2])])
         if end:

@@ -73,17 +73,16 @@ def decode_handle(text: str) -> ReceiptHandle:
     if len(parts) != 8 or parts[0] != HANDLE_VERSION:
         raise PopFormatError("not a ferry receipt handle (expected 8 space-separated fields, v1)")
     _, broker, group, topic, queue_id, queue_offset, checkpoint, until = parts
-    if not broker or not group or not topic:
+    if not (broker and group and topic):
         raise PopFormatError("a name field is empty")
-    try:
-        handle = ReceiptHandle(
-            broker, group, topic, int(queue_id), int(queue_offset), int(checkpoint), int(until)
-        )
-    except ValueError:
-        raise PopFormatError("a number field is not an integer") from None
-    if min(handle[3:]) < 0:
-        raise PopFormatError("a number field is negative")
-    return handle
+    numbers = queue_id + queue_offset + checkpoint + until
+    if not (numbers.isascii() and numbers.isdecimal()) or not (
+        queue_id and queue_offset and checkpoint and until
+    ):
+        raise PopFormatError("a number field is not a non-negative decimal integer")
+    return ReceiptHandle(
+        broker, group, topic, int(queue_id), int(queue_offset), int(checkpoint), int(until)
+    )
 
 
 # ---------------------------------------------------------------- revive records
