@@ -198,7 +198,7 @@ class MessagingService:
         for index, message in enumerate(messages):
             where = f"messages[{index}]" if batch else "body"
             properties, delay_level, deliver_ms = self._properties(
-                message, topic, queue_id, where, now
+                message, topic, queue_id, where, now, batch
             )
             if deliver_ms:
                 timed += 1
@@ -222,8 +222,8 @@ class MessagingService:
         if timed and timed != len(encoded):
             raise InvalidArgument(
                 "messages",
-                f"{timed} of {len(encoded)} messages carry a future {PROPERTY_TIMER_DELIVER_MS}: "
-                "a batch is timed as a whole or not at all; send them separately",
+                f"{timed} of {len(encoded)} messages carry {PROPERTY_TIMER_DELIVER_MS}: a batch "
+                "is timed as a whole or not at all; send them separately",
             )
         started = time.perf_counter()
         result = await self.store.put(
@@ -268,10 +268,18 @@ class MessagingService:
         return queue_id
 
     def _properties(
-        self, message: MessageLike, topic: str, queue_id: int, where: str, now_ms: int
+        self,
+        message: MessageLike,
+        topic: str,
+        queue_id: int,
+        where: str,
+        now_ms: int,
+        batch: bool = False,
     ) -> tuple[bytes, int, int]:
         """The encoded properties, the DELAY level (0: none) and the timer
-        delivery time (0: deliver now)."""
+        delivery time (0: not timed). A lone message already due is not timed;
+        in a batch every entry with TIMER_DELIVER_MS goes through the timer
+        (one that came due in transit is delivered at once)."""
         body = message.body
         if not body:
             raise InvalidArgument(
@@ -317,7 +325,8 @@ class MessagingService:
                 properties[PROPERTY_REAL_TOPIC] = topic
                 properties[PROPERTY_REAL_QUEUE_ID] = str(queue_id)
         deliver_ms = self._deliver_ms(properties, where, now_ms)
-        if deliver_ms:
+        if deliver_ms is not None and (batch or deliver_ms > now_ms):
+            deliver_ms = max(deliver_ms, 1)
             if delay_level:
                 raise InvalidArgument(
                     f"{where}.properties",
@@ -325,6 +334,8 @@ class MessagingService:
                 )
             properties[PROPERTY_REAL_TOPIC] = topic
             properties[PROPERTY_REAL_QUEUE_ID] = str(queue_id)
+        else:
+            deliver_ms = 0
         try:
             encoded = record.encode_properties(properties)
         except record.RecordError as exc:
@@ -336,12 +347,12 @@ class MessagingService:
             )
         return encoded, delay_level, deliver_ms
 
-    def _deliver_ms(self, properties: dict[str, str], where: str, now_ms: int) -> int:
-        """A future TIMER_DELIVER_MS (epoch ms), checked against timerMaxDelaySec;
-        0 when absent or already due (the message is delivered at once)."""
+    def _deliver_ms(self, properties: dict[str, str], where: str, now_ms: int) -> int | None:
+        """TIMER_DELIVER_MS (epoch ms), checked against timerMaxDelaySec; None
+        when absent."""
         raw = properties.get(PROPERTY_TIMER_DELIVER_MS)
         if raw is None:
-            return 0
+            return None
         try:
             deliver_ms = int(raw)
         except ValueError:
@@ -355,8 +366,6 @@ class MessagingService:
                 f"{PROPERTY_TIMER_DELIVER_MS} is {(deliver_ms - now_ms) / 1000:.0f} s ahead; the "
                 f"limit is timerMaxDelaySec={self.timer_max_delay_ms // 1000} s",
             )
-        if deliver_ms <= now_ms:
-            return 0
         return deliver_ms
 
     # ------------------------------------------------------------ pull

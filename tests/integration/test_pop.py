@@ -496,3 +496,40 @@ def test_deadline_heap_is_compacted_but_in_flight_messages_still_expire(broker):
         lambda: pop(broker, "heap", "Heap", wait_ms=500).messages, 30, "the re-timed message"
     )
     assert [(m.body, m.delivery_attempt) for m in back] == [(last.body, 2)]
+
+
+def test_a_timed_batch_may_hold_entries_already_due_but_not_untimed_ones(broker):
+    support.create_topic(broker.channel, "Batch", 1)
+    now = int(time.time() * 1000)
+    times = [now - 5000, now + 800, now + 1200]  # the first came due in transit
+    r = broker.broker.SendMessages(
+        broker_pb2.SendMessagesRequest(
+            topic="Batch",
+            messages=[
+                broker_pb2.SendEntry(body=b"%d" % i, properties={"TIMER_DELIVER_MS": str(t)})
+                for i, t in enumerate(times)
+            ],
+        )
+    )
+    assert r.status == broker_pb2.SEND_OK
+    got: list = []
+    wait_for(
+        lambda: got.extend(pop(broker, "b", "Batch", wait_ms=500).messages) or len(got) == 3,
+        30,
+        "the three timed messages",
+    )
+    assert sorted(m.body for m in got) == [b"0", b"1", b"2"]
+    for m in got:
+        assert m.store_timestamp >= times[int(m.body)]
+    with pytest.raises(grpc.RpcError) as err:
+        broker.broker.SendMessages(
+            broker_pb2.SendMessagesRequest(
+                topic="Batch",
+                messages=[
+                    broker_pb2.SendEntry(body=b"x", properties={"TIMER_DELIVER_MS": str(now)}),
+                    broker_pb2.SendEntry(body=b"y"),
+                ],
+            )
+        )
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "1 of 2 messages carry TIMER_DELIVER_MS" in err.value.details()
