@@ -453,6 +453,25 @@ class MessagingService:
         )
 
 
+def real_destination(properties: dict[str, str], topics: TopicLookup) -> tuple[str, int] | None:
+    """Take REAL_TOPIC / REAL_QID (where a delayed or timed message goes when
+    due) out of `properties`: the topic and a queue id within its write queues
+    (wrapped when the topic shrank meanwhile), or None when the topic is gone."""
+    topic = properties.pop(PROPERTY_REAL_TOPIC, "")
+    raw_queue = properties.pop(PROPERTY_REAL_QUEUE_ID, "0")
+    config = topics.get(topic)
+    if config is None:
+        return None
+    try:
+        queue_id = int(raw_queue)
+    except ValueError:
+        queue_id = 0
+    count = config.write_queue_nums
+    if count and not 0 <= queue_id < count:
+        queue_id %= count
+    return topic, queue_id
+
+
 def _message_group(messages: Sequence[MessageLike], batch: bool) -> str:
     """The message group (`__SHARDINGKEY`) of a send; a batch has one or none."""
     groups = {(m.properties or {}).get(PROPERTY_SHARDING_KEY, "") for m in messages}

@@ -28,9 +28,9 @@ from ferry.model import SCHEDULE_TOPIC
 from ferry.runtime.clock import Clock
 from services.broker.messaging import (
     PROPERTY_DELAY,
-    PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
     TopicLookup,
+    real_destination,
 )
 from services.broker.store import MessageIn, MessageStore
 
@@ -112,24 +112,17 @@ class DelayScheduler:
 
     def _republish(self, stored: record.Record, level: int) -> None:
         properties = dict(stored.properties)
-        real_topic = properties.pop(PROPERTY_REAL_TOPIC, "")
-        real_queue = properties.pop(PROPERTY_REAL_QUEUE_ID, "0")
         properties.pop(PROPERTY_DELAY, None)
-        config = self.topics.get(real_topic)
-        if config is None:
+        destination = real_destination(properties, self.topics)
+        if destination is None:
             self.dropped += 1
             log.warning(
                 "delayed message at commit offset %d: its topic %r is gone; dropped",
                 stored.commit_offset,
-                real_topic,
+                stored.properties.get(PROPERTY_REAL_TOPIC, ""),
             )
             return
-        try:
-            queue_id = int(real_queue)
-        except ValueError:
-            queue_id = 0
-        if config.write_queue_nums and not 0 <= queue_id < config.write_queue_nums:
-            queue_id %= config.write_queue_nums
+        real_topic, queue_id = destination
         message = MessageIn(
             body=stored.body,
             properties=record.encode_properties(properties),

@@ -36,13 +36,13 @@ from typing import Protocol
 
 from ferry import record
 from ferry.model import (
-    PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
     PROPERTY_TIMER_DELIVER_MS,
     TIMER_TOPIC,
 )
 from ferry.runtime.clock import Clock
 from ferry.runtime.tasks import run_rounds
+from services.broker.messaging import real_destination
 from services.broker.popcodec import PopFormatError, decode_timer_done, encode_timer_done
 from services.broker.store import MessageIn, MessageStore, copy_message
 
@@ -236,26 +236,17 @@ class TimerService:
             log.error("timer: timed message at commit offset %d is unreadable; dropped", item[2])
             return None
         properties = dict(message.properties)
-        topic = properties.pop(PROPERTY_REAL_TOPIC, "")
-        raw_queue = properties.pop(PROPERTY_REAL_QUEUE_ID, "0")
         properties.pop(PROPERTY_TIMER_DELIVER_MS, None)
-        config = self.topics.get(topic)
-        if config is None:
+        destination = real_destination(properties, self.topics)
+        if destination is None:
             self.dropped += 1
             log.warning(
                 "timer: the topic %r of the timed message at commit offset %d is gone; dropped",
-                topic,
+                message.properties.get(PROPERTY_REAL_TOPIC, ""),
                 message.commit_offset,
             )
             return None
-        try:
-            queue_id = int(raw_queue)
-        except ValueError:
-            queue_id = 0
-        count = config.queue_nums
-        if count and not 0 <= queue_id < count:
-            queue_id %= count
-        return (topic, queue_id), copy_message(message, properties)
+        return destination, copy_message(message, properties)
 
     # ------------------------------------------------------------ checkpoint
 
