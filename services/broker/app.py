@@ -320,6 +320,9 @@ class BrokerApp:
         if self.timer is not None and self.pop is not None:
             await self.timer.load()
             await self.pop.load()
+            # Retention keeps the files their pending state is in.
+            store.retention.holds["timed messages not yet delivered"] = self.timer.held_from
+            store.retention.holds["unresolved pop checkpoints"] = self.pop.held_from
             self._tasks.append(asyncio.create_task(self.timer.run(), name="timer"))
             self._tasks.append(asyncio.create_task(self.pop.run(), name="pop-revive"))
         self._tasks.append(asyncio.create_task(self._persist_offsets(), name="offset-persister"))

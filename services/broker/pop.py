@@ -905,9 +905,20 @@ class PopService:
         unresolved message (stored with the committed offsets it matches)."""
         cq = self.store.queues.get(self.config.revive_topic, 0)
         start = min(self._cks) if self._cks else (cq.max_offset if cq else 0)
-        if self.offsets.query(REVIVE_GROUP, self.config.revive_topic, 0) != start:
+        if (self.offsets.query(REVIVE_GROUP, self.config.revive_topic, 0) or 0) != start:
             self.offsets.commit(REVIVE_GROUP, self.config.revive_topic, 0, start)
         return start
+
+    def held_from(self) -> int | None:
+        """The commit offset of the oldest revive record a restart would replay
+        (what retention must keep), or None when nothing is unresolved."""
+        if not self._cks:
+            return None
+        cq = self.store.queues.get(self.config.revive_topic, 0)
+        oldest = min(self._cks)
+        if cq is None or not cq.min_offset <= oldest < cq.max_offset:
+            return None
+        return cq.entry(oldest)[0]
 
     def inflight_state(self) -> dict[Key, dict[int, tuple[int, int]]]:
         """(checkpoint, attempt) of every unresolved offset, per queue: what a

@@ -15,7 +15,11 @@ apart, and stops at the first file it may not delete:
   written while the next pass comes);
 - never the file being written (the newest), and never a file holding bytes
   not yet in the consume queues (the dispatcher reads them). Flushing does not
-  hold a file back: deleting it loses nothing a flush would have saved.
+  hold a file back: deleting it loses nothing a flush would have saved;
+- an expired file that holds the broker's own pending state — timed messages
+  not yet delivered, pop checkpoints a restart still replays (`holds`, each a
+  callable giving the lowest commit offset it needs, or None) — is kept. Only
+  forced cleaning deletes it, and says what is lost.
 
 Above `disk_space_warning_level_ratio` the store refuses sends
 (RESOURCE_EXHAUSTED) until a pass brings the disk back under it; reads go on.
@@ -104,6 +108,9 @@ class Retention:
         self.deleted_queue_files_total = 0
         self.disk_full = False  # above the warning ratio: sends refused
         self.last_ratio = 0.0
+        # What else needs old files: name -> the lowest commit offset it needs (None: nothing).
+        self.holds: dict[str, Callable[[], int | None]] = {}
+        self._held_logged: int | None = None
         self._pass_lock = asyncio.Lock()
         self._wake: asyncio.Event | None = None
 
@@ -193,6 +200,24 @@ class Retention:
             expired = age >= cfg.file_reserved_time_s
             if not expired and not forcibly:
                 break
+            holder = self._holder(self.commit_log.file_end(start))
+            if holder is not None:
+                if not forcibly:
+                    if self._held_logged != start:
+                        self._held_logged = start
+                        log.info(
+                            "retention keeps expired commit-log file %s: it holds %s",
+                            path.name,
+                            holder,
+                        )
+                    break
+                log.error(
+                    "retention deletes commit-log file %s forcibly (disk %.0f%% full) although it "
+                    "holds %s: those are lost",
+                    path.name,
+                    ratio * 100,
+                    holder,
+                )
             why = "expired" if expired else f"disk {ratio:.0%} full: cleaning forcibly"
             queue_files += await self._delete_oldest(why, age)
             deleted += 1
@@ -223,6 +248,14 @@ class Retention:
         return queue_files
 
     # ------------------------------------------------------------ internals
+
+    def _holder(self, file_end: int) -> str | None:
+        """What needs bytes below `file_end` (a description), or None."""
+        for name, lowest in self.holds.items():
+            offset = lowest()
+            if offset is not None and offset < file_end:
+                return f"{name} (from commit offset {offset})"
+        return None
 
     def _set_full(self, ratio: float) -> None:
         self.last_ratio = ratio

@@ -248,6 +248,18 @@ class TimerService:
             return None
         return destination, copy_message(message, properties)
 
+    def held_from(self) -> int | None:
+        """The lowest commit offset a pending timed message is stored at (what
+        retention must keep), or None when nothing is pending."""
+        low_heap = self._low
+        while low_heap and low_heap[0] not in self._pending:
+            heapq.heappop(low_heap)
+        queue = self.store.queues.get(TIMER_TOPIC, PENDING_QUEUE)
+        low = low_heap[0] if low_heap else self.scanned
+        if queue is None or low >= queue.max_offset or low < queue.min_offset:
+            return None
+        return queue.entry(low)[0]
+
     # ------------------------------------------------------------ checkpoint
 
     def checkpoint(self) -> tuple[int, int]:
@@ -264,8 +276,9 @@ class TimerService:
         done_q = self.store.queues.get(TIMER_TOPIC, DONE_QUEUE)
         done_from = marks[0][0] if marks else (done_q.max_offset if done_q else 0)
         table = self.checkpoints
-        if table.query(CHECKPOINT_GROUP, TIMER_TOPIC, PENDING_QUEUE) != low:
+        # An absent entry means 0: a broker that never timed anything writes nothing.
+        if (table.query(CHECKPOINT_GROUP, TIMER_TOPIC, PENDING_QUEUE) or 0) != low:
             table.commit(CHECKPOINT_GROUP, TIMER_TOPIC, PENDING_QUEUE, low)
-        if table.query(CHECKPOINT_GROUP, TIMER_TOPIC, DONE_QUEUE) != done_from:
+        if (table.query(CHECKPOINT_GROUP, TIMER_TOPIC, DONE_QUEUE) or 0) != done_from:
             table.commit(CHECKPOINT_GROUP, TIMER_TOPIC, DONE_QUEUE, done_from)
         return low, done_from

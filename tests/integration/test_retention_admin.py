@@ -294,3 +294,56 @@ def test_a_slave_cleans_its_own_files_and_keeps_replicating(loop_thread, tmp_pat
     finally:
         slave.stop()
         master.stop()
+
+
+def test_expired_files_holding_pending_timers_or_pop_checkpoints_are_kept(
+    loop_thread, tmp_path, caplog
+):
+    caplog.set_level(logging.INFO, logger="services.broker.retention")
+    broker = start_broker(
+        loop_thread, tmp_path / "store", brokerName="broker-h", **retention_keys()
+    )
+    try:
+        client = BrokerClient(broker.addr)
+        create_topic = broker.admin.UpdateAndCreateTopic
+        create_topic(
+            broker_admin_pb2.UpdateAndCreateTopicRequest(
+                topic_config=common_pb2.TopicConfig(
+                    topic_name=TOPIC, read_queue_nums=1, write_queue_nums=1, perm=6
+                )
+            )
+        )
+        client.send(TOPIC, body(0), queue_id=0)
+        popped = client.pop("held", TOPIC, 1, 600_000, 0)
+        assert len(popped.messages) == 1  # in flight for 10 minutes: its checkpoint is held
+        fill(client)
+        wait_settled(broker, "the files")
+
+        def clean():
+            return broker.admin.DeleteExpiredCommitLog(
+                broker_admin_pb2.DeleteExpiredCommitLogRequest(), timeout=10
+            )
+
+        def kept(what: str) -> bool:
+            return clean().deleted_files == 0 and any(
+                "keeps expired commit-log file" in r.getMessage() and what in r.getMessage()
+                for r in caplog.records
+            )
+
+        wait_for(lambda: kept("unresolved pop checkpoints"), 30, "the first file kept")
+        assert store_call(broker, lambda store: store.min_offset) == 0
+        # Acknowledged, the checkpoint no longer needs the file: it goes.
+        client.ack("held", TOPIC, [popped.messages[0].receipt_handle])
+        assert clean().deleted_files > 0
+
+        # A timed message ten minutes ahead holds its file the same way.
+        deliver = int(time.time() * 1000) + 600_000
+        timed = client.send(TOPIC, body(1), properties={"TIMER_DELIVER_MS": str(deliver)})
+        fill(client)
+        wait_settled(broker, "the files")
+        caplog.clear()
+        wait_for(lambda: kept("timed messages not yet delivered"), 30, "the timer's file kept")
+        assert store_call(broker, lambda store: store.min_offset) <= timed.commit_offset
+        client.close()
+    finally:
+        broker.stop()
