@@ -37,6 +37,20 @@ def wait_for(
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last value: {last!r})")
 
 
+async def wait_for_async(
+    predicate: Callable[[], Any], timeout_s: float = 5.0, what: str = "condition"
+) -> Any:
+    """`wait_for` inside an event loop: the loop keeps running while it polls."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last value: {last!r})")
+
+
 class LoopThread:
     """An asyncio event loop in a background thread, for running servers in-process."""
 

@@ -87,8 +87,7 @@ class Dispatcher:
                 # One record larger than a step: read it whole, if it is all written.
                 head = record.peek(chunk[: record.BLANK_SIZE])
                 if isinstance(head, int) and start + head <= end:
-                    chunk = self.commit_log.read(start, head)
-                    records, pos, blank = record.scan_dispatch(chunk, 0)
+                    records, pos, blank = record.scan_dispatch(self.commit_log.read(start, head), 0)
         except RecordError as exc:
             self.error = f"commit offset {start}+: {exc}"
             log.error("dispatch stopped after commit offset %d: %s", start, exc)

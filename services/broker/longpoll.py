@@ -24,27 +24,13 @@ class LongPolls:
     async def wait(self, topic: str, queue_id: int, queue_offset: int, timeout_s: float) -> None:
         """Return when the queue has a visible message at `queue_offset`, or after `timeout_s`."""
         deadline = time.monotonic() + timeout_s
-        key = (topic, queue_id)
-        loop = asyncio.get_running_loop()
         while self.open:
             if self.visible_max(topic, queue_id) > queue_offset:
                 return
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
-            future = loop.create_future()
-            self._waiters.setdefault(key, []).append(future)
-            try:
-                async with asyncio.timeout(min(remaining, 1.0)):
-                    await future
-            except TimeoutError:
-                pass
-            finally:
-                waiters = self._waiters.get(key)
-                if waiters and future in waiters:
-                    waiters.remove(future)
-                    if not waiters:
-                        del self._waiters[key]
+            await self.wait_any([(topic, queue_id)], min(remaining, 1.0))
 
     async def wait_any(self, keys: Iterable[tuple[str, int]], timeout_s: float) -> None:
         """Return when any of the queues is notified (something was written to

@@ -37,6 +37,7 @@ from ferry.model import (
     TopicConfig,
     check_name,
     check_topic,
+    is_system_topic,
 )
 from ferry.runtime.errors import InvalidArgument, NotFound, PermissionDenied, ResourceExhausted
 from services.broker.store import (
@@ -62,6 +63,14 @@ class TopicLookup(Protocol):
 
 class GroupLookup(Protocol):
     def get(self, group: str) -> SubscriptionGroupConfig | None: ...
+
+
+class OffsetTable(Protocol):
+    """Committed offsets by (group, topic, queue): `consumerOffset.json`."""
+
+    def query(self, group: str, topic: str, queue_id: int) -> int | None: ...
+
+    def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None: ...
 
 
 def _ram_bytes() -> int:
@@ -164,7 +173,7 @@ class MessagingService:
         batch: bool = False,
     ) -> SendOutcome:
         check_topic(topic)
-        if topic == SCHEDULE_TOPIC or topic.startswith("rmq_sys_"):
+        if is_system_topic(topic):
             raise InvalidArgument(
                 "topic",
                 f"{topic} is a system topic; send with the DELAY or {PROPERTY_TIMER_DELIVER_MS} "

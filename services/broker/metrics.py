@@ -351,9 +351,6 @@ class BrokerMetrics:
         self._sync_results.labels(*self.ids, status).inc()
         self._sync_seconds.labels(*self.ids).observe(seconds)
 
-    def observe_timer_delivery(self, messages: int, lateness_s: float) -> None:
-        """TimerService.on_delivered: `messages` timed messages delivered
-        `lateness_s` after their time."""
-        lateness = self._timer_lateness.labels(*self.ids)
-        for _ in range(messages):
-            lateness.observe(lateness_s)
+    def observe_timer_delivery(self, lateness_s: float) -> None:
+        """TimerService.on_delivered: a timed message delivered `lateness_s` after its time."""
+        self._timer_lateness.labels(*self.ids).observe(lateness_s)

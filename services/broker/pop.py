@@ -50,7 +50,7 @@ import logging
 import time
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -79,9 +79,8 @@ from ferry.model import (
 from ferry.runtime.clock import Clock
 from ferry.runtime.errors import FerryError, InvalidArgument, NotFound, PermissionDenied
 from ferry.runtime.tasks import run_rounds
-from services.broker.messaging import parse_sub_expression
+from services.broker.messaging import GroupLookup, OffsetTable, TopicLookup, parse_sub_expression
 from services.broker.popcodec import (
-    HANDLE_VERSION,
     Acks,
     Change,
     Checkpoint,
@@ -90,6 +89,8 @@ from services.broker.popcodec import (
     decode_handle,
     decode_revive,
     encode_revive,
+    handle_prefix,
+    handle_text,
 )
 from services.broker.store import MessageIn, MessageStore, copy_message
 
@@ -105,20 +106,8 @@ REVIVE_BATCH = 512
 COMPACT_AT = 10_000  # checkpoint deadlines kept before the resolved ones are dropped
 
 
-class TopicTable(Protocol):
-    def get(self, topic: str) -> TopicConfig | None: ...
-
-
-class GroupTable(Protocol):
-    def get(self, group: str) -> SubscriptionGroupConfig | None: ...
-
+class GroupTable(GroupLookup, Protocol):
     def put(self, config: SubscriptionGroupConfig): ...
-
-
-class OffsetTable(Protocol):
-    def query(self, group: str, topic: str, queue_id: int) -> int | None: ...
-
-    def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -223,16 +212,12 @@ class _Queue:
             low = min(low, min(self.redeliver))
         return low
 
-    @property
-    def locked(self) -> bool:
-        return bool(self.inflight) or bool(self.redeliver)
-
 
 class PopService:
     def __init__(
         self,
         store: MessageStore,
-        topics: TopicTable,
+        topics: TopicLookup,
         groups: GroupTable,
         offsets: OffsetTable,
         clock: Clock,
@@ -257,7 +242,6 @@ class PopService:
         self._next_queue: dict[tuple[str, str], int] = {}
         self.redeliveries = 0  # copies to a retry topic, and ordered re-deliveries
         self.dead_letters = 0
-        self.loaded_records = 0
 
     # ------------------------------------------------------------ pop
 
@@ -417,11 +401,9 @@ class PopService:
                 continue  # deleted meanwhile: it expires and is resolved by the reviver
             prefix = prefixes.get(key)
             if prefix is None:
-                prefix = prefixes[key] = (
-                    f"{HANDLE_VERSION} {self.config.broker_name} {group} {key[1]} {key[2]} "
-                )
+                prefix = prefixes[key] = handle_prefix(self.config.broker_name, *key)
             until = inflight.until_ms
-            handle = f"{prefix}{offset} {inflight.checkpoint} {until}"
+            handle = handle_text(prefix, offset, inflight.checkpoint, until)
             if key[1] == topic:
                 out.append(Popped(message, topic, None, handle, inflight.attempt or 1, until))
                 continue
@@ -482,13 +464,9 @@ class PopService:
         for key, pairs in resolved.items():
             end = self._journal(Acks(key[0], key[1], key[2], tuple(pairs)), end_only=True)
             state = self._queues[key]
-            inflight_of, cks = state.inflight, self._cks
             for offset, checkpoint in pairs:
-                del inflight_of[offset]
-                ck = cks[checkpoint]
-                ck.live -= 1
-                if ck.live <= 0:
-                    del cks[checkpoint]
+                del state.inflight[offset]
+                self._unref(checkpoint)
             self._advance(state)
             self.store.long_polls.notify([(key[1], key[2])])
         if end:
@@ -693,91 +671,83 @@ class PopService:
                 self.redeliveries += 1
                 heapq.heappush(self._wakeups, (visible, key))
             if dead:
-                await self._dead_letter(key, dead, group_config, now)
+                await self._dead_letter(key, dead, group_config)
             self._advance(state)
             self.store.long_polls.notify([(topic, queue_id)])
             return
-        cq = self.store.queues.get(topic, queue_id)
-        entries = []
-        for offset, _ in items:
-            entries.append(cq.entry(offset) if cq is not None and offset >= cq.min_offset else None)
-        readable = [(item, entry) for item, entry in zip(items, entries, strict=True) if entry]
-        stored = await self.store.read_entries([entry for _, entry in readable])
+        messages = await self._records_of(key, items)
         retries: list[MessageIn] = []
         dead_letters: list[MessageIn] = []
         resolved: list[tuple[int, int]] = []
         origin = topic
-        for ((offset, inflight), _), message in zip(readable, stored, strict=True):
-            current = state.inflight.get(offset)
-            if current is not inflight:
+        for (offset, inflight), message in zip(items, messages, strict=True):
+            if state.inflight.get(offset) is not inflight:
                 continue  # acknowledged or re-timed while reading
             resolved.append((offset, inflight.checkpoint))
             if message is None:
-                continue
+                continue  # deleted by retention: nothing to deliver again
             origin = message.properties.get(PROPERTY_RETRY_TOPIC, topic)
             reconsumed = _attempt(topic, message) - 1
             if reconsumed >= group_config.retry_max_times:
                 dead_letters.append(self._dlq_copy(message, origin, reconsumed + 1))
             else:
                 retries.append(self._retry_copy(group, message, origin, reconsumed, now))
-        for (offset, inflight), entry in zip(items, entries, strict=True):
-            if entry is None and state.inflight.get(offset) is inflight:
-                resolved.append((offset, inflight.checkpoint))  # deleted by retention
         if not resolved:
             return
         if retries:
             self._ensure_topic(retry_topic(group, origin))
             self.store.append_internal(TIMER_TOPIC, 0, retries)
             self.redeliveries += len(retries)
-        if dead_letters:
-            self._ensure_topic(dlq_topic(group))
-            self.store.append_internal(dlq_topic(group), 0, dead_letters)
-            self.dead_letters += len(dead_letters)
-            log.warning(
-                "pop: %d messages of group %s went to %s after %d redeliveries",
-                len(dead_letters),
-                group,
-                dlq_topic(group),
-                group_config.retry_max_times,
-            )
+        self._send_to_dlq(group, dead_letters, group_config.retry_max_times)
         self._journal(Acks(group, topic, queue_id, tuple(resolved), "revive"))
         for offset, _ in resolved:
             self._resolve(state, offset)
         self._advance(state)
 
     async def _dead_letter(
-        self,
-        key: Key,
-        items: list[tuple[int, _InFlight]],
-        group_config: SubscriptionGroupConfig,
-        now: int,
+        self, key: Key, items: list[tuple[int, _InFlight]], group_config: SubscriptionGroupConfig
     ) -> None:
+        """An ordered group's messages past retry_max_times: to the DLQ."""
         group, topic, queue_id = key
         state = self._queues[key]
-        cq = self.store.queues.get(topic, queue_id)
-        entries = [cq.entry(o) if cq and o >= cq.min_offset else None for o, _ in items]
-        present = [(item, e) for item, e in zip(items, entries, strict=True) if e]
-        stored = await self.store.read_entries([e for _, e in present])
+        messages = await self._records_of(key, items)
         copies = [
             self._dlq_copy(message, topic, inflight.attempt)
-            for ((_, inflight), _), message in zip(present, stored, strict=True)
+            for (_, inflight), message in zip(items, messages, strict=True)
             if message is not None
         ]
-        if copies:
-            self._ensure_topic(dlq_topic(group))
-            self.store.append_internal(dlq_topic(group), 0, copies)
-            self.dead_letters += len(copies)
-            log.warning(
-                "pop: %d messages of ordered group %s went to %s after %d redeliveries",
-                len(copies),
-                group,
-                dlq_topic(group),
-                group_config.retry_max_times,
-            )
+        self._send_to_dlq(group, copies, group_config.retry_max_times)
         resolved = [(o, i.checkpoint) for o, i in items if state.inflight.get(o) is i]
         self._journal(Acks(group, topic, queue_id, tuple(resolved), "dlq"))
         for offset, _ in resolved:
             self._resolve(state, offset)
+
+    async def _records_of(
+        self, key: Key, items: list[tuple[int, _InFlight]]
+    ) -> list[record.StoredMessage | None]:
+        """The stored message of each item (None: deleted by retention, or unreadable)."""
+        cq = self.store.queues.get(key[1], key[2])
+        entries = [
+            cq.entry(offset) if cq is not None and offset >= cq.min_offset else None
+            for offset, _ in items
+        ]
+        stored = iter(await self.store.read_entries([e for e in entries if e is not None]))
+        return [next(stored) if e is not None else None for e in entries]
+
+    def _send_to_dlq(self, group: str, copies: list[MessageIn], retry_max_times: int) -> None:
+        if not copies:
+            return
+        topic = dlq_topic(group)
+        self._ensure_topic(topic)
+        self.store.append_internal(topic, 0, copies)
+        self.dead_letters += len(copies)
+        log.warning(
+            "pop: %d messages of group %s went to %s after %d redeliveries",
+            len(copies),
+            group,
+            topic,
+            retry_max_times,
+        )
 
     def _retry_copy(
         self, group: str, message: record.StoredMessage, origin: str, reconsumed: int, now: int
@@ -847,7 +817,6 @@ class PopService:
             offset += len(entries)
         for state in self._queues.values():
             self._advance(state)
-        self.loaded_records = replayed
         inflight = sum(len(s.inflight) for s in self._queues.values())
         log.info(
             "pop: replayed %d revive records from %d: %d messages in flight in %d queues",
@@ -1060,9 +1029,6 @@ class PopService:
     def _ensure_topic(self, topic: str) -> None:
         if self.topics.get(topic) is None:
             self.create_topic(TopicConfig(topic, read_queue_nums=1, write_queue_nums=1, perm=6))
-
-    def queue_keys(self) -> Iterable[Key]:
-        return self._queues.keys()
 
 
 def _attempt(queue_topic: str, message: record.StoredMessage) -> int:

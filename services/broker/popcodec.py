@@ -60,10 +60,18 @@ class ReceiptHandle(NamedTuple):
     invisible_until_ms: int
 
     def encode(self) -> str:
-        return (
-            f"{HANDLE_VERSION} {self.broker_name} {self.group} {self.topic} {self.queue_id} "
-            f"{self.queue_offset} {self.checkpoint} {self.invisible_until_ms}"
-        )
+        prefix = handle_prefix(self.broker_name, self.group, self.topic, self.queue_id)
+        return handle_text(prefix, self.queue_offset, self.checkpoint, self.invisible_until_ms)
+
+
+def handle_prefix(broker_name: str, group: str, topic: str, queue_id: int) -> str:
+    """Fields 1-5 of a handle, shared by every message popped from one queue."""
+    return f"{HANDLE_VERSION} {broker_name} {group} {topic} {queue_id} "
+
+
+def handle_text(prefix: str, queue_offset: int, checkpoint: int, invisible_until_ms: int) -> str:
+    """A whole handle from its queue's `handle_prefix` (the pop path's encoder)."""
+    return f"{prefix}{queue_offset} {checkpoint} {invisible_until_ms}"
 
 
 def decode_handle(text: str) -> ReceiptHandle:

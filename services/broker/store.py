@@ -360,25 +360,20 @@ class MessageStore:
             ResourceExhausted: the disk is full or above the warning ratio.
             Unavailable: a storage fault; nothing more is acknowledged.
         """
-        self.retention.check_writable()
-        result = self._append(topic, queue_id, messages)
-        if (
-            self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
-            and wait_flush
-            and not await self.flusher.wait_flushed(
-                result.end_offset, self.config.sync_flush_timeout_s
-            )
-        ):
+        result = self.append_internal(topic, queue_id, messages)
+        if not wait_flush:
+            self.failstop.check()
+        elif not await self.wait_durable(result.end_offset):
             result = dataclasses.replace(result, status=PutStatus.FLUSH_DISK_TIMEOUT)
-        self.failstop.check()
         return result
 
     def append_internal(
         self, topic: str, queue_id: int, messages: Sequence[MessageIn]
     ) -> PutResult:
-        """Append the broker's own records (pop checkpoints and acks, timer
-        deliveries, retry and dead-letter copies) at once, without waiting for
-        a flush: the caller decides what to wait for (`wait_durable`).
+        """Append at once, without waiting for a flush: the caller decides what
+        to wait for (`wait_durable`). Sends go through `put`; the broker's own
+        records (pop checkpoints and acks, timer deliveries, retry and
+        dead-letter copies) come here directly.
 
         Raises:
             ResourceExhausted: the disk is full or above the warning ratio.

@@ -32,7 +32,6 @@ import heapq
 import logging
 from collections import Counter, deque
 from collections.abc import Callable
-from typing import Protocol
 
 from ferry import record
 from ferry.model import (
@@ -42,7 +41,7 @@ from ferry.model import (
 )
 from ferry.runtime.clock import Clock
 from ferry.runtime.tasks import run_rounds
-from services.broker.messaging import real_destination
+from services.broker.messaging import OffsetTable, TopicLookup, real_destination
 from services.broker.popcodec import PopFormatError, decode_timer_done, encode_timer_done
 from services.broker.store import MessageIn, MessageStore, copy_message
 
@@ -55,16 +54,6 @@ BATCH = 1024
 SCAN_BATCH = 2048
 
 
-class TopicLookup(Protocol):
-    def get(self, topic: str): ...  # TopicConfig | None
-
-
-class OffsetTable(Protocol):
-    def query(self, group: str, topic: str, queue_id: int) -> int | None: ...
-
-    def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None: ...
-
-
 class TimerService:
     def __init__(
         self,
@@ -72,14 +61,13 @@ class TimerService:
         topics: TopicLookup,
         checkpoints: OffsetTable,
         clock: Clock,
-        on_delivered: Callable[[int, float], None] | None = None,
+        on_delivered: Callable[[float], None] | None = None,
     ) -> None:
         self.store = store
         self.topics = topics
         self.checkpoints = checkpoints
         self.clock = clock
-        # Metrics: (messages delivered, lateness seconds of each) per batch.
-        self.on_delivered = on_delivered
+        self.on_delivered = on_delivered  # metrics: each delivery's lateness, seconds
         # (deliver_ms, timer queue offset, commit offset, size, target topic)
         self._heap: list[tuple[int, int, int, int, str]] = []
         self._pending: set[int] = set()
@@ -88,8 +76,6 @@ class TimerService:
         self.scanned = 0  # next timer-queue offset to read into the heap
         self._done_marks: deque[tuple[int, int]] = deque()  # (done offset, max listed)
         self.delivered = 0
-        self.dropped = 0
-        self.max_lateness_s = 0.0
         self._loaded = False
 
     @property
@@ -213,33 +199,26 @@ class TimerService:
             raise
         self._done_marks.append((done.queue_offset, max(offsets)))
         delivered_at = self.clock.wall_ms()
-        lateness = []
         for deliver_ms, offset, _, _, target in batch:
             self._pending.discard(offset)
             self.pending_by_topic[target] -= 1
             if self.pending_by_topic[target] <= 0:
                 del self.pending_by_topic[target]
-            lateness.append(max(0, delivered_at - deliver_ms) / 1000)
+            if self.on_delivered is not None:
+                self.on_delivered(max(0, delivered_at - deliver_ms) / 1000)
         self.delivered += len(batch)
-        if lateness:
-            self.max_lateness_s = max(self.max_lateness_s, max(lateness))
-        if self.on_delivered is not None:
-            for late in lateness:
-                self.on_delivered(1, late)
         return len(batch)
 
     def _copy(
         self, item: tuple[int, int, int, int, str], message: record.StoredMessage | None
     ) -> tuple[tuple[str, int], MessageIn] | None:
         if message is None:
-            self.dropped += 1
             log.error("timer: timed message at commit offset %d is unreadable; dropped", item[2])
             return None
         properties = dict(message.properties)
         properties.pop(PROPERTY_TIMER_DELIVER_MS, None)
         destination = real_destination(properties, self.topics)
         if destination is None:
-            self.dropped += 1
             log.warning(
                 "timer: the topic %r of the timed message at commit offset %d is gone; dropped",
                 message.properties.get(PROPERTY_REAL_TOPIC, ""),
@@ -248,14 +227,18 @@ class TimerService:
             return None
         return destination, copy_message(message, properties)
 
-    def held_from(self) -> int | None:
-        """The lowest commit offset a pending timed message is stored at (what
-        retention must keep), or None when nothing is pending."""
+    def _lowest_pending(self) -> int:
+        """The lowest timer-queue offset not yet delivered (`scanned` when none)."""
         low_heap = self._low
         while low_heap and low_heap[0] not in self._pending:
             heapq.heappop(low_heap)
+        return low_heap[0] if low_heap else self.scanned
+
+    def held_from(self) -> int | None:
+        """The lowest commit offset a pending timed message is stored at (what
+        retention must keep), or None when nothing is pending."""
         queue = self.store.queues.get(TIMER_TOPIC, PENDING_QUEUE)
-        low = low_heap[0] if low_heap else self.scanned
+        low = self._lowest_pending()
         if queue is None or low >= queue.max_offset or low < queue.min_offset:
             return None
         return queue.entry(low)[0]
@@ -266,10 +249,7 @@ class TimerService:
         """Record (in the consumer-offset table, persisted with it) where a
         restart must start reading: the lowest undelivered timer offset and the
         first done record that lists anything at or above it."""
-        low_heap = self._low
-        while low_heap and low_heap[0] not in self._pending:
-            heapq.heappop(low_heap)
-        low = low_heap[0] if low_heap else self.scanned
+        low = self._lowest_pending()
         marks = self._done_marks
         while marks and marks[0][1] < low:
             marks.popleft()

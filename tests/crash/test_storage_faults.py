@@ -46,7 +46,7 @@ from services.broker.store import (
     RecoveryReport,
     StoreConfig,
 )
-from tests.conftest import broker_options, wait_for
+from tests.conftest import broker_options, wait_for, wait_for_async
 from tests.integration.support import BrokerServer, NamesrvProcess, create_topic, pull_all
 
 TRIGGER_ENV = "FERRY_FAULT_TRIGGER"  # fdatasync and fsync fail while this file exists
@@ -480,14 +480,6 @@ def _messages(first: int, count: int = 1) -> list[MessageIn]:
     ]
 
 
-async def _eventually(predicate: Callable[[], object], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
 def _checkpointed(root: Path) -> int:
     """The flushed offset in the checkpoint file on disk (-1: none)."""
     checkpoint = load_checkpoint(root / CHECKPOINT)
@@ -556,7 +548,7 @@ def test_failed_fdatasync_fails_the_waiting_send_and_freezes_the_flushed_offset(
                 assert result.status is PutStatus.PUT_OK
             flushed = store.flushed_offset
             assert flushed == store.max_offset > 0
-            await _eventually(
+            await wait_for_async(
                 lambda: _checkpointed(root) == flushed,
                 5,
                 "the checkpoint to reach the flushed offset",
@@ -578,7 +570,7 @@ def test_failed_fdatasync_fails_the_waiting_send_and_freezes_the_flushed_offset(
             assert store.flushed_offset == flushed
             # The flusher stopped: no later checkpoint claims more than was synced.
             flusher_task = next(t for t in store._tasks if t.get_name() == "flusher")
-            await _eventually(flusher_task.done, 5, "the flusher to stop after the fault")
+            await wait_for_async(flusher_task.done, 5, "the flusher to stop after the fault")
             assert _checkpointed(root) == flushed
         finally:
             await store.stop()
@@ -667,24 +659,24 @@ def test_checkpoint_write_failure_trips_unless_the_disk_is_full(tmp_path, monkey
         try:
             assert (await store.put("T", 0, _messages(0))).status is PutStatus.PUT_OK
             first = store.max_offset
-            await _eventually(lambda: _checkpointed(root) == first, 5, "the first checkpoint")
+            await wait_for_async(lambda: _checkpointed(root) == first, 5, "the first checkpoint")
             failing.set()
             assert (await store.put("T", 0, _messages(1))).status is PutStatus.PUT_OK
             second = store.max_offset
             if number == errno.EIO:
-                await _eventually(lambda: store.failstop.tripped, 5, "the fail-stop to trip")
+                await wait_for_async(lambda: store.failstop.tripped, 5, "the fail-stop to trip")
                 assert attempts and _checkpointed(root) == first
                 assert store.failstop.fault is not None
                 assert store.failstop.fault.path == str(root / CHECKPOINT)
                 with pytest.raises(Unavailable):
                     await store.put("T", 0, _messages(2))
             else:
-                await _eventually(lambda: attempts, 5, "a checkpoint write to be attempted")
+                await wait_for_async(lambda: attempts, 5, "a checkpoint write to be attempted")
                 assert _checkpointed(root) == first
                 assert not store.failstop.tripped
                 assert (await store.put("T", 0, _messages(2))).status is PutStatus.PUT_OK
                 failing.clear()  # space again: the next checkpoint is written
-                await _eventually(
+                await wait_for_async(
                     lambda: _checkpointed(root) == store.max_offset > second,
                     5,
                     "the checkpoint to be written again once the disk has space",

@@ -17,6 +17,7 @@ import pytest
 from services.ha.master import HAMaster, HAMasterConfig
 from services.ha.slave import HASlave, HASlaveConfig
 from services.ha.sync import ReplicaAcks
+from tests.conftest import wait_for_async
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="needs memfd_create")
 
@@ -120,12 +121,6 @@ async def _pair(master_log: MemoryLog, slave_log: MemoryLog, secret: bytes = b""
     return master, slave, acks
 
 
-async def _until(predicate, what: str, timeout_s: float = 10.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not predicate():
-            await asyncio.sleep(0.01)  # polling a condition, with a deadline
-
-
 def test_ha_modules_import_no_broker_code():
     ha = Path(__file__).resolve().parents[2] / "services" / "ha"
     for source in sorted(ha.glob("*.py")):
@@ -145,11 +140,13 @@ def test_streaming_growth_and_acks_over_the_interface():
         master_log.append(0, b"a" * 100_000)
         master, slave, acks = await _pair(master_log, slave_log)
         try:
-            await _until(lambda: slave_log.end == master_log.end, "the slave to catch up")
+            await wait_for_async(
+                lambda: slave_log.end == master_log.end, 10, "the slave to catch up"
+            )
             for i in range(20):  # growth wakes the master's writer
                 master_log.append(master_log.end, bytes([i]) * (1000 + i))
-            await _until(lambda: slave_log.end == master_log.end, "the slave to follow")
-            await _until(lambda: acks.confirmed == master_log.end, "the ack")
+            await wait_for_async(lambda: slave_log.end == master_log.end, 10, "the slave to follow")
+            await wait_for_async(lambda: acks.confirmed == master_log.end, 10, "the ack")
             assert slave_log.bytes(0, slave_log.end) == master_log.bytes(0, master_log.end)
             assert master_log.held == 0  # every region released
         finally:
@@ -168,7 +165,7 @@ def test_a_slave_outside_the_masters_range_restarts_at_its_start():
         slave_log.append(0, b"s" * 10)  # ends at 10: below the master's range
         master, slave, _ = await _pair(master_log, slave_log, secret=SECRET)
         try:
-            await _until(lambda: slave_log.end == master_log.end, "the resync")
+            await wait_for_async(lambda: slave_log.end == master_log.end, 10, "the resync")
             assert slave_log.start == 3 * FILE and slave.resyncs == 1
             assert slave_log.bytes(3 * FILE, slave_log.end) == b"m" * 5000
         finally:
