@@ -711,13 +711,15 @@ class PopService:
         group, topic, queue_id = key
         state = self._queues[key]
         messages = await self._records_of(key, items)
-        copies = [
-            self._dlq_copy(message, topic, inflight.attempt)
-            for (_, inflight), message in zip(items, messages, strict=True)
-            if message is not None
+        # Acknowledged while the records were read: done, not dead.
+        live = [
+            (offset, inflight, message)
+            for (offset, inflight), message in zip(items, messages, strict=True)
+            if state.inflight.get(offset) is inflight
         ]
+        copies = [self._dlq_copy(m, topic, i.attempt) for _, i, m in live if m is not None]
         self._send_to_dlq(group, copies, group_config.retry_max_times)
-        resolved = [(o, i.checkpoint) for o, i in items if state.inflight.get(o) is i]
+        resolved = [(offset, inflight.checkpoint) for offset, inflight, _ in live]
         self._journal(Acks(group, topic, queue_id, tuple(resolved), "dlq"))
         for offset, _ in resolved:
             self._resolve(state, offset)

@@ -534,3 +534,35 @@ def test_a_timed_batch_may_hold_entries_already_due_but_not_untimed_ones(broker)
         )
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "1 of 2 messages carry TIMER_DELIVER_MS" in err.value.details()
+
+
+def test_an_ordered_message_acknowledged_as_it_expires_is_not_dead_lettered(broker):
+    support.create_topic(broker.channel, "Ord", 1)
+    set_group(broker, "fifo-ack", consume_message_orderly=True, retry_max_times=1)
+    broker.broker.SendMessage(broker_pb2.SendMessageRequest(topic="Ord", body=b"last chance"))
+    assert pop(broker, "fifo-ack", "Ord", invisible_ms=1000).messages  # attempt 1, not acked
+    again = wait_for(
+        lambda: pop(broker, "fifo-ack", "Ord", invisible_ms=1000, wait_ms=500).messages,
+        30,
+        "attempt 2",
+    )
+    assert again[0].delivery_attempt == 2  # its last: expired, it goes to the DLQ
+    service, store = broker.app.pop, broker.app.store
+    original = store.read_entries
+
+    async def acknowledged_meanwhile(entries):
+        # The expiry reads the record; the consumer's ack lands in that window.
+        store.read_entries = original
+        assert (await service.ack("fifo-ack", "Ord", [again[0].receipt_handle]))[0].status == "OK"
+        return await original(entries)
+
+    store.read_entries = acknowledged_meanwhile
+
+    def status():
+        return broker.broker.GetGroupStatus(
+            broker_pb2.GetGroupStatusRequest(consumer_group="fifo-ack", topic="Ord")
+        )
+
+    wait_for(lambda: status().queues[0].committed_offset == 1, 30, "the message resolved")
+    assert store.read_entries is original, "the expiry read the record"
+    assert status().dlq_messages == 0
