@@ -237,6 +237,7 @@ class BrokerApp:
                     backoff_s=tuple(cfg.message_delay_levels_s),
                     auto_create_group=cfg.auto_create_subscription_group,
                 ),
+                readable=messaging.readable_topic,
                 create_topic=self._create_system_topic,
                 timer_pending=lambda topic: (
                     self.timer.pending_by_topic.get(topic, 0) if self.timer else 0

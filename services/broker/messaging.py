@@ -390,7 +390,8 @@ class MessagingService:
         sub_expression: str = "",
     ) -> PullOutcome:
         check_name(group, "consumer_group")
-        config = self._readable_topic(topic, queue_id)
+        config = self.readable_topic(topic)
+        self.check_queue(config, queue_id)
         if queue_offset < 0:
             raise InvalidArgument("queue_offset", f"{queue_offset} is negative")
         if max_nums < 0:
@@ -424,11 +425,16 @@ class MessagingService:
                 return slow_id
         return normal_id
 
-    def _readable_topic(self, topic: str, queue_id: int) -> TopicConfig:
+    def readable_topic(self, topic: str) -> TopicConfig:
+        """A topic consumers may read here (pulls and pops): it exists, and
+        both it and the broker are readable."""
         check_topic(topic)
         config = self.topics.get(topic)
         if config is None:
-            raise NotFound(f"topic {topic!r} does not exist on broker {self.broker_name}")
+            raise NotFound(
+                f"topic {topic!r} does not exist on broker {self.broker_name}; "
+                f"create it with `ferry topic create {topic} -b BROKER`"
+            )
         perm = self.broker_permission()
         if not perm & PERM_READ:
             raise PermissionDenied(
@@ -436,7 +442,6 @@ class MessagingService:
             )
         if not config.perm & PERM_READ:
             raise PermissionDenied(f"topic {topic!r} is not readable (perm={config.perm})")
-        self.check_queue(config, queue_id)
         return config
 
     def check_queue(self, config: TopicConfig, queue_id: int) -> None:

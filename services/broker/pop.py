@@ -56,7 +56,6 @@ from typing import NamedTuple, Protocol
 
 from ferry import record
 from ferry.model import (
-    PERM_READ,
     PROPERTY_DLQ_DELIVERY_ATTEMPTS,
     PROPERTY_DLQ_ORIGIN_MESSAGE_ID,
     PROPERTY_DLQ_ORIGIN_TOPIC,
@@ -77,7 +76,7 @@ from ferry.model import (
     retry_topic,
 )
 from ferry.runtime.clock import Clock
-from ferry.runtime.errors import FerryError, InvalidArgument, NotFound, PermissionDenied
+from ferry.runtime.errors import FerryError, InvalidArgument, NotFound
 from ferry.runtime.tasks import run_rounds
 from services.broker.messaging import GroupLookup, OffsetTable, TopicLookup, parse_sub_expression
 from services.broker.popcodec import (
@@ -222,6 +221,7 @@ class PopService:
         offsets: OffsetTable,
         clock: Clock,
         config: PopConfig,
+        readable: Callable[[str], TopicConfig],
         create_topic: Callable[[TopicConfig], None],
         timer_pending: Callable[[str], int] = lambda topic: 0,
     ) -> None:
@@ -231,6 +231,7 @@ class PopService:
         self.offsets = offsets
         self.clock = clock
         self.config = config
+        self.readable = readable  # the topic, if consumers may read it here (messaging's rule)
         self.create_topic = create_topic  # persist + announce a retry or DLQ topic
         self.timer_pending = timer_pending  # timed copies waiting, by target topic
         self._queues: dict[Key, _Queue] = {}
@@ -255,7 +256,7 @@ class PopService:
         max_wait_ms: int,
         sub_expression: str = "",
     ) -> list[Popped]:
-        config = self._readable(topic)
+        config = self.readable(topic)
         self._check_group_name(group, topic)
         if queue_id is not None and queue_id != -1 and not 0 <= queue_id < config.read_queue_nums:
             raise InvalidArgument(
@@ -989,18 +990,6 @@ class PopService:
             self._resolve(state, offset)
         state.pop_offset = new_min
         self._advance(state)
-
-    def _readable(self, topic: str) -> TopicConfig:
-        check_topic(topic)
-        config = self.topics.get(topic)
-        if config is None:
-            raise NotFound(
-                f"topic {topic!r} does not exist on broker {self.config.broker_name}; "
-                f"create it with `ferry topic create {topic} -b BROKER`"
-            )
-        if not config.perm & PERM_READ:
-            raise PermissionDenied(f"topic {topic!r} is not readable (perm={config.perm})")
-        return config
 
     def _check_group_name(self, group: str, topic: str) -> None:
         check_name(group, "consumer_group")

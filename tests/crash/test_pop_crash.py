@@ -163,6 +163,7 @@ async def _replayed(store_root: Path, config_dir: Path) -> dict:
             metadata.consumer_offsets,
             clock,
             PopConfig("broker-c", revive_topic("DefaultCluster"), (1.0,)),
+            readable=metadata.topics.get,
             create_topic=lambda config: None,
         )
         assert await pop.load() > 0

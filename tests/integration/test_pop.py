@@ -566,3 +566,19 @@ def test_an_ordered_message_acknowledged_as_it_expires_is_not_dead_lettered(brok
     wait_for(lambda: status().queues[0].committed_offset == 1, 30, "the message resolved")
     assert store.read_entries is original, "the expiry read the record"
     assert status().dlq_messages == 0
+
+
+def test_a_broker_that_is_not_readable_refuses_pops_as_it_refuses_pulls(broker):
+    support.create_topic(broker.channel, "Drain", 1)
+    broker.broker.SendMessage(broker_pb2.SendMessageRequest(topic="Drain", body=b"x"))
+    broker.admin.UpdateBrokerPermission(
+        broker_admin_pb2.UpdateBrokerPermissionRequest(broker_permission=2), timeout=10
+    )
+    with pytest.raises(grpc.RpcError) as err:
+        pop(broker, "g", "Drain")
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "brokerPermission=2" in err.value.details()
+    broker.admin.UpdateBrokerPermission(
+        broker_admin_pb2.UpdateBrokerPermissionRequest(broker_permission=6), timeout=10
+    )
+    assert [m.body for m in pop(broker, "g", "Drain").messages] == [b"x"]
