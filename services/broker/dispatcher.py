@@ -154,6 +154,8 @@ class Dispatcher:
                 # Short slices: an HA slave catching up, gRPC calls and sends
                 # get their turns between them.
                 while self.dispatch_some(step=BACKGROUND_STEP_BYTES):
+                    if self.offset >= self.commit_log.max_offset:
+                        break  # caught up: nothing to yield for
                     await self._yield()
             except DispatchError:
                 await asyncio.sleep(1.0)

@@ -83,6 +83,7 @@ from services.broker.popcodec import (
     Acks,
     Change,
     Checkpoint,
+    HandleReader,
     PopFormatError,
     ReceiptHandle,
     decode_handle,
@@ -163,8 +164,9 @@ class GroupStatus:
     dlq_topic: str
 
 
-@dataclass(slots=True)
-class _InFlight:
+class _InFlight(NamedTuple):
+    """Shared by the messages of one checkpoint; never changed in place."""
+
     checkpoint: int
     until_ms: int
     attempt: int  # ordered groups; 0 for normal groups (the record's reconsume times say)
@@ -240,7 +242,12 @@ class PopService:
         self._wakeups: list[tuple[int, Key]] = []  # (visible, ordered queue) redeliveries
         self._compact_at = COMPACT_AT
         self._wake = asyncio.Event()
+        # While the reviver sleeps: the wall ms it wakes at by itself (0: awake,
+        # it looks at the heaps before it sleeps again). Only an earlier
+        # deadline needs to wake it.
+        self._sleeping_until = 0
         self._next_queue: dict[tuple[str, str], int] = {}
+        self._names_ok: set[tuple[str, str]] = set()  # (group, topic) pairs that name valid topics
         self.redeliveries = 0  # copies to a retry topic, and ordered re-deliveries
         self.dead_letters = 0
 
@@ -377,8 +384,13 @@ class PopService:
             self._new_checkpoint(checkpoint, state.key, ck.offsets, until)
             inflight_of = state.inflight
             fresh = 0
+            # One record for every message of the checkpoint (per attempt):
+            # none is ever changed in place, a re-timing replaces it.
+            shared: dict[int, _InFlight] = {}
             for offset, entry, attempt in picked:
-                inflight = _InFlight(checkpoint, until, attempt)
+                inflight = shared.get(attempt)
+                if inflight is None:
+                    inflight = shared[attempt] = _InFlight(checkpoint, until, attempt)
                 if offset in inflight_of or offset in state.redeliver:
                     self._set_inflight(state, offset, inflight)  # an ordered redelivery
                 else:
@@ -388,7 +400,7 @@ class PopService:
             self._cks[checkpoint].live += fresh
             self._advance(state)
         if out:
-            self._wake.set()
+            self._deadline_added(until)
         return out
 
     async def _read(
@@ -430,44 +442,47 @@ class PopService:
         if not handles:
             raise InvalidArgument("receipt_handles", "name at least one handle")
         results: list[AckResult] = []
-        resolved: dict[Key, list[tuple[int, int]]] = {}
-        seen: set[tuple[Key, int]] = set()
-        broker, retry = self.config.broker_name, retry_topic(group, topic)
-        queues = self._queues
+        reader = HandleReader()
+        read = reader.read
+        # Per queue named (the fields its handles share): why its handles are
+        # foreign, or its state and what this request resolves in it.
+        queues: dict[tuple[str, str, str, int], tuple[str, _Queue | None, dict[int, int]]] = {}
         # Nothing changes until every handle has parsed (a bad one fails the call).
         for index, text in enumerate(handles):
-            handle = self._parse(text, index)
-            handle_topic = handle[2]
-            if (
-                handle.broker_name != broker
-                or handle.group != group
-                or (handle_topic != topic and handle_topic != retry)
-            ):
-                results.append(AckResult(text, "FOREIGN", self._foreign(handle, group, topic)))
+            try:
+                head, offset, checkpoint, _ = read(text)
+            except PopFormatError as exc:
+                raise InvalidArgument(
+                    f"receipt_handles[{index}]", f"does not parse: {exc}"
+                ) from None
+            slot = queues.get(head)
+            if slot is None:
+                foreign = self._foreign(head[0], head[1], head[2], group, topic)
+                state = None if foreign else self._queues.get((group, head[2], head[3]))
+                slot = queues[head] = (foreign, state, {})
+            foreign, state, resolved = slot
+            if foreign:
+                results.append(AckResult(text, "FOREIGN", foreign))
                 continue
-            key = (group, handle_topic, handle.queue_id)
-            state = queues.get(key)
-            offset = handle.queue_offset
             inflight = state.inflight.get(offset) if state is not None else None
-            if inflight is None or inflight.checkpoint != handle.checkpoint:
-                results.append(AckResult(text, "STALE", _stale_reason(state, handle)))
-                continue
-            if (key, offset) in seen:
+            if inflight is None or inflight.checkpoint != checkpoint:
+                results.append(AckResult(text, "STALE", _stale_reason(state, offset)))
+            elif offset in resolved:
                 results.append(AckResult(text, "STALE", "named twice in this request"))
-                continue
-            seen.add((key, offset))
-            pairs = resolved.get(key)
-            if pairs is None:
-                pairs = resolved[key] = []
-            pairs.append((offset, handle.checkpoint))
-            results.append(AckResult(text, "OK"))
+            else:
+                resolved[offset] = checkpoint
+                results.append(AckResult(text, "OK"))
         end = 0
-        for key, pairs in resolved.items():
-            end = self._journal(Acks(key[0], key[1], key[2], tuple(pairs)), end_only=True)
-            state = self._queues[key]
-            for offset, checkpoint in pairs:
-                del state.inflight[offset]
-                self._unref(checkpoint)
+        for _, state, resolved in queues.values():
+            if not resolved or state is None:
+                continue
+            key = state.key
+            end = self._journal(Acks(*key, tuple(resolved.items())), end_only=True)
+            inflight_of = state.inflight
+            for offset in resolved:
+                del inflight_of[offset]
+            for checkpoint, count in Counter(resolved.values()).items():
+                self._unref(checkpoint, count)
             self._advance(state)
             self.store.long_polls.notify([(key[1], key[2])])
         if end:
@@ -480,15 +495,18 @@ class PopService:
         check_name(group, "consumer_group")
         check_topic(topic)
         _check_invisible(invisible_ms)
-        handle = self._parse(handle_text, None)
-        verdict = self._foreign(handle, group, topic)
+        try:
+            handle = decode_handle(handle_text)
+        except PopFormatError as exc:
+            raise InvalidArgument("receipt_handle", f"does not parse: {exc}") from None
+        verdict = self._foreign(handle.broker_name, handle.group, handle.topic, group, topic)
         if verdict:
             return ChangeResult("", "FOREIGN", verdict)
         key = (group, handle.topic, handle.queue_id)
         state = self._queues.get(key)
         inflight = state.inflight.get(handle.queue_offset) if state else None
         if state is None or inflight is None or inflight.checkpoint != handle.checkpoint:
-            return ChangeResult("", "STALE", _stale_reason(state, handle))
+            return ChangeResult("", "STALE", _stale_reason(state, handle.queue_offset))
         until = self.clock.wall_ms() + invisible_ms
         checkpoint = self._journal(
             Change(
@@ -505,7 +523,7 @@ class PopService:
         self._set_inflight(
             state, handle.queue_offset, _InFlight(checkpoint, until, inflight.attempt)
         )
-        self._wake.set()
+        self._deadline_added(until)
         new = ReceiptHandle(
             self.config.broker_name,
             group,
@@ -517,23 +535,19 @@ class PopService:
         )
         return ChangeResult(new.encode(), "OK", "", until)
 
-    def _parse(self, text: str, index: int | None) -> ReceiptHandle:
-        try:
-            return decode_handle(text)
-        except PopFormatError as exc:
-            where = "receipt_handle" if index is None else f"receipt_handles[{index}]"
-            raise InvalidArgument(where, f"does not parse: {exc}") from None
-
-    def _foreign(self, handle: ReceiptHandle, group: str, topic: str) -> str:
-        if handle.broker_name != self.config.broker_name:
+    def _foreign(
+        self, handle_broker: str, handle_group: str, handle_topic: str, group: str, topic: str
+    ) -> str:
+        """Why a handle with these fields is not this broker's for (group, topic); "" if it is."""
+        if handle_broker != self.config.broker_name:
             return (
-                f"issued by broker {handle.broker_name}, this is {self.config.broker_name}: "
+                f"issued by broker {handle_broker}, this is {self.config.broker_name}: "
                 "acknowledge on the broker the message came from"
             )
-        if handle.group != group:
-            return f"issued to group {handle.group}, not {group}"
-        if handle.topic not in (topic, retry_topic(group, topic)):
-            return f"issued for topic {handle.topic}, not {topic}"
+        if handle_group != group:
+            return f"issued to group {handle_group}, not {group}"
+        if handle_topic not in (topic, retry_topic(group, topic)):
+            return f"issued for topic {handle_topic}, not {topic}"
         return ""
 
     # ------------------------------------------------------------ status
@@ -608,14 +622,24 @@ class PopService:
         if await self.revive_due():
             await asyncio.sleep(0)
             return
+        now = self.clock.wall_ms()
         wait = 1.0
         for heap in (self._expiry, self._wakeups):
             if heap:
-                wait = min(wait, max((heap[0][0] - self.clock.wall_ms()) / 1000, 0.005))
+                wait = min(wait, max((heap[0][0] - now) / 1000, 0.005))
         self._wake.clear()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(wait):
-                await self._wake.wait()
+        self._sleeping_until = now + int(wait * 1000)
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._wake.wait()
+        finally:
+            self._sleeping_until = 0
+
+    def _deadline_added(self, until_ms: int) -> None:
+        """A new deadline: wake the reviver if it would sleep past it."""
+        if until_ms < self._sleeping_until:
+            self._wake.set()
 
     async def revive_due(self) -> int:
         """Handle every in-flight message past its deadline (up to a batch)."""
@@ -783,7 +807,7 @@ class PopService:
         """Append one revive record; returns its revive-queue offset (the
         checkpoint id), or with `end_only` the commit offset just past it."""
         result = self.store.append_internal(
-            self.config.revive_topic, 0, [MessageIn(encode_revive(item), b"")]
+            self.config.revive_topic, 0, [MessageIn(encode_revive(item), b"")], dispatch_now=False
         )
         return result.end_offset if end_only else result.queue_offset
 
@@ -962,9 +986,9 @@ class PopService:
         if redelivery is not None:
             self._unref(redelivery.checkpoint)
 
-    def _unref(self, checkpoint: int) -> None:
+    def _unref(self, checkpoint: int, count: int = 1) -> None:
         ck = self._cks[checkpoint]
-        ck.live -= 1
+        ck.live -= count
         if ck.live <= 0:
             del self._cks[checkpoint]
 
@@ -992,6 +1016,8 @@ class PopService:
         self._advance(state)
 
     def _check_group_name(self, group: str, topic: str) -> None:
+        if (group, topic) in self._names_ok:
+            return
         check_name(group, "consumer_group")
         for name in (retry_topic(group, topic), dlq_topic(group)):
             if len(name.encode()) > TOPIC_MAX_LENGTH or not TOPIC_PATTERN.fullmatch(name):
@@ -1001,6 +1027,9 @@ class PopService:
                     f"groups use [%|a-zA-Z0-9_-] only, and {name[:20]}... must fit in "
                     f"{TOPIC_MAX_LENGTH} bytes",
                 )
+        if len(self._names_ok) >= 65536:
+            self._names_ok.clear()
+        self._names_ok.add((group, topic))
 
     def _group(self, group: str) -> SubscriptionGroupConfig:
         config = self.groups.get(group)
@@ -1039,10 +1068,10 @@ def _check_invisible(invisible_ms: int) -> None:
         )
 
 
-def _stale_reason(state: _Queue | None, handle: ReceiptHandle) -> str:
-    if state is not None and handle.queue_offset < state.committed:
+def _stale_reason(state: _Queue | None, queue_offset: int) -> str:
+    if state is not None and queue_offset < state.committed:
         return "already resolved: acknowledged, or redelivered after its invisibility ended"
-    if state is not None and handle.queue_offset in state.redeliver:
+    if state is not None and queue_offset in state.redeliver:
         return "its invisibility ended; it will be delivered again with a new handle"
     return (
         "not in flight under this handle: acknowledged, redelivered, or replaced by "

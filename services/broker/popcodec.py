@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, NamedTuple
 
 HANDLE_VERSION = "1"
@@ -91,6 +92,31 @@ def decode_handle(text: str) -> ReceiptHandle:
     return ReceiptHandle(
         broker, group, topic, int(queue_id), int(queue_offset), int(checkpoint), int(until)
     )
+
+
+class HandleReader:
+    """Decodes the handles of one request. Handles of one queue share fields
+    1-5: the first is decoded whole (`decode_handle`); the others only need
+    their last three fields checked. Same answers as `decode_handle`."""
+
+    def __init__(self) -> None:
+        self._heads: dict[str, tuple[str, str, str, int]] = {}
+
+    def read(self, text: str) -> tuple[tuple[str, str, str, int], int, int, int]:
+        """((broker, group, topic, queue id), queue offset, checkpoint, invisible until)."""
+        if type(text) is str and len(text) <= MAX_HANDLE_CHARS:
+            parts = text.rsplit(" ", 3)
+            if len(parts) == 4:
+                head = self._heads.get(parts[0])
+                if head is not None:
+                    _, offset, checkpoint, until = parts
+                    digits = offset + checkpoint + until
+                    if offset and checkpoint and until and digits.isascii() and digits.isdecimal():
+                        return head, int(offset), int(checkpoint), int(until)
+        handle = decode_handle(text)
+        head = (handle.broker_name, handle.group, handle.topic, handle.queue_id)
+        self._heads[text.rsplit(" ", 3)[0]] = head
+        return head, handle.queue_offset, handle.checkpoint, handle.invisible_until_ms
 
 
 # ---------------------------------------------------------------- revive records
@@ -155,10 +181,14 @@ def encode_revive(item: ReviveRecord) -> bytes:
             struct.pack(f">{n}q{n}I", *item.offsets, *item.attempts),
         ))  # fmt: skip
     if isinstance(item, Acks):
-        flat = [v for pair in item.resolved for v in pair]
+        n = len(item.resolved)
         why = _WHY.index(item.why) if item.why in _WHY else 0
         return b"".join(
-            (head, _ACK.pack(why, len(item.resolved)), struct.pack(f">{len(flat)}q", *flat))
+            (
+                head,
+                _ACK.pack(why, n),
+                struct.pack(f">{2 * n}q", *chain.from_iterable(item.resolved)),
+            )
         )
     return head + _CHG.pack(
         item.queue_offset, item.old_checkpoint, item.invisible_until_ms, item.attempt

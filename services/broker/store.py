@@ -368,19 +368,25 @@ class MessageStore:
         return result
 
     def append_internal(
-        self, topic: str, queue_id: int, messages: Sequence[MessageIn]
+        self, topic: str, queue_id: int, messages: Sequence[MessageIn], dispatch_now: bool = True
     ) -> PutResult:
         """Append at once, without waiting for a flush: the caller decides what
         to wait for (`wait_durable`). Sends go through `put`; the broker's own
         records (pop checkpoints and acks, timer deliveries, retry and
         dead-letter copies) come here directly.
 
+        `dispatch_now=False` is for records no consumer waits for (the pop
+        journal, read back only by a restart): their consume-queue entries are
+        written at the dispatcher's next pass — with the next append that
+        wakes it, or within its idle wait (0.2 s) — not in a turn of their own.
+        The bytes are in the log, and go to slaves, at once either way.
+
         Raises:
             ResourceExhausted: the disk is full or above the warning ratio.
             Unavailable: a storage fault.
         """
         self.retention.check_writable()
-        return self._append(topic, queue_id, messages)
+        return self._append(topic, queue_id, messages, dispatch_now)
 
     async def wait_durable(self, end_offset: int) -> bool:
         """With SYNC_FLUSH, wait until the log is fsynced up to `end_offset`
@@ -395,7 +401,9 @@ class MessageStore:
         self.failstop.check()
         return ok
 
-    def _append(self, topic: str, queue_id: int, messages: Sequence[MessageIn]) -> PutResult:
+    def _append(
+        self, topic: str, queue_id: int, messages: Sequence[MessageIn], dispatch_now: bool = True
+    ) -> PutResult:
         if not self._opened:
             raise Unavailable("the store is not open")
         self.failstop.check()
@@ -423,7 +431,7 @@ class MessageStore:
         self._next_queue_offset[key] = first_queue_offset + len(messages)
         end = self.commit_log.max_offset
         self.put_message_count += len(messages)
-        self._appended(files_before)
+        self._appended(files_before, dispatch_now)
         prefix = self._msg_id_prefix
         return PutResult(
             PutStatus.PUT_OK,
@@ -469,8 +477,9 @@ class MessageStore:
         self._appended(files_before)
         return end
 
-    def _appended(self, files_before: int) -> None:
-        self.dispatcher.wake()
+    def _appended(self, files_before: int, dispatch_now: bool = True) -> None:
+        if dispatch_now:
+            self.dispatcher.wake()
         grown, self._grown = self._grown, asyncio.Event()
         grown.set()
         if self.commit_log.files_end != files_before:

@@ -13,6 +13,7 @@ from services.broker.popcodec import (
     Acks,
     Change,
     Checkpoint,
+    HandleReader,
     PopFormatError,
     ReceiptHandle,
     decode_handle,
@@ -52,6 +53,42 @@ def test_random_text_is_a_handle_or_a_format_error(text):
 def test_bad_handles(text):
     with pytest.raises(PopFormatError):
         decode_handle(text)
+
+
+def _decoded(text):
+    """decode_handle's answer in HandleReader's shape, or its error."""
+    try:
+        h = decode_handle(text)
+    except PopFormatError:
+        return PopFormatError
+    return (
+        (h.broker_name, h.group, h.topic, h.queue_id),
+        h.queue_offset,
+        h.checkpoint,
+        h.invisible_until_ms,
+    )
+
+
+tails = st.lists(
+    st.sampled_from(["0", "7", "12", "x", "-1", "", " ", "٣", "1 2"]), min_size=0, max_size=5
+)
+
+
+@given(names, names, st.integers(0, 9), tails, st.text(max_size=40))
+def test_handle_reader_answers_as_decode_handle(group, topic, queue_id, tail, noise):
+    """The reader checks a known queue's handles by their last three fields
+    only: whatever follows a primed prefix — or any other text — it accepts
+    and rejects exactly what decode_handle does, with the same fields."""
+    prefix = f"1 broker-a {group} {topic} {queue_id}"
+    reader = HandleReader()
+    assert reader.read(f"{prefix} 5 6 7") == _decoded(f"{prefix} 5 6 7")  # primes the prefix
+    for text in (f"{prefix} {' '.join(tail)}", f"{prefix}{noise}", noise, f"{prefix} 1 2 {noise}"):
+        expected = _decoded(text)
+        if expected is PopFormatError:
+            with pytest.raises(PopFormatError):
+                reader.read(text)
+        else:
+            assert reader.read(text) == expected
 
 
 @st.composite
