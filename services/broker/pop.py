@@ -81,6 +81,7 @@ from ferry.runtime.tasks import run_rounds
 from services.broker.messaging import GroupLookup, OffsetTable, TopicLookup, parse_sub_expression
 from services.broker.popcodec import (
     Acks,
+    BadHandle,
     Change,
     Checkpoint,
     HandleReader,
@@ -90,7 +91,7 @@ from services.broker.popcodec import (
     decode_revive,
     encode_revive,
     handle_prefix,
-    handle_text,
+    handle_suffix,
 )
 from services.broker.store import MessageIn, MessageStore, copy_message
 
@@ -182,6 +183,15 @@ class _Redelivery:
 
 
 Key = tuple[str, str, int]  # (group, topic, queue id)
+
+
+class _Taken(NamedTuple):
+    """Messages of one queue handed out under one in-flight record, in order."""
+
+    key: Key
+    inflight: _InFlight
+    offsets: Sequence[int]
+    entries: list[tuple[int, int, int]]  # their consume-queue entries
 
 
 @dataclass(slots=True)
@@ -308,16 +318,17 @@ class PopService:
         invisible_ms: int,
         tag_hashes: frozenset[int] | None,
         orderly: bool,
-    ) -> list[tuple[Key, int, tuple[int, int, int], _InFlight]]:
+    ) -> list[_Taken]:
         """Reserve up to `max_nums` messages (synchronously: no other pop can
         take them) and write one checkpoint per queue they came from."""
         now = self.clock.wall_ms()
         until = now + invisible_ms
         confirm = self.store.confirm_offset
         budget = self.store.config.max_pull_bytes
-        out: list[tuple[Key, int, tuple[int, int, int], _InFlight]] = []
+        out: list[_Taken] = []
+        count = 0
         for topic, queue_id in keys:
-            if len(out) >= max_nums or budget <= 0:
+            if count >= max_nums or budget <= 0:
                 break
             cq = self.store.queues.get(topic, queue_id)
             if cq is None:
@@ -325,9 +336,9 @@ class PopService:
             state = self._queue(group, topic, queue_id)
             if state.pop_offset < cq.min_offset:
                 self._skip_deleted(state, cq.min_offset)
-            want = max_nums - len(out)
-            picked: list[tuple[int, tuple[int, int, int], int]] = []  # offset, entry, attempt
-            scan_end = state.pop_offset
+            want = max_nums - count
+            # An ordered queue's expired messages, handed out again: (offset, entry, attempt).
+            again: list[tuple[int, tuple[int, int, int], int]] = []
             if orderly:
                 if state.inflight:
                     continue  # locked: nothing after an in-flight message goes out
@@ -337,33 +348,38 @@ class PopService:
                         continue  # the head waits for its backoff; so does the queue
                     for offset in ready[:want]:
                         if cq.min_offset <= offset < cq.max_offset:
-                            picked.append(
+                            again.append(
                                 (offset, cq.entry(offset), state.redeliver[offset].attempt)
                             )
                     want = 0 if len(ready) > want else want - len(ready)
+            # Offsets from pop_offset on were never handed out: all fresh.
+            fresh: list[int] = []
+            fresh_entries: list[tuple[int, int, int]] = []
+            scan_end = scan_from = state.pop_offset
             if want > 0:
-                scan_from = state.pop_offset
                 scan = want if tag_hashes is None else max(SCAN_ENTRIES, want)
-                for i, entry in enumerate(cq.entries(scan_from, scan)):
+                for entry in cq.entries(scan_from, scan):
                     commit_offset, size, code = entry
                     if commit_offset + size > confirm:
                         break  # a SYNC_MASTER hands out only what a slave has
-                    if picked and size > budget:
+                    if (fresh or again) and size > budget:
                         break
-                    scan_end = scan_from + i + 1
+                    scan_end += 1
                     if tag_hashes is not None and code not in tag_hashes:
                         continue  # filtered out: resolved for this group
-                    picked.append((scan_from + i, entry, 1 if orderly else 0))
+                    fresh.append(scan_end - 1)
+                    fresh_entries.append(entry)
                     budget -= size
                     want -= 1
                     if want <= 0 or budget <= 0:
                         break
-            if not picked:
+            if not fresh and not again:
                 if scan_end > state.pop_offset:
                     state.pop_offset = scan_end
                     self._advance(state)
                 continue
-            offsets = [offset for offset, _, _ in picked]
+            offsets = [offset for offset, _, _ in again] + fresh
+            fresh_attempt = 1 if orderly else 0
             ck = Checkpoint(
                 group,
                 topic,
@@ -371,7 +387,7 @@ class PopService:
                 min(offsets),
                 max(scan_end, max(offsets) + 1),
                 tuple(offsets),
-                tuple(attempt for _, _, attempt in picked),
+                tuple([attempt for _, _, attempt in again] + [fresh_attempt] * len(fresh)),
                 until,
             )
             try:
@@ -382,56 +398,56 @@ class PopService:
                 raise
             state.pop_offset = max(state.pop_offset, scan_end)
             self._new_checkpoint(checkpoint, state.key, ck.offsets, until)
-            inflight_of = state.inflight
-            fresh = 0
             # One record for every message of the checkpoint (per attempt):
             # none is ever changed in place, a re-timing replaces it.
             shared: dict[int, _InFlight] = {}
-            for offset, entry, attempt in picked:
+            for offset, entry, attempt in again:
                 inflight = shared.get(attempt)
                 if inflight is None:
                     inflight = shared[attempt] = _InFlight(checkpoint, until, attempt)
-                if offset in inflight_of or offset in state.redeliver:
-                    self._set_inflight(state, offset, inflight)  # an ordered redelivery
-                else:
-                    inflight_of[offset] = inflight
-                    fresh += 1
-                out.append((state.key, offset, entry, inflight))
-            self._cks[checkpoint].live += fresh
+                self._set_inflight(state, offset, inflight)
+                out.append(_Taken(state.key, inflight, (offset,), [entry]))
+            if fresh:
+                inflight = _InFlight(checkpoint, until, fresh_attempt)
+                state.inflight.update(dict.fromkeys(fresh, inflight))
+                self._cks[checkpoint].live += len(fresh)
+                out.append(_Taken(state.key, inflight, fresh, fresh_entries))
+            count += len(offsets)
             self._advance(state)
         if out:
             self._deadline_added(until)
         return out
 
-    async def _read(
-        self, group: str, topic: str, taken: list[tuple[Key, int, tuple[int, int, int], _InFlight]]
-    ) -> list[Popped]:
-        stored = await self.store.read_entries([entry for _, _, entry, _ in taken])
+    async def _read(self, group: str, topic: str, taken: list[_Taken]) -> list[Popped]:
+        stored = iter(await self.store.read_entries([entry for t in taken for entry in t.entries]))
         out = []
-        prefixes: dict[Key, str] = {}
-        for (key, offset, _, inflight), message in zip(taken, stored, strict=True):
-            if message is None:
-                continue  # deleted meanwhile: it expires and is resolved by the reviver
-            prefix = prefixes.get(key)
-            if prefix is None:
-                prefix = prefixes[key] = handle_prefix(self.config.broker_name, *key)
+        broker = self.config.broker_name
+        for key, inflight, offsets, _ in taken:
+            prefix = handle_prefix(broker, *key)
+            suffix = handle_suffix(inflight.checkpoint, inflight.until_ms)
             until = inflight.until_ms
-            handle = handle_text(prefix, offset, inflight.checkpoint, until)
-            if key[1] == topic:
-                out.append(Popped(message, topic, None, handle, inflight.attempt or 1, until))
-                continue
-            # A retry copy: shown as the message it copies, its attempt from its reconsume times.
-            props = message.properties
-            out.append(
-                Popped(
-                    message,
-                    props.get(PROPERTY_RETRY_TOPIC, topic),
-                    props.get(PROPERTY_ORIGIN_MESSAGE_ID),
-                    handle,
-                    inflight.attempt or _attempt(key[1], message),
-                    until,
+            own = key[1] == topic
+            for offset in offsets:
+                message = next(stored)
+                if message is None:
+                    continue  # deleted meanwhile: it expires and is resolved by the reviver
+                handle = f"{prefix}{offset}{suffix}"
+                if own:
+                    out.append(Popped(message, topic, None, handle, inflight.attempt or 1, until))
+                    continue
+                # A retry copy: shown as the message it copies, its attempt from
+                # its reconsume times.
+                props = message.properties
+                out.append(
+                    Popped(
+                        message,
+                        props.get(PROPERTY_RETRY_TOPIC, topic),
+                        props.get(PROPERTY_ORIGIN_MESSAGE_ID),
+                        handle,
+                        inflight.attempt or _attempt(key[1], message),
+                        until,
+                    )
                 )
-            )
         return out
 
     # ------------------------------------------------------------ ack / change
@@ -441,20 +457,18 @@ class PopService:
         check_topic(topic)
         if not handles:
             raise InvalidArgument("receipt_handles", "name at least one handle")
+        # Nothing changes until every handle has parsed (a bad one fails the call).
+        try:
+            parsed = HandleReader().read_all(handles)
+        except BadHandle as exc:
+            raise InvalidArgument(
+                f"receipt_handles[{exc.index}]", f"does not parse: {exc}"
+            ) from None
         results: list[AckResult] = []
-        reader = HandleReader()
-        read = reader.read
         # Per queue named (the fields its handles share): why its handles are
         # foreign, or its state and what this request resolves in it.
         queues: dict[tuple[str, str, str, int], tuple[str, _Queue | None, dict[int, int]]] = {}
-        # Nothing changes until every handle has parsed (a bad one fails the call).
-        for index, text in enumerate(handles):
-            try:
-                head, offset, checkpoint, _ = read(text)
-            except PopFormatError as exc:
-                raise InvalidArgument(
-                    f"receipt_handles[{index}]", f"does not parse: {exc}"
-                ) from None
+        for text, (head, offset, checkpoint) in zip(handles, parsed, strict=True):
             slot = queues.get(head)
             if slot is None:
                 foreign = self._foreign(head[0], head[1], head[2], group, topic)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any, NamedTuple
@@ -62,17 +63,20 @@ class ReceiptHandle(NamedTuple):
 
     def encode(self) -> str:
         prefix = handle_prefix(self.broker_name, self.group, self.topic, self.queue_id)
-        return handle_text(prefix, self.queue_offset, self.checkpoint, self.invisible_until_ms)
+        return (
+            f"{prefix}{self.queue_offset}{handle_suffix(self.checkpoint, self.invisible_until_ms)}"
+        )
 
 
 def handle_prefix(broker_name: str, group: str, topic: str, queue_id: int) -> str:
-    """Fields 1-5 of a handle, shared by every message popped from one queue."""
+    """Fields 1-5 of a handle and a space, shared by every message popped from
+    one queue. A handle is `prefix + str(queue_offset) + suffix`."""
     return f"{HANDLE_VERSION} {broker_name} {group} {topic} {queue_id} "
 
 
-def handle_text(prefix: str, queue_offset: int, checkpoint: int, invisible_until_ms: int) -> str:
-    """A whole handle from its queue's `handle_prefix` (the pop path's encoder)."""
-    return f"{prefix}{queue_offset} {checkpoint} {invisible_until_ms}"
+def handle_suffix(checkpoint: int, invisible_until_ms: int) -> str:
+    """A space and fields 7-8, shared by every message of one checkpoint."""
+    return f" {checkpoint} {invisible_until_ms}"
 
 
 def decode_handle(text: str) -> ReceiptHandle:
@@ -94,16 +98,29 @@ def decode_handle(text: str) -> ReceiptHandle:
     )
 
 
+class BadHandle(PopFormatError):
+    """Handle number `index` of a request does not parse."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        super().__init__(reason)
+        self.index = index
+
+
+Head = tuple[str, str, str, int]  # (broker, group, topic, queue id): fields 2-5
+
+
 class HandleReader:
-    """Decodes the handles of one request. Handles of one queue share fields
-    1-5: the first is decoded whole (`decode_handle`); the others only need
-    their last three fields checked. Same answers as `decode_handle`."""
+    """Decodes the handles of one request, with the same answers as
+    `decode_handle`. Handles of one queue share fields 1-5, and those of one
+    checkpoint fields 7-8 too: a handle that repeats the previous one's
+    shared text has only its queue offset to check; any other is decoded
+    whole, and the fields a queue's handles share are checked once."""
 
     def __init__(self) -> None:
-        self._heads: dict[str, tuple[str, str, str, int]] = {}
+        self._heads: dict[str, Head] = {}
 
-    def read(self, text: str) -> tuple[tuple[str, str, str, int], int, int, int]:
-        """((broker, group, topic, queue id), queue offset, checkpoint, invisible until)."""
+    def read(self, text: str) -> tuple[Head, int, int, int]:
+        """(head, queue offset, checkpoint, invisible until)."""
         if type(text) is str and len(text) <= MAX_HANDLE_CHARS:
             parts = text.rsplit(" ", 3)
             if len(parts) == 4:
@@ -117,6 +134,38 @@ class HandleReader:
         head = (handle.broker_name, handle.group, handle.topic, handle.queue_id)
         self._heads[text.rsplit(" ", 3)[0]] = head
         return head, handle.queue_offset, handle.checkpoint, handle.invisible_until_ms
+
+    def read_all(self, texts: Sequence[str]) -> list[tuple[Head, int, int]]:
+        """(head, queue offset, checkpoint) of every handle, in order.
+
+        Raises:
+            BadHandle: the first that does not parse.
+        """
+        out: list[tuple[Head, int, int]] = []
+        append = out.append
+        prefix = suffix = ""  # the last decoded handle's text before and after its offset
+        head: Head | None = None
+        checkpoint = 0
+        for index, text in enumerate(texts):
+            if (
+                head is not None
+                and type(text) is str
+                and len(text) <= MAX_HANDLE_CHARS
+                and text.startswith(prefix)
+                and text.endswith(suffix)
+            ):
+                offset = text[len(prefix) : len(text) - len(suffix)]
+                if offset.isdecimal() and offset.isascii():  # "" is not decimal
+                    append((head, int(offset), checkpoint))
+                    continue
+            try:
+                head, offset_value, checkpoint, _ = self.read(text)
+            except PopFormatError as exc:
+                raise BadHandle(index, str(exc)) from None
+            before, _, checkpoint_text, until_text = text.rsplit(" ", 3)
+            prefix, suffix = f"{before} ", f" {checkpoint_text} {until_text}"
+            append((head, offset_value, checkpoint))
+        return out
 
 
 # ---------------------------------------------------------------- revive records

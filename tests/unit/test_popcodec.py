@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from services.broker.popcodec import (
     Acks,
+    BadHandle,
     Change,
     Checkpoint,
     HandleReader,
@@ -89,6 +90,40 @@ def test_handle_reader_answers_as_decode_handle(group, topic, queue_id, tail, no
                 reader.read(text)
         else:
             assert reader.read(text) == expected
+
+
+@given(
+    names,
+    st.lists(
+        st.tuples(
+            st.sampled_from(["", "0", "7", "12", "٣", "x", "1 2"]),
+            st.sampled_from([" 5 6", " 5 7", " 05 6", " 5", "", " 5 6 "]),
+            st.sampled_from(
+                [
+                    "1 broker-a {g} T 3 ",
+                    "1 broker-a {g} T 4 ",
+                    "1 broker-b {g} T 3 ",
+                    "",
+                    "2 broker-a {g} T 3 ",
+                ]
+            ),
+        ),
+        max_size=12,
+    ),
+)
+def test_handle_reader_reads_a_request_as_decode_handle(group, pieces):
+    """A request's handles read together (the fast path reuses the last
+    handle's text around its offset) give decode_handle's answers, or fail
+    at the first handle decode_handle rejects."""
+    texts = [prefix.format(g=group) + offset + suffix for offset, suffix, prefix in pieces]
+    expected = [_decoded(t) for t in texts]
+    bad = next((i for i, e in enumerate(expected) if e is PopFormatError), None)
+    if bad is not None:
+        with pytest.raises(BadHandle) as caught:
+            HandleReader().read_all(texts)
+        assert caught.value.index == bad
+    else:
+        assert HandleReader().read_all(texts) == [(h, o, c) for h, o, c, _ in expected]
 
 
 @st.composite
