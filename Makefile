@@ -6,7 +6,15 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 DEPS_STAMP := $(VENV)/.stamp-deps
 PROTO_STAMP := ferry/v1/.stamp-proto
-PROTOS := $(wildcard proto/ferry/v1/*.proto)
+FERRY_PROTOS := $(wildcard proto/ferry/v1/*.proto)
+# apache.rocketmq.v2, wire-identical to the RocketMQ 5 SDKs (see the .proto headers). Its own
+# directory is the include root, so protobuf names the files as the official SDK does
+# (definition.proto, service.proto) and both load in one process; protoc then writes bare
+# `import x_pb2` lines, which the proto recipe rewrites into package imports.
+RMQ_PROTO_DIR := proto/apache/rocketmq/v2
+RMQ_PROTOS := $(wildcard $(RMQ_PROTO_DIR)/*.proto)
+RMQ_OUT := apache/rocketmq/v2
+PROTOS := $(FERRY_PROTOS) $(RMQ_PROTOS)
 # Extra pytest arguments, e.g. make test PYTEST_ARGS="-k namesrv -x"
 PYTEST_ARGS ?=
 # Where `make run` keeps its data.
@@ -29,12 +37,17 @@ $(DEPS_STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 
-proto: $(PROTO_STAMP)  ## generate ferry/v1 from proto/ (python, grpc and typing stubs)
+proto: $(PROTO_STAMP)  ## generate ferry/v1 and apache/rocketmq/v2 from proto/ (python, grpc and typing stubs)
 
 $(PROTO_STAMP): $(PROTOS) $(DEPS_STAMP)
-	rm -f ferry/v1/*_pb2*.py ferry/v1/*_pb2*.pyi
+	rm -f ferry/v1/*_pb2*.py ferry/v1/*_pb2*.pyi $(RMQ_OUT)/*_pb2*.py $(RMQ_OUT)/*_pb2*.pyi
 	PATH="$(abspath $(BIN)):$$PATH" $(PY) -m grpc_tools.protoc -I proto \
-		--python_out=. --grpc_python_out=. --mypy_out=. --mypy_grpc_out=. $(PROTOS)
+		--python_out=. --grpc_python_out=. --mypy_out=. --mypy_grpc_out=. $(FERRY_PROTOS)
+	PATH="$(abspath $(BIN)):$$PATH" $(PY) -m grpc_tools.protoc -I $(RMQ_PROTO_DIR) \
+		--python_out=$(RMQ_OUT) --grpc_python_out=$(RMQ_OUT) \
+		--mypy_out=$(RMQ_OUT) --mypy_grpc_out=$(RMQ_OUT) $(RMQ_PROTOS)
+	sed -i 's/^import \([a-z0-9_]*_pb2\) as /from apache.rocketmq.v2 import \1 as /' \
+		$(RMQ_OUT)/*_pb2*.py $(RMQ_OUT)/*_pb2*.pyi
 	touch $@
 
 tools:  ## system tools the tests use: promtool (Debian package prometheus), via apt-get when missing
@@ -83,4 +96,4 @@ bench: $(PROTO_STAMP)  ## run the benchmarks and append the figures to BENCHMARK
 	$(PY) -m benchmarks --out BENCHMARKS.md
 
 clean:  ## remove the venv, generated code and caches (not ./var)
-	rm -rf $(VENV) ferry/v1/*_pb2*.py ferry/v1/*_pb2*.pyi $(PROTO_STAMP) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) ferry/v1/*_pb2*.py ferry/v1/*_pb2*.pyi $(RMQ_OUT)/*_pb2*.py $(RMQ_OUT)/*_pb2*.pyi $(PROTO_STAMP) .pytest_cache .ruff_cache *.egg-info

@@ -1,0 +1,1 @@
+"""Protocol packages under the `apache` name (see apache/rocketmq/v2)."""

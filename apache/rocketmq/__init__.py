@@ -1,0 +1,1 @@
+"""Apache RocketMQ protocol packages (see apache/rocketmq/v2)."""

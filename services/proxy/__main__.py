@@ -1,0 +1,5 @@
+import sys
+
+from services.proxy.cli import main
+
+sys.exit(main())

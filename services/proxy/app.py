@@ -1,0 +1,97 @@
+"""Composition root of the proxy: the route cache, the MessagingService
+servicer and the gRPC server (health and reflection as every ferry server)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from apache.rocketmq.v2 import service_pb2, service_pb2_grpc
+from ferry.runtime.files import atomic_write_bytes
+from ferry.runtime.metrics_http import MetricsEndpoint, start_metrics_endpoint
+from ferry.runtime.server import GrpcServer, Service
+from services.proxy.routes import Routes
+from services.proxy.servicer import MAX_BODY_BYTES, MessagingServicer, ProxyOptions
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = service_pb2.DESCRIPTOR.services_by_name["MessagingService"].full_name
+# The largest message accepted: a batch of bodies at the limit, with room for properties.
+MAX_MESSAGE_BYTES = 4 * MAX_BODY_BYTES + (1 << 20)
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    namesrv_addrs: tuple[str, ...]
+    host: str = "0.0.0.0"
+    port: int = 8081
+    metrics_port: int = -1  # -1: no metrics endpoint
+    advertise_host: str = ""  # what routes name when a client does not say; default: host
+    port_file: Path | None = None
+    grace_s: float = 5.0
+
+
+class ProxyApp:
+    def __init__(self, config: ProxyConfig, registry: CollectorRegistry | None = None) -> None:
+        self.config = config
+        self.registry = registry or CollectorRegistry()
+        self.routes = Routes(config.namesrv_addrs, max_message_bytes=MAX_MESSAGE_BYTES)
+        self.servicer = MessagingServicer(self.routes, ProxyOptions("", 0))
+        self.server = GrpcServer(
+            [
+                Service(
+                    SERVICE_NAME,
+                    self.servicer,
+                    service_pb2_grpc.add_MessagingServiceServicer_to_server,
+                )
+            ],
+            config.host,
+            config.port,
+            MAX_MESSAGE_BYTES,
+        )
+        self._metrics_endpoint: MetricsEndpoint | None = None
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    async def start(self) -> None:
+        await self.server.start()
+        host = self.config.advertise_host or self.config.host
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        self.servicer.options = ProxyOptions(host, self.port)
+        if self.config.metrics_port >= 0:
+            self._metrics_endpoint = start_metrics_endpoint(
+                self.config.host,
+                self.config.metrics_port,
+                self.registry,
+                loop=asyncio.get_running_loop(),
+            )
+        await self.server.set_serving()
+        if self.config.port_file:
+            info = {
+                "grpc_port": self.port,
+                "metrics_port": self._metrics_endpoint.port if self._metrics_endpoint else -1,
+                "pid": os.getpid(),
+            }
+            atomic_write_bytes(Path(self.config.port_file), json.dumps(info).encode())
+        log.info(
+            "proxy ready: apache.rocketmq.v2 on %s:%d, name servers %s",
+            self.config.host,
+            self.port,
+            ";".join(self.config.namesrv_addrs),
+        )
+
+    async def stop(self) -> None:
+        await self.server.stop(self.config.grace_s)
+        await self.routes.close()
+        if self._metrics_endpoint is not None:
+            self._metrics_endpoint.stop()
+        log.info("proxy stopped")

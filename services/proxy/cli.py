@@ -1,0 +1,97 @@
+"""`ferry proxy` / `python -m services.proxy`: run the RocketMQ 5 proxy."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+from pathlib import Path
+
+from ferry.client.namesrv import parse_addrs
+from ferry.runtime.errors import FerryError
+from ferry.runtime.logs import setup_logging
+from ferry.runtime.server import run_until_signalled
+from services.proxy.app import ProxyApp, ProxyConfig
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    parser.add_argument(
+        "--host",
+        default=env("FERRY_PROXY_HOST", "0.0.0.0"),
+        help="address to listen on (default 0.0.0.0; $FERRY_PROXY_HOST)",
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=int(env("FERRY_PROXY_PORT", "8081")),
+        help="gRPC port for apache.rocketmq.v2, 0 picks a free one (default 8081, "
+        "RocketMQ's proxy port; $FERRY_PROXY_PORT)",
+    )
+    parser.add_argument(
+        "-n",
+        "--namesrv",
+        default=None,
+        metavar="ADDRS",
+        help="name servers, 'host:port;host:port' (default $FERRY_NAMESRV, else 127.0.0.1:9876)",
+    )
+    parser.add_argument(
+        "--advertise-host",
+        default=env("FERRY_PROXY_ADVERTISE_HOST", ""),
+        help="the host routes point SDKs at when a client does not say which it used "
+        "(default: --host, or 127.0.0.1 for 0.0.0.0)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(env("FERRY_PROXY_METRICS_PORT", "-1")),
+        help="Prometheus /metrics port, 0 picks a free one, -1 disables (default -1)",
+    )
+    parser.add_argument(
+        "--port-file",
+        type=Path,
+        default=None,
+        help="write {grpc_port, metrics_port, pid} as JSON here once serving",
+    )
+    parser.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING or ERROR")
+
+
+def run(args: argparse.Namespace) -> int:
+    setup_logging(args.log_level)
+    try:
+        addrs = parse_addrs(args.namesrv)
+    except FerryError as exc:
+        log.error("bad --namesrv: %s", exc)
+        return 2
+    config = ProxyConfig(
+        namesrv_addrs=tuple(addrs),
+        host=args.host,
+        port=args.port,
+        metrics_port=args.metrics_port,
+        advertise_host=args.advertise_host,
+        port_file=args.port_file,
+    )
+
+    async def main() -> None:
+        app = ProxyApp(config)
+        await run_until_signalled(app.start, app.stop)
+
+    try:
+        asyncio.run(main())
+    except OSError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m services.proxy",
+        description="Run ferry's RocketMQ 5 proxy: apache.rocketmq.v2.MessagingService for the "
+        "official RocketMQ SDKs, backed by the brokers the name servers know.",
+    )
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

@@ -1,0 +1,193 @@
+"""`apache.rocketmq.v2` <-> `ferry.v1`: messages, properties and result codes.
+
+What the SDKs send as system properties travels in ferry as message
+properties, under the names RocketMQ's own proxy uses for them:
+
+    | v2 system property   | ferry                                   |
+    |----------------------|-----------------------------------------|
+    | tag                  | `tags`                                  |
+    | keys                 | `keys`, space-separated                 |
+    | message_id           | property `UNIQ_KEY` (the client's id)   |
+    | message_group        | property `__SHARDINGKEY`                |
+    | delivery_timestamp   | property `TIMER_DELIVER_MS` (epoch ms)  |
+    | born_timestamp       | `born_timestamp` (ms)                   |
+
+A received message shows the client's id when it has one (`UNIQ_KEY`),
+ferry's offset id otherwise.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping
+
+import grpc
+from google.protobuf import duration_pb2, timestamp_pb2
+
+from apache.rocketmq.v2 import definition_pb2 as v2
+from ferry.model import (
+    PROPERTY_SHARDING_KEY,
+    PROPERTY_TIMER_DELIVER_MS,
+)
+from ferry.v1 import broker_pb2
+
+Code = v2.Code
+PROPERTY_UNIQ_KEY = "UNIQ_KEY"
+# Properties the broker or this proxy set: never shown as user properties.
+SYSTEM_PROPERTIES = frozenset(
+    {
+        PROPERTY_UNIQ_KEY,
+        PROPERTY_SHARDING_KEY,
+        PROPERTY_TIMER_DELIVER_MS,
+        "TAGS",
+        "KEYS",
+        "REAL_TOPIC",
+        "REAL_QID",
+        "RETRY_TOPIC",
+        "ORIGIN_MESSAGE_ID",
+        "DELAY",
+        "WAIT",
+    }
+)
+
+SEND_CODES = {
+    broker_pb2.SEND_OK: Code.OK,
+    broker_pb2.FLUSH_DISK_TIMEOUT: Code.MASTER_PERSISTENCE_TIMEOUT,
+    broker_pb2.FLUSH_SLAVE_TIMEOUT: Code.SLAVE_PERSISTENCE_TIMEOUT,
+    broker_pb2.SLAVE_NOT_AVAILABLE: Code.HA_NOT_AVAILABLE,
+}
+SEND_TEXT = {
+    broker_pb2.SEND_OK: "OK",
+    broker_pb2.FLUSH_DISK_TIMEOUT: "stored on the master, not flushed to disk in time",
+    broker_pb2.FLUSH_SLAVE_TIMEOUT: "stored on the master, not acknowledged by a slave in time",
+    broker_pb2.SLAVE_NOT_AVAILABLE: "stored on the master; no slave in sync to copy it",
+}
+
+
+def status(code: int, message: str = "OK") -> v2.Status:
+    return v2.Status(code=code, message=message)
+
+
+OK = status(Code.OK)
+
+
+def error_code(exc: grpc.aio.AioRpcError, field: str = "") -> int:
+    """A broker's gRPC error as the v2 code an SDK understands."""
+    code, text = exc.code(), exc.details() or ""
+    if code == grpc.StatusCode.NOT_FOUND:
+        return Code.TOPIC_NOT_FOUND if "topic" in text else Code.NOT_FOUND
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        if "TIMER_DELIVER_MS" in text or "timerMaxDelaySec" in text:
+            return Code.ILLEGAL_DELIVERY_TIME
+        if "body" in text and ("large" in text or "exceeds" in text or "maxMessageSize" in text):
+            return Code.MESSAGE_BODY_TOO_LARGE
+        if "invisible" in text:
+            return Code.ILLEGAL_INVISIBLE_TIME
+        if "receipt_handle" in text:
+            return Code.INVALID_RECEIPT_HANDLE
+        if "topic" in text:
+            return Code.ILLEGAL_TOPIC
+        if "consumer_group" in text:
+            return Code.ILLEGAL_CONSUMER_GROUP
+        if "sub_expression" in text:
+            return Code.ILLEGAL_FILTER_EXPRESSION
+        return Code.BAD_REQUEST
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        return Code.FORBIDDEN
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return Code.TOO_MANY_REQUESTS
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return Code.PROXY_TIMEOUT
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return Code.INTERNAL_SERVER_ERROR
+    return Code.INTERNAL_ERROR
+
+
+def topic_name(resource: v2.Resource) -> str:
+    """RocketMQ's namespaces prefix names: `namespace%name`."""
+    if resource.resource_namespace:
+        return f"{resource.resource_namespace}%{resource.name}"
+    return resource.name
+
+
+def to_ms(ts: timestamp_pb2.Timestamp) -> int:
+    return ts.seconds * 1000 + ts.nanos // 1_000_000
+
+
+def timestamp(ms: int) -> timestamp_pb2.Timestamp:
+    return timestamp_pb2.Timestamp(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+
+
+def duration_ms(d: duration_pb2.Duration) -> int:
+    return d.seconds * 1000 + d.nanos // 1_000_000
+
+
+def duration(ms: int) -> duration_pb2.Duration:
+    return duration_pb2.Duration(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+
+
+def send_request(message: v2.Message, topic: str) -> broker_pb2.SendMessageRequest:
+    """One v2 message as a ferry send (the broker picks the queue; a message
+    group picks it by hash)."""
+    sp = message.system_properties
+    properties = dict(message.user_properties)
+    if sp.message_id:
+        properties[PROPERTY_UNIQ_KEY] = sp.message_id
+    if sp.message_group:
+        properties[PROPERTY_SHARDING_KEY] = sp.message_group
+    if sp.HasField("delivery_timestamp"):
+        properties[PROPERTY_TIMER_DELIVER_MS] = str(to_ms(sp.delivery_timestamp))
+    return broker_pb2.SendMessageRequest(
+        topic=topic,
+        body=message.body,
+        tags=sp.tag,
+        keys=" ".join(sp.keys),
+        properties=properties,
+        born_timestamp=to_ms(sp.born_timestamp) if sp.HasField("born_timestamp") else 0,
+    )
+
+
+def message_type(properties: Mapping[str, str]) -> int:
+    if PROPERTY_SHARDING_KEY in properties:
+        return v2.FIFO
+    if PROPERTY_TIMER_DELIVER_MS in properties:
+        return v2.DELAY
+    return v2.NORMAL
+
+
+def received_message(m: broker_pb2.MessageExt, invisible_ms: int) -> v2.Message:
+    """A popped ferry message as the SDKs see it."""
+    props = m.properties
+    user = {k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES}
+    out = v2.Message(topic=v2.Resource(name=m.topic), user_properties=user, body=m.body)
+    sp = out.system_properties
+    sp.tag = m.tags
+    if m.keys:
+        sp.keys.extend(m.keys.split())
+    sp.message_id = props.get(PROPERTY_UNIQ_KEY) or m.msg_id
+    sp.body_digest.type = v2.CRC32
+    sp.body_digest.checksum = format(zlib.crc32(m.body) & 0xFFFFFFFF, "08X")
+    sp.body_encoding = v2.IDENTITY
+    sp.message_type = message_type(props)
+    sp.born_timestamp.CopyFrom(timestamp(m.born_timestamp))
+    sp.born_host = m.born_host
+    sp.store_timestamp.CopyFrom(timestamp(m.store_timestamp))
+    sp.store_host = m.store_host
+    sp.receipt_handle = m.receipt_handle
+    sp.queue_id = m.queue_id
+    sp.queue_offset = m.queue_offset
+    sp.invisible_duration.CopyFrom(duration(invisible_ms))
+    sp.delivery_attempt = m.delivery_attempt
+    group = props.get(PROPERTY_SHARDING_KEY)
+    if group:
+        sp.message_group = group
+    return out
+
+
+def handle_broker(receipt_handle: str) -> str | None:
+    """The broker that issued a ferry receipt handle (its second field), or
+    None if the text is not one."""
+    parts = receipt_handle.split(" ", 2)
+    if len(parts) < 3 or parts[0] != "1" or not parts[1]:
+        return None
+    return parts[1]

@@ -1,0 +1,170 @@
+"""Where topics live: routes from the name servers, cached briefly, and one
+async channel per broker.
+
+The proxy is stateless: everything it knows about brokers comes from here.
+A route is fetched on first use and again after `ttl_s` (RocketMQ's clients
+poll every 30 s); a broker that stopped answering is forgotten at the next
+fetch, because the name servers drop it from the route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from ferry.model import PERM_READ, PERM_WRITE
+from ferry.v1 import broker_pb2_grpc, common_pb2, namesrv_pb2, namesrv_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+MASTER_ID = 0
+ROUTE_TTL_S = 30.0
+CALL_TIMEOUT_S = 3.0
+_UNANSWERED = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+class TopicNotFound(Exception):
+    def __init__(self, topic: str) -> None:
+        super().__init__(f"topic {topic!r} has no route on the name servers; create it first")
+        self.topic = topic
+
+
+class NameServersDown(Exception):
+    def __init__(self, addrs: Sequence[str], detail: str) -> None:
+        super().__init__(f"no name server answered ({', '.join(addrs)}): {detail}")
+
+
+@dataclass(frozen=True)
+class BrokerQueues:
+    """One master's queues of a topic."""
+
+    broker_name: str
+    addr: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int
+
+    @property
+    def readable(self) -> bool:
+        return bool(self.perm & PERM_READ) and self.read_queue_nums > 0
+
+    @property
+    def writable(self) -> bool:
+        return bool(self.perm & PERM_WRITE) and self.write_queue_nums > 0
+
+
+@dataclass(frozen=True)
+class Route:
+    topic: str
+    brokers: tuple[BrokerQueues, ...]  # masters only, by broker name
+    ordered: bool
+    fetched: float
+
+    def broker(self, name: str) -> BrokerQueues | None:
+        return next((b for b in self.brokers if b.broker_name == name), None)
+
+
+class Routes:
+    def __init__(
+        self, namesrv_addrs: Sequence[str], ttl_s: float = ROUTE_TTL_S, max_message_bytes: int = 0
+    ) -> None:
+        self.addrs = list(namesrv_addrs)
+        self.ttl_s = ttl_s
+        options = []
+        if max_message_bytes:
+            options = [
+                ("grpc.max_receive_message_length", max_message_bytes),
+                ("grpc.max_send_message_length", max_message_bytes),
+            ]
+        self._options = options
+        self._namesrv_channels = {a: grpc.aio.insecure_channel(a) for a in self.addrs}
+        self._namesrv = {
+            a: namesrv_pb2_grpc.NameServerStub(c) for a, c in self._namesrv_channels.items()
+        }
+        self._brokers: dict[str, tuple[grpc.aio.Channel, broker_pb2_grpc.BrokerStub]] = {}
+        self._routes: dict[str, Route] = {}
+        self._broker_addrs: dict[str, str] = {}  # broker name -> master address, last seen
+        self._fetching: dict[str, asyncio.Future[Route]] = {}
+
+    async def get(self, topic: str, refresh: bool = False) -> Route:
+        route = self._routes.get(topic)
+        if route is not None and not refresh and time.monotonic() - route.fetched < self.ttl_s:
+            return route
+        pending = self._fetching.get(topic)
+        if pending is None:  # one fetch per topic at a time
+            pending = self._fetching[topic] = asyncio.ensure_future(self._fetch(topic))
+            pending.add_done_callback(lambda _: self._fetching.pop(topic, None))
+        return await asyncio.shield(pending)
+
+    async def _fetch(self, topic: str) -> Route:
+        failures = []
+        for addr, stub in self._namesrv.items():
+            try:
+                data = await stub.GetRouteInfoByTopic(
+                    namesrv_pb2.GetRouteInfoByTopicRequest(topic=topic), timeout=CALL_TIMEOUT_S
+                )
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.NOT_FOUND:
+                    self._routes.pop(topic, None)
+                    raise TopicNotFound(topic) from None
+                if exc.code() not in _UNANSWERED:
+                    raise
+                failures.append(f"{addr}: {exc.code().name}")
+                continue
+            route = _route(topic, data)
+            if not route.brokers:
+                raise TopicNotFound(topic)
+            for broker in route.brokers:
+                self._broker_addrs[broker.broker_name] = broker.addr
+            self._routes[topic] = route
+            return route
+        raise NameServersDown(self.addrs, "; ".join(failures))
+
+    def broker_addr(self, broker_name: str) -> str | None:
+        """The master address last seen for a broker name."""
+        return self._broker_addrs.get(broker_name)
+
+    def forget(self, topic: str) -> None:
+        self._routes.pop(topic, None)
+
+    def stub(self, addr: str) -> broker_pb2_grpc.BrokerStub:
+        entry = self._brokers.get(addr)
+        if entry is None:
+            channel = grpc.aio.insecure_channel(addr, options=self._options)
+            entry = self._brokers[addr] = (channel, broker_pb2_grpc.BrokerStub(channel))
+        return entry[1]
+
+    async def close(self) -> None:
+        for channel, _ in self._brokers.values():
+            await channel.close()
+        self._brokers.clear()
+        for channel in self._namesrv_channels.values():
+            await channel.close()
+
+
+def _route(topic: str, data: common_pb2.TopicRouteData) -> Route:
+    masters = {
+        b.broker_name: b.broker_addrs[MASTER_ID]
+        for b in data.broker_datas
+        if MASTER_ID in b.broker_addrs
+    }
+    brokers = tuple(
+        sorted(
+            (
+                BrokerQueues(q.broker_name, masters[q.broker_name], q.read_queue_nums,
+                             q.write_queue_nums, q.perm)
+                for q in data.queue_datas
+                if q.broker_name in masters
+            ),
+            key=lambda b: b.broker_name,
+        )
+    )  # fmt: skip
+    ordered = any(
+        part.split(":", 1)[0] in masters for part in data.order_topic_conf.split(";") if part
+    )
+    return Route(topic, brokers, ordered, time.monotonic())

@@ -1,0 +1,456 @@
+"""`apache.rocketmq.v2.MessagingService` on ferry's brokers (RocketMQ's
+proxy in cluster mode): the SDKs talk to this proxy only; it finds brokers
+through the name servers and calls them with `ferry.v1`.
+
+Every answer carries a v2 `Status` (the API's error channel); gRPC errors are
+kept for requests that cannot be read at all. Nothing here holds state a
+restart would lose: routes are re-fetched, receipt handles name their
+broker, and Telemetry streams are per connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import zlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+
+from apache.rocketmq.v2 import definition_pb2 as v2
+from apache.rocketmq.v2 import service_pb2 as s
+from apache.rocketmq.v2 import service_pb2_grpc
+from ferry.model import TOPIC_MAX_LENGTH, TOPIC_PATTERN, dlq_topic
+from ferry.v1 import broker_pb2
+from services.proxy import convert
+from services.proxy.convert import OK, Code, status
+from services.proxy.routes import BrokerQueues, NameServersDown, Route, Routes, TopicNotFound
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 4 * 1024 * 1024  # the brokers' default maxMessageSize
+MAX_BATCH = 32  # the brokers' largest pop
+DEFAULT_INVISIBLE_MS = 30_000
+DEFAULT_LONG_POLL_MS = 20_000
+DEADLINE_MARGIN_MS = 1_000  # a receive stream ends this long before the client's deadline
+CALL_TIMEOUT_S = 10.0
+SEND_ATTEMPTS = 3  # brokers tried per message
+ACCEPTED_TYPES = (v2.NORMAL, v2.FIFO, v2.DELAY)
+# What the brokers redeliver with (messageDelayLevel from level 3): a consumer's backoff.
+RETRY_BACKOFF_S = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800)
+
+
+@dataclass(frozen=True)
+class ProxyOptions:
+    endpoint_host: str  # the address to hand SDKs in routes when they do not say
+    endpoint_port: int
+    max_body_bytes: int = MAX_BODY_BYTES
+
+
+class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
+    def __init__(self, routes: Routes, options: ProxyOptions) -> None:
+        self.routes = routes
+        self.options = options
+        self._round_robin = itertools.count()
+
+    # ------------------------------------------------------------ routes
+
+    async def QueryRoute(self, request: s.QueryRouteRequest, context) -> s.QueryRouteResponse:
+        topic = convert.topic_name(request.topic)
+        bad = _bad_topic(topic)
+        if bad:
+            return s.QueryRouteResponse(status=status(Code.ILLEGAL_TOPIC, bad))
+        try:
+            route = await self.routes.get(topic, refresh=True)
+        except TopicNotFound as exc:
+            return s.QueryRouteResponse(status=status(Code.TOPIC_NOT_FOUND, str(exc)))
+        except NameServersDown as exc:
+            return s.QueryRouteResponse(status=status(Code.INTERNAL_SERVER_ERROR, str(exc)))
+        endpoints = self._endpoints(request.endpoints)
+        queues = []
+        for broker in route.brokers:
+            for queue_id in range(max(broker.read_queue_nums, broker.write_queue_nums)):
+                queues.append(
+                    v2.MessageQueue(
+                        topic=request.topic,
+                        id=queue_id,
+                        permission=_permission(broker, queue_id),
+                        broker=v2.Broker(name=broker.broker_name, id=0, endpoints=endpoints),
+                        accept_message_types=ACCEPTED_TYPES,
+                    )
+                )
+        return s.QueryRouteResponse(status=OK, message_queues=queues)
+
+    async def QueryAssignment(
+        self, request: s.QueryAssignmentRequest, context
+    ) -> s.QueryAssignmentResponse:
+        """A push consumer's share: one queue (id -1, any) per readable master,
+        as RocketMQ's proxy answers for pop consumption."""
+        topic = convert.topic_name(request.topic)
+        try:
+            route = await self.routes.get(topic)
+        except TopicNotFound as exc:
+            return s.QueryAssignmentResponse(status=status(Code.TOPIC_NOT_FOUND, str(exc)))
+        except NameServersDown as exc:
+            return s.QueryAssignmentResponse(status=status(Code.INTERNAL_SERVER_ERROR, str(exc)))
+        endpoints = self._endpoints(request.endpoints)
+        assignments = [
+            v2.Assignment(
+                message_queue=v2.MessageQueue(
+                    topic=request.topic,
+                    id=-1,
+                    permission=v2.READ,
+                    broker=v2.Broker(name=b.broker_name, id=0, endpoints=endpoints),
+                    accept_message_types=ACCEPTED_TYPES,
+                )
+            )
+            for b in route.brokers
+            if b.readable
+        ]
+        return s.QueryAssignmentResponse(status=OK, assignments=assignments)
+
+    def _endpoints(self, asked: v2.Endpoints) -> v2.Endpoints:
+        """Routes point SDKs back at this proxy: at the address they used."""
+        if asked.addresses:
+            return asked
+        return v2.Endpoints(
+            scheme=v2.IPv4,
+            addresses=[
+                v2.Address(host=self.options.endpoint_host, port=self.options.endpoint_port)
+            ],
+        )
+
+    # ------------------------------------------------------------ clients
+
+    async def Heartbeat(self, request: s.HeartbeatRequest, context) -> s.HeartbeatResponse:
+        return s.HeartbeatResponse(status=OK)
+
+    async def NotifyClientTermination(
+        self, request: s.NotifyClientTerminationRequest, context
+    ) -> s.NotifyClientTerminationResponse:
+        return s.NotifyClientTerminationResponse(status=OK)
+
+    async def Telemetry(
+        self, request_iterator: AsyncIterator[s.TelemetryCommand], context
+    ) -> AsyncIterator[s.TelemetryCommand]:
+        """Answer each client's settings with the server's settings for its
+        type. Each answer is computed from the command alone, so a client that
+        reads slowly only slows its own stream."""
+        async for command in request_iterator:
+            if command.WhichOneof("command") != "settings":
+                continue  # stack traces, verification results: nothing to do with them
+            yield s.TelemetryCommand(status=OK, settings=await self._settings(command.settings))
+
+    async def _settings(self, asked: v2.Settings) -> v2.Settings:
+        out = v2.Settings()
+        out.CopyFrom(asked)
+        if asked.client_type == v2.PRODUCER:
+            out.publishing.max_body_size = self.options.max_body_bytes
+            out.publishing.validate_message_type = True
+            out.backoff_policy.CopyFrom(
+                v2.RetryPolicy(
+                    max_attempts=SEND_ATTEMPTS,
+                    exponential_backoff=v2.ExponentialBackoff(
+                        initial=convert.duration(10), max=convert.duration(1000), multiplier=2.0
+                    ),
+                )
+            )
+        elif asked.client_type in (v2.PUSH_CONSUMER, v2.SIMPLE_CONSUMER):
+            group = convert.topic_name(asked.subscription.group)
+            orderly, retry_max = await self._group_settings(group, asked)
+            sub = out.subscription
+            sub.fifo = orderly
+            sub.receive_batch_size = MAX_BATCH
+            if not asked.subscription.HasField("long_polling_timeout"):
+                sub.long_polling_timeout.CopyFrom(convert.duration(DEFAULT_LONG_POLL_MS))
+            out.backoff_policy.CopyFrom(
+                v2.RetryPolicy(
+                    max_attempts=retry_max + 1,
+                    customized_backoff=v2.CustomizedBackoff(
+                        next=[convert.duration(int(x * 1000)) for x in RETRY_BACKOFF_S]
+                    ),
+                )
+            )
+        return out
+
+    async def _group_settings(self, group: str, asked: v2.Settings) -> tuple[bool, int]:
+        """(ordered, retry_max_times) of a group, from a broker of its first topic."""
+        for entry in asked.subscription.subscriptions:
+            topic = convert.topic_name(entry.topic)
+            try:
+                route = await self.routes.get(topic)
+                broker = next(b for b in route.brokers if b.readable)
+                answer = await self.routes.stub(broker.addr).GetGroupStatus(
+                    broker_pb2.GetGroupStatusRequest(consumer_group=group, topic=topic),
+                    timeout=CALL_TIMEOUT_S,
+                )
+                return answer.orderly, answer.retry_max_times
+            except (TopicNotFound, NameServersDown, StopIteration, grpc.aio.AioRpcError):
+                continue
+        return False, 16
+
+    # ------------------------------------------------------------ send
+
+    async def SendMessage(self, request: s.SendMessageRequest, context) -> s.SendMessageResponse:
+        if not request.messages:
+            return s.SendMessageResponse(status=status(Code.BAD_REQUEST, "no message to send"))
+        entries = [await self._send_one(m) for m in request.messages]
+        codes = {e.status.code for e in entries}
+        top = entries[0].status if len(codes) == 1 else status(Code.MULTIPLE_RESULTS, "mixed")
+        return s.SendMessageResponse(status=top, entries=entries)
+
+    async def _send_one(self, message: v2.Message) -> s.SendResultEntry:
+        message_id = message.system_properties.message_id
+        topic = convert.topic_name(message.topic)
+
+        def failed(code: int, text: str) -> s.SendResultEntry:
+            return s.SendResultEntry(status=status(code, text), message_id=message_id)
+
+        bad = _bad_topic(topic)
+        if bad:
+            return failed(Code.ILLEGAL_TOPIC, bad)
+        if not message.body:
+            return failed(Code.MESSAGE_BODY_EMPTY, "the message body is empty")
+        if len(message.body) > self.options.max_body_bytes:
+            return failed(
+                Code.MESSAGE_BODY_TOO_LARGE,
+                f"the body is {len(message.body)} bytes; the limit is "
+                f"{self.options.max_body_bytes}",
+            )
+        request = convert.send_request(message, topic)
+        group = message.system_properties.message_group
+        last = "no writable queue"
+        code = Code.INTERNAL_SERVER_ERROR
+        for attempt in range(SEND_ATTEMPTS):
+            try:
+                route = await self.routes.get(topic, refresh=attempt > 0)
+            except TopicNotFound as exc:
+                return failed(Code.TOPIC_NOT_FOUND, str(exc))
+            except NameServersDown as exc:
+                return failed(Code.INTERNAL_SERVER_ERROR, str(exc))
+            writable = [b for b in route.brokers if b.writable]
+            if not writable:
+                return failed(Code.FORBIDDEN, f"topic {topic!r} has no writable queue now")
+            if group:  # a message group stays on one broker (and the broker hashes the queue)
+                broker = writable[zlib.crc32(group.encode()) % len(writable)]
+            else:
+                broker = writable[(next(self._round_robin) + attempt) % len(writable)]
+            try:
+                result = await self.routes.stub(broker.addr).SendMessage(
+                    request, timeout=CALL_TIMEOUT_S
+                )
+            except grpc.aio.AioRpcError as exc:
+                code, last = convert.error_code(exc), f"{broker.broker_name}: {exc.details()}"
+                if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    continue  # another broker, with a fresh route
+                return failed(code, exc.details() or exc.code().name)
+            code = convert.SEND_CODES.get(result.status, Code.INTERNAL_ERROR)
+            return s.SendResultEntry(
+                status=status(code, convert.SEND_TEXT.get(result.status, "unknown result")),
+                message_id=message_id or result.msg_id,
+                offset=result.queue_offset,
+            )
+        return failed(code, f"not sent after {SEND_ATTEMPTS} attempts: {last}")
+
+    # ------------------------------------------------------------ receive / ack
+
+    async def ReceiveMessage(
+        self, request: s.ReceiveMessageRequest, context
+    ) -> AsyncIterator[s.ReceiveMessageResponse]:
+        group = convert.topic_name(request.group)
+        topic = convert.topic_name(request.message_queue.topic)
+        broker_name = request.message_queue.broker.name
+        invisible_ms = (
+            convert.duration_ms(request.invisible_duration)
+            if request.HasField("invisible_duration")
+            else DEFAULT_INVISIBLE_MS
+        )
+        wait_ms = (
+            convert.duration_ms(request.long_polling_timeout)
+            if request.HasField("long_polling_timeout")
+            else DEFAULT_LONG_POLL_MS
+        )
+        remaining = context.time_remaining()
+        if remaining is not None:  # answer before the client gives up
+            wait_ms = max(0, min(wait_ms, int(remaining * 1000) - DEADLINE_MARGIN_MS))
+        if request.filter_expression.type == v2.SQL:
+            yield s.ReceiveMessageResponse(
+                status=status(Code.NOT_IMPLEMENTED, "SQL92 filters are not supported by ferry")
+            )
+            return
+        try:
+            route = await self.routes.get(topic)
+        except TopicNotFound as exc:
+            yield s.ReceiveMessageResponse(status=status(Code.TOPIC_NOT_FOUND, str(exc)))
+            return
+        except NameServersDown as exc:
+            yield s.ReceiveMessageResponse(status=status(Code.INTERNAL_SERVER_ERROR, str(exc)))
+            return
+        broker = route.broker(broker_name) if broker_name else None
+        if broker is None:
+            readable = [b for b in route.brokers if b.readable]
+            if not readable:
+                yield s.ReceiveMessageResponse(
+                    status=status(Code.FORBIDDEN, f"topic {topic!r} has no readable queue now")
+                )
+                return
+            broker = readable[next(self._round_robin) % len(readable)]
+        queue_id = request.message_queue.id
+        pop = broker_pb2.PopMessageRequest(
+            consumer_group=group,
+            topic=topic,
+            max_msg_nums=max(1, min(request.batch_size or MAX_BATCH, MAX_BATCH)),
+            invisible_ms=invisible_ms,
+            max_wait_ms=wait_ms,
+            sub_expression=request.filter_expression.expression,
+        )
+        if queue_id >= 0 and route.ordered:
+            pop.queue_id = queue_id  # an ordered topic's queues are consumed one by one
+        try:
+            answer = await self.routes.stub(broker.addr).PopMessage(
+                pop, timeout=wait_ms / 1000 + CALL_TIMEOUT_S
+            )
+        except grpc.aio.AioRpcError as exc:
+            yield s.ReceiveMessageResponse(
+                status=status(convert.error_code(exc), exc.details() or exc.code().name)
+            )
+            return
+        if not answer.messages:
+            yield s.ReceiveMessageResponse(status=status(Code.MESSAGE_NOT_FOUND, "no new message"))
+            return
+        yield s.ReceiveMessageResponse(status=OK)
+        for m in answer.messages:
+            yield s.ReceiveMessageResponse(message=convert.received_message(m, invisible_ms))
+
+    async def AckMessage(self, request: s.AckMessageRequest, context) -> s.AckMessageResponse:
+        group = convert.topic_name(request.group)
+        topic = convert.topic_name(request.topic)
+        results: list[s.AckMessageResultEntry | None] = [None] * len(request.entries)
+        by_broker: dict[str, list[int]] = {}
+        for i, entry in enumerate(request.entries):
+            name = convert.handle_broker(entry.receipt_handle)
+            addr = self.routes.broker_addr(name) if name else None
+            if addr is None and name:
+                await self._learn_brokers(topic)
+                addr = self.routes.broker_addr(name)
+            if addr is None:
+                results[i] = _ack_entry(
+                    entry, Code.INVALID_RECEIPT_HANDLE,
+                    "not a receipt handle of a broker this proxy knows",
+                )  # fmt: skip
+                continue
+            by_broker.setdefault(addr, []).append(i)
+        for addr, indexes in by_broker.items():
+            try:
+                answer = await self.routes.stub(addr).AckMessage(
+                    broker_pb2.AckMessageRequest(
+                        consumer_group=group,
+                        topic=topic,
+                        receipt_handles=[request.entries[i].receipt_handle for i in indexes],
+                    ),
+                    timeout=CALL_TIMEOUT_S,
+                )
+            except grpc.aio.AioRpcError as exc:
+                for i in indexes:
+                    results[i] = _ack_entry(
+                        request.entries[i], convert.error_code(exc), exc.details() or ""
+                    )
+                continue
+            for i, r in zip(indexes, answer.results, strict=False):
+                if r.status == broker_pb2.OK:
+                    results[i] = _ack_entry(request.entries[i], Code.OK, "OK")
+                else:
+                    results[i] = _ack_entry(
+                        request.entries[i], Code.INVALID_RECEIPT_HANDLE, r.reason
+                    )
+        entries = [r for r in results if r is not None]
+        codes = {e.status.code for e in entries}
+        top = entries[0].status if len(codes) == 1 else status(Code.MULTIPLE_RESULTS, "mixed")
+        return s.AckMessageResponse(status=top, entries=entries)
+
+    async def ChangeInvisibleDuration(
+        self, request: s.ChangeInvisibleDurationRequest, context
+    ) -> s.ChangeInvisibleDurationResponse:
+        group = convert.topic_name(request.group)
+        topic = convert.topic_name(request.topic)
+        name = convert.handle_broker(request.receipt_handle)
+        addr = self.routes.broker_addr(name) if name else None
+        if addr is None and name:
+            await self._learn_brokers(topic)
+            addr = self.routes.broker_addr(name)
+        if addr is None:
+            return s.ChangeInvisibleDurationResponse(
+                status=status(Code.INVALID_RECEIPT_HANDLE, "not a receipt handle of a known broker")
+            )
+        try:
+            answer = await self.routes.stub(addr).ChangeInvisibleTime(
+                broker_pb2.ChangeInvisibleTimeRequest(
+                    consumer_group=group,
+                    topic=topic,
+                    receipt_handle=request.receipt_handle,
+                    invisible_ms=convert.duration_ms(request.invisible_duration),
+                ),
+                timeout=CALL_TIMEOUT_S,
+            )
+        except grpc.aio.AioRpcError as exc:
+            return s.ChangeInvisibleDurationResponse(
+                status=status(convert.error_code(exc), exc.details() or "")
+            )
+        if answer.status != broker_pb2.OK:
+            return s.ChangeInvisibleDurationResponse(
+                status=status(Code.INVALID_RECEIPT_HANDLE, answer.reason)
+            )
+        return s.ChangeInvisibleDurationResponse(status=OK, receipt_handle=answer.receipt_handle)
+
+    async def _learn_brokers(self, topic: str) -> None:
+        with contextlib.suppress(TopicNotFound, NameServersDown):
+            await self.routes.get(topic, refresh=True)
+
+    # ------------------------------------------------------------ not served
+
+    async def ForwardMessageToDeadLetterQueue(
+        self, request: s.ForwardMessageToDeadLetterQueueRequest, context
+    ) -> s.ForwardMessageToDeadLetterQueueResponse:
+        group = convert.topic_name(request.group)
+        return s.ForwardMessageToDeadLetterQueueResponse(
+            status=status(
+                Code.NOT_IMPLEMENTED,
+                f"ForwardMessageToDeadLetterQueue is not served yet: ferry's brokers move a "
+                f"message to {dlq_topic(group)} themselves once its group's retry_max_times "
+                "redeliveries are spent",
+            )
+        )
+
+    async def EndTransaction(self, request, context):
+        return s.EndTransactionResponse(
+            status=status(Code.NOT_IMPLEMENTED, "transactional messages are not supported by ferry")
+        )
+
+
+def _ack_entry(entry: s.AckMessageEntry, code: int, text: str) -> s.AckMessageResultEntry:
+    return s.AckMessageResultEntry(
+        message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=status(code, text)
+    )
+
+
+def _bad_topic(topic: str) -> str:
+    if not topic:
+        return "the topic name is empty"
+    if len(topic.encode()) > TOPIC_MAX_LENGTH or not TOPIC_PATTERN.fullmatch(topic):
+        return (
+            f"{topic[:60]!r} is not a topic name: [%|a-zA-Z0-9_-], at most {TOPIC_MAX_LENGTH} bytes"
+        )
+    return ""
+
+
+def _permission(broker: BrokerQueues, queue_id: int) -> int:
+    read = broker.readable and queue_id < broker.read_queue_nums
+    write = broker.writable and queue_id < broker.write_queue_nums
+    if read and write:
+        return v2.READ_WRITE
+    return v2.READ if read else v2.WRITE if write else v2.NONE
+
+
+__all__ = ["MessagingServicer", "ProxyOptions", "Route"]
