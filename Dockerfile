@@ -1,17 +1,27 @@
-# ferry's container image: the `ferry` command (name server, broker, exporter).
-#   docker build -t ferry:0.1.0 .                     # name server, brokers, exporter
+# ferry's container image: the `ferry` command (name server, broker, exporter,
+# RocketMQ 5 proxy).
+#   docker build -t ferry:0.1.0 .                     # name server, brokers, exporter, proxy
 #   docker build --target analytics -t ferry-analytics:0.1.0 .   # + Java for the Spark job
 # Build stage: generate the gRPC code and build wheels; nothing of it but the
-# wheels reaches the final image (no compilers, no grpcio-tools).
+# wheels reaches the final image (no compilers, no grpcio-tools). The code is
+# generated as `make proto` does: ferry.v1 from proto/, and apache.rocketmq.v2
+# (the proxy's API) from its own directory, its imports made package imports.
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY proto ./proto
 COPY ferry ./ferry
 COPY services ./services
+COPY apache ./apache
 RUN python -m pip install --no-cache-dir "grpcio-tools==1.85.1" \
+ && rm -f ferry/v1/*_pb2*.py* apache/rocketmq/v2/*_pb2*.py* \
  && python -m grpc_tools.protoc -I proto --python_out=. --grpc_python_out=. \
       proto/ferry/v1/*.proto \
+ && python -m grpc_tools.protoc -I proto/apache/rocketmq/v2 \
+      --python_out=apache/rocketmq/v2 --grpc_python_out=apache/rocketmq/v2 \
+      proto/apache/rocketmq/v2/*.proto \
+ && sed -i 's/^import \([a-z0-9_]*_pb2\) as /from apache.rocketmq.v2 import \1 as /' \
+      apache/rocketmq/v2/*_pb2*.py \
  && python -m pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim AS runtime
@@ -26,7 +36,7 @@ RUN python -m pip install --no-cache-dir --no-index --find-links /wheels ferry \
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 USER 10001:10001
 WORKDIR /data
-EXPOSE 9876 9877 10911 10912 10913
+EXPOSE 9876 9877 10911 10912 10913 8081 8082
 ENTRYPOINT ["ferry"]
 CMD ["--help"]
 

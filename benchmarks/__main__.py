@@ -24,6 +24,7 @@ BENCHMARKS: dict[str, str] = {
     "ha": "benchmarks.ha_bench",
     "pipeline": "benchmarks.pipeline_bench",
     "pop": "benchmarks.pop_bench",
+    "proxy": "benchmarks.proxy_bench",
     "store": "benchmarks.store_bench",
 }
 

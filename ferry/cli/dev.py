@@ -4,8 +4,9 @@ loopback until Ctrl-C.
 The topology is read from `deploy/k8s/overlays/<topology>/brokers/*.conf`, the
 files the overlay turns into the brokers' ConfigMaps (see ferry.cli.topology
 for what is mapped to this machine): `2m-2s-sync` (the default) runs 2 name
-servers, broker-a and broker-b each as a SYNC_MASTER with a SLAVE, and the
-metrics exporter. A `TopicTest` topic is created on every master.
+servers, broker-a and broker-b each as a SYNC_MASTER with a SLAVE, the
+metrics exporter and the RocketMQ 5 proxy (apache.rocketmq.v2, for the official
+SDKs). A `TopicTest` topic is created on every master.
 
 Every process is a child with its own command line, logged to
 `DATA_DIR/logs/`, and stopped by PID (SIGTERM, then SIGKILL after a grace
@@ -51,9 +52,9 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "dev",
         help="run a Kubernetes topology locally on loopback until Ctrl-C (make run)",
-        description="Start the name servers, brokers and exporter of a deploy/k8s overlay as "
-        "local processes on 127.0.0.1, from the overlay's own broker.conf files; print their "
-        "endpoints, the cluster and example commands; stop them all on Ctrl-C.",
+        description="Start the name servers, brokers, exporter and RocketMQ 5 proxy of a "
+        "deploy/k8s overlay as local processes on 127.0.0.1, from the overlay's own broker.conf "
+        "files; print their endpoints, the cluster and example commands; stop them all on Ctrl-C.",
     )
     p.add_argument(
         "--topology",
@@ -69,8 +70,8 @@ def add_command(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=0,
         metavar="N",
-        help="add N to every port (default 0: name servers 9876/9886, brokers 10911..10941), "
-        "e.g. to run next to another ferry",
+        help="add N to every port (default 0: name servers 9876/9886, brokers 10911..10941, "
+        "proxy 8081), e.g. to run next to another ferry",
     )
     p.add_argument(
         "--k8s-dir",
@@ -123,6 +124,7 @@ def _wait_ready(child: Child, deadline: float) -> dict:
 def _check_ports_free(topology: Topology) -> None:
     wanted = [(n.name, p) for n in topology.namesrvs for p in (n.port, n.metrics_port)]
     wanted += [(b.name, p) for b in topology.brokers for p in (b.port, b.ha_port, b.metrics_port)]
+    wanted += [(topology.proxy.name, p) for p in (topology.proxy.port, topology.proxy.metrics_port)]
     for owner, port in wanted:
         with socket.socket() as s:
             # As the servers bind: connections closed a moment ago (TIME_WAIT) do not count.
@@ -230,6 +232,31 @@ def _ha_secret(data_dir: Path) -> str:
     return secret_file.read_text().strip()
 
 
+def _sdk_example(endpoint: str) -> str:
+    """A producer and a simple consumer of the official RocketMQ 5 Python SDK
+    on the proxy: flush left, to paste into a shell as a here-document."""
+    return f"""\
+from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
+conf = ClientConfiguration("{endpoint}", Credentials())
+producer = Producer(conf, ("{DEMO_TOPIC}",))
+producer.startup()
+msg = Message()
+msg.topic, msg.body, msg.tag = "{DEMO_TOPIC}", b"hello RocketMQ 5", "TagA"
+sent = producer.send(msg).message_id
+print("sent", sent)
+producer.shutdown()
+consumer = SimpleConsumer(conf, "demo-sdk", {{"{DEMO_TOPIC}": FilterExpression("TagA")}}, 5)
+consumer.startup()
+for _ in range(12):  # each receive long-polls one broker for up to 5 s: until ours comes
+    messages = consumer.receive(16, 15)
+    for m in messages:
+        print("received", m.message_id, m.tag, m.body)
+        consumer.ack(m)
+    if any(m.message_id == sent for m in messages):
+        break
+consumer.shutdown()"""
+
+
 def _describe(b, ports: dict) -> str:
     role = b.config.broker_role
     extra = f", HA 127.0.0.1:{ports['ha_port']}" if role != "SLAVE" else ""
@@ -305,6 +332,15 @@ def run(args: argparse.Namespace) -> int:
         )  # fmt: skip
         children.append(exporter)
         ready["exporter"] = _wait_ready(exporter, deadline)
+        proxy = topology.proxy
+        proxy_child = _start(
+            proxy.name,
+            ["-m", "services.proxy", "--host", "127.0.0.1", "--port", str(proxy.port),
+             "--metrics-port", str(proxy.metrics_port), "-n", addr],
+            data_dir,
+        )  # fmt: skip
+        children.append(proxy_child)
+        ready[proxy.name] = _wait_ready(proxy_child, deadline)
 
         lines = [f"ferry {topology.name} is running on loopback (data and logs in {data_dir}/):"]
         for ns in topology.namesrvs:
@@ -315,6 +351,11 @@ def run(args: argparse.Namespace) -> int:
             )
         lines += [_describe(b, ready[b.name]) for b in topology.brokers]
         lines.append(f"  {'exporter':<16} every 5 s into {spool}/   pid {exporter.proc.pid}")
+        lines.append(
+            f"  {proxy.name:<16} grpc {proxy.addr:<16} metrics :{proxy.metrics_port:<6} "
+            f"pid {ready[proxy.name]['pid']:<8} RocketMQ 5 proxy, apache.rocketmq.v2 "
+            f"({proxy.dns} in Kubernetes)"
+        )
         lines.append(
             f"  topic {DEMO_TOPIC} (4 queues) on "
             + ", ".join(m.config.broker_name for m in topology.masters())
@@ -342,6 +383,10 @@ Try:
   .venv/bin/grpcurl -plaintext {master.addr} list
   .venv/bin/grpcurl -plaintext -d '{{"topic":"{DEMO_TOPIC}"}}' {first_ns} ferry.v1.NameServer/GetRouteInfoByTopic
   .venv/bin/ferry analytics run --spool {spool} --out {data_dir}/analytics --once
+  .venv/bin/grpcurl -plaintext {proxy.addr} describe apache.rocketmq.v2.MessagingService
+  .venv/bin/python - <<'EOF'  # the official RocketMQ 5 SDK (pip: rocketmq-python-client)
+{_sdk_example(proxy.addr)}
+EOF
 
 Ctrl-C stops everything.""",
             flush=True,

@@ -14,6 +14,7 @@ from ferry.runtime import tls
 from ferry.runtime.errors import ConfigError, FerryError, InvalidArgument
 from services.broker import cli as broker_cli
 from services.namesrv import cli as namesrv_cli
+from services.proxy import cli as proxy_cli
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -43,6 +44,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     broker_cli.add_arguments(p)
     p.set_defaults(func=broker_cli.run)
+
+    p = sub.add_parser(
+        "proxy",
+        help="run the RocketMQ 5 proxy (apache.rocketmq.v2, for the official SDKs)",
+        description="Run the RocketMQ 5 proxy until SIGTERM/Ctrl-C: "
+        "apache.rocketmq.v2.MessagingService for the official RocketMQ 5 SDKs, backed by the "
+        "brokers the name servers know.",
+    )
+    proxy_cli.add_arguments(p)
+    p.set_defaults(func=proxy_cli.run)
 
     namesrv_cmds.add_commands(sub)
     broker_cmds.add_commands(sub)

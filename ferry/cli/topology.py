@@ -14,6 +14,10 @@ one machine is mapped, as `-o` overrides on the broker's command line:
   10921, 10931, 10941), plus `--port-offset`;
 - the store: `<data-dir>/<broker>/store` instead of `/data/store`, with
   64 MiB commit-log files.
+
+The RocketMQ 5 proxy (the `ferry-proxy` Deployment) has no file of its own:
+one runs on its manifest's ports, 8081 (gRPC) and 8082 (metrics), plus
+`--port-offset`, pointed at the local name servers.
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ TOPOLOGIES = ("2m-2s-sync", "2m-2s-async", "2m-noslave")
 DEFAULT_TOPOLOGY = "2m-2s-sync"
 # 64 MiB commit-log files keep a laptop's disk use small; production uses 1 GiB.
 LOCAL_COMMITLOG_FILE_SIZE = 64 * 1024 * 1024
+# The proxy's ports in its Deployment (deploy/k8s/base/proxy.yaml); a test checks they agree.
+PROXY_PORT = 8081
+PROXY_METRICS_PORT = 8082
 
 
 class TopologyError(Exception):
@@ -37,6 +44,18 @@ class TopologyError(Exception):
 class LocalNamesrv:
     name: str  # namesrv-0
     dns: str  # ferry-namesrv-0.ferry-namesrv:9876, as the brokers' files name it
+    port: int
+    metrics_port: int
+
+    @property
+    def addr(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+@dataclass(frozen=True)
+class LocalProxy:
+    name: str  # proxy
+    dns: str  # ferry-proxy:8081, its Service in Kubernetes
     port: int
     metrics_port: int
 
@@ -79,6 +98,7 @@ class Topology:
     directory: Path
     namesrvs: tuple[LocalNamesrv, ...]
     brokers: tuple[LocalBroker, ...]
+    proxy: LocalProxy
 
     @property
     def namesrv_addr(self) -> str:
@@ -159,4 +179,10 @@ def load_topology(name: str, k8s_dir: Path, port_offset: int = 0) -> Topology:
         )
         for j, (stem, conf, config) in enumerate(loaded)
     )
-    return Topology(name, directory, tuple(namesrvs), brokers)
+    proxy = LocalProxy(
+        "proxy",
+        f"ferry-proxy:{PROXY_PORT}",
+        PROXY_PORT + port_offset,
+        PROXY_METRICS_PORT + port_offset,
+    )
+    return Topology(name, directory, tuple(namesrvs), brokers, proxy)

@@ -95,7 +95,9 @@ def error_code(exc: grpc.aio.AioRpcError, field: str = "") -> int:
     if code == grpc.StatusCode.PERMISSION_DENIED:
         return Code.FORBIDDEN
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return Code.TOO_MANY_REQUESTS
+        if "maxMessageSize" in text or "properties" in text and "bytes" in text:
+            return Code.MESSAGE_BODY_TOO_LARGE  # the message itself is too large
+        return Code.TOO_MANY_REQUESTS  # a full disk, a busy broker: the SDK backs off
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return Code.PROXY_TIMEOUT
     if code == grpc.StatusCode.UNAVAILABLE:
@@ -112,6 +114,19 @@ def topic_name(resource: v2.Resource) -> str:
 
 def to_ms(ts: timestamp_pb2.Timestamp) -> int:
     return ts.seconds * 1000 + ts.nanos // 1_000_000
+
+
+# Seconds past this are no date a timer can reach (year 5138): milliseconds put
+# where seconds belong. The Python SDK 5.1.2 documents Message.delivery_timestamp
+# in ms but copies it into Timestamp.seconds as it is.
+_SECONDS_CEILING = 100_000_000_000
+
+
+def delivery_ms(ts: timestamp_pb2.Timestamp) -> int:
+    """A delivery time as epoch ms, also when a client sent ms as seconds."""
+    if ts.seconds > _SECONDS_CEILING:
+        return ts.seconds
+    return to_ms(ts)
 
 
 def timestamp(ms: int) -> timestamp_pb2.Timestamp:
@@ -136,7 +151,7 @@ def send_request(message: v2.Message, topic: str) -> broker_pb2.SendMessageReque
     if sp.message_group:
         properties[PROPERTY_SHARDING_KEY] = sp.message_group
     if sp.HasField("delivery_timestamp"):
-        properties[PROPERTY_TIMER_DELIVER_MS] = str(to_ms(sp.delivery_timestamp))
+        properties[PROPERTY_TIMER_DELIVER_MS] = str(delivery_ms(sp.delivery_timestamp))
     return broker_pb2.SendMessageRequest(
         topic=topic,
         body=message.body,

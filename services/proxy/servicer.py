@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import time
 import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -323,6 +324,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         yield s.ReceiveMessageResponse(status=OK)
         for m in answer.messages:
             yield s.ReceiveMessageResponse(message=convert.received_message(m, invisible_ms))
+        # When the batch left the proxy: the SDKs' receive-latency metric needs it.
+        yield s.ReceiveMessageResponse(
+            delivery_timestamp=convert.timestamp(int(time.time() * 1000))
+        )
 
     async def AckMessage(self, request: s.AckMessageRequest, context) -> s.AckMessageResponse:
         group = convert.topic_name(request.group)

@@ -13,8 +13,11 @@ Everything starts at once (podManagementPolicy: Parallel), so the brokers also
 show they wait for name servers that come up after them. Then the cluster must
 form: 4 brokers in GetBrokerClusterInfo on both name servers, routes for a new
 topic on both groups, both slaves replicating what their SYNC_MASTER
-acknowledged, health SERVING on every gRPC port, and the exporter writing rows
-for all four brokers. The Spark Deployment is rendered but not started here
+acknowledged, health SERVING on every gRPC port, the RocketMQ 5 proxy routing
+the new topic to both groups (through the name servers its -n names), and the
+exporter writing rows for all four brokers. A Deployment runs one pod here
+(the proxy's second replica would be the same process twice); the TLS component
+leaves the proxy out. The Spark Deployment is rendered but not started here
 (a JVM per test run is slow on 2 cores); its arguments are parsed by the job's
 own parser in test_k8s_manifests.py and the job runs in test_analytics_spark.py.
 """
@@ -38,6 +41,7 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from apache.rocketmq.v2 import definition_pb2, service_pb2, service_pb2_grpc
 from ferry.runtime import auth
 from ferry.runtime.tls import ClientTLS
 from ferry.v1 import (
@@ -232,7 +236,7 @@ def test_rendered_2m_2s_sync_forms_a_cluster(tmp_path, tls):
     names = sorted(p.name for p in pods)
     assert names == ["broker-a-master-0", "broker-a-slave-0", "broker-b-master-0",
                      "broker-b-slave-0", "ferry-exporter-0", "ferry-namesrv-0",
-                     "ferry-namesrv-1"]  # fmt: skip
+                     "ferry-namesrv-1"] + ([] if tls else ["ferry-proxy-0"])  # fmt: skip
     root = tmp_path / "pods"
     root.mkdir()
     procs: dict[str, subprocess.Popen] = {}
@@ -258,6 +262,8 @@ def test_rendered_2m_2s_sync_forms_a_cluster(tmp_path, tls):
             return ch
 
         def grpc_port(pod: str) -> int:
+            if pod.startswith("ferry-proxy"):
+                return 8081
             return 9876 if pod.startswith("ferry-namesrv") else 10911
 
         def probe_port(pod: str) -> int | None:  # where the kubelet's gRPC probe goes
@@ -318,6 +324,24 @@ def test_rendered_2m_2s_sync_forms_a_cluster(tmp_path, tls):
                 return {q.broker_name for q in route.queue_datas} == {"broker-a", "broker-b"}
 
             wait_for(f"{topic} routed to both groups by {ns}", routed, deadline, root)
+
+        if not tls:  # the SDKs' view: the proxy routes the topic to both groups' masters
+            proxy_port = by_name["ferry-proxy-0"].ports[8081]
+            messaging = service_pb2_grpc.MessagingServiceStub(channel("ferry-proxy-0"))
+            route = messaging.QueryRoute(
+                service_pb2.QueryRouteRequest(
+                    topic=definition_pb2.Resource(name=topic),
+                    endpoints=definition_pb2.Endpoints(
+                        scheme=definition_pb2.IPv4,
+                        addresses=[definition_pb2.Address(host="127.0.0.1", port=proxy_port)],
+                    ),
+                ),
+                timeout=10,
+            )
+            assert route.status.code == definition_pb2.OK, route.status
+            assert {q.broker.name for q in route.message_queues} == {"broker-a", "broker-b"}
+            assert {(a.host, a.port) for q in route.message_queues
+                    for a in q.broker.endpoints.addresses} == {("127.0.0.1", proxy_port)}  # fmt: skip
 
         for group in ("broker-a", "broker-b"):
             master, slave = f"{group}-master-0", f"{group}-slave-0"

@@ -1,6 +1,8 @@
 """`make run`, as a user runs it: the README's main command starts the
 2m-2s-sync topology on loopback, is ready within 60 s, a message sent with
-`ferry send` is consumed with `ferry consume`, and Ctrl-C (SIGINT to the
+`ferry send` is consumed with `ferry consume`, the RocketMQ 5 proxy answers
+what its "Try:" lines show (grpcurl's describe through reflection; the official
+SDK's producer and simple consumer, as printed), and Ctrl-C (SIGINT to the
 terminal's process group) stops everything: no process is left.
 
 The ports are moved by --port-offset (make run ARGS=...) so this test never
@@ -13,19 +15,22 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import wait_for
-from tests.integration.support import LineReader, child_env, run_ferry
+from tests.integration.support import LineReader, child_env, grpcurl_path, run_ferry
 
 REPO = Path(__file__).resolve().parents[2]
-# Ports of the 2m-2s topology before the offset: name servers, then brokers.
-BASE_PORTS = [9876, 9877, 9886, 9887] + [
-    p + 10 * i for i in range(4) for p in (10911, 10912, 10913)
-]
+# Ports of the 2m-2s topology before the offset: name servers, brokers, the proxy.
+BASE_PORTS = (
+    [9876, 9877, 9886, 9887]
+    + [p + 10 * i for i in range(4) for p in (10911, 10912, 10913)]
+    + [8081, 8082]
+)
 
 
 def free_offset() -> int:
@@ -60,6 +65,39 @@ def processes_under(path: Path) -> list[str]:
     return found
 
 
+def check_proxy(text: str, offset: int, tmp_path: Path, sdk: bool) -> None:
+    """The proxy's line, and its "Try:" lines run as printed: grpcurl's describe
+    (reflection) and, with `sdk`, the official SDK's snippet."""
+    [(port, metrics)] = re.findall(
+        r"^  proxy +grpc 127\.0\.0\.1:(\d+) +metrics :(\d+) +pid \d+ +RocketMQ 5 proxy", text, re.M
+    )
+    assert (int(port), int(metrics)) == (8081 + offset, 8082 + offset), text
+    [describe] = re.findall(r"^  \.venv/bin/grpcurl (-plaintext \S+ describe \S+)$", text, re.M)
+    assert describe.split() == [
+        "-plaintext", f"127.0.0.1:{port}", "describe", "apache.rocketmq.v2.MessagingService"
+    ]  # fmt: skip
+    out = subprocess.run(
+        [grpcurl_path(), *describe.split()], capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    for rpc in ("QueryRoute", "SendMessage", "ReceiveMessage", "AckMessage", "Telemetry"):
+        assert f"rpc {rpc} (" in out.stdout, out.stdout
+    # The SDK example: `.venv/bin/python - <<'EOF'`, the code flush left, `EOF`.
+    [code] = re.findall(r"^  \.venv/bin/python - <<'EOF'.*\n((?:.*\n)+?)EOF$", text, re.M)
+    assert f'ClientConfiguration("127.0.0.1:{port}"' in code
+    if not sdk:
+        return
+    home = tmp_path / "home"  # the SDK logs to ~/logs/rocketmq_python
+    home.mkdir()
+    ran = subprocess.run(
+        [sys.executable, "-"], input=code, cwd=REPO, env={**child_env(), "HOME": str(home)},
+        capture_output=True, text=True, timeout=90,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    [sent] = re.findall(r"^sent (\S+)$", ran.stdout, re.M)
+    assert f"received {sent} TagA b'hello RocketMQ 5'" in ran.stdout, ran.stdout
+
+
 ROLES = {
     "2m-2s-sync": {"broker-a-master": "SYNC_MASTER", "broker-a-slave": "SLAVE",
                    "broker-b-master": "SYNC_MASTER", "broker-b-slave": "SLAVE"},
@@ -69,6 +107,8 @@ ROLES = {
 }  # fmt: skip
 
 
+# Up to 60 s to be ready, and the SDK example may long-poll the wrong broker a few times (5 s each).
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("topology", [None, "2m-2s-async", "2m-noslave"])
 def test_make_run_serves_and_stops_on_ctrl_c(tmp_path, topology):
     data = tmp_path / "var"
@@ -133,8 +173,9 @@ def test_make_run_serves_and_stops_on_ctrl_c(tmp_path, topology):
                         "--max", "1", "-n", namesrv, timeout_s=60)  # fmt: skip
         assert got.returncode == 0, got.stdout + got.stderr
         assert "hello from make run" in got.stdout
+        check_proxy(text, offset, tmp_path, sdk=topology is None)
         pids = [int(p) for p in re.findall(r" pid (\d+)", text)]
-        assert len(pids) == 2 + len(roles) + 1  # name servers, brokers, the exporter
+        assert len(pids) == 2 + len(roles) + 2  # name servers, brokers, the exporter, the proxy
     finally:
         if make.poll() is None:
             os.killpg(make.pid, signal.SIGINT)  # what Ctrl-C in a terminal does

@@ -97,6 +97,12 @@ def overlay(request, docs) -> tuple[str, list[dict]]:
     return request.node.callspec.params["docs"][0].name, docs
 
 
+@pytest.fixture
+def tls_variant(request, docs) -> bool:
+    """Whether `docs` is the overlay with the TLS component."""
+    return request.node.callspec.params["docs"][1]
+
+
 @pytest.mark.parametrize("version", ["1.29.0", "1.33.0"])
 @pytest.mark.parametrize(
     "directory", [*KUSTOMIZATIONS, "2m-2s-sync+tls"],
@@ -197,6 +203,8 @@ def test_a_pdb_per_group_covers_its_master_and_slave(docs):
     for group in groups:
         assert covered[group] == sorted(n for n in pods if n.startswith(group + "-")), group
     assert covered["ferry-namesrv"] == ["ferry-namesrv"]
+    if "ferry-proxy" in pods:  # not with the TLS component (see test_the_proxy)
+        assert covered["ferry-proxy"] == ["ferry-proxy"]
 
 
 def test_service_ports_target_container_ports(docs):
@@ -369,7 +377,7 @@ def test_namesrv_addresses_are_the_stable_pod_names(overlay):
     assert args[args.index("-n") + 1] == ";".join(NAMESRV_ADDRS)
 
 
-def test_make_run_starts_the_overlays_own_files(overlay):
+def test_make_run_starts_the_overlays_own_files(overlay, tls_variant):
     """ferry dev's topology is the rendered one: the same brokers, the same
     broker.conf text, the same ports (before the local offsets)."""
     from ferry.cli.topology import load_topology
@@ -385,6 +393,16 @@ def test_make_run_starts_the_overlays_own_files(overlay):
                                                        10913 + 10 * i)  # fmt: skip
     assert [n.dns for n in topology.namesrvs] == NAMESRV_ADDRS
     assert [(n.port, n.metrics_port) for n in topology.namesrvs] == [(9876, 9877), (9886, 9887)]
+    if tls_variant:
+        return  # no proxy there (see test_the_proxy)
+    # The proxy: its Service's name and port, its container's ports.
+    [svc] = [s for s in by_kind(docs, "Service") if s["metadata"]["name"] == "ferry-proxy"]
+    [proxy] = [d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "ferry-proxy"]
+    ports = {p["name"]: p["containerPort"]
+             for p in proxy["spec"]["template"]["spec"]["containers"][0]["ports"]}  # fmt: skip
+    [grpc_port] = [p["port"] for p in svc["spec"]["ports"] if p["name"] == "grpc"]
+    assert topology.proxy.dns == f"{svc['metadata']['name']}:{grpc_port}"
+    assert (topology.proxy.port, topology.proxy.metrics_port) == (ports["grpc"], ports["metrics"])
 
 
 def test_only_the_groups_slave_reaches_a_masters_ha_port(docs):
@@ -510,7 +528,9 @@ def test_prometheus_discovers_each_pod_once_on_its_metrics_port(overlay):
     for w in servers:
         name = w["metadata"]["name"]
         annotations = w["spec"]["template"]["metadata"]["annotations"]
-        job = "ferry-namesrv" if name == "ferry-namesrv" else "ferry-broker"
+        job = {"ferry-namesrv": "ferry-namesrv", "ferry-proxy": "ferry-proxy"}.get(
+            name, "ferry-broker"
+        )
         assert found.get(name) == [(job, f"10.0.0.1:{annotations['prometheus.io/port']}")], name
     assert set(found) == {w["metadata"]["name"] for w in servers}
 
@@ -518,7 +538,8 @@ def test_prometheus_discovers_each_pod_once_on_its_metrics_port(overlay):
 def test_exporter_and_spark_job_share_the_spool(overlay):
     _, docs = overlay
     deployments = {d["metadata"]["name"]: d for d in by_kind(docs, "Deployment")}
-    assert set(deployments) == {"ferry-exporter", "ferry-analytics"}
+    assert set(deployments) - {"ferry-proxy"} == {"ferry-exporter", "ferry-analytics"}
+    deployments.pop("ferry-proxy", None)  # not part of the pipeline (see test_the_proxy)
     claims = {d["metadata"]["name"]: d for d in by_kind(docs, "PersistentVolumeClaim")}
     mounted = {}
     for name, d in deployments.items():
@@ -569,6 +590,55 @@ def test_the_tls_component_puts_every_grpc_server_and_client_on_tls(tmp_path):
             assert env["FERRY_TLS_CA"] == "/etc/ferry/tls/ca.crt" and env["FERRY_TLS_CERT"]
     for policy in by_kind(docs, "NetworkPolicy"):
         assert {"ports": [{"port": "health"}]} in policy["spec"]["ingress"]
+
+
+def test_the_proxy(overlay, tls_variant):
+    """The RocketMQ 5 proxy: 2 replicas behind the ferry-proxy Service on 8081,
+    gRPC-probed, a PDB, pointed at the name servers the brokers register with.
+    The TLS component leaves it out (the proxy has no TLS yet)."""
+    _, docs = overlay
+    named = [d for d in docs if d["metadata"]["name"] == "ferry-proxy"]
+    if tls_variant:
+        assert named == []
+        return
+    assert sorted(d["kind"] for d in named) == ["Deployment", "PodDisruptionBudget", "Service"]
+    [deployment] = by_kind(named, "Deployment")
+    [svc] = by_kind(named, "Service")
+    [pdb] = by_kind(named, "PodDisruptionBudget")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 2
+    assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0  # a new pod ready first
+    labels = spec["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/component"] == "proxy"
+    [container] = spec["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"grpc": 8081, "metrics": 8082}
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["grpc"] == {"port": 8081}, probe
+    assert spec["template"]["metadata"]["annotations"]["prometheus.io/port"] == "8082"
+    # The Service: clients' endpoint ferry-proxy:8081, on every proxy pod.
+    assert svc["spec"].get("clusterIP") != "None"  # one stable virtual IP for the SDKs
+    assert svc["spec"]["selector"].items() <= labels.items()
+    assert {(p["name"], p["port"], p["targetPort"]) for p in svc["spec"]["ports"]} == {
+        ("grpc", 8081, "grpc"), ("metrics", 8082, "metrics")
+    }  # fmt: skip
+    # One pod of two may be evicted at a time, no more.
+    assert pdb["spec"]["maxUnavailable"] == 1 and selects(pdb["spec"]["selector"], labels)
+    others = [w for w in workloads(docs) if w is not deployment]
+    assert not any(selects(pdb["spec"]["selector"], w["spec"]["template"]["metadata"]["labels"])
+                   for w in others)  # fmt: skip
+    # Its command line, as `ferry proxy` parses it: the brokers' name servers.
+    from ferry.cli.main import build_parser
+
+    args = build_parser().parse_args(container["args"])
+    assert args.func.__module__ == "services.proxy.cli"
+    assert (args.host, args.port, args.metrics_port) == ("0.0.0.0", 8081, 8082)
+    assert args.namesrv == ";".join(NAMESRV_ADDRS)
+    assert args.advertise_host == svc["metadata"]["name"]
+    confs = [
+        broker_conf(docs, w) for w in workloads(docs) if w["metadata"]["name"].startswith("broker-")
+    ]
+    assert confs and all(f"namesrvAddr={args.namesrv}" in conf for conf in confs)
 
 
 def test_name_servers_and_brokers_share_the_admin_token(overlay):

@@ -1,0 +1,421 @@
+"""The official RocketMQ 5 Python SDK (rocketmq-python-client 5.1.2) against
+ferry through the proxy, with nothing but the endpoint changed: two masters
+and a name server (in this process), the proxy as its own process, and the
+SDK's public API only (Producer, SimpleConsumer, PushConsumer)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import grpc
+import pytest
+from rocketmq import (
+    ClientConfiguration,
+    ConsumeResult,
+    Credentials,
+    FilterExpression,
+    Message,
+    MessageListener,
+    Producer,
+    PushConsumer,
+    SimpleConsumer,
+)
+from rocketmq.v5.exception import PayloadTooLargeException
+
+from ferry.client.broker import Producer as FerryProducer
+from ferry.client.namesrv import NamesrvClient
+from ferry.client.pop import PopConsumer
+from ferry.v1 import broker_admin_pb2, broker_admin_pb2_grpc, common_pb2
+from tests.conftest import LoopThread, start_broker, start_namesrv, wait_for
+from tests.integration import support
+
+REPO = Path(__file__).resolve().parents[2]
+TOPIC = "SdkTopic"
+BROKER_MAX_BODY = 64 * 1024  # tests' brokers (conftest.broker_options): maxMessageSize
+LEVELS = "300ms 300ms 300ms 300ms"  # messageDelayLevel: the retry backoff by attempt
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    d = tmp_path_factory.mktemp("proxy-sdk")
+    loop = LoopThread()
+    ns = start_namesrv(loop, d / "ns")
+    brokers = [
+        start_broker(
+            loop,
+            d / name,
+            ns.addr,
+            brokerName=name,
+            messageDelayLevel=LEVELS,
+            mappedFileSizeCommitLog=8 << 20,
+        )  # fmt: skip
+        for name in ("broker-a", "broker-b")
+    ]
+    port_file = d / "proxy.json"
+    log = (d / "proxy.log").open("w")
+    proxy = subprocess.Popen(
+        [sys.executable, "-m", "services.proxy", "--host", "127.0.0.1", "--port", "0",
+         "-n", ns.addr, "--port-file", str(port_file)],
+        stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=support.child_env(),
+    )  # fmt: skip
+
+    def proxy_ready():
+        assert proxy.poll() is None, (d / "proxy.log").read_text()
+        return port_file.exists()
+
+    wait_for(proxy_ready, 20, "the proxy to write its port file")
+    port = json.loads(port_file.read_text())["grpc_port"]
+    c = Cluster(ns, brokers, f"127.0.0.1:{port}", d)
+    c.create_topic(TOPIC)
+    try:
+        yield c
+    finally:
+        support.stop_pid(proxy)
+        log.close()
+        for b in brokers:
+            b.stop()
+        ns.stop()
+        loop.close()
+
+
+class Cluster:
+    def __init__(self, ns, brokers, endpoint: str, d: Path) -> None:
+        self.ns, self.brokers, self.endpoint, self.dir = ns, brokers, endpoint, d
+
+    def config(self) -> ClientConfiguration:
+        return ClientConfiguration(self.endpoint, Credentials(), request_timeout=10)
+
+    def create_topic(self, topic: str, queues: int = 4) -> None:
+        for b in self.brokers:
+            support.create_topic(b.channel, topic, queues)
+        wait_for(
+            lambda: _route_brokers(self.ns, topic) == len(self.brokers),
+            30,
+            f"{topic} on every broker in the name server's route",
+        )
+
+    def set_group(self, group: str, **fields) -> None:
+        for b in self.brokers:
+            broker_admin_pb2_grpc.BrokerAdminStub(b.channel).UpdateAndCreateSubscriptionGroup(
+                broker_admin_pb2.UpdateAndCreateSubscriptionGroupRequest(
+                    config=common_pb2.SubscriptionGroupConfig(group_name=group, **fields)
+                ),
+                timeout=10,
+            )
+
+
+def _route_brokers(ns, topic: str) -> int:
+    from ferry.v1 import namesrv_pb2
+
+    try:
+        route = ns.stub.GetRouteInfoByTopic(
+            namesrv_pb2.GetRouteInfoByTopicRequest(topic=topic), timeout=5
+        )
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.NOT_FOUND:
+            return 0
+        raise
+    return len(route.queue_datas)
+
+
+def _message(topic: str, body: bytes, tag: str = "", keys: str = "", **props) -> Message:
+    m = Message()
+    m.topic = topic
+    m.body = body
+    if tag:
+        m.tag = tag
+    if keys:
+        m.keys = keys
+    for k, v in props.items():
+        m.add_property(k, v)
+    return m
+
+
+def _producer(cluster, topic=TOPIC) -> Producer:
+    p = Producer(cluster.config(), (topic,))
+    p.startup()
+    return p
+
+
+def _simple(cluster, group: str, topic=TOPIC, await_s: int = 2) -> SimpleConsumer:
+    c = SimpleConsumer(cluster.config(), group, {topic: FilterExpression("*")}, await_s)
+    c.startup()
+    return c
+
+
+def _receive_until(consumer, want: int, timeout_s: float, invisible_s: int = 30, ack=True):
+    got = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < want and time.monotonic() < deadline:
+        for m in consumer.receive(32, invisible_s):
+            got.append(m)
+            if ack:
+                consumer.ack(m)
+    return got
+
+
+def test_send_with_tags_keys_and_properties_then_receive_and_ack(cluster):
+    producer = _producer(cluster)
+    consumer = _simple(cluster, "sdk-basic")
+    try:
+        sent = {}
+        for i in range(20):
+            receipt = producer.send(
+                _message(TOPIC, f"basic {i}".encode(), tag="TagA", keys=f"key-{i}", color="blue")
+            )
+            sent[receipt.message_id] = i
+        got = _receive_until(consumer, 20, 60)
+        assert sorted(sent) == sorted(m.message_id for m in got)  # the client's ids, kept
+        for m in got:
+            i = sent[m.message_id]
+            assert m.body == f"basic {i}".encode()
+            assert m.tag == "TagA"
+            assert m.keys == {f"key-{i}"}
+            assert m.properties == {"color": "blue"}
+            assert m.delivery_attempt == 1
+        assert consumer.receive(32, 30) == []  # all acknowledged: nothing comes back
+    finally:
+        consumer.shutdown()
+        producer.shutdown()
+
+
+def test_delay_message_is_not_delivered_early(cluster):
+    topic = "SdkDelay"
+    cluster.create_topic(topic)
+    producer = _producer(cluster, topic)
+    consumer = _simple(cluster, "sdk-delay", topic, await_s=5)
+    try:
+        due_s = int(time.time()) + 3
+        m = _message(topic, b"later")
+        m.delivery_timestamp = due_s  # the SDK sends this value as Timestamp.seconds
+        producer.send(m)
+        got = _receive_until(consumer, 1, 30)
+        received = time.time()
+        assert [x.body for x in got] == [b"later"]
+        assert received >= due_s
+    finally:
+        consumer.shutdown()
+        producer.shutdown()
+
+
+def test_fifo_messages_keep_their_group_order(cluster):
+    topic = "SdkFifo"
+    cluster.create_topic(topic)
+    cluster.set_group("sdk-fifo", consume_message_orderly=True)
+    producer = _producer(cluster, topic)
+    consumer = _simple(cluster, "sdk-fifo", topic)
+    try:
+        for i in range(10):
+            for g in range(5):
+                m = _message(topic, f"{g}:{i}".encode())
+                m.message_group = f"group-{g}"
+                producer.send(m)
+        seen: dict[str, list[int]] = defaultdict(list)
+        got = _receive_until(consumer, 50, 90)
+        for m in got:
+            g, i = m.body.decode().split(":")
+            seen[g].append(int(i))
+            assert m.message_group == f"group-{g}"
+        assert {g: v for g, v in seen.items()} == {str(g): list(range(10)) for g in range(5)}
+    finally:
+        consumer.shutdown()
+        producer.shutdown()
+
+
+def test_unknown_topic_and_oversized_body_raise_the_sdks_errors(cluster):
+    producer = _producer(cluster)
+    try:
+        # The SDK wraps the route's TOPIC_NOT_FOUND (it logs the code) in its own error.
+        with pytest.raises(Exception, match="failed to fetch topic:NoSuchTopic route"):
+            producer.send(_message("NoSuchTopic", b"x"))
+        with pytest.raises(PayloadTooLargeException):  # above the brokers' maxMessageSize
+            producer.send(_message(TOPIC, b"x" * (BROKER_MAX_BODY + 1)))
+        with pytest.raises(Exception, match="exceeds the threshold"):  # the proxy's 4 MiB
+            producer.send(_message(TOPIC, b"x" * (4 * 1024 * 1024 + 1)))
+    finally:
+        producer.shutdown()
+
+
+def test_no_ack_means_delivered_again_with_a_higher_attempt(cluster):
+    topic = "SdkRedeliver"
+    cluster.create_topic(topic)
+    producer = _producer(cluster, topic)
+    consumer = _simple(cluster, "sdk-redeliver", topic)
+    try:
+        message_id = producer.send(_message(topic, b"again")).message_id
+        first = _receive_until(consumer, 1, 30, invisible_s=1, ack=False)
+        assert [(m.message_id, m.delivery_attempt) for m in first] == [(message_id, 1)]
+        second = _receive_until(consumer, 1, 60, invisible_s=30)
+        assert [(m.message_id, m.delivery_attempt, m.body) for m in second] == [
+            (message_id, 2, b"again")
+        ]
+    finally:
+        consumer.shutdown()
+        producer.shutdown()
+
+
+def test_change_invisible_duration(cluster):
+    topic = "SdkInvisible"
+    cluster.create_topic(topic)
+    producer = _producer(cluster, topic)
+    consumer = _simple(cluster, "sdk-invisible", topic)
+    try:
+        producer.send(_message(topic, b"later, then acked"))
+        producer.send(_message(topic, b"sooner"))
+        got = _receive_until(consumer, 2, 30, invisible_s=60, ack=False)
+        by_body = {m.body: m for m in got}
+        keep = by_body[b"later, then acked"]
+        consumer.change_invisible_duration(keep, 120)
+        consumer.ack(keep)  # with the handle the change returned
+        consumer.change_invisible_duration(by_body[b"sooner"], 1)
+        again = _receive_until(consumer, 1, 60)
+        assert [(m.body, m.delivery_attempt) for m in again] == [(b"sooner", 2)]
+    finally:
+        consumer.shutdown()
+        producer.shutdown()
+
+
+def test_two_simple_consumers_split_10000_messages(cluster):
+    topic = "SdkSplit"
+    cluster.create_topic(topic)
+    n = 10_000
+    producer = _producer(cluster, topic)
+    try:
+        for start in range(0, n, 100):  # 100 sends in flight at a time
+            window = [
+                producer.send_async(_message(topic, f"{i:05d}".encode()))
+                for i in range(start, min(n, start + 100))
+            ]
+            for f in window:
+                f.result(timeout=60)
+    finally:
+        producer.shutdown()
+    received: list[list[int]] = [[], []]
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def drain(index: int) -> None:
+        consumer = _simple(cluster, "sdk-split", topic)
+        try:
+            deadline = time.monotonic() + 240
+            while not done.is_set() and time.monotonic() < deadline:
+                for m in consumer.receive(32, 60):
+                    received[index].append(int(m.body))
+                    consumer.ack(m)
+                if sum(map(len, received)) >= n:
+                    done.set()
+        except BaseException as exc:  # reported below, not lost in the thread
+            errors.append(exc)
+        finally:
+            consumer.shutdown()
+
+    threads = [threading.Thread(target=drain, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors
+    everything = received[0] + received[1]
+    assert sorted(everything) == list(range(n))  # none lost, none twice
+    assert received[0] and received[1]  # both took a share
+
+
+class _Listener(MessageListener):
+    def __init__(self) -> None:
+        self.attempts: dict[str, list[int]] = defaultdict(list)
+        self.lock = threading.Lock()
+
+    def consume(self, message) -> ConsumeResult:
+        body = message.body.decode()
+        with self.lock:
+            self.attempts[body].append(message.delivery_attempt)
+        if body.startswith("always-fails") or (
+            body.startswith("fails-once") and message.delivery_attempt == 1
+        ):
+            return ConsumeResult.FAILURE
+        return ConsumeResult.SUCCESS
+
+
+def test_push_consumer_retries_failures_and_dead_letters_what_always_fails(cluster):
+    topic = "SdkPush"
+    group = "sdk-push"
+    cluster.create_topic(topic)
+    cluster.set_group(group, retry_max_times=2)
+    listener = _Listener()
+    consumer = PushConsumer(cluster.config(), group, listener, {topic: FilterExpression("*")})
+    consumer.startup()  # raises unless the proxy's settings arrive within the SDK's 10 s
+    producer = _producer(cluster, topic)
+    try:
+        for body in ("ok-1", "ok-2", "fails-once", "always-fails"):
+            producer.send(_message(topic, body.encode()))
+
+        def settled():
+            a = listener.attempts
+            return (
+                a.get("ok-1") == [1]
+                and a.get("ok-2") == [1]
+                and a.get("fails-once") == [1, 2]
+                and len(a.get("always-fails", [])) == 3  # first delivery + retry_max_times
+            )
+
+        wait_for(settled, 90, f"the listener's deliveries, so far {dict(listener.attempts)}")
+    finally:
+        consumer.shutdown()
+        producer.shutdown()
+    assert listener.attempts["always-fails"] == [1, 2, 3]
+    # The dead letter, read back with ferry's own client from the group's DLQ
+    # (registered with the name server by the broker that created it).
+    wait_for(lambda: _route_brokers(cluster.ns, f"%DLQ%{group}") >= 1, 60, "the DLQ's route")
+    with NamesrvClient([cluster.ns.addr]) as ns:
+        dlq = PopConsumer(ns, "dlq-reader", f"%DLQ%{group}")
+        try:
+            got = []
+            wait_for(
+                lambda: got.extend(dlq.receive(max_msgs=8, wait_s=1)) or got,
+                60,
+                "the dead letter in the DLQ",
+            )
+        finally:
+            dlq.close()
+    assert [m.body for m in got] == [b"always-fails"]
+
+
+def test_interop_with_ferrys_own_client(cluster):
+    topic = "SdkInterop"
+    cluster.create_topic(topic)
+    # The SDK sends; ferry's consumer reads (tags, keys and the client's id as UNIQ_KEY).
+    producer = _producer(cluster, topic)
+    try:
+        receipt = producer.send(_message(topic, b"from the sdk", tag="T1", keys="k1"))
+    finally:
+        producer.shutdown()
+    with NamesrvClient([cluster.ns.addr]) as ns:
+        ferry_consumer = PopConsumer(ns, "interop-ferry", topic)
+        try:
+            got = []
+            wait_for(
+                lambda: got.extend(ferry_consumer.receive(max_msgs=8, wait_s=1)) or got,
+                30,
+                "the SDK's message through ferry's consumer",
+            )
+            for m in got:
+                ferry_consumer.ack([m])
+        finally:
+            ferry_consumer.close()
+        assert [(m.body, m.tags, m.keys) for m in got] == [(b"from the sdk", "T1", "k1")]
+        assert got[0].properties.get("UNIQ_KEY") == receipt.message_id
+        # ferry's producer sends; the SDK's consumer reads.
+        with FerryProducer(ns) as ferry_producer:
+            ferry_producer.send(topic, b"from ferry", tags="T2", keys="k2")
+    consumer = _simple(cluster, "interop-sdk", topic)
+    try:
+        got = _receive_until(consumer, 2, 30)
+    finally:
+        consumer.shutdown()
+    assert sorted((m.body, m.tag) for m in got) == [(b"from ferry", "T2"), (b"from the sdk", "T1")]
