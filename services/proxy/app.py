@@ -16,6 +16,7 @@ from apache.rocketmq.v2 import service_pb2, service_pb2_grpc
 from ferry.runtime.files import atomic_write_bytes
 from ferry.runtime.metrics_http import MetricsEndpoint, start_metrics_endpoint
 from ferry.runtime.server import GrpcServer, Service
+from services.proxy.metrics import ProxyMetrics
 from services.proxy.routes import Routes
 from services.proxy.servicer import MAX_BODY_BYTES, MessagingServicer, ProxyOptions
 
@@ -42,7 +43,8 @@ class ProxyApp:
         self.config = config
         self.registry = registry or CollectorRegistry()
         self.routes = Routes(config.namesrv_addrs, max_message_bytes=MAX_MESSAGE_BYTES)
-        self.servicer = MessagingServicer(self.routes, ProxyOptions("", 0))
+        self.metrics = ProxyMetrics(self.registry)
+        self.servicer = MessagingServicer(self.routes, ProxyOptions("", 0), self.metrics)
         self.server = GrpcServer(
             [
                 Service(

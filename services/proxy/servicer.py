@@ -25,8 +25,9 @@ from apache.rocketmq.v2 import service_pb2 as s
 from apache.rocketmq.v2 import service_pb2_grpc
 from ferry.model import TOPIC_MAX_LENGTH, TOPIC_PATTERN, dlq_topic
 from ferry.v1 import broker_pb2
-from services.proxy import convert
+from services.proxy import convert, metrics
 from services.proxy.convert import OK, Code, status
+from services.proxy.metrics import ProxyMetrics
 from services.proxy.routes import BrokerQueues, NameServersDown, Route, Routes, TopicNotFound
 
 log = logging.getLogger(__name__)
@@ -51,13 +52,17 @@ class ProxyOptions:
 
 
 class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
-    def __init__(self, routes: Routes, options: ProxyOptions) -> None:
+    def __init__(
+        self, routes: Routes, options: ProxyOptions, metrics: ProxyMetrics | None = None
+    ) -> None:
         self.routes = routes
         self.options = options
+        self.metrics = metrics  # read by the @metrics decorators
         self._round_robin = itertools.count()
 
     # ------------------------------------------------------------ routes
 
+    @metrics.unary("QueryRoute")
     async def QueryRoute(self, request: s.QueryRouteRequest, context) -> s.QueryRouteResponse:
         topic = convert.topic_name(request.topic)
         bad = _bad_topic(topic)
@@ -84,6 +89,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 )
         return s.QueryRouteResponse(status=OK, message_queues=queues)
 
+    @metrics.unary("QueryAssignment")
     async def QueryAssignment(
         self, request: s.QueryAssignmentRequest, context
     ) -> s.QueryAssignmentResponse:
@@ -125,14 +131,17 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     # ------------------------------------------------------------ clients
 
+    @metrics.unary("Heartbeat")
     async def Heartbeat(self, request: s.HeartbeatRequest, context) -> s.HeartbeatResponse:
         return s.HeartbeatResponse(status=OK)
 
+    @metrics.unary("NotifyClientTermination")
     async def NotifyClientTermination(
         self, request: s.NotifyClientTerminationRequest, context
     ) -> s.NotifyClientTerminationResponse:
         return s.NotifyClientTerminationResponse(status=OK)
 
+    @metrics.stream("Telemetry")
     async def Telemetry(
         self, request_iterator: AsyncIterator[s.TelemetryCommand], context
     ) -> AsyncIterator[s.TelemetryCommand]:
@@ -194,6 +203,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     # ------------------------------------------------------------ send
 
+    @metrics.unary("SendMessage")
     async def SendMessage(self, request: s.SendMessageRequest, context) -> s.SendMessageResponse:
         if not request.messages:
             return s.SendMessageResponse(status=status(Code.BAD_REQUEST, "no message to send"))
@@ -257,6 +267,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     # ------------------------------------------------------------ receive / ack
 
+    @metrics.stream("ReceiveMessage")
     async def ReceiveMessage(
         self, request: s.ReceiveMessageRequest, context
     ) -> AsyncIterator[s.ReceiveMessageResponse]:
@@ -329,6 +340,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             delivery_timestamp=convert.timestamp(int(time.time() * 1000))
         )
 
+    @metrics.unary("AckMessage")
     async def AckMessage(self, request: s.AckMessageRequest, context) -> s.AckMessageResponse:
         group = convert.topic_name(request.group)
         topic = convert.topic_name(request.topic)
@@ -375,6 +387,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         top = entries[0].status if len(codes) == 1 else status(Code.MULTIPLE_RESULTS, "mixed")
         return s.AckMessageResponse(status=top, entries=entries)
 
+    @metrics.unary("ChangeInvisibleDuration")
     async def ChangeInvisibleDuration(
         self, request: s.ChangeInvisibleDurationRequest, context
     ) -> s.ChangeInvisibleDurationResponse:
@@ -415,6 +428,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     # ------------------------------------------------------------ not served
 
+    @metrics.unary("ForwardMessageToDeadLetterQueue")
     async def ForwardMessageToDeadLetterQueue(
         self, request: s.ForwardMessageToDeadLetterQueueRequest, context
     ) -> s.ForwardMessageToDeadLetterQueueResponse:
@@ -428,6 +442,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             )
         )
 
+    @metrics.unary("EndTransaction")
     async def EndTransaction(self, request, context):
         return s.EndTransactionResponse(
             status=status(Code.NOT_IMPLEMENTED, "transactional messages are not supported by ferry")

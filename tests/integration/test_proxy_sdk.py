@@ -61,7 +61,7 @@ def cluster(tmp_path_factory):
     log = (d / "proxy.log").open("w")
     proxy = subprocess.Popen(
         [sys.executable, "-m", "services.proxy", "--host", "127.0.0.1", "--port", "0",
-         "-n", ns.addr, "--port-file", str(port_file)],
+         "-n", ns.addr, "--metrics-port", "0", "--port-file", str(port_file)],
         stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=support.child_env(),
     )  # fmt: skip
 
@@ -70,8 +70,9 @@ def cluster(tmp_path_factory):
         return port_file.exists()
 
     wait_for(proxy_ready, 20, "the proxy to write its port file")
-    port = json.loads(port_file.read_text())["grpc_port"]
-    c = Cluster(ns, brokers, f"127.0.0.1:{port}", d)
+    info = json.loads(port_file.read_text())
+    c = Cluster(ns, brokers, f"127.0.0.1:{info['grpc_port']}", d)
+    c.metrics_url = f"http://127.0.0.1:{info['metrics_port']}/metrics"
     c.create_topic(TOPIC)
     try:
         yield c
@@ -419,3 +420,46 @@ def test_interop_with_ferrys_own_client(cluster):
     finally:
         consumer.shutdown()
     assert sorted((m.body, m.tag) for m in got) == [(b"from ferry", "T2"), (b"from the sdk", "T1")]
+
+
+def test_metrics_count_requests_by_rpc_and_code(cluster):
+    topic = "SdkMetrics"
+    cluster.create_topic(topic)
+
+    def count(rpc: str, code: str) -> float:
+        text = support.scrape(cluster.metrics_url)
+        return support.sample(text, "ferry_proxy_requests_total", f'code="{code}",rpc="{rpc}"') or 0
+
+    sends, receives = count("SendMessage", "OK"), count("ReceiveMessage", "OK")
+    acks, missing = count("AckMessage", "OK"), count("QueryRoute", "TOPIC_NOT_FOUND")
+    producer = _producer(cluster, topic)
+    consumer = _simple(cluster, "sdk-metrics", topic)
+    try:
+        for i in range(3):
+            producer.send(_message(topic, f"m{i}".encode()))
+        with pytest.raises(Exception, match="failed to fetch topic"):
+            producer.send(_message("NoSuchTopicEither", b"x"))
+        assert len(_receive_until(consumer, 3, 30)) == 3
+    finally:
+        consumer.shutdown()
+        producer.shutdown()
+    assert count("SendMessage", "OK") == sends + 3
+    assert count("ReceiveMessage", "OK") >= receives + 1
+    assert count("AckMessage", "OK") == acks + 3
+    assert count("QueryRoute", "TOPIC_NOT_FOUND") >= missing + 1
+    text = support.scrape(cluster.metrics_url)
+    assert support.sample(text, "ferry_proxy_request_duration_seconds_count", 'rpc="SendMessage"')
+    # Every consumer of this module is shut down: their long polls end (a cancelled
+    # one as soon as the proxy hears of it).
+    wait_for(
+        lambda: (
+            support.sample(
+                support.scrape(cluster.metrics_url),
+                "ferry_proxy_streams_open",
+                'rpc="ReceiveMessage"',
+            )
+            == 0
+        ),
+        30,
+        "no receive stream open",
+    )
