@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ferry import record
-from ferry.model import DataVersion, SubscriptionGroupConfig, TopicConfig
+from ferry.model import DataVersion, SubscriptionGroupConfig, TopicConfig, dlq_topic
 from ferry.runtime.errors import InvalidArgument
 from ferry.v1 import broker_admin_pb2, broker_pb2, common_pb2
 from services.broker.messaging import OutgoingMessage, SendOutcome
@@ -232,6 +232,16 @@ def ack_response_pb(results: list[AckResult]) -> broker_pb2.AckMessageResponse:
         else:
             add(receipt_handle=r.receipt_handle, status=_ACK_STATUS[r.status])
     return response
+
+
+def forward_response_pb(
+    result: AckResult, group: str
+) -> broker_pb2.ForwardToDeadLetterQueueResponse:
+    return broker_pb2.ForwardToDeadLetterQueueResponse(
+        status=_ACK_STATUS[result.status],
+        reason=result.reason,
+        dlq_topic=dlq_topic(group) if result.status == "OK" else "",
+    )
 
 
 def change_response_pb(result: ChangeResult) -> broker_pb2.ChangeInvisibleTimeResponse:

@@ -549,6 +549,42 @@ class PopService:
         )
         return ChangeResult(new.encode(), "OK", "", until)
 
+    async def forward_to_dlq(self, group: str, topic: str, handle_text: str) -> AckResult:
+        """Move one in-flight message to the group's dead-letter topic now and
+        resolve it (a consumer giving up on it), as an expiry past
+        retry_max_times would."""
+        check_name(group, "consumer_group")
+        check_topic(topic)
+        try:
+            handle = decode_handle(handle_text)
+        except PopFormatError as exc:
+            raise InvalidArgument("receipt_handle", f"does not parse: {exc}") from None
+        verdict = self._foreign(handle.broker_name, handle.group, handle.topic, group, topic)
+        if verdict:
+            return AckResult(handle_text, "FOREIGN", verdict)
+        key = (group, handle.topic, handle.queue_id)
+        state = self._queues.get(key)
+        offset = handle.queue_offset
+        inflight = state.inflight.get(offset) if state else None
+        if state is None or inflight is None or inflight.checkpoint != handle.checkpoint:
+            return AckResult(handle_text, "STALE", _stale_reason(state, offset))
+        (message,) = await self._records_of(key, [(offset, inflight)])
+        if state.inflight.get(offset) is not inflight:  # acknowledged or re-timed meanwhile
+            return AckResult(handle_text, "STALE", _stale_reason(state, offset))
+        group_config = self._group(group)
+        if message is not None:
+            origin = message.properties.get(PROPERTY_RETRY_TOPIC, topic)
+            attempts = inflight.attempt or _attempt(handle.topic, message)
+            self._send_to_dlq(
+                group, [self._dlq_copy(message, origin, attempts)], group_config.retry_max_times
+            )
+        end = self._journal(Acks(*key, ((offset, inflight.checkpoint),), "dlq"), end_only=True)
+        self._resolve(state, offset)
+        self._advance(state)
+        self.store.long_polls.notify([(key[1], key[2])])
+        await self.store.wait_durable(end)
+        return AckResult(handle_text, "OK")
+
     def _foreign(
         self, handle_broker: str, handle_group: str, handle_topic: str, group: str, topic: str
     ) -> str:

@@ -197,6 +197,16 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         return convert.change_response_pb(result)
 
     @grpc_method
+    async def ForwardToDeadLetterQueue(
+        self, request: broker_pb2.ForwardToDeadLetterQueueRequest, context: grpc.aio.ServicerContext
+    ) -> broker_pb2.ForwardToDeadLetterQueueResponse:
+        self.gate.check()
+        result = await self._pop().forward_to_dlq(
+            request.consumer_group, request.topic, request.receipt_handle
+        )
+        return convert.forward_response_pb(result, request.consumer_group)
+
+    @grpc_method
     async def GetGroupStatus(
         self, request: broker_pb2.GetGroupStatusRequest, context: grpc.aio.ServicerContext
     ) -> broker_pb2.GetGroupStatusResponse:

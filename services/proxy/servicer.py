@@ -23,7 +23,7 @@ import grpc
 from apache.rocketmq.v2 import definition_pb2 as v2
 from apache.rocketmq.v2 import service_pb2 as s
 from apache.rocketmq.v2 import service_pb2_grpc
-from ferry.model import TOPIC_MAX_LENGTH, TOPIC_PATTERN, dlq_topic
+from ferry.model import TOPIC_MAX_LENGTH, TOPIC_PATTERN
 from ferry.v1 import broker_pb2
 from services.proxy import convert, metrics
 from services.proxy.convert import OK, Code, status
@@ -393,11 +393,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     ) -> s.ChangeInvisibleDurationResponse:
         group = convert.topic_name(request.group)
         topic = convert.topic_name(request.topic)
-        name = convert.handle_broker(request.receipt_handle)
-        addr = self.routes.broker_addr(name) if name else None
-        if addr is None and name:
-            await self._learn_brokers(topic)
-            addr = self.routes.broker_addr(name)
+        addr = await self._handle_addr(request.receipt_handle, topic)
         if addr is None:
             return s.ChangeInvisibleDurationResponse(
                 status=status(Code.INVALID_RECEIPT_HANDLE, "not a receipt handle of a known broker")
@@ -432,15 +428,45 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def ForwardMessageToDeadLetterQueue(
         self, request: s.ForwardMessageToDeadLetterQueueRequest, context
     ) -> s.ForwardMessageToDeadLetterQueueResponse:
+        """A consumer gives up on a message (the SDKs' FIFO consumers do after
+        their local retries): the broker that issued the handle moves it to
+        %DLQ%<group> and resolves it."""
         group = convert.topic_name(request.group)
-        return s.ForwardMessageToDeadLetterQueueResponse(
-            status=status(
-                Code.NOT_IMPLEMENTED,
-                f"ForwardMessageToDeadLetterQueue is not served yet: ferry's brokers move a "
-                f"message to {dlq_topic(group)} themselves once its group's retry_max_times "
-                "redeliveries are spent",
+        topic = convert.topic_name(request.topic)
+        addr = await self._handle_addr(request.receipt_handle, topic)
+        if addr is None:
+            return s.ForwardMessageToDeadLetterQueueResponse(
+                status=status(Code.INVALID_RECEIPT_HANDLE, "not a receipt handle of a known broker")
             )
+        try:
+            answer = await self.routes.stub(addr).ForwardToDeadLetterQueue(
+                broker_pb2.ForwardToDeadLetterQueueRequest(
+                    consumer_group=group, topic=topic, receipt_handle=request.receipt_handle
+                ),
+                timeout=CALL_TIMEOUT_S,
+            )
+        except grpc.aio.AioRpcError as exc:
+            return s.ForwardMessageToDeadLetterQueueResponse(
+                status=status(convert.error_code(exc), exc.details() or "")
+            )
+        if answer.status != broker_pb2.OK:
+            return s.ForwardMessageToDeadLetterQueueResponse(
+                status=status(Code.INVALID_RECEIPT_HANDLE, answer.reason)
+            )
+        return s.ForwardMessageToDeadLetterQueueResponse(
+            status=status(Code.OK, f"moved to {answer.dlq_topic}")
         )
+
+    async def _handle_addr(self, receipt_handle: str, topic: str) -> str | None:
+        """The address of the broker a receipt handle names (routes refreshed once)."""
+        name = convert.handle_broker(receipt_handle)
+        if not name:
+            return None
+        addr = self.routes.broker_addr(name)
+        if addr is None:
+            await self._learn_brokers(topic)
+            addr = self.routes.broker_addr(name)
+        return addr
 
     @metrics.unary("EndTransaction")
     async def EndTransaction(self, request, context):

@@ -190,6 +190,45 @@ def test_unacknowledged_is_redelivered_with_backoff_then_dead_lettered(broker):
     assert status.queues[1].committed_offset == 1
 
 
+def test_forward_to_dead_letter_queue_moves_one_message_now(broker):
+    support.create_topic(broker.channel, "Gives", 1)
+    sent = broker.broker.SendMessage(
+        broker_pb2.SendMessageRequest(topic="Gives", body=b"hopeless", properties={"k": "v"})
+    )
+    broker.broker.SendMessage(broker_pb2.SendMessageRequest(topic="Gives", body=b"fine"))
+    hopeless, fine = pop(broker, "quitter", "Gives", invisible_ms=60_000).messages
+
+    def forward(handle):
+        return broker.broker.ForwardToDeadLetterQueue(
+            broker_pb2.ForwardToDeadLetterQueueRequest(
+                consumer_group="quitter", topic="Gives", receipt_handle=handle
+            ),
+            timeout=10,
+        )
+
+    answer = forward(hopeless.receipt_handle)
+    assert (answer.status, answer.dlq_topic) == (broker_pb2.OK, "%DLQ%quitter")
+    # The handle is spent: forwarding or acknowledging it again is STALE.
+    assert forward(hopeless.receipt_handle).status == broker_pb2.STALE
+    (stale,) = ack(broker, "quitter", "Gives", [hopeless.receipt_handle]).results
+    assert stale.status == broker_pb2.STALE
+    with pytest.raises(grpc.RpcError) as bad:
+        forward("not a handle")
+    assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    (dead,) = pop(broker, "inspect", "%DLQ%quitter").messages
+    assert dead.body == b"hopeless" and dead.properties["k"] == "v"
+    assert dead.properties["DLQ_ORIGIN_TOPIC"] == "Gives"
+    assert dead.properties["DLQ_ORIGIN_MESSAGE_ID"] == sent.msg_id
+    assert dead.properties["DLQ_DELIVERY_ATTEMPTS"] == "1"
+    (ok,) = ack(broker, "quitter", "Gives", [fine.receipt_handle]).results
+    assert ok.status == broker_pb2.OK
+    status = broker.broker.GetGroupStatus(
+        broker_pb2.GetGroupStatusRequest(consumer_group="quitter", topic="Gives")
+    )
+    assert (status.dlq_messages, sum(q.in_flight for q in status.queues)) == (1, 0)
+    assert status.queues[0].committed_offset == 2
+
+
 def _quiet(fn):
     try:
         return fn()

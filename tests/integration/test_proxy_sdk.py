@@ -463,3 +463,57 @@ def test_metrics_count_requests_by_rpc_and_code(cluster):
         30,
         "no receive stream open",
     )
+
+
+class _Recorder(MessageListener):
+    def __init__(self, fails: str) -> None:
+        self.fails = fails
+        self.seen: list[tuple[str, int]] = []
+        self.lock = threading.Lock()
+
+    def consume(self, message) -> ConsumeResult:
+        body = message.body.decode()
+        with self.lock:
+            self.seen.append((body, message.delivery_attempt))
+        return ConsumeResult.FAILURE if body == self.fails else ConsumeResult.SUCCESS
+
+
+def test_fifo_push_consumer_forwards_what_always_fails_to_the_dlq(cluster):
+    """A FIFO PushConsumer retries a failing message itself, then hands it to
+    ForwardMessageToDeadLetterQueue; its message group goes on after it."""
+    topic, group = "SdkFifoPush", "sdk-fifo-push"
+    cluster.create_topic(topic)
+    cluster.set_group(group, consume_message_orderly=True, retry_max_times=1)
+    listener = _Recorder(fails="poison")
+    consumer = PushConsumer(cluster.config(), group, listener, {topic: FilterExpression("*")})
+    consumer.startup()
+    producer = _producer(cluster, topic)
+    try:
+        for body in ("poison", "after-1", "after-2"):
+            m = _message(topic, body.encode())
+            m.message_group = "g"
+            producer.send(m)
+        wait_for(
+            lambda: [b for b, _ in listener.seen][-2:] == ["after-1", "after-2"],
+            60,
+            f"the group to go on after the poison, so far {listener.seen}",
+        )
+    finally:
+        consumer.shutdown()
+        producer.shutdown()
+    # Tried twice (max attempts = retry_max_times + 1; the SDK retries a FIFO
+    # message itself, so both show attempt 1), in order, before the rest.
+    assert [b for b, _ in listener.seen] == ["poison", "poison", "after-1", "after-2"]
+    wait_for(lambda: _route_brokers(cluster.ns, f"%DLQ%{group}") >= 1, 60, "the DLQ's route")
+    with NamesrvClient([cluster.ns.addr]) as ns:
+        dlq = PopConsumer(ns, "dlq-reader", f"%DLQ%{group}")
+        try:
+            got = []
+            wait_for(
+                lambda: got.extend(dlq.receive(max_msgs=8, wait_s=1)) or got,
+                60,
+                "the forwarded message in the DLQ",
+            )
+        finally:
+            dlq.close()
+    assert [m.body for m in got] == [b"poison"]
