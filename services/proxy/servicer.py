@@ -474,6 +474,44 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             status=status(Code.NOT_IMPLEMENTED, "transactional messages are not supported by ferry")
         )
 
+    # The PullConsumer's offset API, recall and lite topics: answered at once,
+    # with NOT_IMPLEMENTED in the response's status as the API reports errors.
+
+    @metrics.stream("PullMessage")
+    async def PullMessage(self, request, context):
+        yield s.PullMessageResponse(status=_not_served("PullMessage", _USE_RECEIVE))
+
+    @metrics.unary("UpdateOffset")
+    async def UpdateOffset(self, request, context):
+        return s.UpdateOffsetResponse(status=_not_served("UpdateOffset", _USE_RECEIVE))
+
+    @metrics.unary("GetOffset")
+    async def GetOffset(self, request, context):
+        return s.GetOffsetResponse(status=_not_served("GetOffset", _USE_RECEIVE))
+
+    @metrics.unary("QueryOffset")
+    async def QueryOffset(self, request, context):
+        return s.QueryOffsetResponse(status=_not_served("QueryOffset", _USE_RECEIVE))
+
+    @metrics.unary("RecallMessage")
+    async def RecallMessage(self, request, context):
+        return s.RecallMessageResponse(
+            status=_not_served("RecallMessage", "a timed message cannot be recalled")
+        )
+
+    @metrics.unary("SyncLiteSubscription")
+    async def SyncLiteSubscription(self, request, context):
+        return s.SyncLiteSubscriptionResponse(
+            status=_not_served("SyncLiteSubscription", "ferry has no lite topics")
+        )
+
+
+_USE_RECEIVE = "consume with a SimpleConsumer or PushConsumer (ReceiveMessage)"
+
+
+def _not_served(rpc: str, instead: str) -> v2.Status:
+    return status(Code.NOT_IMPLEMENTED, f"{rpc} is not served by ferry's proxy; {instead}")
+
 
 def _ack_entry(entry: s.AckMessageEntry, code: int, text: str) -> s.AckMessageResultEntry:
     return s.AckMessageResultEntry(

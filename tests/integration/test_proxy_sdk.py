@@ -517,3 +517,36 @@ def test_fifo_push_consumer_forwards_what_always_fails_to_the_dlq(cluster):
         finally:
             dlq.close()
     assert [m.body for m in got] == [b"poison"]
+
+
+def test_rpcs_not_served_answer_not_implemented_at_once(cluster):
+    """On the wire, not through the SDK: what ferry does not serve is said in
+    the response's status, promptly (each call has a 5 s deadline)."""
+    from apache.rocketmq.v2 import definition_pb2 as v2
+    from apache.rocketmq.v2 import service_pb2 as s
+    from apache.rocketmq.v2 import service_pb2_grpc
+
+    topic = v2.Resource(name=TOPIC)
+    group = v2.Resource(name="sdk-wire")
+    with grpc.insecure_channel(cluster.endpoint) as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        answers = {
+            "QueryOffset": stub.QueryOffset(s.QueryOffsetRequest(), timeout=5),
+            "GetOffset": stub.GetOffset(s.GetOffsetRequest(), timeout=5),
+            "UpdateOffset": stub.UpdateOffset(s.UpdateOffsetRequest(), timeout=5),
+            "RecallMessage": stub.RecallMessage(s.RecallMessageRequest(), timeout=5),
+            "EndTransaction": stub.EndTransaction(s.EndTransactionRequest(), timeout=5),
+            "PullMessage": next(iter(stub.PullMessage(s.PullMessageRequest(), timeout=5))),
+        }
+        for rpc, answer in answers.items():
+            assert answer.status.code == v2.Code.NOT_IMPLEMENTED, rpc
+            assert "ferry" in answer.status.message, rpc
+        missing = stub.QueryRoute(s.QueryRouteRequest(topic=v2.Resource(name="Nope")), timeout=5)
+        assert missing.status.code == v2.Code.TOPIC_NOT_FOUND
+        bad = stub.AckMessage(
+            s.AckMessageRequest(
+                group=group, topic=topic, entries=[s.AckMessageEntry(receipt_handle="junk")]
+            ),
+            timeout=5,
+        )
+        assert bad.entries[0].status.code == v2.Code.INVALID_RECEIPT_HANDLE
