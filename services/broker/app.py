@@ -6,8 +6,16 @@ Start: recover the store (before anything listens) → open metadata → bind th
 gRPC server and metrics endpoint → start the dispatcher/flusher, the delay
 scheduler (masters) and the offset persister → SERVING → register with every
 name server. Stop: NOT_SERVING → unregister from every name server → stop the
-gRPC server (grace) → stop background tasks → close the store cleanly (flush,
-checkpoint, remove `abort`) → persist metadata.
+gRPC server (grace) → close the local proxy's loopback channel → stop
+background tasks → close the store cleanly (flush, checkpoint, remove `abort`)
+→ persist metadata.
+
+With `enableProxy=true` a master also serves `apache.rocketmq.v2.MessagingService`
+(RocketMQ's proxy in local mode) on its gRPC port: the proxy's own servicer,
+with `LocalRoutes` answering from this broker's topic table and calling this
+broker's `ferry.v1` port over loopback. A slave does not serve it (it can
+neither take sends nor hand out pops); the SDKs get UNIMPLEMENTED there, as
+from any broker without the key.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import socket
 import ssl
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
@@ -65,6 +74,10 @@ from services.broker.timer import TimerService
 from services.ha.master import HAMaster, HAMasterConfig
 from services.ha.slave import HASlave, HASlaveConfig
 from services.ha.sync import ReplicaAcks
+
+if TYPE_CHECKING:
+    from services.proxy.routes import LocalRoutes
+    from services.proxy.servicer import MessagingServicer
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +140,9 @@ class BrokerApp:
         self.ha_slave: HASlave | None = None
         self.metrics: BrokerMetrics | None = None
         self.slave_sync: SlaveSyncLoop | None = None
+        # enableProxy on a master: the SDKs' MessagingService and its routes.
+        self.proxy: MessagingServicer | None = None
+        self.local_routes: LocalRoutes | None = None
         self.permission = [config.broker_permission]
         self._metrics_endpoint: MetricsEndpoint | None = None
         self._tasks: list[asyncio.Task] = []
@@ -245,6 +261,14 @@ class BrokerApp:
             )
         self.admin = admin = AdminService(identity, metadata, store, self.clock, self.permission)
         self.messaging = messaging
+        extra_services = []
+        if cfg.enable_proxy and cfg.is_slave:
+            log.warning(
+                "enableProxy=true ignored: a SLAVE does not serve apache.rocketmq.v2 "
+                "(it takes no sends and hands out no pops); SDKs use the master's port"
+            )
+        elif cfg.enable_proxy:
+            extra_services.append(self._local_proxy(metadata))
         self.server = GrpcServer(
             [
                 Service(
@@ -274,6 +298,7 @@ class BrokerApp:
                     HAAdminServicer(self._ha_status),
                     ha_admin_pb2_grpc.add_HAAdminServicer_to_server,
                 ),
+                *extra_services,
             ],
             cfg.bind_host,
             cfg.listen_port,
@@ -294,6 +319,11 @@ class BrokerApp:
         await self.server.start()
         # The store host in records is the advertised address with the real port.
         store.set_store_host((_ipv4_or_loopback(cfg.broker_ip1), self.port))
+        if self.proxy is not None:
+            from services.proxy.servicer import ProxyOptions
+
+            # Routes name this broker's advertised address when an SDK does not say.
+            self.proxy.options = ProxyOptions(cfg.broker_ip1, self.port, cfg.max_message_size)
         self.metrics = metrics = BrokerMetrics(
             self.registry,
             store,
@@ -416,6 +446,8 @@ class BrokerApp:
             await self.ha_master.stop()
         if self.server is not None:
             await self.server.stop(self.config.grace_s)
+        if self.local_routes is not None:
+            await self.local_routes.close()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -435,6 +467,37 @@ class BrokerApp:
         log.info("broker stopped")
 
     # ------------------------------------------------------------ internals
+
+    def _local_proxy(self, metadata: BrokerMetadata) -> Service:
+        """`apache.rocketmq.v2.MessagingService` backed by this broker alone
+        (enableProxy): its routes come from the topic table and its broker calls
+        go to this broker's own port, dialled over loopback once bound."""
+        from apache.rocketmq.v2 import service_pb2, service_pb2_grpc
+        from services.proxy.routes import LocalRoutes
+        from services.proxy.servicer import MessagingServicer, ProxyOptions
+
+        cfg = self.config
+        host = "127.0.0.1" if cfg.bind_host in ("0.0.0.0", "") else cfg.bind_host
+        options: list[tuple[str, int | str]] = [
+            ("grpc.max_receive_message_length", cfg.grpc_max_message_size),
+            ("grpc.max_send_message_length", cfg.grpc_max_message_size),
+        ]
+        if cfg.tls_cert:  # dialled at loopback, checked against the advertised name
+            options.append(("grpc.ssl_target_name_override", cfg.broker_ip1))
+        self.local_routes = LocalRoutes(
+            cfg.broker_name,
+            lambda: f"{host}:{self.port}",
+            metadata.topics.get,
+            lambda: self.permission[0],
+            tls=self.client_tls if cfg.tls_cert else None,
+            channel_options=options,
+        )
+        self.proxy = MessagingServicer(self.local_routes, ProxyOptions("", 0))
+        return Service(
+            service_pb2.DESCRIPTOR.services_by_name["MessagingService"].full_name,
+            self.proxy,
+            service_pb2_grpc.add_MessagingServiceServicer_to_server,
+        )
 
     async def _start_ha(self, store: MessageStore, messaging: MessagingService) -> None:
         """The HA data plane: a master listens for slaves (and, as a SYNC_MASTER,

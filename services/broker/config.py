@@ -91,6 +91,8 @@ class BrokerConfig:
     # Pop consumption and timers.
     timer_max_delay_s: float = 3 * 86400.0
     auto_create_subscription_group: bool = True
+    # RocketMQ 5 SDKs: apache.rocketmq.v2.MessagingService on the gRPC port (local mode).
+    enable_proxy: bool = False
 
     @property
     def is_slave(self) -> bool:
@@ -435,6 +437,13 @@ KNOWN_KEYS: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
         _bool,
         "create a consumer group on its first pop (default true)",
     ),
+    "enableProxy": (
+        "enable_proxy",
+        _bool,
+        "also serve the RocketMQ 5 SDKs' apache.rocketmq.v2.MessagingService on listenPort, "
+        "backed by this broker alone (RocketMQ's proxy in local mode); masters only, a SLAVE "
+        "ignores it",
+    ),
     "shutdownGraceSeconds": ("grace_s", _int(0), "seconds calls in flight get at shutdown (ferry)"),
     "fileReservedTime": (
         "file_reserved_time_s",
@@ -560,6 +569,12 @@ def _check(config: BrokerConfig) -> None:
         raise ConfigError("haTls", "a slave verifies its master's HA certificate with tlsCa")
     if bool(config.tls_cert) != bool(config.tls_key):
         raise ConfigError("tlsCert", "TLS needs both tlsCert and tlsKey")
+    if config.enable_proxy and config.tls_cert and not config.tls_ca and not config.is_slave:
+        raise ConfigError(
+            "enableProxy",
+            "a broker serving TLS calls its own port over TLS for the SDKs' requests: set tlsCa "
+            "to a CA that signed tlsCert (and, with tlsClientCa, have it sign tlsCert too)",
+        )
     if config.tls_client_ca and not config.tls_cert:
         raise ConfigError("tlsClientCa", "client certificates are checked only with tlsCert/tlsKey")
     if config.max_message_size + 64 * 1024 > config.grpc_max_message_size:

@@ -1,10 +1,16 @@
-"""Where topics live: routes from the name servers, cached briefly, and one
-async channel per broker.
+"""Where topics live, for the MessagingService servicer (`RouteSource`).
 
-The proxy is stateless: everything it knows about brokers comes from here.
-A route is fetched on first use and again after `ttl_s` (RocketMQ's clients
-poll every 30 s); a broker that stopped answering is forgotten at the next
-fetch, because the name servers drop it from the route.
+`Routes` (cluster mode, the `ferry proxy` process): routes from the name
+servers, cached briefly, and one async channel per broker. The proxy is
+stateless: everything it knows about brokers comes from here. A route is
+fetched on first use and again after `ttl_s` (RocketMQ's clients poll every
+30 s); a broker that stopped answering is forgotten at the next fetch,
+because the name servers drop it from the route.
+
+`LocalRoutes` (local mode, a broker with `enableProxy=true`): routes from the
+broker's own topic table, read at every call (a dictionary lookup, so never
+stale), and one loopback channel to the broker's own `ferry.v1` port. It
+never talks to a name server and knows no other broker.
 """
 
 from __future__ import annotations
@@ -12,12 +18,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import grpc
 
-from ferry.model import PERM_READ, PERM_WRITE
+from ferry.model import PERM_READ, PERM_READ_WRITE, PERM_WRITE, TopicConfig
+from ferry.runtime.tls import ClientTLS, aio_channel
 from ferry.v1 import broker_pb2_grpc, common_pb2, namesrv_pb2, namesrv_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -29,8 +37,8 @@ _UNANSWERED = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
 class TopicNotFound(Exception):
-    def __init__(self, topic: str) -> None:
-        super().__init__(f"topic {topic!r} has no route on the name servers; create it first")
+    def __init__(self, topic: str, where: str = "no route on the name servers") -> None:
+        super().__init__(f"topic {topic!r} has {where}; create it first")
         self.topic = topic
 
 
@@ -67,6 +75,23 @@ class Route:
 
     def broker(self, name: str) -> BrokerQueues | None:
         return next((b for b in self.brokers if b.broker_name == name), None)
+
+
+class RouteSource(Protocol):
+    """What the MessagingService servicer asks about brokers: `Routes` and
+    `LocalRoutes` answer it."""
+
+    async def get(self, topic: str, refresh: bool = False) -> Route:
+        """The topic's route. Raises TopicNotFound, or NameServersDown (cluster mode)."""
+        ...
+
+    def broker_addr(self, broker_name: str) -> str | None: ...
+
+    def forget(self, topic: str) -> None: ...
+
+    def stub(self, addr: str) -> broker_pb2_grpc.BrokerStub: ...
+
+    async def close(self) -> None: ...
 
 
 class Routes:
@@ -145,6 +170,81 @@ class Routes:
         self._brokers.clear()
         for channel in self._namesrv_channels.values():
             await channel.close()
+
+
+class LocalRoutes:
+    """RocketMQ's local mode: routes of the one broker this servicer runs in.
+
+    Each topic's route is this broker alone, with its queue numbers, its perm
+    (`perm & brokerPermission` unless the broker is read-write, as registered
+    with the name servers) and its `order` flag. Every broker call goes over
+    one channel to the broker's own `ferry.v1` port, so it passes through the
+    same servicer, gate and limits as any client's.
+
+    Args:
+        broker_name: this broker's `brokerName`; receipt handles name it.
+        dial: the address this broker's own port is dialled at ("127.0.0.1:port"),
+            asked on first use, once the server is bound.
+        topic: a topic's config from the broker's topic table, None if absent.
+        permission: the broker's current `brokerPermission`.
+        tls: set when the broker serves TLS: how to call it.
+        channel_options: gRPC options of the loopback channel (message sizes,
+            `grpc.ssl_target_name_override`).
+    """
+
+    def __init__(
+        self,
+        broker_name: str,
+        dial: Callable[[], str],
+        topic: Callable[[str], TopicConfig | None],
+        permission: Callable[[], int],
+        tls: ClientTLS | None = None,
+        channel_options: Sequence[tuple[str, Any]] = (),
+    ) -> None:
+        self.broker_name = broker_name
+        self._dial = dial
+        self._topic = topic
+        self._permission = permission
+        self._tls = tls
+        self._options = list(channel_options)
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: broker_pb2_grpc.BrokerStub | None = None
+
+    @property
+    def addr(self) -> str:
+        return self._dial()
+
+    async def get(self, topic: str, refresh: bool = False) -> Route:
+        config = self._topic(topic)
+        if config is None:
+            raise TopicNotFound(topic, f"no queue on broker {self.broker_name}")
+        perm = config.perm
+        broker_perm = self._permission()
+        if broker_perm & PERM_READ_WRITE != PERM_READ_WRITE:
+            perm &= broker_perm
+        queues = BrokerQueues(
+            self.broker_name, self.addr, config.read_queue_nums, config.write_queue_nums, perm
+        )
+        return Route(topic, (queues,), config.order, time.monotonic())
+
+    def broker_addr(self, broker_name: str) -> str | None:
+        """This broker's address for its own name; None for any other."""
+        return self.addr if broker_name == self.broker_name else None
+
+    def forget(self, topic: str) -> None:
+        """Nothing is cached."""
+
+    def stub(self, addr: str) -> broker_pb2_grpc.BrokerStub:
+        """The broker's own stub: every address this class hands out is its own."""
+        if self._stub is None:
+            self._channel = aio_channel(self.addr, self._tls, self._options)
+            self._stub = broker_pb2_grpc.BrokerStub(self._channel)
+        return self._stub
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+        self._channel = self._stub = None
 
 
 def _route(topic: str, data: common_pb2.TopicRouteData) -> Route:

@@ -28,7 +28,7 @@ from ferry.v1 import broker_pb2
 from services.proxy import convert, metrics
 from services.proxy.convert import OK, Code, status
 from services.proxy.metrics import ProxyMetrics
-from services.proxy.routes import BrokerQueues, NameServersDown, Route, Routes, TopicNotFound
+from services.proxy.routes import BrokerQueues, NameServersDown, Route, RouteSource, TopicNotFound
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class ProxyOptions:
 
 class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     def __init__(
-        self, routes: Routes, options: ProxyOptions, metrics: ProxyMetrics | None = None
+        self, routes: RouteSource, options: ProxyOptions, metrics: ProxyMetrics | None = None
     ) -> None:
         self.routes = routes
         self.options = options

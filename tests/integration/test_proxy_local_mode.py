@@ -1,0 +1,185 @@
+"""RocketMQ's proxy in local mode: a broker with `enableProxy=true` serves
+`apache.rocketmq.v2.MessagingService` on its own gRPC port, backed by itself,
+with no name server anywhere. The official Python SDK is pointed at the
+broker's port; raw v2 calls check routes, a broker without the key, a slave
+and TLS (where the broker calls its own port over TLS)."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from rocketmq import (
+    ClientConfiguration,
+    Credentials,
+    FilterExpression,
+    Message,
+    Producer,
+    SimpleConsumer,
+)
+
+from apache.rocketmq.v2 import definition_pb2 as v2
+from apache.rocketmq.v2 import service_pb2 as s
+from apache.rocketmq.v2 import service_pb2_grpc
+from ferry.runtime.errors import ConfigError
+from ferry.runtime.tls import ClientTLS
+from services.broker.config import load_config
+from tests.conftest import LoopThread, start_broker
+from tests.integration import support
+
+TOPIC = "LocalTopic"
+BROKER = "broker-local"
+V2_SERVICE = "apache.rocketmq.v2.MessagingService"
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    loop = LoopThread()
+    b = start_broker(
+        loop, tmp_path_factory.mktemp("local") / "b", enableProxy="true", brokerName=BROKER
+    )
+    support.create_topic(b.channel, TOPIC, 4)
+    try:
+        yield b
+    finally:
+        b.stop()
+        loop.close()
+
+
+def _v2(channel: grpc.Channel) -> service_pb2_grpc.MessagingServiceStub:
+    return service_pb2_grpc.MessagingServiceStub(channel)
+
+
+def _query_route(channel: grpc.Channel, topic: str) -> s.QueryRouteResponse:
+    return _v2(channel).QueryRoute(s.QueryRouteRequest(topic=v2.Resource(name=topic)), timeout=10)
+
+
+def _services(channel: grpc.Channel) -> set[str]:
+    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+    answers = stub.ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10
+    )
+    return {svc.name for a in answers for svc in a.list_services_response.service}
+
+
+def _message(topic: str, body: bytes, tag: str) -> Message:
+    m = Message()
+    m.topic = topic
+    m.body = body
+    m.tag = tag
+    return m
+
+
+def test_the_sdk_sends_and_receives_through_the_broker_itself(broker):
+    config = ClientConfiguration(broker.addr, Credentials(), request_timeout=10)
+    producer = Producer(config, (TOPIC,))
+    producer.startup()
+    consumer = SimpleConsumer(config, "local-group", {TOPIC: FilterExpression("*")}, 2)
+    consumer.startup()
+    try:
+        sent = {}
+        for i in range(10):
+            receipt = producer.send(_message(TOPIC, f"local {i}".encode(), f"Tag{i % 2}"))
+            sent[receipt.message_id] = i
+        got = []
+        deadline = time.monotonic() + 60
+        while len(got) < 10 and time.monotonic() < deadline:
+            for m in consumer.receive(32, 30):
+                got.append(m)
+                consumer.ack(m)
+        assert sorted(m.message_id for m in got) == sorted(sent), "not every message arrived"
+        for m in got:
+            i = sent[m.message_id]
+            assert (m.body, m.tag, m.delivery_attempt) == (f"local {i}".encode(), f"Tag{i % 2}", 1)
+        assert consumer.receive(32, 30) == []  # all acknowledged: nothing comes back
+    finally:
+        consumer.shutdown()
+        producer.shutdown()
+
+
+def test_routes_come_from_the_brokers_own_topic_table(broker):
+    route = _query_route(broker.channel, TOPIC)
+    assert route.status.code == v2.OK, route.status.message
+    port = int(broker.addr.rsplit(":", 1)[1])
+    assert [(q.id, q.permission, q.broker.name) for q in route.message_queues] == [
+        (i, v2.READ_WRITE, BROKER) for i in range(4)
+    ]
+    # Asked without endpoints, the route names the broker's advertised address.
+    assert {
+        (a.host, a.port) for q in route.message_queues for a in q.broker.endpoints.addresses
+    } == {("127.0.0.1", port)}
+    missing = _query_route(broker.channel, "NoSuchTopic")
+    assert missing.status.code == v2.TOPIC_NOT_FOUND
+    assert BROKER in missing.status.message
+    # Listed by reflection, beside the broker's own services.
+    assert {V2_SERVICE, "ferry.v1.Broker"} <= _services(broker.channel)
+
+
+def test_a_broker_without_enable_proxy_does_not_serve_the_v2_api(tmp_path):
+    loop = LoopThread()
+    plain = start_broker(loop, tmp_path / "plain")
+    try:
+        support.create_topic(plain.channel, TOPIC, 1)
+        with pytest.raises(grpc.RpcError) as caught:
+            _query_route(plain.channel, TOPIC)
+        assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert V2_SERVICE not in _services(plain.channel)
+    finally:
+        plain.stop()
+        loop.close()
+
+
+def test_a_slave_with_enable_proxy_does_not_serve_the_v2_api(tmp_path):
+    loop = LoopThread()
+    master = start_broker(loop, tmp_path / "m", enableProxy="true", brokerName=BROKER)
+    slave = None
+    try:
+        slave = start_broker(
+            loop, tmp_path / "s", enableProxy="true", brokerName=BROKER, brokerRole="SLAVE",
+            brokerId=1, haMasterAddress=f"127.0.0.1:{master.app.ha_master.port}",
+        )  # fmt: skip
+        support.create_topic(master.channel, TOPIC, 1)
+        assert _query_route(master.channel, TOPIC).status.code == v2.OK
+        with pytest.raises(grpc.RpcError) as caught:
+            _query_route(slave.channel, TOPIC)
+        assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        if slave is not None:
+            slave.stop()
+        master.stop()
+        loop.close()
+
+
+def test_a_tls_broker_calls_its_own_port_over_mutual_tls(tmp_path):
+    certs = support.make_test_certs(tmp_path)
+    c = lambda name: str(certs / name)  # noqa: E731
+    loop = LoopThread()
+    b = start_broker(
+        loop, tmp_path / "b", enableProxy="true", brokerName=BROKER, tlsCert=c("server.pem"),
+        tlsKey=c("server.key"), tlsClientCa=c("ca.pem"), tlsCa=c("ca.pem"),
+    )  # fmt: skip
+    b.channel.close()
+    client = ClientTLS.load(c("ca.pem"), c("client.pem"), c("client.key"))
+    channel = grpc.secure_channel(b.addr, client.credentials())
+    try:
+        support.create_topic(channel, TOPIC, 1)
+        message = v2.Message(topic=v2.Resource(name=TOPIC), body=b"over tls")
+        message.system_properties.message_id = "01TLS"
+        message.system_properties.tag = "T"
+        sent = _v2(channel).SendMessage(s.SendMessageRequest(messages=[message]), timeout=10)
+        assert sent.status.code == v2.OK, sent.status.message
+        assert [(e.status.code, e.message_id) for e in sent.entries] == [(v2.OK, "01TLS")]
+    finally:
+        channel.close()
+        loop.run(b.app.stop())
+        loop.close()
+
+
+def test_a_tls_broker_needs_tls_ca_to_call_itself(tmp_path):
+    keys = ["enableProxy=true", "tlsCert=c.pem", "tlsKey=k.pem"]
+    with pytest.raises(ConfigError, match="enableProxy"):
+        load_config(None, keys, env={})
+    config, _ = load_config(None, [*keys, "tlsCa=ca.pem"], env={})
+    assert config.enable_proxy
