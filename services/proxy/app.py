@@ -7,7 +7,7 @@ import asyncio
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -16,6 +16,7 @@ from apache.rocketmq.v2 import service_pb2, service_pb2_grpc
 from ferry.runtime.files import atomic_write_bytes
 from ferry.runtime.metrics_http import MetricsEndpoint, start_metrics_endpoint
 from ferry.runtime.server import GrpcServer, Service
+from services.proxy import auth
 from services.proxy.metrics import ProxyMetrics
 from services.proxy.routes import Routes
 from services.proxy.servicer import MAX_BODY_BYTES, MessagingServicer, ProxyOptions
@@ -36,6 +37,10 @@ class ProxyConfig:
     advertise_host: str = ""  # what routes name when a client does not say; default: host
     port_file: Path | None = None
     grace_s: float = 5.0
+    # Both set: every apache.rocketmq.v2 call must be signed with them (services/proxy/auth.py);
+    # both "": nothing is checked, as RocketMQ's proxy with ACL off.
+    access_key: str = ""
+    secret_key: str = field(default="", repr=False)
 
 
 class ProxyApp:
@@ -56,6 +61,7 @@ class ProxyApp:
             config.host,
             config.port,
             MAX_MESSAGE_BYTES,
+            interceptors=auth.interceptors(config.access_key, config.secret_key),
         )
         self._metrics_endpoint: MetricsEndpoint | None = None
 

@@ -12,6 +12,7 @@ from ferry.client.namesrv import parse_addrs
 from ferry.runtime.errors import FerryError
 from ferry.runtime.logs import setup_logging
 from ferry.runtime.server import run_until_signalled
+from services.proxy import auth
 from services.proxy.app import ProxyApp, ProxyConfig
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="write {grpc_port, metrics_port, pid} as JSON here once serving",
     )
+    parser.add_argument(
+        "--access-key",
+        default=env(auth.ENV_ACCESS_KEY, ""),
+        metavar="AK",
+        help="with --secret-key: every apache.rocketmq.v2 request must be signed with this "
+        "access key and its secret key, as RocketMQ's proxy with ACL on (the SDKs: "
+        "ClientConfiguration(endpoint, Credentials(AK, SK))); unsigned or badly signed requests "
+        "get the v2 status UNAUTHORIZED; health and reflection stay open (default: none, "
+        f"nothing is checked; ${auth.ENV_ACCESS_KEY})",
+    )
+    parser.add_argument(
+        "--secret-key",
+        default=env(auth.ENV_SECRET_KEY, ""),
+        metavar="SK",
+        help="the secret key that goes with --access-key; prefer "
+        f"${auth.ENV_SECRET_KEY}, which keeps it out of the process list",
+    )
     parser.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING or ERROR")
 
 
@@ -66,6 +84,15 @@ def run(args: argparse.Namespace) -> int:
     except FerryError as exc:
         log.error("bad --namesrv: %s", exc)
         return 2
+    try:
+        auth.check_keys(args.access_key, args.secret_key)
+    except ValueError as exc:
+        log.error("bad --access-key/--secret-key: %s", exc)
+        return 2
+    if args.access_key:
+        log.info("requests must be signed with access key %s", args.access_key)
+    else:
+        log.info("no --access-key/--secret-key: requests are not checked")
     config = ProxyConfig(
         namesrv_addrs=tuple(addrs),
         host=args.host,
@@ -73,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         advertise_host=args.advertise_host,
         port_file=args.port_file,
+        access_key=args.access_key,
+        secret_key=args.secret_key,
     )
 
     async def main() -> None:

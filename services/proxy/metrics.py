@@ -1,5 +1,8 @@
 """The proxy's Prometheus metrics: requests by RPC and result code, their
-latency, and the streams open (receive long polls, client telemetry).
+latency, and the streams open (receive long polls, client telemetry). The
+decorators that count also stand between a bug and the client: an unexpected
+exception is logged and answered as INTERNAL_ERROR in the response's status,
+as the API reports errors, not as a bare gRPC UNKNOWN.
 
 The code label is the v2 `Code` name a request was answered with (OK,
 TOPIC_NOT_FOUND, MESSAGE_NOT_FOUND, ...), or the gRPC status name when the
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -16,6 +20,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from apache.rocketmq.v2 import definition_pb2 as v2
+
+log = logging.getLogger(__name__)
 
 # Receives long-poll for up to 30 s; sends take milliseconds.
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -55,7 +61,16 @@ def _code_name(status: v2.Status) -> str:
         return str(status.code)
 
 
-def unary(rpc: str) -> Callable:
+def _internal(rpc: str, response_type: Any) -> Any:
+    log.exception("unexpected error in %s", rpc)
+    return response_type(
+        status=v2.Status(
+            code=v2.Code.INTERNAL_ERROR, message=f"internal error in {rpc}; see the proxy's log"
+        )
+    )
+
+
+def unary(rpc: str, response_type: Any) -> Callable:
     """Count and time a unary method whose answer carries a v2 `status`."""
 
     def wrap(method: Callable) -> Callable:
@@ -64,7 +79,10 @@ def unary(rpc: str) -> Callable:
             started = time.perf_counter()
             code = "INTERNAL"
             try:
-                response = await method(self, request, context)
+                try:
+                    response = await method(self, request, context)
+                except Exception:  # noqa: BLE001 - answered, never a bare UNKNOWN
+                    response = _internal(rpc, response_type)
                 code = _code_name(response.status)
                 return response
             except BaseException as exc:
@@ -79,7 +97,7 @@ def unary(rpc: str) -> Callable:
     return wrap
 
 
-def stream(rpc: str) -> Callable:
+def stream(rpc: str, response_type: Any) -> Callable:
     """Count, time and gauge a streaming method: the code of a ReceiveMessage
     is its stream's first status; a Telemetry stream's is OK when it ends."""
 
@@ -93,9 +111,14 @@ def stream(rpc: str) -> Callable:
             if metrics is not None:
                 metrics.streams.labels(rpc).inc()
             try:
-                async for response in method(self, request, context):
-                    if first and response.HasField("status"):
-                        code, first = _code_name(response.status), False
+                try:
+                    async for response in method(self, request, context):
+                        if first and response.HasField("status"):
+                            code, first = _code_name(response.status), False
+                        yield response
+                except Exception:  # noqa: BLE001 - answered, never a bare UNKNOWN
+                    response = _internal(rpc, response_type)
+                    code = _code_name(response.status)
                     yield response
             except BaseException as exc:
                 code = _exception_code(exc)

@@ -107,10 +107,10 @@ class Routes:
                 ("grpc.max_send_message_length", max_message_bytes),
             ]
         self._options = options
-        self._namesrv_channels = {a: grpc.aio.insecure_channel(a) for a in self.addrs}
-        self._namesrv = {
-            a: namesrv_pb2_grpc.NameServerStub(c) for a, c in self._namesrv_channels.items()
-        }
+        # Channels are made on first use, on the event loop that serves (a
+        # grpc.aio channel belongs to the loop it was made on).
+        self._namesrv_channels: dict[str, grpc.aio.Channel] = {}
+        self._namesrv: dict[str, namesrv_pb2_grpc.NameServerStub] = {}
         self._brokers: dict[str, tuple[grpc.aio.Channel, broker_pb2_grpc.BrokerStub]] = {}
         self._routes: dict[str, Route] = {}
         self._broker_addrs: dict[str, str] = {}  # broker name -> master address, last seen
@@ -128,18 +128,21 @@ class Routes:
 
     async def _fetch(self, topic: str) -> Route:
         failures = []
+        if not self._namesrv:
+            self._namesrv_channels = {a: grpc.aio.insecure_channel(a) for a in self.addrs}
+            self._namesrv = {
+                a: namesrv_pb2_grpc.NameServerStub(c) for a, c in self._namesrv_channels.items()
+            }
         for addr, stub in self._namesrv.items():
             try:
                 data = await stub.GetRouteInfoByTopic(
                     namesrv_pb2.GetRouteInfoByTopicRequest(topic=topic), timeout=CALL_TIMEOUT_S
                 )
             except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.NOT_FOUND:
-                    self._routes.pop(topic, None)
+                if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
+                    self._routes.pop(topic, None)  # no such topic, or no such name
                     raise TopicNotFound(topic) from None
-                if exc.code() not in _UNANSWERED:
-                    raise
-                failures.append(f"{addr}: {exc.code().name}")
+                failures.append(f"{addr}: {exc.code().name} {exc.details() or ''}".strip())
                 continue
             route = _route(topic, data)
             if not route.brokers:

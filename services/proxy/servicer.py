@@ -62,7 +62,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     # ------------------------------------------------------------ routes
 
-    @metrics.unary("QueryRoute")
+    @metrics.unary("QueryRoute", s.QueryRouteResponse)
     async def QueryRoute(self, request: s.QueryRouteRequest, context) -> s.QueryRouteResponse:
         topic = convert.topic_name(request.topic)
         bad = _bad_topic(topic)
@@ -89,13 +89,16 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 )
         return s.QueryRouteResponse(status=OK, message_queues=queues)
 
-    @metrics.unary("QueryAssignment")
+    @metrics.unary("QueryAssignment", s.QueryAssignmentResponse)
     async def QueryAssignment(
         self, request: s.QueryAssignmentRequest, context
     ) -> s.QueryAssignmentResponse:
         """A push consumer's share: one queue (id -1, any) per readable master,
         as RocketMQ's proxy answers for pop consumption."""
         topic = convert.topic_name(request.topic)
+        bad = _bad_topic(topic) or _bad_group(convert.topic_name(request.group))
+        if bad:
+            return s.QueryAssignmentResponse(status=status(Code.BAD_REQUEST, bad))
         try:
             route = await self.routes.get(topic)
         except TopicNotFound as exc:
@@ -131,17 +134,17 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     # ------------------------------------------------------------ clients
 
-    @metrics.unary("Heartbeat")
+    @metrics.unary("Heartbeat", s.HeartbeatResponse)
     async def Heartbeat(self, request: s.HeartbeatRequest, context) -> s.HeartbeatResponse:
         return s.HeartbeatResponse(status=OK)
 
-    @metrics.unary("NotifyClientTermination")
+    @metrics.unary("NotifyClientTermination", s.NotifyClientTerminationResponse)
     async def NotifyClientTermination(
         self, request: s.NotifyClientTerminationRequest, context
     ) -> s.NotifyClientTerminationResponse:
         return s.NotifyClientTerminationResponse(status=OK)
 
-    @metrics.stream("Telemetry")
+    @metrics.stream("Telemetry", s.TelemetryCommand)
     async def Telemetry(
         self, request_iterator: AsyncIterator[s.TelemetryCommand], context
     ) -> AsyncIterator[s.TelemetryCommand]:
@@ -203,7 +206,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     # ------------------------------------------------------------ send
 
-    @metrics.unary("SendMessage")
+    @metrics.unary("SendMessage", s.SendMessageResponse)
     async def SendMessage(self, request: s.SendMessageRequest, context) -> s.SendMessageResponse:
         if not request.messages:
             return s.SendMessageResponse(status=status(Code.BAD_REQUEST, "no message to send"))
@@ -267,13 +270,18 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     # ------------------------------------------------------------ receive / ack
 
-    @metrics.stream("ReceiveMessage")
+    @metrics.stream("ReceiveMessage", s.ReceiveMessageResponse)
     async def ReceiveMessage(
         self, request: s.ReceiveMessageRequest, context
     ) -> AsyncIterator[s.ReceiveMessageResponse]:
         group = convert.topic_name(request.group)
         topic = convert.topic_name(request.message_queue.topic)
         broker_name = request.message_queue.broker.name
+        bad_topic, bad_group = _bad_topic(topic), _bad_group(group)
+        if bad_topic or bad_group:
+            code = Code.ILLEGAL_TOPIC if bad_topic else Code.ILLEGAL_CONSUMER_GROUP
+            yield s.ReceiveMessageResponse(status=status(code, bad_topic or bad_group))
+            return
         invisible_ms = (
             convert.duration_ms(request.invisible_duration)
             if request.HasField("invisible_duration")
@@ -340,10 +348,15 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             delivery_timestamp=convert.timestamp(int(time.time() * 1000))
         )
 
-    @metrics.unary("AckMessage")
+    @metrics.unary("AckMessage", s.AckMessageResponse)
     async def AckMessage(self, request: s.AckMessageRequest, context) -> s.AckMessageResponse:
         group = convert.topic_name(request.group)
         topic = convert.topic_name(request.topic)
+        bad = _bad_topic(topic) or _bad_group(group)
+        if bad:
+            return s.AckMessageResponse(status=status(Code.BAD_REQUEST, bad))
+        if not request.entries:
+            return s.AckMessageResponse(status=status(Code.BAD_REQUEST, "no entry to acknowledge"))
         results: list[s.AckMessageResultEntry | None] = [None] * len(request.entries)
         by_broker: dict[str, list[int]] = {}
         for i, entry in enumerate(request.entries):
@@ -387,12 +400,15 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         top = entries[0].status if len(codes) == 1 else status(Code.MULTIPLE_RESULTS, "mixed")
         return s.AckMessageResponse(status=top, entries=entries)
 
-    @metrics.unary("ChangeInvisibleDuration")
+    @metrics.unary("ChangeInvisibleDuration", s.ChangeInvisibleDurationResponse)
     async def ChangeInvisibleDuration(
         self, request: s.ChangeInvisibleDurationRequest, context
     ) -> s.ChangeInvisibleDurationResponse:
         group = convert.topic_name(request.group)
         topic = convert.topic_name(request.topic)
+        bad = _bad_topic(topic) or _bad_group(group)
+        if bad:
+            return s.ChangeInvisibleDurationResponse(status=status(Code.BAD_REQUEST, bad))
         addr = await self._handle_addr(request.receipt_handle, topic)
         if addr is None:
             return s.ChangeInvisibleDurationResponse(
@@ -424,7 +440,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     # ------------------------------------------------------------ not served
 
-    @metrics.unary("ForwardMessageToDeadLetterQueue")
+    @metrics.unary("ForwardMessageToDeadLetterQueue", s.ForwardMessageToDeadLetterQueueResponse)
     async def ForwardMessageToDeadLetterQueue(
         self, request: s.ForwardMessageToDeadLetterQueueRequest, context
     ) -> s.ForwardMessageToDeadLetterQueueResponse:
@@ -433,6 +449,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         %DLQ%<group> and resolves it."""
         group = convert.topic_name(request.group)
         topic = convert.topic_name(request.topic)
+        bad = _bad_topic(topic) or _bad_group(group)
+        if bad:
+            return s.ForwardMessageToDeadLetterQueueResponse(status=status(Code.BAD_REQUEST, bad))
         addr = await self._handle_addr(request.receipt_handle, topic)
         if addr is None:
             return s.ForwardMessageToDeadLetterQueueResponse(
@@ -468,7 +487,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             addr = self.routes.broker_addr(name)
         return addr
 
-    @metrics.unary("EndTransaction")
+    @metrics.unary("EndTransaction", s.EndTransactionResponse)
     async def EndTransaction(self, request, context):
         return s.EndTransactionResponse(
             status=status(Code.NOT_IMPLEMENTED, "transactional messages are not supported by ferry")
@@ -477,29 +496,29 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     # The PullConsumer's offset API, recall and lite topics: answered at once,
     # with NOT_IMPLEMENTED in the response's status as the API reports errors.
 
-    @metrics.stream("PullMessage")
+    @metrics.stream("PullMessage", s.PullMessageResponse)
     async def PullMessage(self, request, context):
         yield s.PullMessageResponse(status=_not_served("PullMessage", _USE_RECEIVE))
 
-    @metrics.unary("UpdateOffset")
+    @metrics.unary("UpdateOffset", s.UpdateOffsetResponse)
     async def UpdateOffset(self, request, context):
         return s.UpdateOffsetResponse(status=_not_served("UpdateOffset", _USE_RECEIVE))
 
-    @metrics.unary("GetOffset")
+    @metrics.unary("GetOffset", s.GetOffsetResponse)
     async def GetOffset(self, request, context):
         return s.GetOffsetResponse(status=_not_served("GetOffset", _USE_RECEIVE))
 
-    @metrics.unary("QueryOffset")
+    @metrics.unary("QueryOffset", s.QueryOffsetResponse)
     async def QueryOffset(self, request, context):
         return s.QueryOffsetResponse(status=_not_served("QueryOffset", _USE_RECEIVE))
 
-    @metrics.unary("RecallMessage")
+    @metrics.unary("RecallMessage", s.RecallMessageResponse)
     async def RecallMessage(self, request, context):
         return s.RecallMessageResponse(
             status=_not_served("RecallMessage", "a timed message cannot be recalled")
         )
 
-    @metrics.unary("SyncLiteSubscription")
+    @metrics.unary("SyncLiteSubscription", s.SyncLiteSubscriptionResponse)
     async def SyncLiteSubscription(self, request, context):
         return s.SyncLiteSubscriptionResponse(
             status=_not_served("SyncLiteSubscription", "ferry has no lite topics")
@@ -525,6 +544,17 @@ def _bad_topic(topic: str) -> str:
     if len(topic.encode()) > TOPIC_MAX_LENGTH or not TOPIC_PATTERN.fullmatch(topic):
         return (
             f"{topic[:60]!r} is not a topic name: [%|a-zA-Z0-9_-], at most {TOPIC_MAX_LENGTH} bytes"
+        )
+    return ""
+
+
+def _bad_group(group: str) -> str:
+    if not group:
+        return "the consumer group name is empty"
+    if len(group.encode()) > TOPIC_MAX_LENGTH or not TOPIC_PATTERN.fullmatch(group):
+        return (
+            f"{group[:60]!r} is not a consumer group name: [%|a-zA-Z0-9_-], at most "
+            f"{TOPIC_MAX_LENGTH} bytes"
         )
     return ""
 
