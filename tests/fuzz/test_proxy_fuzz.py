@@ -64,7 +64,7 @@ def proxied(tmp_path_factory) -> Iterator[Proxied]:
     p.close()
 
 
-@pytest.mark.parametrize("method", SERVICE.methods, ids=[m.name for m in SERVICE.methods])
+@pytest.mark.parametrize("method", list(SERVICE.methods), ids=[m.name for m in SERVICE.methods])
 def test_random_requests_never_break_the_proxy(proxied, method):
     path = f"/{SERVICE.full_name}/{method.name}"
     out_cls = message_factory.GetMessageClass(method.output_type)
