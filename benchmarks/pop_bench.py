@@ -304,14 +304,18 @@ def _check_exactly_once(reports: list[dict], n: int, mode: str) -> None:
         )
 
 
-def _check_group(target: str, group: str, per_queue: int) -> None:
+def _check_group(
+    target: str, group: str, per_queue: int, topic: str = POP_TOPIC, what: str = "the pop round"
+) -> None:
+    """The group is done with `topic`: every queue committed to `per_queue`,
+    nothing in flight, no retry pending, no dead letter."""
     with grpc.insecure_channel(target) as channel:
         status = channel.unary_unary(
             STATUS_METHOD,
             request_serializer=broker_pb2.GetGroupStatusRequest.SerializeToString,
             response_deserializer=broker_pb2.GetGroupStatusResponse.FromString,
         )(
-            broker_pb2.GetGroupStatusRequest(consumer_group=group, topic=POP_TOPIC),
+            broker_pb2.GetGroupStatusRequest(consumer_group=group, topic=topic),
             timeout=CALL_TIMEOUT_S,
         )  # fmt: skip
     wrong = [
@@ -321,7 +325,7 @@ def _check_group(target: str, group: str, per_queue: int) -> None:
     ]
     if wrong or len(status.queues) != QUEUES or status.retries_pending or status.dlq_messages:
         raise RuntimeError(
-            f"group {group} after the pop round: {'; '.join(wrong) or 'queues as expected'}; "
+            f"group {group} after {what}: {'; '.join(wrong) or 'queues as expected'}; "
             f"{len(status.queues)} queues, {status.retries_pending} retries pending, "
             f"{status.dlq_messages} dead letters"
         )

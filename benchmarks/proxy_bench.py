@@ -61,7 +61,7 @@ from apache.rocketmq.v2 import definition_pb2 as v2
 from apache.rocketmq.v2 import service_pb2 as s
 from benchmarks.broker_bench import _broker_args, _create_topic
 from benchmarks.load import LoadResult, closed_loop
-from benchmarks.pop_bench import _send_all
+from benchmarks.pop_bench import _check_group, _send_all
 from benchmarks.procs import ServerProcess, cpu_plan, pinned
 from benchmarks.report import BenchResult, Figure, Target
 from ferry.v1 import broker_pb2, namesrv_pb2, namesrv_pb2_grpc
@@ -618,29 +618,6 @@ def _run_consumers(cluster: Cluster, specs: list[dict], workdir: Path) -> tuple[
     return drain, reports
 
 
-def _check_group(target: str, group: str, per_queue: int) -> None:
-    with grpc.insecure_channel(target) as channel:
-        status = channel.unary_unary(
-            BROKER_STATUS,
-            request_serializer=broker_pb2.GetGroupStatusRequest.SerializeToString,
-            response_deserializer=broker_pb2.GetGroupStatusResponse.FromString,
-        )(
-            broker_pb2.GetGroupStatusRequest(consumer_group=group, topic=DRAIN_TOPIC),
-            timeout=CALL_TIMEOUT_S,
-        )  # fmt: skip
-    wrong = [
-        f"queue {q.queue_id}: committed {q.committed_offset}, in flight {q.in_flight}"
-        for q in status.queues
-        if q.committed_offset != per_queue or q.in_flight
-    ]
-    if wrong or len(status.queues) != QUEUES or status.retries_pending or status.dlq_messages:
-        raise RuntimeError(
-            f"group {group} after its drain: {'; '.join(wrong) or 'queues as expected'}; "
-            f"{len(status.queues)} queues, {status.retries_pending} retries pending, "
-            f"{status.dlq_messages} dead letters"
-        )
-
-
 def _drain(cluster: Cluster, plan: Plan, workdir: Path, mode: str, r: int) -> Drain:
     """One drain of the preloaded topic by a fresh group, checked."""
     group = f"bench-{mode}-{r}"
@@ -662,7 +639,7 @@ def _drain(cluster: Cluster, plan: Plan, workdir: Path, mode: str, r: int) -> Dr
             f"{duplicates:,} received twice, {redelivered:,} redelivered, "
             f"{bad_acks:,} acks not OK"
         )
-    _check_group(cluster.broker.target, group, plan.messages // QUEUES)
+    _check_group(cluster.broker.target, group, plan.messages // QUEUES, DRAIN_TOPIC, "its drain")
     _progress(f"drain round {r + 1}, {mode}: {drain.text()}")
     return drain
 

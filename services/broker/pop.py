@@ -506,21 +506,11 @@ class PopService:
     async def change_invisible_time(
         self, group: str, topic: str, handle_text: str, invisible_ms: int
     ) -> ChangeResult:
-        check_name(group, "consumer_group")
-        check_topic(topic)
         _check_invisible(invisible_ms)
-        try:
-            handle = decode_handle(handle_text)
-        except PopFormatError as exc:
-            raise InvalidArgument("receipt_handle", f"does not parse: {exc}") from None
-        verdict = self._foreign(handle.broker_name, handle.group, handle.topic, group, topic)
-        if verdict:
-            return ChangeResult("", "FOREIGN", verdict)
-        key = (group, handle.topic, handle.queue_id)
-        state = self._queues.get(key)
-        inflight = state.inflight.get(handle.queue_offset) if state else None
-        if state is None or inflight is None or inflight.checkpoint != handle.checkpoint:
-            return ChangeResult("", "STALE", _stale_reason(state, handle.queue_offset))
+        found = self._one_in_flight(group, topic, handle_text)
+        if isinstance(found, AckResult):
+            return ChangeResult("", found.status, found.reason)
+        handle, key, state, inflight = found
         until = self.clock.wall_ms() + invisible_ms
         checkpoint = self._journal(
             Change(
@@ -553,21 +543,11 @@ class PopService:
         """Move one in-flight message to the group's dead-letter topic now and
         resolve it (a consumer giving up on it), as an expiry past
         retry_max_times would."""
-        check_name(group, "consumer_group")
-        check_topic(topic)
-        try:
-            handle = decode_handle(handle_text)
-        except PopFormatError as exc:
-            raise InvalidArgument("receipt_handle", f"does not parse: {exc}") from None
-        verdict = self._foreign(handle.broker_name, handle.group, handle.topic, group, topic)
-        if verdict:
-            return AckResult(handle_text, "FOREIGN", verdict)
-        key = (group, handle.topic, handle.queue_id)
-        state = self._queues.get(key)
+        found = self._one_in_flight(group, topic, handle_text)
+        if isinstance(found, AckResult):
+            return found
+        handle, key, state, inflight = found
         offset = handle.queue_offset
-        inflight = state.inflight.get(offset) if state else None
-        if state is None or inflight is None or inflight.checkpoint != handle.checkpoint:
-            return AckResult(handle_text, "STALE", _stale_reason(state, offset))
         (message,) = await self._records_of(key, [(offset, inflight)])
         if state.inflight.get(offset) is not inflight:  # acknowledged or re-timed meanwhile
             return AckResult(handle_text, "STALE", _stale_reason(state, offset))
@@ -584,6 +564,31 @@ class PopService:
         self.store.long_polls.notify([(key[1], key[2])])
         await self.store.wait_durable(end)
         return AckResult(handle_text, "OK")
+
+    def _one_in_flight(
+        self, group: str, topic: str, handle_text: str
+    ) -> tuple[ReceiptHandle, Key, _Queue, _InFlight] | AckResult:
+        """The message one handle names, if it is in flight under that handle;
+        otherwise why not (FOREIGN or STALE).
+
+        Raises:
+            InvalidArgument: a bad group or topic name, or a handle that does not parse.
+        """
+        check_name(group, "consumer_group")
+        check_topic(topic)
+        try:
+            handle = decode_handle(handle_text)
+        except PopFormatError as exc:
+            raise InvalidArgument("receipt_handle", f"does not parse: {exc}") from None
+        verdict = self._foreign(handle.broker_name, handle.group, handle.topic, group, topic)
+        if verdict:
+            return AckResult(handle_text, "FOREIGN", verdict)
+        key = (group, handle.topic, handle.queue_id)
+        state = self._queues.get(key)
+        inflight = state.inflight.get(handle.queue_offset) if state else None
+        if state is None or inflight is None or inflight.checkpoint != handle.checkpoint:
+            return AckResult(handle_text, "STALE", _stale_reason(state, handle.queue_offset))
+        return handle, key, state, inflight
 
     def _foreign(
         self, handle_broker: str, handle_group: str, handle_topic: str, group: str, topic: str

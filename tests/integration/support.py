@@ -195,6 +195,19 @@ def has_route(stub: namesrv_pb2_grpc.NameServerStub, topic: str) -> bool:
     return True
 
 
+def route_queue_datas(stub: namesrv_pb2_grpc.NameServerStub, topic: str) -> int:
+    """How many brokers' queues the name server's route for `topic` lists (0: no route)."""
+    try:
+        route = stub.GetRouteInfoByTopic(
+            namesrv_pb2.GetRouteInfoByTopicRequest(topic=topic), timeout=5
+        )
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.NOT_FOUND:
+            return 0
+        raise
+    return len(route.queue_datas)
+
+
 def live_addrs(stub: namesrv_pb2_grpc.NameServerStub) -> set[str]:
     info = stub.GetBrokerClusterInfo(namesrv_pb2.GetBrokerClusterInfoRequest(), timeout=5)
     return set(info.broker_live_table)
@@ -455,3 +468,42 @@ class BrokerServer:
     def stop(self) -> None:
         if self.proc is not None:
             stop_pid(self.proc)
+
+
+class ProxyProcess:
+    """`python -m services.proxy` on 127.0.0.1 with OS-picked ports, in front of
+    the name servers `namesrv_addr`; stopped by PID."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        namesrv_addr: str,
+        extra_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.port_file = workdir / "proxy.json"
+        self.log_path = workdir / "proxy.log"
+        self.port_file.unlink(missing_ok=True)
+        with self.log_path.open("a") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "services.proxy", "--host", "127.0.0.1", "--port", "0",
+                 "--metrics-port", "0", "-n", namesrv_addr, "--port-file", str(self.port_file),
+                 *extra_args],
+                stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env or child_env(),
+            )  # fmt: skip
+
+        def ready():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"proxy exited {self.proc.returncode}: {self.log()[-3000:]}")
+            return self.port_file.exists()
+
+        wait_for(ready, 20, "the proxy to write its port file")
+        info = json.loads(self.port_file.read_text())
+        self.endpoint = f"127.0.0.1:{info['grpc_port']}"
+        self.metrics_url = f"http://127.0.0.1:{info['metrics_port']}/metrics"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        stop_pid(self.proc)

@@ -7,7 +7,6 @@ key from the environment, as an operator keeps it out of the process list)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import subprocess
 import sys
@@ -32,7 +31,6 @@ from rocketmq.v5.util.signature import Signature
 
 from apache.rocketmq.v2 import definition_pb2 as v2
 from apache.rocketmq.v2 import service_pb2, service_pb2_grpc
-from ferry.v1 import namesrv_pb2
 from services.proxy import auth
 from tests.conftest import LoopThread, start_broker, start_namesrv, wait_for
 from tests.integration import support
@@ -49,32 +47,23 @@ def cluster(tmp_path_factory):
     loop = LoopThread()
     ns = start_namesrv(loop, d / "ns")
     broker = start_broker(loop, d / "broker-a", ns.addr, brokerName="broker-a")
-    port_file = d / "proxy.json"
-    log = (d / "proxy.log").open("w")
     env = support.child_env()
     env.pop(auth.ENV_ACCESS_KEY, None)
     env[auth.ENV_SECRET_KEY] = SK
-    proxy = subprocess.Popen(
-        [sys.executable, "-m", "services.proxy", "--host", "127.0.0.1", "--port", "0",
-         "-n", ns.addr, "--port-file", str(port_file), "--access-key", AK],
-        stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env,
-    )  # fmt: skip
-
-    def proxy_ready():
-        assert proxy.poll() is None, (d / "proxy.log").read_text()
-        return port_file.exists()
-
+    proxy = support.ProxyProcess(d, ns.addr, ["--access-key", AK], env)
     try:
-        wait_for(proxy_ready, 20, "the proxy to write its port file")
-        endpoint = f"127.0.0.1:{json.loads(port_file.read_text())['grpc_port']}"
+        endpoint = proxy.endpoint
         support.create_topic(broker.channel, TOPIC, 4)
-        wait_for(lambda: _route_queues(ns, TOPIC) > 0, 30, f"{TOPIC} in the name server's route")
+        wait_for(
+            lambda: support.route_queue_datas(ns.stub, TOPIC) > 0,
+            30,
+            f"{TOPIC} in the name server's route",
+        )
         channel = grpc.insecure_channel(endpoint)
-        yield Cluster(endpoint, channel, d / "proxy.log")
+        yield Cluster(endpoint, channel, proxy.log_path)
         channel.close()
     finally:
-        support.stop_pid(proxy)
-        log.close()
+        proxy.stop()
         broker.stop()
         ns.stop()
         loop.close()
@@ -91,18 +80,6 @@ class Cluster:
     def signed(self, credentials: Credentials) -> list[tuple[str, str]]:
         """The metadata the SDK sends with each request, from the SDK's own signer."""
         return Signature.metadata(self.config(credentials), "auth-test-client")
-
-
-def _route_queues(ns, topic: str) -> int:
-    try:
-        route = ns.stub.GetRouteInfoByTopic(
-            namesrv_pb2.GetRouteInfoByTopicRequest(topic=topic), timeout=5
-        )
-    except grpc.RpcError as exc:
-        if exc.code() == grpc.StatusCode.NOT_FOUND:
-            return 0
-        raise
-    return len(route.queue_datas)
 
 
 def _message(body: bytes) -> Message:

@@ -4,9 +4,6 @@ acknowledged after the kill is stored on the survivor."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -14,24 +11,12 @@ from pathlib import Path
 import grpc
 from rocketmq import ClientConfiguration, Credentials, Message, Producer
 
-from ferry.v1 import broker_pb2, broker_pb2_grpc, namesrv_pb2
+from ferry.v1 import broker_pb2, broker_pb2_grpc
 from tests.conftest import LoopThread, broker_options, start_namesrv, wait_for
 from tests.integration import support
 
 REPO = Path(__file__).resolve().parents[2]
 TOPIC = "SdkFailover"
-
-
-def _route_brokers(ns) -> int:
-    try:
-        route = ns.stub.GetRouteInfoByTopic(
-            namesrv_pb2.GetRouteInfoByTopicRequest(topic=TOPIC), timeout=5
-        )
-    except grpc.RpcError as exc:
-        if exc.code() == grpc.StatusCode.NOT_FOUND:
-            return 0
-        raise
-    return len(route.queue_datas)
 
 
 def _bodies_on(addr: str) -> set[bytes]:
@@ -70,16 +55,13 @@ def test_sigkill_a_master_while_the_sdk_produces(tmp_path):
         for b in brokers.values():
             with grpc.insecure_channel(b.addr) as channel:
                 support.create_topic(channel, TOPIC, 4)
-        wait_for(lambda: _route_brokers(ns) == 2, 30, "both brokers in the topic's route")
-        port_file = tmp_path / "proxy.json"
-        with (tmp_path / "proxy.log").open("w") as log:
-            proxy = subprocess.Popen(
-                [sys.executable, "-m", "services.proxy", "--host", "127.0.0.1", "--port", "0",
-                 "-n", ns.addr, "--port-file", str(port_file)],
-                stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=support.child_env(),
-            )  # fmt: skip
-        wait_for(port_file.exists, 20, "the proxy's port file")
-        endpoint = f"127.0.0.1:{json.loads(port_file.read_text())['grpc_port']}"
+        wait_for(
+            lambda: support.route_queue_datas(ns.stub, TOPIC) == 2,
+            30,
+            "both brokers in the topic's route",
+        )
+        proxy = support.ProxyProcess(tmp_path, ns.addr)
+        endpoint = proxy.endpoint
         producer = Producer(ClientConfiguration(endpoint, Credentials()), (TOPIC,))
         producer.startup()
 
@@ -121,7 +103,7 @@ def test_sigkill_a_master_while_the_sdk_produces(tmp_path):
         if producer is not None:
             producer.shutdown()
         if proxy is not None:
-            support.stop_pid(proxy)
+            proxy.stop()
         for b in brokers.values():
             b.kill()
         ns.stop()

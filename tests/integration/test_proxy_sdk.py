@@ -5,9 +5,6 @@ SDK's public API only (Producer, SimpleConsumer, PushConsumer)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import threading
 import time
 from collections import defaultdict
@@ -57,28 +54,14 @@ def cluster(tmp_path_factory):
         )  # fmt: skip
         for name in ("broker-a", "broker-b")
     ]
-    port_file = d / "proxy.json"
-    log = (d / "proxy.log").open("w")
-    proxy = subprocess.Popen(
-        [sys.executable, "-m", "services.proxy", "--host", "127.0.0.1", "--port", "0",
-         "-n", ns.addr, "--metrics-port", "0", "--port-file", str(port_file)],
-        stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=support.child_env(),
-    )  # fmt: skip
-
-    def proxy_ready():
-        assert proxy.poll() is None, (d / "proxy.log").read_text()
-        return port_file.exists()
-
-    wait_for(proxy_ready, 20, "the proxy to write its port file")
-    info = json.loads(port_file.read_text())
-    c = Cluster(ns, brokers, f"127.0.0.1:{info['grpc_port']}", d)
-    c.metrics_url = f"http://127.0.0.1:{info['metrics_port']}/metrics"
+    proxy = support.ProxyProcess(d, ns.addr)
+    c = Cluster(ns, brokers, proxy.endpoint, d)
+    c.metrics_url = proxy.metrics_url
     c.create_topic(TOPIC)
     try:
         yield c
     finally:
-        support.stop_pid(proxy)
-        log.close()
+        proxy.stop()
         for b in brokers:
             b.stop()
         ns.stop()
@@ -96,7 +79,7 @@ class Cluster:
         for b in self.brokers:
             support.create_topic(b.channel, topic, queues)
         wait_for(
-            lambda: _route_brokers(self.ns, topic) == len(self.brokers),
+            lambda: support.route_queue_datas(self.ns.stub, topic) == len(self.brokers),
             30,
             f"{topic} on every broker in the name server's route",
         )
@@ -111,18 +94,23 @@ class Cluster:
             )
 
 
-def _route_brokers(ns, topic: str) -> int:
-    from ferry.v1 import namesrv_pb2
-
-    try:
-        route = ns.stub.GetRouteInfoByTopic(
-            namesrv_pb2.GetRouteInfoByTopicRequest(topic=topic), timeout=5
-        )
-    except grpc.RpcError as exc:
-        if exc.code() == grpc.StatusCode.NOT_FOUND:
-            return 0
-        raise
-    return len(route.queue_datas)
+def _dead_letters(cluster, group: str) -> list[bytes]:
+    """What is in %DLQ%<group>, read with ferry's own client once the broker
+    that created it has registered it with the name server."""
+    topic = f"%DLQ%{group}"
+    wait_for(lambda: support.route_queue_datas(cluster.ns.stub, topic) >= 1, 60, f"{topic}'s route")
+    with NamesrvClient([cluster.ns.addr]) as ns:
+        dlq = PopConsumer(ns, "dlq-reader", topic)
+        try:
+            got = []
+            wait_for(
+                lambda: got.extend(dlq.receive(max_msgs=8, wait_s=1)) or got,
+                60,
+                f"a message in {topic}",
+            )
+        finally:
+            dlq.close()
+    return [m.body for m in got]
 
 
 def _message(topic: str, body: bytes, tag: str = "", keys: str = "", **props) -> Message:
@@ -372,19 +360,7 @@ def test_push_consumer_retries_failures_and_dead_letters_what_always_fails(clust
     assert listener.attempts["always-fails"] == [1, 2, 3]
     # The dead letter, read back with ferry's own client from the group's DLQ
     # (registered with the name server by the broker that created it).
-    wait_for(lambda: _route_brokers(cluster.ns, f"%DLQ%{group}") >= 1, 60, "the DLQ's route")
-    with NamesrvClient([cluster.ns.addr]) as ns:
-        dlq = PopConsumer(ns, "dlq-reader", f"%DLQ%{group}")
-        try:
-            got = []
-            wait_for(
-                lambda: got.extend(dlq.receive(max_msgs=8, wait_s=1)) or got,
-                60,
-                "the dead letter in the DLQ",
-            )
-        finally:
-            dlq.close()
-    assert [m.body for m in got] == [b"always-fails"]
+    assert _dead_letters(cluster, group) == [b"always-fails"]
 
 
 def test_interop_with_ferrys_own_client(cluster):
@@ -504,19 +480,7 @@ def test_fifo_push_consumer_forwards_what_always_fails_to_the_dlq(cluster):
     # Tried twice (max attempts = retry_max_times + 1; the SDK retries a FIFO
     # message itself, so both show attempt 1), in order, before the rest.
     assert [b for b, _ in listener.seen] == ["poison", "poison", "after-1", "after-2"]
-    wait_for(lambda: _route_brokers(cluster.ns, f"%DLQ%{group}") >= 1, 60, "the DLQ's route")
-    with NamesrvClient([cluster.ns.addr]) as ns:
-        dlq = PopConsumer(ns, "dlq-reader", f"%DLQ%{group}")
-        try:
-            got = []
-            wait_for(
-                lambda: got.extend(dlq.receive(max_msgs=8, wait_s=1)) or got,
-                60,
-                "the forwarded message in the DLQ",
-            )
-        finally:
-            dlq.close()
-    assert [m.body for m in got] == [b"poison"]
+    assert _dead_letters(cluster, group) == [b"poison"]
 
 
 def test_rpcs_not_served_answer_not_implemented_at_once(cluster):
