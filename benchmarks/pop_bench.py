@@ -47,7 +47,6 @@ import asyncio
 import json
 import random
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -56,6 +55,7 @@ from pathlib import Path
 import grpc
 
 from benchmarks.broker_bench import _broker_args, _create_topic
+from benchmarks.drains import check_reports, pop_and_ack, run_consumers
 from benchmarks.procs import ServerProcess, cpu_plan, pinned, pinning_note
 from benchmarks.report import BenchResult, Figure, Target
 from ferry.v1 import broker_pb2
@@ -232,48 +232,15 @@ class Drain:
 
 
 def _run_consumers(broker: ServerProcess, specs: list[dict], workdir: Path) -> tuple[Drain, list]:
-    """Start one consumer process per spec, release them together, collect their reports."""
-    procs = []
-    try:
-        for i, spec in enumerate(specs):
-            with open(workdir / f"consumer-{spec['mode']}-{i}.log", "wb") as log:
-                procs.append(
-                    subprocess.Popen(
-                        [sys.executable, "-m", "benchmarks.pop_bench", "consume", json.dumps(spec)],
-                        stdin=subprocess.PIPE,
-                        stdout=subprocess.PIPE,
-                        stderr=log,
-                    )
-                )
-        for i, proc in enumerate(procs):
-            assert proc.stdout is not None
-            if proc.stdout.readline().strip() != b"ready":
-                raise RuntimeError(
-                    f"consumer {i} did not start:\n"
-                    + (workdir / f"consumer-{specs[i]['mode']}-{i}.log").read_text()[-2000:]
-                )
-        cpu0 = broker.cpu_seconds()
-        wall0 = time.monotonic()
-        for proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write(b"go\n")
-            proc.stdin.flush()
-        reports = []
-        for i, proc in enumerate(procs):
-            out, _ = proc.communicate(timeout=300)
-            if proc.returncode != 0:
-                raise RuntimeError(
-                    f"consumer {i} failed with {proc.returncode}:\n"
-                    + (workdir / f"consumer-{specs[i]['mode']}-{i}.log").read_text()[-2000:]
-                )
-            reports.append(json.loads(out.splitlines()[-1]))
-        server_cpu_s = broker.cpu_seconds() - cpu0
-        server_cpu = server_cpu_s / max(time.monotonic() - wall0, 1e-9)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    """One consumer process per spec, released together; the drain they made."""
+
+    def sample() -> tuple[float, float]:
+        return broker.cpu_seconds(), time.monotonic()
+
+    reports, (cpu0, wall0), (cpu1, wall1) = run_consumers(
+        "benchmarks.pop_bench", specs, workdir, sample
+    )
+    server_cpu_s = cpu1 - cpu0
     start = min(r["start"] for r in reports)
     seconds = max(r["end"] for r in reports) - start
     messages = sum(len(r["seqs"]) for r in reports)
@@ -282,26 +249,10 @@ def _run_consumers(broker: ServerProcess, specs: list[dict], workdir: Path) -> t
         seconds=seconds,
         calls=sum(r["calls"] for r in reports),
         client_cpu=sum(r["cpu_s"] for r in reports) / seconds,
-        server_cpu=server_cpu,
+        server_cpu=server_cpu_s / max(wall1 - wall0, 1e-9),
         server_us_per_msg=server_cpu_s / max(messages, 1) * 1e6,
     )
     return drain, reports
-
-
-def _check_exactly_once(reports: list[dict], n: int, mode: str) -> None:
-    seen = bytearray(n)
-    duplicates = []
-    for report in reports:
-        for seq in report["seqs"]:
-            if seen[seq]:
-                duplicates.append(seq)
-            seen[seq] = 1
-    missing = n - sum(seen)
-    if duplicates or missing:
-        raise RuntimeError(
-            f"{mode}: {missing:,} of {n:,} messages never received, {len(duplicates):,} received "
-            f"twice (first: {duplicates[:5]})"
-        )
 
 
 def _check_group(
@@ -393,16 +344,12 @@ def _drain(
             for i in range(CONSUMERS)
         ]
         drain, reports = _run_consumers(broker, specs, workdir)
-        _check_exactly_once(reports, plan.messages, "pull")
+        check_reports(reports, plan.messages, "pull", first_deliveries=False)
         return drain
     group = f"bench-pop-{r}"
     specs = [{"mode": "pop", "target": broker.target, "group": group}] * CONSUMERS
     drain, reports = _run_consumers(broker, specs, workdir)
-    _check_exactly_once(reports, plan.messages, "pop")
-    bad_acks = sum(r["bad_acks"] for r in reports)
-    redelivered = sum(r["redelivered"] for r in reports)
-    if bad_acks or redelivered:
-        raise RuntimeError(f"pop: {bad_acks} acks not OK, {redelivered} redeliveries")
+    check_reports(reports, plan.messages, "pop", first_deliveries=True)
     _check_group(broker.target, group, per_queue)
     return drain
 
@@ -476,36 +423,22 @@ def _consume(spec: dict) -> dict:
                     if offsets[queue] >= end:
                         active.remove(queue)
         else:
-            while True:
-                answer = pop(
-                    broker_pb2.PopMessageRequest(
-                        consumer_group=group,
-                        topic=POP_TOPIC,
-                        max_msg_nums=CONSUMER_BATCH,
-                        invisible_ms=INVISIBLE_MS,
-                        max_wait_ms=0,
-                    ),
-                    timeout=CALL_TIMEOUT_S,
-                )
-                calls += 1
-                if answer.status == broker_pb2.POP_NO_MESSAGE:
-                    break  # everything preloaded is handed out (none comes back within 60 s)
-                if answer.status != broker_pb2.POP_FOUND:
-                    raise RuntimeError(f"pop status {answer.status}")
-                handles = []
-                for m in answer.messages:
-                    seqs.append(int(m.body[:8]))
-                    handles.append(m.receipt_handle)
-                    redelivered += m.delivery_attempt != 1
-                acks = ack(
-                    broker_pb2.AckMessageRequest(
-                        consumer_group=group, topic=POP_TOPIC, receipt_handles=handles
-                    ),
-                    timeout=CALL_TIMEOUT_S,
-                )
-                calls += 1
-                bad_acks += sum(1 for a in acks.results if a.status != broker_pb2.OK)
-                bad_acks += len(handles) - len(acks.results)
+            counts = pop_and_ack(
+                pop,
+                ack,
+                broker_pb2.PopMessageRequest(
+                    consumer_group=group,
+                    topic=POP_TOPIC,
+                    max_msg_nums=CONSUMER_BATCH,
+                    invisible_ms=INVISIBLE_MS,
+                    max_wait_ms=0,
+                ),
+                group,
+                POP_TOPIC,
+                CALL_TIMEOUT_S,
+            )
+            seqs, calls = counts["seqs"], counts["calls"]
+            bad_acks, redelivered = counts["bad_acks"], counts["redelivered"]
         end_time = time.monotonic()
     return {
         "start": start,

@@ -48,7 +48,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -60,6 +59,7 @@ import grpc
 from apache.rocketmq.v2 import definition_pb2 as v2
 from apache.rocketmq.v2 import service_pb2 as s
 from benchmarks.broker_bench import _broker_args, _create_topic
+from benchmarks.drains import check_reports, pop_and_ack, run_consumers
 from benchmarks.load import LoadResult, closed_loop
 from benchmarks.pop_bench import _check_group, _send_all
 from benchmarks.procs import ServerProcess, cpu_plan, pinned
@@ -536,27 +536,10 @@ def _consume(spec: dict) -> dict:
             bad = sum(1 for e in answer.entries if e.status.code != OK)
             bad += abs(len(entries) - len(answer.entries))
             bad_acks += bad or (len(entries) if answer.status.code != OK else 0)
-        while mode == "direct":
-            popped = pop(pop_request, timeout=CALL_TIMEOUT_S)
-            calls += 1
-            if popped.status == broker_pb2.POP_NO_MESSAGE:
-                break
-            if popped.status != broker_pb2.POP_FOUND:
-                raise RuntimeError(f"pop status {popped.status}")
-            handles = []
-            for m in popped.messages:
-                seqs.append(int(m.body[:8]))
-                redelivered += m.delivery_attempt != 1
-                handles.append(m.receipt_handle)
-            acked = ack(
-                broker_pb2.AckMessageRequest(
-                    consumer_group=group, topic=DRAIN_TOPIC, receipt_handles=handles
-                ),
-                timeout=CALL_TIMEOUT_S,
-            )
-            calls += 1
-            bad_acks += sum(1 for a in acked.results if a.status != broker_pb2.OK)
-            bad_acks += len(handles) - len(acked.results)
+        if mode == "direct":
+            counts = pop_and_ack(pop, ack, pop_request, group, DRAIN_TOPIC, CALL_TIMEOUT_S)
+            seqs, calls = counts["seqs"], counts["calls"]
+            bad_acks, redelivered = counts["bad_acks"], counts["redelivered"]
         end = time.monotonic()
     return {
         "start": start,
@@ -570,42 +553,10 @@ def _consume(spec: dict) -> dict:
 
 
 def _run_consumers(cluster: Cluster, specs: list[dict], workdir: Path) -> tuple[Drain, list]:
-    """Start one consumer process per spec, release them together, collect their reports."""
-    procs: list[subprocess.Popen[bytes]] = []
-    logs = [workdir / f"consumer-{spec['group']}-{i}.log" for i, spec in enumerate(specs)]
-    try:
-        for spec, log_path in zip(specs, logs, strict=True):
-            with open(log_path, "wb") as log:
-                procs.append(
-                    subprocess.Popen(
-                        [sys.executable, "-m", "benchmarks.proxy_bench", "consume",
-                         json.dumps(spec)],
-                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                    )
-                )  # fmt: skip
-        for proc, log_path in zip(procs, logs, strict=True):
-            assert proc.stdout is not None
-            if proc.stdout.readline().strip() != b"ready":
-                raise RuntimeError(f"a consumer did not start:\n{log_path.read_text()[-2000:]}")
-        (b0, p0) = cluster.cpu()
-        for proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write(b"go\n")
-            proc.stdin.flush()
-        reports = []
-        for proc, log_path in zip(procs, logs, strict=True):
-            out, _ = proc.communicate(timeout=300)
-            if proc.returncode != 0:
-                raise RuntimeError(
-                    f"a consumer failed with {proc.returncode}:\n{log_path.read_text()[-2000:]}"
-                )
-            reports.append(json.loads(out.splitlines()[-1]))
-        (b1, p1) = cluster.cpu()
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    """One consumer process per spec, released together; the drain they made."""
+    reports, (b0, p0), (b1, p1) = run_consumers(
+        "benchmarks.proxy_bench", specs, workdir, cluster.cpu
+    )
     start = min(r["start"] for r in reports)
     drain = Drain(
         messages=sum(len(r["seqs"]) for r in reports),
@@ -624,21 +575,7 @@ def _drain(cluster: Cluster, plan: Plan, workdir: Path, mode: str, r: int) -> Dr
     target = cluster.proxy.target if mode == "proxy" else cluster.broker.target
     spec = {"mode": mode, "target": target, "group": group}
     drain, reports = _run_consumers(cluster, [spec] * CONSUMERS, workdir)
-    seen = bytearray(plan.messages)
-    duplicates = 0
-    for report in reports:
-        for seq in report["seqs"]:
-            duplicates += seen[seq]
-            seen[seq] = 1
-    missing = plan.messages - sum(seen)
-    redelivered = sum(r["redelivered"] for r in reports)
-    bad_acks = sum(r["bad_acks"] for r in reports)
-    if missing or duplicates or redelivered or bad_acks:
-        raise RuntimeError(
-            f"{mode}: {missing:,} of {plan.messages:,} messages never received, "
-            f"{duplicates:,} received twice, {redelivered:,} redelivered, "
-            f"{bad_acks:,} acks not OK"
-        )
+    check_reports(reports, plan.messages, mode, first_deliveries=True)
     _check_group(cluster.broker.target, group, plan.messages // QUEUES, DRAIN_TOPIC, "its drain")
     _progress(f"drain round {r + 1}, {mode}: {drain.text()}")
     return drain
