@@ -155,6 +155,8 @@ PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
 PROPERTY_SHARDING_KEY = "__SHARDINGKEY"
 PROPERTY_REAL_TOPIC = "REAL_TOPIC"
 PROPERTY_REAL_QUEUE_ID = "REAL_QID"
+# RocketMQ 4's delay level (1..18) of a message sent with one.
+PROPERTY_DELAY = "DELAY"
 # Pop consumption: where redelivered and dead messages go, and what they keep.
 RETRY_TOPIC_PREFIX = "%RETRY%"
 DLQ_TOPIC_PREFIX = "%DLQ%"

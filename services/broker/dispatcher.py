@@ -32,7 +32,6 @@ log = logging.getLogger(__name__)
 DEFAULT_STEP_BYTES = 4 << 20
 BACKGROUND_STEP_BYTES = 256 << 10
 MAX_DEFER_S = 1.0
-PROPERTY_DELAY = "DELAY"
 
 
 class DispatchError(Exception):

@@ -27,6 +27,7 @@ from ferry.model import (
     MASTER_ID,
     PERM_READ,
     PERM_WRITE,
+    PROPERTY_DELAY,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
     PROPERTY_SHARDING_KEY,
@@ -51,7 +52,6 @@ from services.broker.store import (
 
 log = logging.getLogger(__name__)
 
-PROPERTY_DELAY = "DELAY"
 DEFAULT_PULL_NUMS = 32
 MAX_PULL_NUMS = 4096
 MAX_WAIT_MS = 60_000

@@ -98,6 +98,17 @@ def decode_handle(text: str) -> ReceiptHandle:
     )
 
 
+def handle_broker(text: str) -> str | None:
+    """The broker that issued a receipt handle (field 2), for routing an ack
+    to it without decoding the rest; None if the text is not a handle."""
+    if type(text) is not str or len(text) > MAX_HANDLE_CHARS:
+        return None
+    parts = text.split(" ", 2)
+    if len(parts) < 3 or parts[0] != HANDLE_VERSION or not parts[1]:
+        return None
+    return parts[1]
+
+
 class BadHandle(PopFormatError):
     """Handle number `index` of a request does not parse."""
 

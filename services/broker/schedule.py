@@ -24,14 +24,9 @@ import logging
 from typing import Protocol
 
 from ferry import record
-from ferry.model import SCHEDULE_TOPIC
+from ferry.model import PROPERTY_DELAY, PROPERTY_REAL_TOPIC, SCHEDULE_TOPIC
 from ferry.runtime.clock import Clock
-from services.broker.messaging import (
-    PROPERTY_DELAY,
-    PROPERTY_REAL_TOPIC,
-    TopicLookup,
-    real_destination,
-)
+from services.broker.messaging import TopicLookup, real_destination
 from services.broker.store import MessageIn, MessageStore
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,13 @@ import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from apache.rocketmq.v2 import definition_pb2 as v2
+from ferry import record
 from ferry.model import (
+    PROPERTY_DELAY,
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_RETRY_TOPIC,
     PROPERTY_SHARDING_KEY,
     PROPERTY_TIMER_DELIVER_MS,
 )
@@ -39,14 +45,13 @@ SYSTEM_PROPERTIES = frozenset(
         PROPERTY_UNIQ_KEY,
         PROPERTY_SHARDING_KEY,
         PROPERTY_TIMER_DELIVER_MS,
-        "TAGS",
-        "KEYS",
-        "REAL_TOPIC",
-        "REAL_QID",
-        "RETRY_TOPIC",
-        "ORIGIN_MESSAGE_ID",
-        "DELAY",
-        "WAIT",
+        PROPERTY_DELAY,
+        PROPERTY_REAL_TOPIC,
+        PROPERTY_REAL_QUEUE_ID,
+        PROPERTY_RETRY_TOPIC,
+        PROPERTY_ORIGIN_MESSAGE_ID,
+        record.PROPERTY_TAGS,
+        record.PROPERTY_KEYS,
     }
 )
 
@@ -197,12 +202,3 @@ def received_message(m: broker_pb2.MessageExt, invisible_ms: int) -> v2.Message:
     if group:
         sp.message_group = group
     return out
-
-
-def handle_broker(receipt_handle: str) -> str | None:
-    """The broker that issued a ferry receipt handle (its second field), or
-    None if the text is not one."""
-    parts = receipt_handle.split(" ", 2)
-    if len(parts) < 3 or parts[0] != "1" or not parts[1]:
-        return None
-    return parts[1]

@@ -15,8 +15,9 @@ import itertools
 import logging
 import time
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -25,6 +26,7 @@ from apache.rocketmq.v2 import service_pb2 as s
 from apache.rocketmq.v2 import service_pb2_grpc
 from ferry.model import TOPIC_MAX_LENGTH, TOPIC_PATTERN
 from ferry.v1 import broker_pb2
+from services.broker.popcodec import handle_broker
 from services.proxy import convert, metrics
 from services.proxy.convert import OK, Code, status
 from services.proxy.metrics import ProxyMetrics
@@ -360,11 +362,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         results: list[s.AckMessageResultEntry | None] = [None] * len(request.entries)
         by_broker: dict[str, list[int]] = {}
         for i, entry in enumerate(request.entries):
-            name = convert.handle_broker(entry.receipt_handle)
-            addr = self.routes.broker_addr(name) if name else None
-            if addr is None and name:
-                await self._learn_brokers(topic)
-                addr = self.routes.broker_addr(name)
+            addr = await self._handle_addr(entry.receipt_handle, topic)
             if addr is None:
                 results[i] = _ack_entry(
                     entry, Code.INVALID_RECEIPT_HANDLE,
@@ -404,18 +402,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def ChangeInvisibleDuration(
         self, request: s.ChangeInvisibleDurationRequest, context
     ) -> s.ChangeInvisibleDurationResponse:
-        group = convert.topic_name(request.group)
-        topic = convert.topic_name(request.topic)
-        bad = _bad_topic(topic) or _bad_group(group)
-        if bad:
-            return s.ChangeInvisibleDurationResponse(status=status(Code.BAD_REQUEST, bad))
-        addr = await self._handle_addr(request.receipt_handle, topic)
-        if addr is None:
-            return s.ChangeInvisibleDurationResponse(
-                status=status(Code.INVALID_RECEIPT_HANDLE, "not a receipt handle of a known broker")
-            )
-        try:
-            answer = await self.routes.stub(addr).ChangeInvisibleTime(
+        answer, outcome = await self._on_handle_broker(
+            request,
+            lambda stub, group, topic: stub.ChangeInvisibleTime(
                 broker_pb2.ChangeInvisibleTimeRequest(
                     consumer_group=group,
                     topic=topic,
@@ -423,22 +412,15 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                     invisible_ms=convert.duration_ms(request.invisible_duration),
                 ),
                 timeout=CALL_TIMEOUT_S,
-            )
-        except grpc.aio.AioRpcError as exc:
-            return s.ChangeInvisibleDurationResponse(
-                status=status(convert.error_code(exc), exc.details() or "")
-            )
-        if answer.status != broker_pb2.OK:
-            return s.ChangeInvisibleDurationResponse(
-                status=status(Code.INVALID_RECEIPT_HANDLE, answer.reason)
-            )
+            ),
+        )
+        if answer is None:
+            return s.ChangeInvisibleDurationResponse(status=outcome)
         return s.ChangeInvisibleDurationResponse(status=OK, receipt_handle=answer.receipt_handle)
 
     async def _learn_brokers(self, topic: str) -> None:
         with contextlib.suppress(TopicNotFound, NameServersDown):
             await self.routes.get(topic, refresh=True)
-
-    # ------------------------------------------------------------ not served
 
     @metrics.unary("ForwardMessageToDeadLetterQueue", s.ForwardMessageToDeadLetterQueueResponse)
     async def ForwardMessageToDeadLetterQueue(
@@ -447,38 +429,48 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         """A consumer gives up on a message (the SDKs' FIFO consumers do after
         their local retries): the broker that issued the handle moves it to
         %DLQ%<group> and resolves it."""
-        group = convert.topic_name(request.group)
-        topic = convert.topic_name(request.topic)
-        bad = _bad_topic(topic) or _bad_group(group)
-        if bad:
-            return s.ForwardMessageToDeadLetterQueueResponse(status=status(Code.BAD_REQUEST, bad))
-        addr = await self._handle_addr(request.receipt_handle, topic)
-        if addr is None:
-            return s.ForwardMessageToDeadLetterQueueResponse(
-                status=status(Code.INVALID_RECEIPT_HANDLE, "not a receipt handle of a known broker")
-            )
-        try:
-            answer = await self.routes.stub(addr).ForwardToDeadLetterQueue(
+        answer, outcome = await self._on_handle_broker(
+            request,
+            lambda stub, group, topic: stub.ForwardToDeadLetterQueue(
                 broker_pb2.ForwardToDeadLetterQueueRequest(
                     consumer_group=group, topic=topic, receipt_handle=request.receipt_handle
                 ),
                 timeout=CALL_TIMEOUT_S,
-            )
-        except grpc.aio.AioRpcError as exc:
-            return s.ForwardMessageToDeadLetterQueueResponse(
-                status=status(convert.error_code(exc), exc.details() or "")
-            )
-        if answer.status != broker_pb2.OK:
-            return s.ForwardMessageToDeadLetterQueueResponse(
-                status=status(Code.INVALID_RECEIPT_HANDLE, answer.reason)
-            )
+            ),
+        )
+        if answer is None:
+            return s.ForwardMessageToDeadLetterQueueResponse(status=outcome)
         return s.ForwardMessageToDeadLetterQueueResponse(
             status=status(Code.OK, f"moved to {answer.dlq_topic}")
         )
 
+    async def _on_handle_broker(
+        self, request: Any, call: Callable[[Any, str, str], Awaitable[Any]]
+    ) -> tuple[Any, v2.Status]:
+        """One in-flight message's RPC on the broker its receipt handle names:
+        (the broker's answer, OK) when it was OK for the message, else (None,
+        why not: a bad name, an unknown handle, the broker's refusal)."""
+        group = convert.topic_name(request.group)
+        topic = convert.topic_name(request.topic)
+        bad = _bad_topic(topic) or _bad_group(group)
+        if bad:
+            return None, status(Code.BAD_REQUEST, bad)
+        addr = await self._handle_addr(request.receipt_handle, topic)
+        if addr is None:
+            return None, status(
+                Code.INVALID_RECEIPT_HANDLE, "not a receipt handle of a broker this proxy knows"
+            )
+        try:
+            answer = await call(self.routes.stub(addr), group, topic)
+        except grpc.aio.AioRpcError as exc:
+            return None, status(convert.error_code(exc), exc.details() or "")
+        if answer.status != broker_pb2.OK:
+            return None, status(Code.INVALID_RECEIPT_HANDLE, answer.reason)
+        return answer, OK
+
     async def _handle_addr(self, receipt_handle: str, topic: str) -> str | None:
         """The address of the broker a receipt handle names (routes refreshed once)."""
-        name = convert.handle_broker(receipt_handle)
+        name = handle_broker(receipt_handle)
         if not name:
             return None
         addr = self.routes.broker_addr(name)
@@ -486,6 +478,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             await self._learn_brokers(topic)
             addr = self.routes.broker_addr(name)
         return addr
+
+    # ------------------------------------------------------------ not served
 
     @metrics.unary("EndTransaction", s.EndTransactionResponse)
     async def EndTransaction(self, request, context):

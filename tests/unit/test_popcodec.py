@@ -22,6 +22,7 @@ from services.broker.popcodec import (
     decode_timer_done,
     encode_revive,
     encode_timer_done,
+    handle_broker,
 )
 
 names = st.text(alphabet="abcXYZ019_-%|", min_size=1, max_size=30)
@@ -32,6 +33,17 @@ offsets = st.integers(0, 2**62)
 def test_handle_round_trip(broker, group, topic, queue_id, offset, checkpoint, until):
     handle = ReceiptHandle(broker, group, topic, queue_id, offset, checkpoint, until)
     assert decode_handle(handle.encode()) == handle
+
+
+@given(names, names, names, st.integers(0, 65535), offsets, offsets, offsets)
+def test_handle_broker_names_the_issuing_broker(broker, group, topic, queue_id, offset, ck, until):
+    handle = ReceiptHandle(broker, group, topic, queue_id, offset, ck, until)
+    assert handle_broker(handle.encode()) == broker
+
+
+@pytest.mark.parametrize("text", ["", "1", "1 broker-a", "2 broker-a g T 0 0 0 0", "1  g T", None])
+def test_handle_broker_of_what_is_not_a_handle(text):
+    assert handle_broker(text) is None
 
 
 @given(st.text(max_size=200))
