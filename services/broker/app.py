@@ -446,6 +446,8 @@ class BrokerApp:
             await self.ha_master.stop()
         if self.server is not None:
             await self.server.stop(self.config.grace_s)
+        if self.proxy is not None:
+            await self.proxy.close()
         if self.local_routes is not None:
             await self.local_routes.close()
         for task in self._tasks:

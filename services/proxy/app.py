@@ -99,7 +99,14 @@ class ProxyApp:
 
     async def stop(self) -> None:
         await self.server.stop(self.config.grace_s)
+        await self.servicer.close()
         await self.routes.close()
+        sends = self.servicer.sends.stats
+        if sends.calls:
+            log.info(
+                "sends: %d messages in %d broker calls (%.1f per call)",
+                sends.messages, sends.calls, sends.messages / sends.calls,
+            )  # fmt: skip
         if self._metrics_endpoint is not None:
             self._metrics_endpoint.stop()
         log.info("proxy stopped")

@@ -49,9 +49,19 @@ class ProxyMetrics:
             registry=registry,
         )
 
+        # Labelled children, looked up once: `labels()` costs more than the count.
+        self._counts: dict[tuple[str, str], Any] = {}
+        self._latencies: dict[str, Any] = {}
+
     def observe(self, rpc: str, code: str, seconds: float) -> None:
-        self.requests.labels(rpc, code).inc()
-        self.latency.labels(rpc).observe(seconds)
+        count = self._counts.get((rpc, code))
+        if count is None:
+            count = self._counts[(rpc, code)] = self.requests.labels(rpc, code)
+        latency = self._latencies.get(rpc)
+        if latency is None:
+            latency = self._latencies[rpc] = self.latency.labels(rpc)
+        count.inc()
+        latency.observe(seconds)
 
 
 def _code_name(status: v2.Status) -> str:

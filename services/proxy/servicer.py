@@ -31,6 +31,7 @@ from services.proxy import convert, metrics
 from services.proxy.convert import OK, Code, status
 from services.proxy.metrics import ProxyMetrics
 from services.proxy.routes import BrokerQueues, NameServersDown, Route, RouteSource, TopicNotFound
+from services.proxy.sends import SendCoalescer
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self.options = options
         self.metrics = metrics  # read by the @metrics decorators
         self._round_robin = itertools.count()
+        self.sends = SendCoalescer(routes.stub, CALL_TIMEOUT_S)
+
+    async def close(self) -> None:
+        """Ends the send batches still in flight (the server has stopped taking calls)."""
+        await self.sends.close()
 
     # ------------------------------------------------------------ routes
 
@@ -254,9 +260,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             else:
                 broker = writable[(next(self._round_robin) + attempt) % len(writable)]
             try:
-                result = await self.routes.stub(broker.addr).SendMessage(
-                    request, timeout=CALL_TIMEOUT_S
-                )
+                result = await self.sends.send(broker.addr, request)
             except grpc.aio.AioRpcError as exc:
                 code, last = convert.error_code(exc), f"{broker.broker_name}: {exc.details()}"
                 if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
