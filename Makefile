@@ -24,7 +24,7 @@ TOPOLOGY ?= 2m-2s-sync
 # Extra `ferry dev` arguments, e.g. make run ARGS="--port-offset 1000"
 ARGS ?=
 
-.PHONY: help venv proto tools test run lint bench chaos fuzz clean
+.PHONY: help venv proto tools test run lint bench bench-quick chaos fuzz clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -94,6 +94,9 @@ lint: $(PROTO_STAMP)  ## ruff over the code
 
 bench: $(PROTO_STAMP)  ## run the benchmarks and append the figures to BENCHMARKS.md
 	$(PY) -m benchmarks --out BENCHMARKS.md
+
+bench-quick: $(PROTO_STAMP)  ## every benchmark as a short smoke run: fails when one cannot run (CI runs it)
+	$(PY) -m benchmarks --quick
 
 clean:  ## remove the venv, generated code and caches (not ./var)
 	rm -rf $(VENV) ferry/v1/*_pb2*.py ferry/v1/*_pb2*.pyi $(RMQ_OUT)/*_pb2*.py $(RMQ_OUT)/*_pb2*.pyi $(PROTO_STAMP) .pytest_cache .ruff_cache *.egg-info
