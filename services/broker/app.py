@@ -280,6 +280,7 @@ class BrokerApp:
                         store_config.store_host,
                         pop=self.pop,
                         broker_name=cfg.broker_name,
+                        send_stream_max_in_flight=cfg.send_stream_max_in_flight,
                     ),
                     broker_pb2_grpc.add_BrokerServicer_to_server,
                 ),

@@ -50,6 +50,7 @@ class BrokerConfig:
     commit_log_file_size: int = 1 << 30
     consume_queue_entries_per_file: int = 300_000
     max_message_size: int = 4 * 1024 * 1024
+    send_stream_max_in_flight: int = 1024  # unanswered messages per SendStream
     slave_timeout_s: float = 3.0
     sync_flush_timeout_s: float = 5.0
     flush_interval_s: float = 0.5
@@ -324,6 +325,11 @@ KNOWN_KEYS: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
         "bytes per consume-queue file (a multiple of 20)",
     ),
     "maxMessageSize": ("max_message_size", _int(1), "largest message body, bytes"),
+    "sendStreamMaxInFlight": (
+        "send_stream_max_in_flight",
+        _int(1, 65536),
+        "unanswered messages per SendStream before the broker stops reading it",
+    ),
     "slaveTimeout": ("slave_timeout_s", _ms_to_s(), "ms a SYNC_MASTER waits for a slave"),
     "syncFlushTimeout": (
         "sync_flush_timeout_s",

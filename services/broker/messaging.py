@@ -47,7 +47,6 @@ from services.broker.store import (
     MessageIn,
     MessageStore,
     PutResult,
-    PutStatus,
 )
 
 log = logging.getLogger(__name__)
@@ -119,6 +118,21 @@ class SendOutcome:
     msg_ids: list[str]
 
 
+@dataclass(frozen=True, slots=True)
+class Staged:
+    """A send appended to the log and not yet waited for (`MessagingService.stage`)."""
+
+    topic: str  # as the producer named it (a timed message is stored elsewhere)
+    result: PutResult
+    started: float  # perf_counter() at the append
+
+    def outcome(self, status: SendStatus) -> SendOutcome:
+        r = self.result
+        return SendOutcome(
+            status, r.topic, r.queue_id, r.queue_offset, r.commit_offsets[0], r.msg_ids
+        )
+
+
 @dataclass(frozen=True)
 class PullOutcome:
     result: GetResult
@@ -172,6 +186,23 @@ class MessagingService:
         wait_store_msg_ok: bool = True,
         batch: bool = False,
     ) -> SendOutcome:
+        staged = self.stage(topic, queue_id, messages, batch)
+        status = await self.settle((staged,), wait_store_msg_ok)
+        return staged.outcome(status)
+
+    def stage(
+        self,
+        topic: str,
+        queue_id: int | None,
+        messages: Sequence[MessageLike],
+        batch: bool = False,
+    ) -> Staged:
+        """Check a send and append it to the log, without waiting for a flush
+        or a slave: `settle` does, once for any number of staged sends.
+
+        Raises the send's error (InvalidArgument, NotFound, PermissionDenied,
+        ResourceExhausted), with nothing appended; Unavailable on a storage fault.
+        """
         check_topic(topic)
         if is_system_topic(topic):
             raise InvalidArgument(
@@ -235,26 +266,33 @@ class MessagingService:
                 "is timed as a whole or not at all; send them separately",
             )
         started = time.perf_counter()
-        result = await self.store.put(
-            store_topic, store_queue, encoded, wait_flush=wait_store_msg_ok
-        )
+        result = self.store.append_internal(store_topic, store_queue, encoded)
+        return Staged(topic, result, started)
+
+    async def settle(self, staged: Sequence[Staged], wait_store_msg_ok: bool = True) -> SendStatus:
+        """Wait once for what covers every staged send: the flush (SYNC_FLUSH)
+        and a slave's copy (SYNC_MASTER) up to the furthest of them. Their
+        common status: a wait that timed out is reported for each of them,
+        none of them having been confirmed in time.
+
+        Raises:
+            Unavailable: a storage fault; nothing more is acknowledged.
+        """
+        last = max(staged, key=lambda s: s.result.end_offset).result
         status = SendStatus.SEND_OK
-        if result.status is PutStatus.FLUSH_DISK_TIMEOUT:
+        if not wait_store_msg_ok:
+            self.store.failstop.check()
+        elif not await self.store.wait_durable(last.end_offset):
             status = SendStatus.FLUSH_DISK_TIMEOUT
         if self.replication_wait is not None and wait_store_msg_ok:
-            replicated = await self.replication_wait(result)
+            replicated = await self.replication_wait(last)
             if status is SendStatus.SEND_OK:
                 status = replicated
         if self.on_sent is not None:
-            self.on_sent(topic, status.value, len(encoded), time.perf_counter() - started)
-        return SendOutcome(
-            status,
-            store_topic,
-            result.queue_id,
-            result.queue_offset,
-            result.commit_offsets[0],
-            result.msg_ids,
-        )
+            now = time.perf_counter()
+            for s in staged:
+                self.on_sent(s.topic, status.value, len(s.result.msg_ids), now - s.started)
+        return status
 
     def _pick_queue(
         self, config: TopicConfig, queue_id: int | None, message_group: str = ""

@@ -7,14 +7,21 @@ the broker is starting or stopping every call is UNAVAILABLE.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import grpc
 
 from ferry.model import check_name, check_topic
-from ferry.runtime.errors import InvalidArgument, NotFound, PermissionDenied, Unavailable
-from ferry.runtime.grpc_errors import grpc_method
+from ferry.runtime.errors import (
+    FerryError,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    Unavailable,
+)
+from ferry.runtime.grpc_errors import grpc_method, status_of
 from ferry.v1 import (
     broker_admin_pb2,
     broker_admin_pb2_grpc,
@@ -30,6 +37,9 @@ from services.broker import convert
 from services.broker.admin import AdminService
 from services.broker.messaging import MessagingService
 from services.broker.pop import PopService
+from services.broker.sendstream import SendStreamSession
+
+log = logging.getLogger(__name__)
 
 
 class Gate:
@@ -52,7 +62,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         store_host: tuple[str, int],
         pop: PopService | None = None,
         broker_name: str = "",
+        send_stream_max_in_flight: int = 1024,
     ) -> None:
+        self.send_stream_max_in_flight = send_stream_max_in_flight
         self.pop = pop
         self.broker_name = broker_name
         self.messaging = messaging
@@ -86,6 +98,26 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             batch=True,
         )
         return convert.send_result_pb(outcome)
+
+    async def SendStream(
+        self,
+        request_iterator: AsyncIterator[broker_pb2.SendStreamRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[broker_pb2.SendStreamResponse]:
+        try:
+            self.gate.check()
+            session = SendStreamSession(
+                self.messaging, self.gate.check, self.send_stream_max_in_flight
+            )
+            async for response in session.run(request_iterator):
+                yield response
+        except FerryError as exc:
+            await context.abort(status_of(exc), exc.message)
+        except Exception:
+            log.exception("unexpected error in SendStream")
+            await context.abort(
+                grpc.StatusCode.INTERNAL, "internal error in SendStream; see the server log"
+            )
 
     @grpc_method
     async def PullMessage(
