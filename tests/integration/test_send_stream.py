@@ -11,6 +11,7 @@ import asyncio
 import grpc
 import pytest
 
+from ferry.client.sendstream import StreamSender, StreamSendError
 from ferry.v1 import broker_pb2, broker_pb2_grpc
 from services.broker.sendstream import SendStreamSession
 from tests.conftest import LoopThread, start_broker, wait_for
@@ -195,3 +196,82 @@ def test_a_cut_off_slave_gives_flush_slave_timeout_for_each_message(loop_thread,
         slave.stop()
         loop_thread.run(proxy.stop())
         master.stop()
+
+
+# ---------------------------------------------------------------- ferry.client.sendstream
+
+
+def _sender_run(broker, coro_fn, addr=None):
+    """Run coro_fn(sender) on the broker's loop with a StreamSender to `addr`."""
+
+    async def go():
+        channel = grpc.aio.insecure_channel(addr or broker.addr)
+        sender = StreamSender(broker_pb2_grpc.BrokerStub(channel), timeout_s=10)
+        try:
+            return await coro_fn(sender)
+        finally:
+            await sender.close()
+            await channel.close()
+
+    return broker.loop.run(go())
+
+
+def test_a_shared_sender_answers_each_caller_with_its_own_result(broker):
+    async def go(sender):
+        messages = [_message(0) for _ in range(200)]
+        for i, m in enumerate(messages):
+            m.body = f"shared {i}".encode()
+        return await asyncio.gather(*(sender.send(m) for m in messages), return_exceptions=True)
+
+    results = _sender_run(broker, go)
+    assert all(isinstance(r, broker_pb2.SendResult) for r in results), results[:3]
+    assert len({r.msg_id for r in results}) == 200
+    for i, r in enumerate(results[::17]):
+        m = _pull(broker, r.queue_id, r.queue_offset)
+        assert m.body == f"shared {i * 17}".encode()
+
+
+def test_a_refused_message_raises_with_the_brokers_code_and_others_go_on(broker):
+    async def go(sender):
+        return await asyncio.gather(
+            sender.send(_message(0)),
+            sender.send(_message(0, topic="NoSuchTopic")),
+            sender.send(_message(0, body=b"x" * (MAX_MESSAGE_SIZE + 1))),
+            sender.send(_message(0)),
+            return_exceptions=True,
+        )
+
+    ok1, missing, large, ok2 = _sender_run(broker, go)
+    assert isinstance(ok1, broker_pb2.SendResult) and isinstance(ok2, broker_pb2.SendResult)
+    assert isinstance(missing, StreamSendError)
+    assert missing.code() == grpc.StatusCode.NOT_FOUND and "NoSuchTopic" in missing.details()
+    assert isinstance(large, StreamSendError)
+    assert large.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_a_sender_to_nowhere_fails_each_message_unavailable(broker):
+    with support.HeldPort() as held:
+
+        async def go(sender):
+            return await asyncio.gather(
+                *(sender.send(_message(i)) for i in range(3)), return_exceptions=True
+            )
+
+        results = _sender_run(broker, go, addr=held.addr)
+    assert all(isinstance(r, StreamSendError) for r in results), results
+    assert {r.code() for r in results} == {grpc.StatusCode.UNAVAILABLE}
+
+
+def test_after_its_stream_breaks_the_next_send_opens_a_new_one(broker):
+    async def go(sender):
+        first = await sender.send(_message(0))
+        broken = sender._stream
+        broken.call.cancel()  # as when the connection drops
+        await asyncio.gather(*broken.tasks, return_exceptions=True)
+        assert broken.failed is not None
+        second = await sender.send(_message(1))
+        return first, second, sender._stream is not broken
+
+    first, second, reopened = _sender_run(broker, go)
+    assert reopened
+    assert first.status == second.status == broker_pb2.SEND_OK
