@@ -17,6 +17,8 @@ from ferry.cli.namesrv_cmds import client as namesrv_client
 from ferry.cli.output import message_json, table
 from ferry.client.broker import BrokerClient, Consumer, NoRoute, Producer, message_properties
 from ferry.client.pop import INVISIBLE_MAX_S, INVISIBLE_MIN_S, MAX_MSGS, PopConsumer, Received
+from ferry.client.producer import PipelinedProducer
+from ferry.client.sendstream import StreamSendError
 from ferry.model import check_addr, check_topic
 from ferry.runtime.errors import InvalidArgument, NotFound
 from ferry.v1 import broker_pb2, common_pb2
@@ -55,7 +57,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "send",
         help="send messages to a topic",
         description="Send one message (--body or --file) or --count generated messages of --size "
-        "bytes, one per RPC or --batch per RPC. Progress goes to stderr, a summary to stdout.",
+        "bytes. Several messages are pipelined over one Broker.SendStream per broker (up to "
+        "--inflight unanswered per broker, each answered on its own); --inflight 1 sends them "
+        "one at a time with a unary call each, --batch N as SendMessages batches of N. "
+        "Progress goes to stderr, a summary to stdout.",
     )
     p.add_argument("topic")
     source = p.add_mutually_exclusive_group()
@@ -64,6 +69,19 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--count", type=int, default=1, help="messages to send (default 1)")
     p.add_argument("--size", type=int, default=128, help="generated body size, bytes (default 128)")
     p.add_argument("--batch", type=int, default=1, help="messages per SendMessages RPC (default 1)")
+    p.add_argument(
+        "--inflight",
+        type=int,
+        default=256,
+        help="unanswered messages per broker when pipelining (default 256; 1: one at a time)",
+    )
+    p.add_argument(
+        "--linger-ms",
+        type=float,
+        default=0.0,
+        help="when pipelining, how long a message may wait for others to its queue to go out "
+        "in one write (default 0: never waits)",
+    )
     p.add_argument("--tags", default="", help="message tags")
     p.add_argument("--keys", default="", help="message keys (space-separated)")
     timing = p.add_mutually_exclusive_group()
@@ -263,13 +281,17 @@ def _body(args: argparse.Namespace, index: int) -> bytes:
 
 def send(args: argparse.Namespace) -> int:
     check_topic(args.topic)
-    if args.count < 1 or args.batch < 1 or args.size < 1:
-        raise InvalidArgument("--count/--batch/--size", "must be at least 1")
+    if args.count < 1 or args.batch < 1 or args.size < 1 or args.inflight < 1:
+        raise InvalidArgument("--count/--batch/--size/--inflight", "must be at least 1")
+    if args.linger_ms < 0:
+        raise InvalidArgument("--linger-ms", f"{args.linger_ms} is negative")
     if args.file is not None and not args.file.is_file():
         raise InvalidArgument("--file", f"{args.file} is not a readable file")
     deliver_at_ms = _deliver_at_ms(args)
     group = args.message_group
     properties = {"DELAY": str(args.delay_level)} if args.delay_level else {}
+    if args.count > 1 and args.batch == 1 and args.inflight > 1:
+        return _send_pipelined(args, properties, deliver_at_ms)
     statuses: dict[str, int] = {}
     sent = sent_bytes = 0
     started = last_report = time.monotonic()
@@ -334,6 +356,78 @@ def send(args: argparse.Namespace) -> int:
             + (f";{extra}" if extra else "")
         )
     return 0 if set(statuses) == {"SEND_OK"} else 1
+
+
+def _send_pipelined(
+    args: argparse.Namespace, properties: dict[str, str], deliver_at_ms: int | None
+) -> int:
+    """--count messages handed to a PipelinedProducer without waiting; a
+    summary of every message's answer (or error) at the end."""
+    group = args.message_group
+    futures = []
+    size = 0
+    started = last_report = time.monotonic()
+
+    def progress(force: bool = False) -> None:
+        nonlocal last_report
+        now = time.monotonic()
+        if force or now - last_report >= 1.0:
+            done = sum(1 for f in futures if f.done())
+            print(
+                f"  handed over {len(futures)}/{args.count}, answered {done} "
+                f"({done / max(now - started, 1e-9):,.0f} msgs/s)",
+                file=sys.stderr,
+                flush=True,
+            )
+            last_report = now
+
+    with (
+        namesrv_client(args) as ns,
+        PipelinedProducer(ns, max_in_flight=args.inflight, linger_ms=args.linger_ms) as producer,
+    ):
+        for i in range(args.count):
+            body = _body(args, i)
+            size += len(body)
+            futures.append(
+                producer.send_async(
+                    args.topic, body, args.tags, args.keys, properties,
+                    message_group=group, deliver_at_ms=deliver_at_ms,
+                )
+            )  # fmt: skip
+            if i % 1000 == 999:
+                progress()
+        while True:
+            try:
+                producer.flush(1.0)
+                break
+            except TimeoutError:
+                progress(force=True)
+    elapsed = max(time.monotonic() - started, 1e-9)
+    outcomes: dict[str, int] = {}
+    for f in futures:
+        exc = f.exception()
+        if exc is None:
+            name = _SEND_STATUS.get(f.result().result.status, str(f.result().result.status))
+        elif isinstance(exc, NoRoute):
+            raise NotFound(str(exc))
+        elif isinstance(exc, StreamSendError):
+            name = exc.code().name + (" (may be stored)" if exc.maybe_stored else "")
+        else:
+            name = type(exc).__name__
+        outcomes[name] = outcomes.get(name, 0) + 1
+    summary = ", ".join(f"{k}={v}" for k, v in sorted(outcomes.items()))
+    extra = (f" messageGroup={group}" if group else "") + (
+        f" deliverAt={_local_iso(deliver_at_ms)}" if deliver_at_ms is not None else ""
+    )
+    print(
+        f"sent {args.count} messages ({size} bytes) in {elapsed:.2f} s: "
+        f"{args.count / elapsed:,.0f} msgs/s, {size / elapsed / 2**20:.2f} MiB/s, pipelined "
+        f"(--inflight {args.inflight}); statuses: {summary}" + (f";{extra}" if extra else "")
+    )
+    first = next((f.exception() for f in futures if f.exception() is not None), None)
+    if first is not None:
+        print(f"first error: {first}", file=sys.stderr)
+    return 0 if set(outcomes) == {"SEND_OK"} else 1
 
 
 def _deliver_at_ms(args: argparse.Namespace) -> int | None:

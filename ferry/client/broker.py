@@ -274,6 +274,7 @@ class _Route:
         self.data = data
         self.fetched = fetched
         self.addrs = {b.broker_name: dict(b.broker_addrs) for b in data.broker_datas}
+        self._write_queues: list[QueueRef] | None = None  # the route does not change
 
     def master(self, broker_name: str) -> str | None:
         return self.addrs.get(broker_name, {}).get(MASTER_ID)
@@ -289,12 +290,15 @@ class _Route:
         return addrs[min(addrs)] if addrs else None
 
     def write_queues(self) -> list[QueueRef]:
-        return [
+        if self._write_queues is not None:
+            return self._write_queues
+        self._write_queues = [
             QueueRef(q.broker_name, i)
             for q in sorted(self.data.queue_datas, key=lambda q: q.broker_name)
             if q.perm & PERM_WRITE and self.master(q.broker_name)
             for i in range(q.write_queue_nums)
         ]
+        return self._write_queues
 
     def read_queues(self) -> list[QueueRef]:
         return [
@@ -327,6 +331,13 @@ class _Routes:
                     raise NoRoute(topic) from None
                 raise
             route = self._routes[topic] = _Route(data, time.monotonic())
+        return route
+
+    def cached(self, topic: str) -> _Route | None:
+        """The topic's route if it is cached and fresh: no lookup."""
+        route = self._routes.get(topic)
+        if route is None or time.monotonic() - route.fetched > self.ttl_s:
+            return None
         return route
 
     def client(self, addr: str) -> BrokerClient:

@@ -35,10 +35,15 @@ DEFAULT_MAX_IN_FLIGHT = 1024  # as the broker's sendStreamMaxInFlight
 
 
 class StreamSendError(Exception):
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+    """`maybe_stored`: False when the broker refused the message or it never
+    left this process (safe to send again); True when it was written to the
+    stream and no answer came (sending it again may store it twice)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, maybe_stored: bool = False) -> None:
         super().__init__(f"{code.name}: {details}")
         self._code = code
         self._details = details
+        self.maybe_stored = maybe_stored
 
     def code(self) -> grpc.StatusCode:
         return self._code
@@ -56,6 +61,7 @@ class _Stream:
     def __init__(self, call) -> None:
         self.call = call
         self.waiting: dict[int, asyncio.Future] = {}
+        self.written: set[int] = set()  # sequences whose write completed
         self.outbox: list[broker_pb2.StreamedMessage] = []
         self.wake = asyncio.Event()
         self.failed: StreamSendError | None = None
@@ -74,25 +80,39 @@ class StreamSender:
         self._room = asyncio.Semaphore(max_in_flight)
         self._sequence = itertools.count(1)
         self._stream: _Stream | None = None
+        self.writes = 0  # requests written, over all streams
 
     async def send(self, message: broker_pb2.StreamedMessage) -> broker_pb2.SendResult:
         """The broker's result for `message` (its `sequence` is set here)."""
         async with self._room:
-            stream = self._open()
-            future = asyncio.get_running_loop().create_future()
-            message.sequence = sequence = next(self._sequence)
-            stream.waiting[sequence] = future
-            stream.outbox.append(message)
-            stream.wake.set()
+            future = self.submit([message])[0]
             try:
                 return await asyncio.wait_for(future, self._timeout_s)
             except TimeoutError:
                 raise StreamSendError(
                     grpc.StatusCode.DEADLINE_EXCEEDED,
                     f"no answer on the send stream within {self._timeout_s:g} s",
+                    maybe_stored=True,
                 ) from None
-            finally:
-                stream.waiting.pop(sequence, None)
+
+    def submit(self, messages: list[broker_pb2.StreamedMessage]) -> list[asyncio.Future]:
+        """Hand messages to the stream, in this order, without waiting and
+        without the in-flight bound (the caller keeps its own): one future of
+        a `SendResult` (or a `StreamSendError`) per message."""
+        stream = self._open()
+        loop = asyncio.get_running_loop()
+        futures = []
+        for message in messages:
+            message.sequence = sequence = next(self._sequence)
+            future = loop.create_future()
+            stream.waiting[sequence] = future
+            future.add_done_callback(
+                lambda _f, s=sequence, st=stream: (st.waiting.pop(s, None), st.written.discard(s))
+            )
+            futures.append(future)
+        stream.outbox.extend(messages)
+        stream.wake.set()
+        return futures
 
     def _open(self) -> _Stream:
         if self._stream is not None and self._stream.failed is None:
@@ -110,6 +130,8 @@ class StreamSender:
                 if stream.outbox:
                     batch, stream.outbox = stream.outbox, []
                     await stream.call.write(broker_pb2.SendStreamRequest(messages=batch))
+                    stream.written.update(m.sequence for m in batch)
+                    self.writes += 1
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the reader reports the call's status
@@ -137,9 +159,12 @@ class StreamSender:
         finally:
             stream.failed = error
             stream.wake.set()  # the writer stops
-            for future in stream.waiting.values():
+            for sequence, future in list(stream.waiting.items()):
                 if not future.done():
-                    future.set_exception(error)
+                    written = sequence in stream.written
+                    future.set_exception(
+                        StreamSendError(error.code(), error.details(), maybe_stored=written)
+                    )
             stream.waiting.clear()
 
     async def close(self) -> None:
