@@ -15,6 +15,11 @@ every figure next to a baseline measured in the same run.
    alternate, so noise hits both alike. Every answer is parsed: anything but
    SEND_OK counts as an error and fails the benchmark.
 3. Send latency p50/p99, 1 caller, SYNC against ASYNC in the same run.
+   Then `SendStream` on the SYNC_MASTER (issue #15): 16 producers with one
+   message in flight each (against the 16 unary senders), 16 producers
+   pipelining up to 256 each (against the batches of 64) and one producer
+   with one message in flight (p50, against the unary p50); one message per
+   write, every answer parsed.
 4. Catch-up: a slave holding the master's first 128 MiB file starts while the
    master has 1 GiB more (eight more files); default settings (32 KiB frames).
 
@@ -38,7 +43,7 @@ from pathlib import Path
 import grpc
 
 from benchmarks.broker_bench import _broker_args, _create_topic, _summary
-from benchmarks.load import LoadResult, closed_loop
+from benchmarks.load import LoadResult, closed_loop, stream_closed_loop
 from benchmarks.procs import ServerProcess, cpu_plan, pinned, pinning_note
 from benchmarks.report import BenchResult, Figure, Target
 from ferry.model import TopicConfig
@@ -344,6 +349,51 @@ def _alternate(targets: dict[str, str], method: str, request: bytes, concurrency
     return results
 
 
+STREAM = "/ferry.v1.Broker/SendStream"
+# (producers, messages in flight each, messages per write) for SendStream: one at
+# a time, pipelined one message per write, pipelined 16 per write, alone.
+STREAM_SHAPES = {
+    "one_each": (16, 1, 1),
+    "piped": (16, 256, 1),
+    "piped16": (16, 256, 16),
+    "alone": (1, 1, 1),
+}
+
+
+def _stream_results(answer: bytes) -> tuple[int, int]:
+    results = broker_pb2.SendStreamResponse.FromString(answer).results
+    bad = sum(1 for r in results if r.result.status != broker_pb2.SEND_OK)
+    return len(results), bad
+
+
+def _streams(
+    target: str, producers: int, in_flight: int, per_write: int, plan: Plan, cpu
+) -> list[LoadResult]:
+    request = broker_pb2.SendStreamRequest(
+        messages=[broker_pb2.StreamedMessage(sequence=1, topic="Bench", body=SEND_BODY)] * per_write
+    ).SerializeToString()
+    results = [
+        asyncio.run(
+            stream_closed_loop(
+                target,
+                STREAM,
+                request,
+                producers,
+                in_flight,
+                plan.warmup_s,
+                plan.duration_s,
+                _stream_results,
+                server_cpu_seconds=cpu,
+            )
+        )  # fmt: skip
+        for _ in range(plan.rounds)
+    ]
+    failed = sum(r.errors for r in results)
+    if failed:
+        raise RuntimeError(f"{failed} streamed sends were not SEND_OK")
+    return results
+
+
 def sync_vs_async(workdir: Path, plan: Plan, master_cpus, slave_cpus) -> list[Figure]:
     pairs = {}
     for role in ("SYNC_MASTER", "ASYNC_MASTER"):
@@ -369,6 +419,11 @@ def sync_vs_async(workdir: Path, plan: Plan, master_cpus, slave_cpus) -> list[Fi
             singles = _alternate(targets, SEND_ONE, one, 16, plan, cpu)
             batches = _alternate(targets, SEND_BATCH, batch, 16, plan, cpu)
             latency = _alternate(targets, SEND_ONE, one, 1, plan, cpu)
+            sync = pairs["SYNC_MASTER"][0]
+            streams = {
+                shape: _streams(sync.target, *sizes, plan, sync.cpu_seconds)
+                for shape, sizes in STREAM_SHAPES.items()
+            }
     finally:
         for master, slave in pairs.values():
             slave.stop()
@@ -378,7 +433,53 @@ def sync_vs_async(workdir: Path, plan: Plan, master_cpus, slave_cpus) -> list[Fi
         return statistics.median(r.rate for r in results) * scale
 
     s, a = "SYNC_MASTER", "ASYNC_MASTER"
-    return [
+    one_each, piped, piped16, alone = (streams[k] for k in STREAM_SHAPES)
+    p50 = statistics.median(r.p50_ms for r in alone)
+    unary_p50 = statistics.median(r.p50_ms for r in latency[s])
+    stream_figures = [
+        Figure(
+            name="SendStream, 16 producers, one message in flight each, SYNC_MASTER",
+            value=med(one_each),
+            unit="msgs/s",
+            baseline=med(singles[s]),
+            baseline_label="unary SendMessage, 16 senders, SYNC_MASTER, same run",
+            target=None,
+            detail=f"{_summary(one_each)}. Reported against unary sends until the Redis peer "
+            "(XADD + WAIT 1, issue #15's target: >= 1.0x) runs beside it.",
+        ),
+        Figure(
+            name="SendStream, 16 producers pipelining (up to 256 in flight each), SYNC_MASTER",
+            value=med(piped),
+            unit="msgs/s",
+            baseline=med(batches[s], BATCH),
+            baseline_label="SendMessages, batches of 64, 16 callers, SYNC_MASTER, same run",
+            target=Target("ratio", ">=", 0.5),
+            detail=f"One message per write: a producer that never has two messages to "
+            f"write at once. {_summary(piped)}.",
+        ),
+        Figure(
+            name="SendStream, 16 producers pipelining, 16 messages per write, SYNC_MASTER",
+            value=med(piped16),
+            unit="msgs/s",
+            baseline=med(batches[s], BATCH),
+            baseline_label="SendMessages, batches of 64, 16 callers, SYNC_MASTER, same run",
+            target=None,
+            detail="What a pipelining producer writes when messages queue up behind a write "
+            "in progress (the PipelinedProducer sends what is waiting in one write); each "
+            f"message still staged and answered on its own. {_summary(piped16)}.",
+        ),
+        Figure(
+            name="SendStream latency p50, one producer, one message in flight, SYNC_MASTER",
+            value=p50,
+            unit="ms",
+            baseline=unary_p50,
+            baseline_label="unary SendMessage p50, 1 caller, SYNC_MASTER, same run",
+            target=Target("value", "<=", 0.8),
+            detail=f"{_summary(alone)}. Also to be below the unary p50: "
+            f"{'yes' if p50 < unary_p50 else 'no'} ({p50:.2f} against {unary_p50:.2f} ms).",
+        ),
+    ]
+    return stream_figures + [
         Figure(
             name="SendMessage, 16 concurrent senders, SYNC_MASTER",
             value=med(singles[s]),

@@ -95,7 +95,112 @@ async def closed_loop(
             server1 = server_cpu_seconds() if server_cpu_seconds else None
         finally:
             stopping = True
-            await asyncio.gather(*tasks, return_exceptions=True)
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        failed = [o for o in outcomes if isinstance(o, BaseException)]
+        if failed:
+            raise RuntimeError(f"{len(failed)} send streams failed: {failed[0]!r}")
+
+    quantiles = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [0.0] * 99
+    return LoadResult(
+        calls=len(latencies),
+        errors=errors,
+        seconds=seconds,
+        p50_ms=quantiles[49] * 1e3,
+        p99_ms=quantiles[98] * 1e3,
+        server_cpu=(server1 - server0) / seconds
+        if server0 is not None and server1 is not None
+        else None,
+        client_cpu=(client1 - client0) / seconds,
+    )
+
+
+async def stream_closed_loop(
+    target: str,
+    method: str,
+    request: bytes,
+    producers: int,
+    in_flight: int,
+    warmup_s: float,
+    duration_s: float,
+    count_results: Callable[[bytes], tuple[int, int]],
+    server_cpu_seconds: Callable[[], float] | None = None,
+    per_write: int = 1,
+) -> LoadResult:
+    """`producers` bidirectional streams on one channel, each keeping up to
+    `in_flight` messages written and unanswered, `request` (pre-serialized,
+    `per_write` messages) at a time. `count_results(answer)` parses an answer into
+    (messages answered, of which not OK): an answer may cover several
+    messages, in the order written. Latency is per message, from its write
+    to the answer that covers it; `calls` counts messages."""
+    latencies: list[float] = []
+    errors = 0
+    measuring = False
+    stopping = False
+
+    async with grpc.aio.insecure_channel(target) as channel:
+        open_stream = channel.stream_stream(method)
+
+        async def producer() -> None:
+            nonlocal errors
+            call = open_stream(timeout=warmup_s + duration_s + 60)
+            sent: list[float] = []  # write times of the unanswered, oldest first
+            head = 0
+            room = asyncio.Event()
+            room.set()
+            clock = time.perf_counter
+
+            async def read() -> None:
+                nonlocal errors, head
+                async for answer in call:
+                    n, bad = count_results(answer)
+                    now = clock()
+                    if measuring:
+                        errors += bad
+                        latencies.extend(now - t for t in sent[head : head + n])
+                    head += n
+                    if head > 4096:
+                        del sent[:head]
+                        head = 0
+                    room.set()
+
+            reader = asyncio.create_task(read())
+            try:
+                while not stopping:
+                    if reader.done():
+                        reader.result()  # the stream failed: so does the benchmark
+                        raise RuntimeError("the broker ended a send stream")
+                    if len(sent) - head + per_write > in_flight:
+                        room.clear()
+                        await asyncio.wait(
+                            [asyncio.ensure_future(room.wait()), reader],
+                            return_when=asyncio.FIRST_COMPLETED,
+                        )
+                        continue
+                    sent.extend([clock()] * per_write)
+                    await call.write(request)
+                await call.done_writing()
+                await reader
+            finally:
+                reader.cancel()
+
+        tasks = [asyncio.create_task(producer()) for _ in range(producers)]
+        try:
+            await asyncio.sleep(warmup_s)
+            measuring = True
+            server0 = server_cpu_seconds() if server_cpu_seconds else None
+            client0 = time.process_time()
+            t0 = time.perf_counter()
+            await asyncio.sleep(duration_s)
+            measuring = False
+            seconds = time.perf_counter() - t0
+            client1 = time.process_time()
+            server1 = server_cpu_seconds() if server_cpu_seconds else None
+        finally:
+            stopping = True
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        failed = [o for o in outcomes if isinstance(o, BaseException)]
+        if failed:
+            raise RuntimeError(f"{len(failed)} send streams failed: {failed[0]!r}")
 
     quantiles = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [0.0] * 99
     return LoadResult(
