@@ -82,17 +82,13 @@ async def closed_loop(
         tasks = [
             asyncio.create_task(worker(random.Random(root.random()))) for _ in range(concurrency)
         ]
+
+        def set_measuring(on: bool) -> None:
+            nonlocal measuring
+            measuring = on
+
         try:
-            await asyncio.sleep(warmup_s)
-            measuring = True
-            server0 = server_cpu_seconds() if server_cpu_seconds else None
-            client0 = time.process_time()
-            t0 = time.perf_counter()
-            await asyncio.sleep(duration_s)
-            measuring = False
-            seconds = time.perf_counter() - t0
-            client1 = time.process_time()
-            server1 = server_cpu_seconds() if server_cpu_seconds else None
+            window = await _measure(warmup_s, duration_s, server_cpu_seconds, set_measuring)
         finally:
             stopping = True
             outcomes = await asyncio.gather(*tasks, return_exceptions=True)
@@ -100,18 +96,7 @@ async def closed_loop(
         if failed:
             raise RuntimeError(f"{len(failed)} send streams failed: {failed[0]!r}")
 
-    quantiles = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [0.0] * 99
-    return LoadResult(
-        calls=len(latencies),
-        errors=errors,
-        seconds=seconds,
-        p50_ms=quantiles[49] * 1e3,
-        p99_ms=quantiles[98] * 1e3,
-        server_cpu=(server1 - server0) / seconds
-        if server0 is not None and server1 is not None
-        else None,
-        client_cpu=(client1 - client0) / seconds,
-    )
+    return _result(latencies, errors, window)
 
 
 async def stream_closed_loop(
@@ -184,17 +169,13 @@ async def stream_closed_loop(
                 reader.cancel()
 
         tasks = [asyncio.create_task(producer()) for _ in range(producers)]
+
+        def set_measuring(on: bool) -> None:
+            nonlocal measuring
+            measuring = on
+
         try:
-            await asyncio.sleep(warmup_s)
-            measuring = True
-            server0 = server_cpu_seconds() if server_cpu_seconds else None
-            client0 = time.process_time()
-            t0 = time.perf_counter()
-            await asyncio.sleep(duration_s)
-            measuring = False
-            seconds = time.perf_counter() - t0
-            client1 = time.process_time()
-            server1 = server_cpu_seconds() if server_cpu_seconds else None
+            window = await _measure(warmup_s, duration_s, server_cpu_seconds, set_measuring)
         finally:
             stopping = True
             outcomes = await asyncio.gather(*tasks, return_exceptions=True)
@@ -202,15 +183,50 @@ async def stream_closed_loop(
         if failed:
             raise RuntimeError(f"{len(failed)} send streams failed: {failed[0]!r}")
 
+    return _result(latencies, errors, window)
+
+
+@dataclass
+class _Window:
+    """The measured window of a load run: its length and the CPU both sides spent in it."""
+
+    seconds: float = 0.0
+    server_cpu: float | None = None
+    client_cpu: float = 0.0
+
+
+async def _measure(
+    warmup_s: float,
+    duration_s: float,
+    server_cpu_seconds: Callable[[], float] | None,
+    measuring: Callable[[bool], None],
+) -> _Window:
+    """Sleep out the warm-up, then measure `duration_s` with `measuring(True)`."""
+    await asyncio.sleep(warmup_s)
+    measuring(True)
+    server0 = server_cpu_seconds() if server_cpu_seconds else None
+    client0 = time.process_time()
+    t0 = time.perf_counter()
+    await asyncio.sleep(duration_s)
+    measuring(False)
+    seconds = time.perf_counter() - t0
+    client1 = time.process_time()
+    server1 = server_cpu_seconds() if server_cpu_seconds else None
+    return _Window(
+        seconds,
+        (server1 - server0) / seconds if server0 is not None and server1 is not None else None,
+        (client1 - client0) / seconds,
+    )
+
+
+def _result(latencies: list[float], errors: int, window: _Window) -> LoadResult:
     quantiles = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [0.0] * 99
     return LoadResult(
         calls=len(latencies),
         errors=errors,
-        seconds=seconds,
+        seconds=window.seconds,
         p50_ms=quantiles[49] * 1e3,
         p99_ms=quantiles[98] * 1e3,
-        server_cpu=(server1 - server0) / seconds
-        if server0 is not None and server1 is not None
-        else None,
-        client_cpu=(client1 - client0) / seconds,
+        server_cpu=window.server_cpu,
+        client_cpu=window.client_cpu,
     )

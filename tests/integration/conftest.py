@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import LoopThread, RunningNamesrv, start_namesrv
+from tests.conftest import LoopThread, RunningNamesrv, start_broker, start_namesrv
 from tests.integration.support import BrokerProcess, NamesrvProcess
 
 
@@ -18,6 +18,20 @@ def ns(loop_thread: LoopThread, tmp_path: Path) -> Iterator[RunningNamesrv]:
     server = start_namesrv(loop_thread, tmp_path / "namesrv", metrics_port=-1)
     yield server
     server.stop()
+
+
+@pytest.fixture
+def two_brokers(loop_thread: LoopThread, tmp_path: Path, ns: RunningNamesrv) -> Iterator:
+    """(the name server, [broker-a, broker-b]): two in-process masters registered
+    with it; a broker a test stopped itself is left alone at teardown."""
+    brokers = [
+        start_broker(loop_thread, tmp_path / name, ns.addr, brokerName=name)
+        for name in ("broker-a", "broker-b")
+    ]
+    yield ns, brokers
+    for b in brokers:
+        if b.app.gate.open:
+            b.stop()
 
 
 @pytest.fixture

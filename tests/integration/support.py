@@ -16,6 +16,7 @@ import threading
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -232,11 +233,27 @@ def create_topic(
     return response.data_version
 
 
+def module_broker(tmp_path_factory, label: str, topic: str, queues: int, **keys: str):
+    """For a module-scoped fixture (`yield from`): one in-process broker on
+    its own loop thread with `topic` created; stopped at the module's end."""
+    from tests.conftest import LoopThread, start_broker
+
+    loop = LoopThread()
+    broker = start_broker(loop, tmp_path_factory.mktemp(label) / "b", **keys)
+    create_topic(broker.channel, topic, queues)
+    try:
+        yield broker
+    finally:
+        broker.stop()
+        loop.close()
+
+
 def pull_all(
-    channel: grpc.Channel, topic: str, queues: int, group: str = "check"
-) -> dict[tuple[int, int], bytes]:
+    channel: grpc.Channel, topic: str, queues: int, group: str = "check", whole: bool = False
+) -> dict[tuple[int, int], Any]:
     """Every message in queues 0 to `queues` - 1 of `topic`, pulled from
-    offset 0 until a pull finds nothing: body by (queue id, queue offset)."""
+    offset 0 until a pull finds nothing: body (the whole MessageExt with
+    `whole`) by (queue id, queue offset)."""
     stub = broker_pb2_grpc.BrokerStub(channel)
     found: dict[tuple[int, int], bytes] = {}
     for queue_id in range(queues):
@@ -252,7 +269,7 @@ def pull_all(
             if r.status != broker_pb2.FOUND:
                 break
             for m in r.messages:
-                found[(m.queue_id, m.queue_offset)] = m.body
+                found[(m.queue_id, m.queue_offset)] = m if whole else m.body
             offset = r.next_begin_offset
     return found
 

@@ -10,20 +10,12 @@ import pytest
 
 from ferry.client.broker import Consumer, NoRoute, Producer
 from ferry.client.namesrv import NamesrvClient
-from tests.conftest import start_broker
 from tests.integration.support import run_ferry
 
 
 @pytest.fixture
-def cluster(loop_thread, tmp_path, ns):
-    brokers = [
-        start_broker(loop_thread, tmp_path / name, ns.addr, brokerName=name)
-        for name in ("broker-a", "broker-b")
-    ]
-    yield ns, brokers
-    for b in brokers:
-        if b.app.gate.open:
-            b.stop()
+def cluster(two_brokers):
+    return two_brokers
 
 
 def ok(result) -> str:

@@ -16,7 +16,7 @@ from ferry.client.namesrv import NamesrvClient
 from ferry.client.producer import BufferFull, PipelinedProducer
 from ferry.client.sendstream import StreamSendError
 from ferry.v1 import broker_pb2
-from tests.conftest import start_broker, wait_for
+from tests.conftest import wait_for
 from tests.faultproxy import FaultProxy
 from tests.integration import support
 
@@ -24,14 +24,8 @@ QUEUES = 4
 
 
 @pytest.fixture
-def cluster(loop_thread, tmp_path, ns):
-    brokers = [
-        start_broker(loop_thread, tmp_path / name, ns.addr, brokerName=name)
-        for name in ("broker-a", "broker-b")
-    ]
-    yield ns, brokers
-    for b in brokers:
-        b.stop()
+def cluster(two_brokers):
+    return two_brokers
 
 
 def _topic(ns, brokers, topic: str, queues: int = QUEUES) -> None:

@@ -13,7 +13,6 @@ import pytest
 from ferry.model import PROPERTY_SHARDING_KEY, PROPERTY_TIMER_DELIVER_MS
 from ferry.v1 import broker_pb2, broker_pb2_grpc
 from services.proxy.sends import SendCoalescer
-from tests.conftest import LoopThread, start_broker
 from tests.integration import support
 
 TOPIC = "Coalesced"
@@ -23,16 +22,9 @@ MAX_MESSAGE_SIZE = 1024
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
-    loop = LoopThread()
-    b = start_broker(
-        loop, tmp_path_factory.mktemp("coalesce") / "b", maxMessageSize=str(MAX_MESSAGE_SIZE)
+    yield from support.module_broker(
+        tmp_path_factory, "coalesce", TOPIC, QUEUES, maxMessageSize=str(MAX_MESSAGE_SIZE)
     )
-    support.create_topic(b.channel, TOPIC, QUEUES)
-    try:
-        yield b
-    finally:
-        b.stop()
-        loop.close()
 
 
 def _request(i: int, **properties: str) -> broker_pb2.SendMessageRequest:
@@ -66,24 +58,7 @@ def _send_all(broker, requests, addr: str | None = None):
 
 
 def _stored(broker) -> dict[tuple[int, int], broker_pb2.MessageExt]:
-    stub = broker.broker
-    found = {}
-    for queue_id in range(QUEUES):
-        offset = 0
-        while True:
-            r = stub.PullMessage(
-                broker_pb2.PullMessageRequest(
-                    consumer_group="check", topic=TOPIC, queue_id=queue_id,
-                    queue_offset=offset, max_msg_nums=1000,
-                ),
-                timeout=10,
-            )  # fmt: skip
-            if r.status != broker_pb2.FOUND:
-                break
-            for m in r.messages:
-                found[(m.queue_id, m.queue_offset)] = m
-            offset = r.next_begin_offset
-    return found
+    return support.pull_all(broker.channel, TOPIC, QUEUES, whole=True)
 
 
 def test_concurrent_sends_share_calls_and_keep_their_own_results(broker):

@@ -14,7 +14,7 @@ import pytest
 from ferry.client.sendstream import StreamSender, StreamSendError
 from ferry.v1 import broker_pb2, broker_pb2_grpc
 from services.broker.sendstream import SendStreamSession
-from tests.conftest import LoopThread, start_broker, wait_for
+from tests.conftest import wait_for
 from tests.faultproxy import FaultProxy
 from tests.integration import support
 from tests.integration.test_ha_faults import _master, _slave
@@ -27,16 +27,9 @@ MAX_MESSAGE_SIZE = 4096
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
-    loop = LoopThread()
-    b = start_broker(
-        loop, tmp_path_factory.mktemp("stream") / "b", maxMessageSize=str(MAX_MESSAGE_SIZE)
+    yield from support.module_broker(
+        tmp_path_factory, "stream", TOPIC, QUEUES, maxMessageSize=str(MAX_MESSAGE_SIZE)
     )
-    support.create_topic(b.channel, TOPIC, QUEUES)
-    try:
-        yield b
-    finally:
-        b.stop()
-        loop.close()
 
 
 def _message(seq: int, topic: str = TOPIC, **fields) -> broker_pb2.StreamedMessage:
