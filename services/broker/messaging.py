@@ -40,7 +40,14 @@ from ferry.model import (
     check_topic,
     is_system_topic,
 )
-from ferry.runtime.errors import InvalidArgument, NotFound, PermissionDenied, ResourceExhausted
+from ferry.runtime import errors
+from ferry.runtime.errors import (
+    FerryError,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+)
 from services.broker.store import (
     GetResult,
     GetStatus,
@@ -125,11 +132,20 @@ class Staged:
     topic: str  # as the producer named it (a timed message is stored elsewhere)
     result: PutResult
     started: float  # perf_counter() at the append
+    index: int | None = None  # one message of an append of several (`stage_each`)
+
+    @property
+    def count(self) -> int:
+        return len(self.result.msg_ids) if self.index is None else 1
 
     def outcome(self, status: SendStatus) -> SendOutcome:
-        r = self.result
+        r, i = self.result, self.index
+        if i is None:
+            return SendOutcome(
+                status, r.topic, r.queue_id, r.queue_offset, r.commit_offsets[0], r.msg_ids
+            )
         return SendOutcome(
-            status, r.topic, r.queue_id, r.queue_offset, r.commit_offsets[0], r.msg_ids
+            status, r.topic, r.queue_id, r.queue_offset + i, r.commit_offsets[i], [r.msg_ids[i]]
         )
 
 
@@ -203,31 +219,7 @@ class MessagingService:
         Raises the send's error (InvalidArgument, NotFound, PermissionDenied,
         ResourceExhausted), with nothing appended; Unavailable on a storage fault.
         """
-        check_topic(topic)
-        if is_system_topic(topic):
-            raise InvalidArgument(
-                "topic",
-                f"{topic} is a system topic; send with the DELAY or {PROPERTY_TIMER_DELIVER_MS} "
-                "property instead",
-            )
-        if self.is_slave:
-            raise PermissionDenied(
-                f"broker {self.broker_name} here is a SLAVE and takes no writes; send to its master"
-            )
-        perm = self.broker_permission()
-        if not perm & PERM_WRITE:
-            raise PermissionDenied(
-                f"broker {self.broker_name} is not writable (brokerPermission={perm}); "
-                "it is being drained or is read-only"
-            )
-        config = self.topics.get(topic)
-        if config is None:
-            raise NotFound(
-                f"topic {topic!r} does not exist on broker {self.broker_name}; create it with "
-                f"`ferry topic create {topic} -b BROKER` (autoCreateTopic is off)"
-            )
-        if not config.perm & PERM_WRITE:
-            raise PermissionDenied(f"topic {topic!r} is not writable (perm={config.perm})")
+        config = self._writable(topic)
         if not messages:
             raise InvalidArgument("messages", "a batch needs at least one message")
         queue_id = self._pick_queue(config, queue_id, _message_group(messages, batch))
@@ -269,6 +261,100 @@ class MessagingService:
         result = self.store.append_internal(store_topic, store_queue, encoded)
         return Staged(topic, result, started)
 
+    def stage_each(
+        self, sends: Sequence[tuple[str, int | None, MessageLike]]
+    ) -> list[Staged | FerryError]:
+        """Independent single-message sends (topic, queue id or None, message),
+        staged at once: each is checked on its own, and a refusal takes its
+        place in the answer; the accepted ones bound for one queue are
+        appended together, in their order, one append per queue. Plain
+        messages of one topic that leave the queue to the broker all go to
+        the one queue it picks for this call. Timed and delayed messages are
+        appended one by one, as `stage` would.
+
+        Raises Unavailable on a storage fault (nothing of the call is answered).
+        """
+        out: list[Staged | FerryError | None] = [None] * len(sends)
+        groups: dict[tuple[str, int], list[tuple[int, MessageIn, str]]] = {}
+        alone: list[tuple[int, str, int, MessageIn, str]] = []
+        picked: dict[str, int] = {}
+        now = self.store.clock.wall_ms()
+        for i, (topic, queue_id, message) in enumerate(sends):
+            try:
+                config = self._writable(topic)
+                group = _message_group((message,), False)
+                if (queue_id is None or queue_id == -1) and not group:
+                    queue = picked.get(topic)
+                    if queue is None:
+                        queue = picked[topic] = self._pick_queue(config, None)
+                else:
+                    queue = self._pick_queue(config, queue_id, group)
+                properties, delay_level, deliver_ms = self._properties(
+                    message, topic, queue, "body", now
+                )
+            except (errors.Unavailable, errors.StorageFault):
+                raise
+            except FerryError as exc:
+                out[i] = exc
+                continue
+            encoded = MessageIn(
+                body=message.body,
+                properties=properties,
+                flag=message.flag,
+                born_timestamp=message.born_timestamp or now,
+                born_host=self._born_host,
+            )
+            if deliver_ms:
+                alone.append((i, TIMER_TOPIC, 0, encoded, topic))
+            elif delay_level:
+                alone.append((i, SCHEDULE_TOPIC, delay_level - 1, encoded, topic))
+            else:
+                groups.setdefault((topic, queue), []).append((i, encoded, topic))
+        started = time.perf_counter()
+        appends = [(key, members) for key, members in groups.items()]
+        appends += [((st, sq), [(i, m, topic)]) for i, st, sq, m, topic in alone]
+        for (store_topic, store_queue), members in appends:
+            try:
+                result = self.store.append_internal(
+                    store_topic, store_queue, [m for _, m, _ in members]
+                )
+            except ResourceExhausted as exc:  # a full disk: each of them refused
+                for i, _, _ in members:
+                    out[i] = exc
+                continue
+            for k, (i, _, topic) in enumerate(members):
+                out[i] = Staged(topic, result, started, k if len(members) > 1 else None)
+        return out  # type: ignore[return-value]
+
+    def _writable(self, topic: str) -> TopicConfig:
+        """The topic's config, if this broker takes sends to it now."""
+        check_topic(topic)
+        if is_system_topic(topic):
+            raise InvalidArgument(
+                "topic",
+                f"{topic} is a system topic; send with the DELAY or {PROPERTY_TIMER_DELIVER_MS} "
+                "property instead",
+            )
+        if self.is_slave:
+            raise PermissionDenied(
+                f"broker {self.broker_name} here is a SLAVE and takes no writes; send to its master"
+            )
+        perm = self.broker_permission()
+        if not perm & PERM_WRITE:
+            raise PermissionDenied(
+                f"broker {self.broker_name} is not writable (brokerPermission={perm}); "
+                "it is being drained or is read-only"
+            )
+        config = self.topics.get(topic)
+        if config is None:
+            raise NotFound(
+                f"topic {topic!r} does not exist on broker {self.broker_name}; create it with "
+                f"`ferry topic create {topic} -b BROKER` (autoCreateTopic is off)"
+            )
+        if not config.perm & PERM_WRITE:
+            raise PermissionDenied(f"topic {topic!r} is not writable (perm={config.perm})")
+        return config
+
     async def settle(self, staged: Sequence[Staged], wait_store_msg_ok: bool = True) -> SendStatus:
         """Wait once for what covers every staged send: the flush (SYNC_FLUSH)
         and a slave's copy (SYNC_MASTER) up to the furthest of them. Their
@@ -291,7 +377,7 @@ class MessagingService:
         if self.on_sent is not None:
             now = time.perf_counter()
             for s in staged:
-                self.on_sent(s.topic, status.value, len(s.result.msg_ids), now - s.started)
+                self.on_sent(s.topic, status.value, s.count, now - s.started)
         return status
 
     def _pick_queue(

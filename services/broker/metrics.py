@@ -43,7 +43,7 @@ absent (the lateness histogram is present, without series).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -321,8 +321,11 @@ class BrokerMetrics:
 
         self._put_seconds = latency(
             "ferry_broker_put_duration_seconds",
-            "Time to answer a SendMessage/SendMessages call that stored its messages.",
+            "Time to answer a send that stored its messages: a SendMessage or SendMessages "
+            "call, or a message of a SendStream (from its append).",
         )
+        self._put_counts: dict[tuple[str, str], Any] = {}
+        self._put_latency: Any = None
         self._sync_seconds = latency(
             "ferry_ha_sync_wait_seconds", "Time a SYNC_MASTER send waited for a slave."
         )
@@ -344,8 +347,14 @@ class BrokerMetrics:
             self._timer_lateness.labels(*self.ids)
 
     def observe_send(self, topic: str, status: str, messages: int, seconds: float) -> None:
-        self._puts.labels(*self.ids, topic, status).inc(messages)
-        self._put_seconds.labels(*self.ids).observe(seconds)
+        # Per message on a send stream: labelled children looked up once, not per call.
+        puts = self._put_counts.get((topic, status))
+        if puts is None:
+            puts = self._put_counts[(topic, status)] = self._puts.labels(*self.ids, topic, status)
+        puts.inc(messages)
+        if self._put_latency is None:
+            self._put_latency = self._put_seconds.labels(*self.ids)
+        self._put_latency.observe(seconds)
 
     def observe_sync(self, status: str, seconds: float) -> None:
         self._sync_results.labels(*self.ids, status).inc()

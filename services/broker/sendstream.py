@@ -2,12 +2,14 @@
 
 A unary call costs the broker several times the CPU of the append it carries.
 On a stream, a producer writes messages without waiting; the broker appends
-each as it arrives (in arrival order, so one producer's messages to a queue
-keep their order), and an answering loop waits once for the flush and the
-slave that cover everything appended so far, then answers all of it in one
-response, each message under its client's sequence number.
+them as they arrive (in arrival order, so one producer's messages to a queue
+keep their order; a request's messages for one queue in one append, and its
+plain messages of a topic on one queue the broker picks), and an answering
+loop waits once for the flush and the slave that cover everything appended so
+far, then answers all of it in one response, each message under its client's
+sequence number.
 
-    reader:  request -> stage (check + append) -> pending   (at most max_in_flight)
+    reader:  request -> stage_each (check + append) -> pending   (at most max_in_flight)
     answer:  pending -> settle once (flush, slave) -> response
 
 A message the broker refuses (InvalidArgument, NotFound, PermissionDenied,
@@ -84,8 +86,7 @@ class SendStreamSession:
     async def _read(self, requests: AsyncIterator[broker_pb2.SendStreamRequest]) -> None:
         try:
             async for request in requests:
-                for m in request.messages:
-                    self._pending.append(self._stage(m))
+                self._pending.extend(self._stage(request.messages))
                 self._in_flight += len(request.messages)
                 self._arrived.set()
                 if self._in_flight >= self.max_in_flight:
@@ -99,15 +100,18 @@ class SendStreamSession:
             self._done = True
             self._arrived.set()
 
-    def _stage(self, m: broker_pb2.StreamedMessage) -> _Pending:
+    def _stage(self, messages) -> list[_Pending]:
+        """A request's messages, staged together (one append per queue)."""
         self.check_open()  # Unavailable: ends the stream
-        try:
-            staged = self.messaging.stage(m.topic, convert.queue_id_of(m), (m,))
-        except errors.Unavailable:
-            raise
-        except errors.FerryError as exc:
-            return _Pending(m.sequence, None, error=exc)
-        return _Pending(m.sequence, staged, convert.wait_of(m))
+        staged = self.messaging.stage_each(
+            [(m.topic, convert.queue_id_of(m), m) for m in messages]
+        )  # Unavailable (a storage fault) ends the stream too
+        return [
+            _Pending(m.sequence, s, convert.wait_of(m))
+            if isinstance(s, Staged)
+            else _Pending(m.sequence, None, error=s)
+            for m, s in zip(messages, staged, strict=True)
+        ]
 
     async def _answer(self, batch: list[_Pending]) -> broker_pb2.SendStreamResponse:
         waiting = [p.staged for p in batch if p.staged is not None and p.wait]

@@ -268,3 +268,19 @@ def test_after_its_stream_breaks_the_next_send_opens_a_new_one(broker):
     first, second, reopened = _sender_run(broker, go)
     assert reopened
     assert first.status == second.status == broker_pb2.SEND_OK
+
+
+def test_a_requests_plain_messages_are_appended_together_on_one_queue(broker):
+    messages = [_message(i) for i in range(3000, 3010)]
+    messages[4] = _message(3004, topic="NoSuchTopic")  # refused: the others still go together
+    messages[7].properties["TIMER_DELIVER_MS"] = "1"  # due already: stored as a plain message
+    results = _stream(broker, [broker_pb2.SendStreamRequest(messages=messages)])
+    stored = [r for r in results if r.HasField("result")]
+    assert [r.sequence for r in stored] == [3000, 3001, 3002, 3003, 3005, 3006, 3007, 3008, 3009]
+    assert results[4].error_code == grpc.StatusCode.NOT_FOUND.value[0]
+    assert len({r.result.queue_id for r in stored}) == 1
+    offsets = [r.result.queue_offset for r in stored]
+    assert offsets == list(range(offsets[0], offsets[0] + len(stored)))
+    for r in stored:
+        m = _pull(broker, r.result.queue_id, r.result.queue_offset)
+        assert (m.body, m.msg_id) == (f"body {r.sequence}".encode(), r.result.msg_id)
