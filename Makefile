@@ -24,7 +24,7 @@ TOPOLOGY ?= 2m-2s-sync
 # Extra `ferry dev` arguments, e.g. make run ARGS="--port-offset 1000"
 ARGS ?=
 
-.PHONY: help venv proto tools test run lint bench bench-quick chaos fuzz clean
+.PHONY: help venv proto tools bench-tools test run lint bench bench-quick chaos fuzz clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -61,6 +61,17 @@ tools:  ## system tools the tests use: promtool (Debian package prometheus), via
 	    exit 1; \
 	  fi; }
 
+bench-tools:  ## what the benchmarks need besides Python: redis-server (the Redis peer), via apt-get when missing
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing redis-server (the benchmarks' Redis peer) with apt-get"; \
+	    apt-get install -y -q --no-install-recommends redis-server >/dev/null \
+	      || { apt-get update -q && apt-get install -y -q --no-install-recommends redis-server; }; \
+	  else \
+	    echo "make bench needs redis-server: sudo apt-get install -y --no-install-recommends redis-server" >&2; \
+	    exit 1; \
+	  fi; }
+
 test: $(PROTO_STAMP) tools  ## run the whole test suite (what CI runs)
 	$(BIN)/pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 
@@ -92,10 +103,10 @@ lint: $(PROTO_STAMP)  ## ruff over the code
 	$(BIN)/ruff check ferry services tests benchmarks
 	$(BIN)/ruff format --check ferry services tests benchmarks
 
-bench: $(PROTO_STAMP)  ## run the benchmarks and append the figures to BENCHMARKS.md
+bench: $(PROTO_STAMP) bench-tools  ## run the benchmarks and append the figures to BENCHMARKS.md
 	$(PY) -m benchmarks --out BENCHMARKS.md
 
-bench-quick: $(PROTO_STAMP)  ## every benchmark as a short smoke run: fails when one cannot run (CI runs it)
+bench-quick: $(PROTO_STAMP) bench-tools  ## every benchmark as a short smoke run: fails when one cannot run (CI runs it)
 	$(PY) -m benchmarks --quick
 
 clean:  ## remove the venv, generated code and caches (not ./var)
