@@ -27,7 +27,7 @@ from concurrent import futures
 
 import grpc
 
-from benchmarks.procs import cpu_plan
+from benchmarks.procs import cpu_plan, cpu_seconds
 
 MESSAGES = 32
 BODY = b"x" * 300
@@ -79,12 +79,6 @@ def _serve(kind: str, cpus, ports: mp.Queue, stop: mp.Event) -> None:
         asyncio.run(main())
 
 
-def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def measure(kind: str, clients: int, calls: int) -> str:
     server_cpus, client_cpus = cpu_plan()
     ports: mp.Queue = mp.Queue()
@@ -112,13 +106,13 @@ def measure(kind: str, clients: int, calls: int) -> str:
                     counts[i] += 1
 
         threads = [threading.Thread(target=work, args=(i,)) for i in range(clients)]
-        server0, client0, start = _cpu_s(proc.pid), time.process_time(), time.monotonic()
+        server0, client0, start = cpu_seconds(proc.pid), time.process_time(), time.monotonic()
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         seconds = time.monotonic() - start
-        server_s, client_s = _cpu_s(proc.pid) - server0, time.process_time() - client0
+        server_s, client_s = cpu_seconds(proc.pid) - server0, time.process_time() - client0
         n = sum(counts)
         for c in channels:
             c.close()

@@ -88,7 +88,7 @@ async def closed_loop(
             measuring = on
 
         try:
-            window = await _measure(warmup_s, duration_s, server_cpu_seconds, set_measuring)
+            window = await measure_window(warmup_s, duration_s, server_cpu_seconds, set_measuring)
         finally:
             stopping = True
             outcomes = await asyncio.gather(*tasks, return_exceptions=True)
@@ -96,7 +96,7 @@ async def closed_loop(
         if failed:
             raise RuntimeError(f"{len(failed)} send streams failed: {failed[0]!r}")
 
-    return _result(latencies, errors, window)
+    return load_result(latencies, errors, window)
 
 
 async def stream_closed_loop(
@@ -175,7 +175,7 @@ async def stream_closed_loop(
             measuring = on
 
         try:
-            window = await _measure(warmup_s, duration_s, server_cpu_seconds, set_measuring)
+            window = await measure_window(warmup_s, duration_s, server_cpu_seconds, set_measuring)
         finally:
             stopping = True
             outcomes = await asyncio.gather(*tasks, return_exceptions=True)
@@ -183,11 +183,11 @@ async def stream_closed_loop(
         if failed:
             raise RuntimeError(f"{len(failed)} send streams failed: {failed[0]!r}")
 
-    return _result(latencies, errors, window)
+    return load_result(latencies, errors, window)
 
 
 @dataclass
-class _Window:
+class Window:
     """The measured window of a load run: its length and the CPU both sides spent in it."""
 
     seconds: float = 0.0
@@ -195,12 +195,12 @@ class _Window:
     client_cpu: float = 0.0
 
 
-async def _measure(
+async def measure_window(
     warmup_s: float,
     duration_s: float,
     server_cpu_seconds: Callable[[], float] | None,
     measuring: Callable[[bool], None],
-) -> _Window:
+) -> Window:
     """Sleep out the warm-up, then measure `duration_s` with `measuring(True)`."""
     await asyncio.sleep(warmup_s)
     measuring(True)
@@ -212,14 +212,14 @@ async def _measure(
     seconds = time.perf_counter() - t0
     client1 = time.process_time()
     server1 = server_cpu_seconds() if server_cpu_seconds else None
-    return _Window(
+    return Window(
         seconds,
         (server1 - server0) / seconds if server0 is not None and server1 is not None else None,
         (client1 - client0) / seconds,
     )
 
 
-def _result(latencies: list[float], errors: int, window: _Window) -> LoadResult:
+def load_result(latencies: list[float], errors: int, window: Window) -> LoadResult:
     quantiles = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [0.0] * 99
     return LoadResult(
         calls=len(latencies),

@@ -58,6 +58,12 @@ def pinned(cpus: set[int] | None) -> Iterator[None]:
         os.sched_setaffinity(0, old)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time process `pid` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
 class ServerProcess:
     """A server child process that writes {grpc_port, pid, ...} to a port file when ready."""
 
@@ -121,8 +127,7 @@ class ServerProcess:
 
     def cpu_seconds(self) -> float:
         """User + system CPU time the child has used so far."""
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+        return cpu_seconds(self.pid)
 
     def log_tail(self, lines: int = 20) -> str:
         try:

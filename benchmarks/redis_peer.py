@@ -21,13 +21,12 @@ import contextlib
 import os
 import shutil
 import socket
-import statistics
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from benchmarks.load import LoadResult
+from benchmarks.load import LoadResult, load_result, measure_window
 
 WAIT_TIMEOUT_MS = 3000  # as ferry's slaveTimeout
 
@@ -136,29 +135,17 @@ async def xadd_wait(
         finally:
             await r.aclose()
 
+    def set_measuring(on: bool) -> None:
+        nonlocal measuring
+        measuring = on
+
     tasks = [asyncio.create_task(client(i)) for i in range(clients)]
     try:
-        await asyncio.sleep(warmup_s)
-        measuring = True
-        client0 = time.process_time()
-        t0 = time.perf_counter()
-        await asyncio.sleep(duration_s)
-        measuring = False
-        seconds = time.perf_counter() - t0
-        client_cpu = (time.process_time() - client0) / seconds
+        window = await measure_window(warmup_s, duration_s, None, set_measuring)
     finally:
         stopping = True
         outcomes = await asyncio.gather(*tasks, return_exceptions=True)
     failed = [o for o in outcomes if isinstance(o, BaseException)]
     if failed:
         raise RuntimeError(f"{len(failed)} Redis clients failed: {failed[0]!r}")
-    quantiles = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [0.0] * 99
-    return LoadResult(
-        calls=len(latencies),
-        errors=errors,
-        seconds=seconds,
-        p50_ms=quantiles[49] * 1e3,
-        p99_ms=quantiles[98] * 1e3,
-        server_cpu=None,
-        client_cpu=client_cpu,
-    )
+    return load_result(latencies, errors, window)

@@ -166,9 +166,7 @@ class PipelinedProducer:
         self._tls = tls.ClientTLS.from_env()
         # Messages are routed one at a time, in the order handed over: a route
         # lookup (rare: routes are cached) holds back the ones behind it.
-        self._inbox: asyncio.Queue[_Item] = asyncio.run_coroutine_threadsafe(
-            _make_queue(), self._loop
-        ).result(10)
+        self._inbox: asyncio.Queue[_Item] = asyncio.Queue()  # bound to the loop on first use
         self._router = asyncio.run_coroutine_threadsafe(self._route_all(), self._loop)
 
     # ------------------------------------------------------------ the caller's side
@@ -392,10 +390,6 @@ class PipelinedProducer:
         for channel, sender, _ in self._senders.values():
             await sender.close()
             await channel.close()
-
-
-async def _make_queue() -> asyncio.Queue:
-    return asyncio.Queue()
 
 
 def _queue(lane: _Lane, item: _Item) -> None:

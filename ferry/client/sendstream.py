@@ -80,7 +80,6 @@ class StreamSender:
         self._room = asyncio.Semaphore(max_in_flight)
         self._sequence = itertools.count(1)
         self._stream: _Stream | None = None
-        self.writes = 0  # requests written, over all streams
 
     async def send(self, message: broker_pb2.StreamedMessage) -> broker_pb2.SendResult:
         """The broker's result for `message` (its `sequence` is set here)."""
@@ -131,7 +130,6 @@ class StreamSender:
                     batch, stream.outbox = stream.outbox, []
                     await stream.call.write(broker_pb2.SendStreamRequest(messages=batch))
                     stream.written.update(m.sequence for m in batch)
-                    self.writes += 1
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the reader reports the call's status

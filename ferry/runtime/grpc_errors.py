@@ -57,3 +57,23 @@ def grpc_method(fn: F) -> F:
             )
 
     return wrapper  # type: ignore[return-value]
+
+
+def grpc_stream_method(fn: F) -> F:
+    """`grpc_method` for a method that yields its answers (server or bidirectional
+    streaming): a ferry error ends the stream with its status."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            async for response in fn(self, request, context):
+                yield response
+        except errors.FerryError as exc:
+            await context.abort(status_of(exc), exc.message)
+        except Exception:
+            log.exception("unexpected error in %s", fn.__qualname__)
+            await context.abort(
+                grpc.StatusCode.INTERNAL, f"internal error in {fn.__name__}; see the server log"
+            )
+
+    return wrapper  # type: ignore[return-value]

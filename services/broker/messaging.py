@@ -242,15 +242,7 @@ class MessagingService:
                         "DELAY is not supported in a batch; send delayed messages one by one",
                     )
                 store_topic, store_queue = SCHEDULE_TOPIC, delay_level - 1
-            encoded.append(
-                MessageIn(
-                    body=message.body,
-                    properties=properties,
-                    flag=message.flag,
-                    born_timestamp=message.born_timestamp or now,
-                    born_host=self._born_host,
-                )
-            )
+            encoded.append(self._message_in(message, properties, now))
         if timed and timed != len(encoded):
             raise InvalidArgument(
                 "messages",
@@ -297,13 +289,7 @@ class MessagingService:
             except FerryError as exc:
                 out[i] = exc
                 continue
-            encoded = MessageIn(
-                body=message.body,
-                properties=properties,
-                flag=message.flag,
-                born_timestamp=message.born_timestamp or now,
-                born_host=self._born_host,
-            )
+            encoded = self._message_in(message, properties, now)
             if deliver_ms:
                 alone.append((i, TIMER_TOPIC, 0, encoded, topic))
             elif delay_level:
@@ -325,6 +311,15 @@ class MessagingService:
             for k, (i, _, topic) in enumerate(members):
                 out[i] = Staged(topic, result, started, k if len(members) > 1 else None)
         return out  # type: ignore[return-value]
+
+    def _message_in(self, message: MessageLike, properties: bytes, now_ms: int) -> MessageIn:
+        return MessageIn(
+            body=message.body,
+            properties=properties,
+            flag=message.flag,
+            born_timestamp=message.born_timestamp or now_ms,
+            born_host=self._born_host,
+        )
 
     def _writable(self, topic: str) -> TopicConfig:
         """The topic's config, if this broker takes sends to it now."""

@@ -36,9 +36,8 @@ from services.broker.messaging import MessagingService, Staged
 @dataclass(frozen=True, slots=True)
 class _Pending:
     sequence: int
-    staged: Staged | None  # None: refused
+    outcome: Staged | errors.FerryError  # appended, or refused
     wait: bool = True
-    error: errors.FerryError | None = None
 
 
 class SendStreamSession:
@@ -108,32 +107,26 @@ class SendStreamSession:
         )  # Unavailable (a storage fault) ends the stream too
         return [
             _Pending(m.sequence, s, convert.wait_of(m))
-            if isinstance(s, Staged)
-            else _Pending(m.sequence, None, error=s)
             for m, s in zip(messages, staged, strict=True)
         ]
 
     async def _answer(self, batch: list[_Pending]) -> broker_pb2.SendStreamResponse:
-        waiting = [p.staged for p in batch if p.staged is not None and p.wait]
-        not_waiting = [p.staged for p in batch if p.staged is not None and not p.wait]
-        status = await self.messaging.settle(waiting, True) if waiting else None
-        quick = await self.messaging.settle(not_waiting, False) if not_waiting else None
+        statuses = {}
+        for wait in (True, False):
+            staged = [p.outcome for p in batch if p.wait is wait and isinstance(p.outcome, Staged)]
+            if staged:
+                statuses[wait] = await self.messaging.settle(staged, wait)
         results = []
         for p in batch:
-            if p.staged is None:
-                assert p.error is not None
+            if isinstance(p.outcome, Staged):
+                sent = convert.send_result_pb(p.outcome.outcome(statuses[p.wait]))
+                results.append(broker_pb2.StreamedResult(sequence=p.sequence, result=sent))
+            else:
                 results.append(
                     broker_pb2.StreamedResult(
                         sequence=p.sequence,
-                        error_code=status_of(p.error).value[0],
-                        error=p.error.message,
-                    )
-                )
-            else:
-                outcome = p.staged.outcome(status if p.wait else quick)  # type: ignore[arg-type]
-                results.append(
-                    broker_pb2.StreamedResult(
-                        sequence=p.sequence, result=convert.send_result_pb(outcome)
+                        error_code=status_of(p.outcome).value[0],
+                        error=p.outcome.message,
                     )
                 )
         return broker_pb2.SendStreamResponse(results=results)

@@ -7,7 +7,6 @@ the broker is starting or stopping every call is UNAVAILABLE.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -15,13 +14,12 @@ import grpc
 
 from ferry.model import check_name, check_topic
 from ferry.runtime.errors import (
-    FerryError,
     InvalidArgument,
     NotFound,
     PermissionDenied,
     Unavailable,
 )
-from ferry.runtime.grpc_errors import grpc_method, status_of
+from ferry.runtime.grpc_errors import grpc_method, grpc_stream_method
 from ferry.v1 import (
     broker_admin_pb2,
     broker_admin_pb2_grpc,
@@ -38,8 +36,6 @@ from services.broker.admin import AdminService
 from services.broker.messaging import MessagingService
 from services.broker.pop import PopService
 from services.broker.sendstream import SendStreamSession
-
-log = logging.getLogger(__name__)
 
 
 class Gate:
@@ -99,25 +95,16 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         )
         return convert.send_result_pb(outcome)
 
+    @grpc_stream_method
     async def SendStream(
         self,
         request_iterator: AsyncIterator[broker_pb2.SendStreamRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[broker_pb2.SendStreamResponse]:
-        try:
-            self.gate.check()
-            session = SendStreamSession(
-                self.messaging, self.gate.check, self.send_stream_max_in_flight
-            )
-            async for response in session.run(request_iterator):
-                yield response
-        except FerryError as exc:
-            await context.abort(status_of(exc), exc.message)
-        except Exception:
-            log.exception("unexpected error in SendStream")
-            await context.abort(
-                grpc.StatusCode.INTERNAL, "internal error in SendStream; see the server log"
-            )
+        self.gate.check()
+        session = SendStreamSession(self.messaging, self.gate.check, self.send_stream_max_in_flight)
+        async for response in session.run(request_iterator):
+            yield response
 
     @grpc_method
     async def PullMessage(
