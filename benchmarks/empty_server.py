@@ -1,7 +1,10 @@
 """`python -m benchmarks.empty_server`: the benchmarks' same-run baseline server.
 
 One generic unary method, `/ferry.bench.Empty/Call`, that takes raw bytes
-without parsing them and answers `b""`. It is served by the same
+without parsing them and answers `b""`; and one bidirectional method,
+`/ferry.bench.Empty/Echo`, that answers each `SendStreamRequest` at once with
+an empty `StreamedResult` per message (under its sequence): what a send
+stream costs the server with no store behind it. It is served by the same
 `ferry.runtime.server.GrpcServer` the name server uses (same options, health
 and reflection), so the only difference from a real ferry RPC is the work the
 real method does. Writes {grpc_port, pid} to --port-file once serving; stops on
@@ -20,18 +23,35 @@ import grpc
 
 from ferry.runtime.files import atomic_write_bytes
 from ferry.runtime.server import GrpcServer, Service, run_until_signalled
+from ferry.v1 import broker_pb2
 
 SERVICE_NAME = "ferry.bench.Empty"
 METHOD = f"/{SERVICE_NAME}/Call"
+ECHO_METHOD = f"/{SERVICE_NAME}/Echo"
 
 
 async def _call(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
     return b""
 
 
+async def _echo(requests, context: grpc.aio.ServicerContext):
+    async for request in requests:
+        yield broker_pb2.SendStreamResponse(
+            results=[broker_pb2.StreamedResult(sequence=m.sequence) for m in request.messages]
+        )
+
+
 def _add(servicer: object, server: grpc.aio.Server) -> None:
     handler = grpc.method_handlers_generic_handler(
-        SERVICE_NAME, {"Call": grpc.unary_unary_rpc_method_handler(_call)}
+        SERVICE_NAME,
+        {
+            "Call": grpc.unary_unary_rpc_method_handler(_call),
+            "Echo": grpc.stream_stream_rpc_method_handler(
+                _echo,
+                request_deserializer=broker_pb2.SendStreamRequest.FromString,
+                response_serializer=broker_pb2.SendStreamResponse.SerializeToString,
+            ),
+        },
     )
     server.add_generic_rpc_handlers((handler,))
 

@@ -15,12 +15,15 @@ every figure next to a baseline measured in the same run.
    alternate, so noise hits both alike. Every answer is parsed: anything but
    SEND_OK counts as an error and fails the benchmark.
 3. Send latency p50/p99, 1 caller, SYNC against ASYNC in the same run.
-   Then `SendStream` on the SYNC_MASTER (issue #15): 16 producers with one
-   message in flight each (against the 16 unary senders), 16 producers
-   pipelining up to 256 each (against the batches of 64) and one producer
-   with one message in flight (p50, against the unary p50); one message per
-   write, every answer parsed. The first is set against Redis (`redis_peer`:
-   a primary and a replica, XADD + WAIT 1 from 16 clients) in the same run.
+   Then `SendStream` on the SYNC_MASTER (issue #15), every answer parsed:
+   16 raw streams with one message in flight each, set against Redis
+   (`redis_peer`: a primary and a replica, XADD + WAIT 1 from 16 clients) and
+   against grpc.aio's own floor for that shape (`empty_server`'s Echo: answers
+   at once, stores nothing); 16 PipelinedProducers (`send_async`, 256 in
+   flight each, no linger, routed by a name server) against the batches of
+   64; raw streams pipelining 256 each, one message per write (the worst
+   case) and 16 per write; one producer with one message in flight (p50,
+   against the unary p50).
 4. Catch-up: a slave holding the master's first 128 MiB file starts while the
    master has 1 GiB more (eight more files); default settings (32 KiB frames).
 
@@ -45,9 +48,13 @@ import grpc
 
 from benchmarks import redis_peer
 from benchmarks.broker_bench import _broker_args, _create_topic, _summary
-from benchmarks.load import LoadResult, closed_loop, stream_closed_loop
+from benchmarks.empty_server import ECHO_METHOD
+from benchmarks.load import LoadResult, closed_loop, producer_closed_loop, stream_closed_loop
 from benchmarks.procs import ServerProcess, cpu_plan, pinned, pinning_note
+from benchmarks.proxy_bench import _wait_for_route
 from benchmarks.report import BenchResult, Figure, Target
+from ferry.client.namesrv import NamesrvClient
+from ferry.client.producer import PipelinedProducer
 from ferry.model import TopicConfig
 from ferry.runtime.clock import SystemClock
 from ferry.v1 import broker_admin_pb2, broker_admin_pb2_grpc, broker_pb2
@@ -386,6 +393,7 @@ def _streams(
                 plan.duration_s,
                 _stream_results,
                 server_cpu_seconds=cpu,
+                per_write=per_write,
             )
         )  # fmt: skip
         for _ in range(plan.rounds)
@@ -396,12 +404,60 @@ def _streams(
     return results
 
 
+def _namesrv(workdir: Path, cpus) -> ServerProcess:
+    home = ["--home", str(workdir / "namesrv-home")]
+    args = ["--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1", *home]
+    return ServerProcess("services.namesrv", args, workdir, "namesrv", cpus)
+
+
+def _producers(namesrv: str, plan: Plan, cpu) -> list[LoadResult]:
+    """16 PipelinedProducers through the name server's route, no linger."""
+
+    def new() -> PipelinedProducer:
+        return PipelinedProducer(NamesrvClient([namesrv]), max_in_flight=256, linger_ms=0)
+
+    results = [
+        producer_closed_loop(new, "Bench", SEND_BODY, 16, 256, plan.warmup_s, plan.duration_s, cpu)
+        for _ in range(plan.rounds)
+    ]
+    failed = sum(r.errors for r in results)
+    if failed:
+        raise RuntimeError(f"{failed} producer sends failed")
+    return results
+
+
+def _echo_floor(workdir: Path, plan: Plan, cpus) -> list[LoadResult]:
+    """The one-in-flight stream shape against a server that stores nothing."""
+    request = broker_pb2.SendStreamRequest(
+        messages=[broker_pb2.StreamedMessage(sequence=1, topic="Bench", body=SEND_BODY)]
+    ).SerializeToString()
+    with ServerProcess("benchmarks.empty_server", [], workdir, "echo", cpus) as echo:
+        return [
+            asyncio.run(
+                stream_closed_loop(
+                    echo.target,
+                    ECHO_METHOD,
+                    request,
+                    *STREAM_SHAPES["one_each"][:2],
+                    plan.warmup_s,
+                    plan.duration_s,
+                    _stream_results,
+                    server_cpu_seconds=echo.cpu_seconds,
+                )
+            )  # fmt: skip
+            for _ in range(plan.rounds)
+        ]
+
+
 def sync_vs_async(workdir: Path, plan: Plan, master_cpus, slave_cpus) -> list[Figure]:
     pairs = {}
+    namesrv = _namesrv(workdir, master_cpus)
+    namesrv.start()
     for role in ("SYNC_MASTER", "ASYNC_MASTER"):
         name = role.split("_")[0].lower()
+        register = [f"namesrvAddr={namesrv.target}"] if role == "SYNC_MASTER" else []
         master, ha_port = _master(workdir / f"{name}-m", workdir, name, master_cpus,
-                                  f"brokerRole={role}", file_size=1 << 30)  # fmt: skip
+                                  f"brokerRole={role}", *register, file_size=1 << 30)  # fmt: skip
         slave = _slave(workdir / f"{name}-s", workdir, name, slave_cpus, ha_port,
                        file_size=1 << 30)  # fmt: skip
         pairs[role] = (master, slave)
@@ -410,6 +466,7 @@ def sync_vs_async(workdir: Path, plan: Plan, master_cpus, slave_cpus) -> list[Fi
             master.start()
             slave.start()
             _create_topic(master.target, "Bench")
+        _wait_for_route(namesrv.target, "Bench")
         _wait_in_sync(pairs["SYNC_MASTER"][0].target)
         targets = {role: m.target for role, (m, _) in pairs.items()}
         cpu = {role: m.cpu_seconds for role, (m, _) in pairs.items()}
@@ -426,10 +483,14 @@ def sync_vs_async(workdir: Path, plan: Plan, master_cpus, slave_cpus) -> list[Fi
                 shape: _streams(sync.target, *sizes, plan, sync.cpu_seconds)
                 for shape, sizes in STREAM_SHAPES.items()
             }
+            producers = _producers(namesrv.target, plan, sync.cpu_seconds)
     finally:
         for master, slave in pairs.values():
             slave.stop()
             master.stop()
+        namesrv.stop()
+    with pinned(slave_cpus):
+        floor = _echo_floor(workdir, plan, master_cpus)
     with (
         pinned(slave_cpus),
         redis_peer.primary_and_replica(workdir, master_cpus, slave_cpus) as port,
@@ -458,17 +519,33 @@ def sync_vs_async(workdir: Path, plan: Plan, master_cpus, slave_cpus) -> list[Fi
             target=Target("ratio", ">=", 1.0),
             detail=f"{_summary(one_each)}. Redis (benchmarks/redis_peer.py; primary on the "
             f"master's core, replica on the slave's): {_summary(redis)}. Unary SendMessage from "
-            f"16 senders in the same run: {med(singles[s]):,.0f} msgs/s.",
+            f"16 senders in the same run: {med(singles[s]):,.0f} msgs/s. The floor of this "
+            f"shape in grpc.aio, a server that answers each message at once and stores nothing "
+            f"(benchmarks.empty_server Echo, same cores, same client): {_summary(floor)}.",
         ),
         Figure(
-            name="SendStream, 16 producers pipelining (up to 256 in flight each), SYNC_MASTER",
-            value=med(piped),
+            name="PipelinedProducer, 16 producers (send_async, up to 256 in flight each, "
+            "no linger), SYNC_MASTER",
+            value=med(producers),
             unit="msgs/s",
             baseline=med(batches[s], BATCH),
             baseline_label="SendMessages, batches of 64, 16 callers, SYNC_MASTER, same run",
             target=Target("ratio", ">=", 0.5),
-            detail=f"One message per write: a producer that never has two messages to "
-            f"write at once. {_summary(piped)}.",
+            detail="ferry.client.producer.PipelinedProducer, routed by the name server, each "
+            "fed by its own thread keeping 256 messages unanswered; latency sampled every 16th "
+            f"message. {_summary(producers)}. server CPU is the master's: below 100% the "
+            "producers' process (one core, shared with the slave) is the limit.",
+        ),
+        Figure(
+            name="SendStream, 16 producers pipelining (up to 256 in flight each), "
+            "one message per write, SYNC_MASTER",
+            value=med(piped),
+            unit="msgs/s",
+            baseline=med(batches[s], BATCH),
+            baseline_label="SendMessages, batches of 64, 16 callers, SYNC_MASTER, same run",
+            target=None,
+            detail=f"The worst case of pipelining: a producer that never has two messages to "
+            f"write at once (raw streams, no producer). {_summary(piped)}.",
         ),
         Figure(
             name="SendStream, 16 producers pipelining, 16 messages per write, SYNC_MASTER",
@@ -478,8 +555,8 @@ def sync_vs_async(workdir: Path, plan: Plan, master_cpus, slave_cpus) -> list[Fi
             baseline_label="SendMessages, batches of 64, 16 callers, SYNC_MASTER, same run",
             target=None,
             detail="What a pipelining producer writes when messages queue up behind a write "
-            "in progress (the PipelinedProducer sends what is waiting in one write); each "
-            f"message still staged and answered on its own. {_summary(piped16)}.",
+            "in progress (raw streams); each message still staged and answered on its own. "
+            f"{_summary(piped16)}.",
         ),
         Figure(
             name="SendStream latency p50, one producer, one message in flight, SYNC_MASTER",

@@ -5,17 +5,22 @@ from `requests` (already serialized), awaits the answer, and sends the next.
 Requests and answers stay raw bytes: the client never parses an answer, so
 the generator costs the same per call whatever the method, and the figure
 measures the server. Calls are counted only inside the measured window,
-after the warm-up.
+after the warm-up. `stream_closed_loop` does the same over bidirectional
+send streams, and `producer_closed_loop` through ferry's PipelinedProducer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import dataclasses
 import random
 import statistics
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -184,6 +189,85 @@ async def stream_closed_loop(
             raise RuntimeError(f"{len(failed)} send streams failed: {failed[0]!r}")
 
     return load_result(latencies, errors, window)
+
+
+def producer_closed_loop(
+    new_producer: Callable[[], Any],
+    topic: str,
+    body: bytes,
+    producers: int,
+    window: int,
+    warmup_s: float,
+    duration_s: float,
+    server_cpu_seconds: Callable[[], float] | None = None,
+) -> LoadResult:
+    """`producers` PipelinedProducers (`new_producer()` each), each fed by its
+    own thread that keeps up to `window` messages handed over (`send_async`)
+    and unanswered, as an application does; when the window is full it waits
+    for the oldest 64. `calls` counts answered messages. Latency is sampled:
+    every 16th message, from its hand-over to its answer."""
+    latencies: list[float] = []
+    counts = [0] * producers
+    failures = [0] * producers
+    measuring = False
+    stopping = threading.Event()
+    clock = time.perf_counter
+
+    def sampled(started: float):
+        def done(_future) -> None:
+            if measuring:
+                latencies.append(clock() - started)
+
+        return done
+
+    def feed(index: int, producer) -> None:
+        out: collections.deque = collections.deque()
+
+        def settle(future) -> None:
+            if measuring:
+                counts[index] += 1
+                if future.exception() is not None:
+                    failures[index] += 1
+
+        sent = 0
+        while not stopping.is_set():
+            if len(out) >= window:
+                out[min(63, len(out) - 1)].exception()  # waits, never raises
+                while out and out[0].done():
+                    settle(out.popleft())
+                continue
+            future = producer.send_async(topic, body)
+            sent += 1
+            if sent % 16 == 0:
+                future.add_done_callback(sampled(clock()))
+            out.append(future)
+        for future in out:
+            future.exception()
+
+    made = [new_producer() for _ in range(producers)]
+    threads = [
+        threading.Thread(target=feed, args=(i, p), name=f"bench-producer-{i}")
+        for i, p in enumerate(made)
+    ]
+    try:
+        for thread in threads:
+            thread.start()
+
+        def set_measuring(on: bool) -> None:
+            nonlocal measuring
+            measuring = on
+
+        measured = asyncio.run(
+            measure_window(warmup_s, duration_s, server_cpu_seconds, set_measuring)
+        )
+    finally:
+        stopping.set()
+        for thread in threads:
+            thread.join()
+        for producer in made:
+            producer.close()
+    result = load_result(latencies, sum(failures), measured)
+    return dataclasses.replace(result, calls=sum(counts))
 
 
 @dataclass
