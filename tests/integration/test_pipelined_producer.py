@@ -101,6 +101,45 @@ def test_a_full_buffer_raises_at_once_without_blocking(cluster):
             producer.close()
 
 
+def test_a_full_buffer_blocks_the_sender_until_answers_free_room(cluster):
+    ns, brokers = cluster
+    _topic(ns, brokers, "Blocking")
+    with NamesrvClient([ns.addr]) as nsc:
+        producer = PipelinedProducer(nsc, buffer_max_bytes=1000, max_block_s=60)
+        try:
+            gate = threading.Event()
+            producer._loop.call_soon_threadsafe(gate.wait, 30)  # nothing can be answered
+            held = [producer.send_async("Blocking", b"x" * 300) for _ in range(3)]
+            late: list = []
+            sender = threading.Thread(
+                target=lambda: late.append(producer.send_async("Blocking", b"y" * 300))
+            )
+            sender.start()
+            wait_for(lambda: producer._waiters == 1, 10, "the fourth send to block")
+            assert not late and sender.is_alive()  # still blocked: 900 + 300 > 1000
+            gate.set()  # answers free room: the blocked send goes on
+            sender.join(30)
+            assert late and late[0].result(30).result.status == broker_pb2.SEND_OK
+            assert all(f.result(30).result.status == broker_pb2.SEND_OK for f in held)
+        finally:
+            producer.close()
+        # Blocked longer than max_block_s: BufferFull, and nothing handed over.
+        producer = PipelinedProducer(nsc, buffer_max_bytes=1000, max_block_s=0.2)
+        try:
+            gate = threading.Event()
+            producer._loop.call_soon_threadsafe(gate.wait, 30)
+            held = [producer.send_async("Blocking", b"x" * 300) for _ in range(3)]
+            started = time.monotonic()
+            with pytest.raises(BufferFull):
+                producer.send_async("Blocking", b"z" * 300)
+            assert time.monotonic() - started >= 0.2
+            gate.set()
+            producer.flush(60)
+            assert all(f.result().result.status == broker_pb2.SEND_OK for f in held)
+        finally:
+            producer.close()
+
+
 def test_a_refused_message_fails_its_future_only(cluster):
     ns, brokers = cluster
     _topic(ns, brokers, "Mixed")
