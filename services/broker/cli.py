@@ -7,13 +7,12 @@ Configuration comes from a RocketMQ-style `broker.conf` (`-c`), overridden by
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import gc
 import logging
 from pathlib import Path
 
-from ferry.runtime import auth
+from ferry.runtime import auth, eventloop
 from ferry.runtime.errors import ConfigError, CorruptFileError
 from ferry.runtime.logs import setup_logging
 from ferry.runtime.server import run_until_signalled
@@ -28,6 +27,9 @@ log = logging.getLogger(__name__)
 # The exit status after a storage fault (fail-stop): non-zero, so that the
 # supervisor (Kubernetes, systemd) restarts the broker and recovery runs.
 EXIT_STORAGE = 3
+
+# The broker's event loop unless --event-loop or $FERRY_EVENT_LOOP says otherwise.
+BROKER_LOOP = "asyncio"
 
 
 class StoppedOnStorageFault(Exception):
@@ -61,6 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--help-keys", action="store_true", help="list every broker.conf key with its default"
     )
+    eventloop.add_argument(parser, BROKER_LOOP)
     parser.add_argument(
         "--log-level",
         default=None,
@@ -73,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
         print(describe_keys())
         return 0
     setup_logging(args.log_level)
+    if (problem := eventloop.check(args.event_loop)) is not None:
+        log.error("%s", problem)
+        return 2
     try:
         config, _ = load_config(args.config, args.option, warn=log.warning)
     except ConfigError as exc:
@@ -110,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
             raise StoppedOnStorageFault(app.store.failstop.fault)
 
     try:
-        asyncio.run(main())
+        eventloop.run(main, args.event_loop)
     except StoppedOnStorageFault as exc:
         # Not CRITICAL: failstop.py logged the fault itself, once, at CRITICAL.
         log.error("broker stopped after a storage failure: %s; exiting %d", exc, EXIT_STORAGE)

@@ -74,13 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the secret key that goes with --access-key; prefer "
         f"${auth.ENV_SECRET_KEY}, which keeps it out of the process list",
     )
-    parser.add_argument(
-        "--event-loop",
-        choices=eventloop.LOOPS,
-        default=env("FERRY_EVENT_LOOP", eventloop.DEFAULT_LOOP),
-        help="the asyncio event loop: uvloop (default; less CPU per call) or asyncio "
-        "(Python's own); $FERRY_EVENT_LOOP",
-    )
+    eventloop.add_argument(parser)
     parser.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING or ERROR")
 
 
@@ -96,10 +90,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         log.error("bad --access-key/--secret-key: %s", exc)
         return 2
-    if args.event_loop not in eventloop.LOOPS:  # from $FERRY_EVENT_LOOP, which argparse trusts
-        log.error(
-            "bad event loop %r: choose one of %s", args.event_loop, ", ".join(eventloop.LOOPS)
-        )
+    if (problem := eventloop.check(args.event_loop)) is not None:
+        log.error("%s", problem)
         return 2
     if args.access_key:
         log.info("requests must be signed with access key %s", args.access_key)
