@@ -509,6 +509,18 @@ def sync_vs_async(workdir: Path, plan: Plan, master_cpus, slave_cpus) -> list[Fi
     one_each, piped, piped16, alone = (streams[k] for k in STREAM_SHAPES)
     p50 = statistics.median(r.p50_ms for r in alone)
     unary_p50 = statistics.median(r.p50_ms for r in latency[s])
+
+    def vs_batches(name: str, results, target: Target | None, detail: str) -> Figure:
+        return Figure(
+            name=name,
+            value=med(results),
+            unit="msgs/s",
+            baseline=med(batches[s], BATCH),
+            baseline_label="SendMessages, batches of 64, 16 callers, SYNC_MASTER, same run",
+            target=target,
+            detail=detail,
+        )
+
     stream_figures = [
         Figure(
             name="SendStream, 16 producers, one message in flight each, SYNC_MASTER",
@@ -523,38 +535,29 @@ def sync_vs_async(workdir: Path, plan: Plan, master_cpus, slave_cpus) -> list[Fi
             f"shape in grpc.aio, a server that answers each message at once and stores nothing "
             f"(benchmarks.empty_server Echo, same cores, same client): {_summary(floor)}.",
         ),
-        Figure(
-            name="PipelinedProducer, 16 producers (send_async, up to 256 in flight each, "
+        vs_batches(
+            "PipelinedProducer, 16 producers (send_async, up to 256 in flight each, "
             "no linger), SYNC_MASTER",
-            value=med(producers),
-            unit="msgs/s",
-            baseline=med(batches[s], BATCH),
-            baseline_label="SendMessages, batches of 64, 16 callers, SYNC_MASTER, same run",
-            target=Target("ratio", ">=", 0.5),
-            detail="ferry.client.producer.PipelinedProducer, routed by the name server, each "
+            producers,
+            Target("ratio", ">=", 0.5),
+            "ferry.client.producer.PipelinedProducer, routed by the name server, each "
             "fed by its own thread keeping 256 messages unanswered; latency sampled every 16th "
             f"message. {_summary(producers)}. server CPU is the master's: below 100% the "
             "producers' process (one core, shared with the slave) is the limit.",
         ),
-        Figure(
-            name="SendStream, 16 producers pipelining (up to 256 in flight each), "
+        vs_batches(
+            "SendStream, 16 producers pipelining (up to 256 in flight each), "
             "one message per write, SYNC_MASTER",
-            value=med(piped),
-            unit="msgs/s",
-            baseline=med(batches[s], BATCH),
-            baseline_label="SendMessages, batches of 64, 16 callers, SYNC_MASTER, same run",
-            target=None,
-            detail=f"The worst case of pipelining: a producer that never has two messages to "
+            piped,
+            None,
+            f"The worst case of pipelining: a producer that never has two messages to "
             f"write at once (raw streams, no producer). {_summary(piped)}.",
         ),
-        Figure(
-            name="SendStream, 16 producers pipelining, 16 messages per write, SYNC_MASTER",
-            value=med(piped16),
-            unit="msgs/s",
-            baseline=med(batches[s], BATCH),
-            baseline_label="SendMessages, batches of 64, 16 callers, SYNC_MASTER, same run",
-            target=None,
-            detail="What a pipelining producer writes when messages queue up behind a write "
+        vs_batches(
+            "SendStream, 16 producers pipelining, 16 messages per write, SYNC_MASTER",
+            piped16,
+            None,
+            "What a pipelining producer writes when messages queue up behind a write "
             "in progress (raw streams); each message still staged and answered on its own. "
             f"{_summary(piped16)}.",
         ),
