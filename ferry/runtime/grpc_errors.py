@@ -48,13 +48,8 @@ def grpc_method(fn: F) -> F:
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             return await fn(self, request, context)
-        except errors.FerryError as exc:
-            await context.abort(status_of(exc), exc.message)
-        except Exception:
-            log.exception("unexpected error in %s", fn.__qualname__)
-            await context.abort(
-                grpc.StatusCode.INTERNAL, f"internal error in {fn.__name__}; see the server log"
-            )
+        except Exception as exc:
+            await _abort(fn, context, exc)
 
     return wrapper  # type: ignore[return-value]
 
@@ -68,12 +63,17 @@ def grpc_stream_method(fn: F) -> F:
         try:
             async for response in fn(self, request, context):
                 yield response
-        except errors.FerryError as exc:
-            await context.abort(status_of(exc), exc.message)
-        except Exception:
-            log.exception("unexpected error in %s", fn.__qualname__)
-            await context.abort(
-                grpc.StatusCode.INTERNAL, f"internal error in {fn.__name__}; see the server log"
-            )
+        except Exception as exc:
+            await _abort(fn, context, exc)
 
     return wrapper  # type: ignore[return-value]
+
+
+async def _abort(fn: Callable[..., Any], context: grpc.aio.ServicerContext, exc: Exception) -> None:
+    """End the call with the status of what `fn` raised (called while handling it)."""
+    if isinstance(exc, errors.FerryError):
+        await context.abort(status_of(exc), exc.message)
+    log.exception("unexpected error in %s", fn.__qualname__)
+    await context.abort(
+        grpc.StatusCode.INTERNAL, f"internal error in {fn.__name__}; see the server log"
+    )
