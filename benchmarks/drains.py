@@ -1,5 +1,6 @@
 """Draining a preloaded topic with consumer processes, shared by the pop and
-proxy benchmarks.
+proxy benchmarks: preloading it (`send_all`, `wait_queue_ends`), running the
+consumers, and checking the group is done with it (`check_group`).
 
 A consumer process is `python -m <module> consume SPEC_JSON`: it sets up, prints
 "ready", waits for a line on stdin, consumes, and prints one JSON report
@@ -8,14 +9,98 @@ number in the first 8 bytes of every body it received)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 from ferry.v1 import broker_pb2
+
+SEND_METHOD = "/ferry.v1.Broker/SendMessages"
+STATUS_METHOD = "/ferry.v1.Broker/GetGroupStatus"
+MAX_OFFSET_METHOD = "/ferry.v1.Broker/GetMaxOffset"
+CALL_TIMEOUT_S = 30.0
+
+
+async def send_all(
+    target: str, requests: list[bytes], senders: int = 4
+) -> tuple[float, list[float]]:
+    """Send pre-serialized `SendMessagesRequest`s with `senders` concurrent
+    callers; returns the seconds from the first call to the last answer, and
+    the wall time (ms) each request was answered."""
+    async with grpc.aio.insecure_channel(target) as channel:
+        send = channel.unary_unary(
+            SEND_METHOD, response_deserializer=broker_pb2.SendResult.FromString
+        )
+        await asyncio.wait_for(channel.channel_ready(), CALL_TIMEOUT_S)
+        todo = iter(enumerate(requests))
+        answered_ms = [0.0] * len(requests)
+
+        async def caller() -> None:
+            for i, request in todo:
+                answer = await send(request, timeout=CALL_TIMEOUT_S)
+                if answer.status != broker_pb2.SEND_OK:
+                    raise RuntimeError(f"send failed: {answer}")
+                answered_ms[i] = time.time() * 1000
+
+        start = time.perf_counter()
+        await asyncio.gather(*(caller() for _ in range(senders)))
+        return time.perf_counter() - start, answered_ms
+
+
+def wait_queue_ends(target: str, topic: str, queues: int, per_queue: int) -> None:
+    """Wait until each of the topic's queues ends at `per_queue`: the
+    dispatcher may still be writing consume queues after the last send."""
+    with grpc.insecure_channel(target) as channel:
+        max_offset = channel.unary_unary(
+            MAX_OFFSET_METHOD,
+            request_serializer=broker_pb2.GetMaxOffsetRequest.SerializeToString,
+            response_deserializer=broker_pb2.GetOffsetResponse.FromString,
+        )
+        deadline = time.monotonic() + CALL_TIMEOUT_S
+        while True:
+            ends = [
+                max_offset(broker_pb2.GetMaxOffsetRequest(topic=topic, queue_id=q)).offset
+                for q in range(queues)
+            ]
+            if all(end == per_queue for end in ends):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"queue ends {ends} after preload, expected {per_queue} each")
+            time.sleep(0.05)
+
+
+def check_group(
+    target: str, group: str, topic: str, queues: int, per_queue: int, what: str
+) -> None:
+    """The group is done with `topic`: each of its `queues` queues committed
+    to `per_queue`, nothing in flight, no retry pending, no dead letter."""
+    with grpc.insecure_channel(target) as channel:
+        status = channel.unary_unary(
+            STATUS_METHOD,
+            request_serializer=broker_pb2.GetGroupStatusRequest.SerializeToString,
+            response_deserializer=broker_pb2.GetGroupStatusResponse.FromString,
+        )(
+            broker_pb2.GetGroupStatusRequest(consumer_group=group, topic=topic),
+            timeout=CALL_TIMEOUT_S,
+        )  # fmt: skip
+    wrong = [
+        f"queue {q.queue_id}: committed {q.committed_offset}, in flight {q.in_flight}"
+        for q in status.queues
+        if q.committed_offset != per_queue or q.in_flight
+    ]
+    if wrong or len(status.queues) != queues or status.retries_pending or status.dlq_messages:
+        raise RuntimeError(
+            f"group {group} after {what}: {'; '.join(wrong) or 'queues as expected'}; "
+            f"{len(status.queues)} queues, {status.retries_pending} retries pending, "
+            f"{status.dlq_messages} dead letters"
+        )
 
 
 def run_consumers(

@@ -3,8 +3,8 @@
 One generic unary method, `/ferry.bench.Empty/Call`, that takes raw bytes
 without parsing them and answers `b""`; and one bidirectional method,
 `/ferry.bench.Empty/Echo`, that answers each `SendStreamRequest` at once with
-an empty `StreamedResult` per message (under its sequence): what a send
-stream costs the server with no store behind it. It is served by the same
+a SEND_OK result per message (under its sequence): what a send stream costs
+the server with no store behind it. It is served by the same
 `ferry.runtime.server.GrpcServer` the name server uses (same options, health
 and reflection), so the only difference from a real ferry RPC is the work the
 real method does. Writes {grpc_port, pid} to --port-file once serving; stops on
@@ -34,10 +34,16 @@ async def _call(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
     return b""
 
 
+_SEND_OK = broker_pb2.SendResult(status=broker_pb2.SEND_OK)
+
+
 async def _echo(requests, context: grpc.aio.ServicerContext):
     async for request in requests:
         yield broker_pb2.SendStreamResponse(
-            results=[broker_pb2.StreamedResult(sequence=m.sequence) for m in request.messages]
+            results=[
+                broker_pb2.StreamedResult(sequence=m.sequence, result=_SEND_OK)
+                for m in request.messages
+            ]
         )
 
 

@@ -28,6 +28,7 @@ from concurrent import futures
 import grpc
 
 from benchmarks.procs import cpu_plan, cpu_seconds
+from ferry.runtime import eventloop
 
 MESSAGES = 32
 BODY = b"x" * 300
@@ -71,12 +72,7 @@ def _serve(kind: str, cpus, ports: mp.Queue, stop: mp.Event) -> None:
         await asyncio.get_running_loop().run_in_executor(None, stop.wait)
         await server.stop(0)
 
-    if kind == "aio-uvloop":
-        import uvloop
-
-        uvloop.run(main())
-    else:
-        asyncio.run(main())
+    eventloop.run(main, "uvloop" if kind == "aio-uvloop" else "asyncio")
 
 
 def measure(kind: str, clients: int, calls: int) -> str:

@@ -50,8 +50,15 @@ from benchmarks import redis_peer
 from benchmarks.broker_bench import _broker_args, _create_topic, _summary
 from benchmarks.empty_server import ECHO_METHOD
 from benchmarks.load import LoadResult, closed_loop, producer_closed_loop, stream_closed_loop
-from benchmarks.procs import ServerProcess, cpu_plan, pinned, pinning_note
-from benchmarks.proxy_bench import _wait_for_route
+from benchmarks.procs import (
+    ServerProcess,
+    cpu_plan,
+    free_port,
+    namesrv_process,
+    pinned,
+    pinning_note,
+    wait_for_route,
+)
 from benchmarks.report import BenchResult, Figure, Target
 from ferry.client.namesrv import NamesrvClient
 from ferry.client.producer import PipelinedProducer
@@ -120,12 +127,6 @@ def touch_memory(nbytes: int) -> float:
         for _ in range(nbytes // len(chunk)):
             m.write(chunk)
     return time.perf_counter() - start
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _fill(store_dir: Path, nbytes: int, file_size: int) -> int:
@@ -240,7 +241,7 @@ def _raw_transfer(source: Path, size: int, out: Path, sender_cpus, receiver_cpus
 
 
 def _master(store: Path, workdir: Path, name: str, cpus, *options: str, file_size: int):
-    ha_port = _free_port()
+    ha_port = free_port()
     proc = ServerProcess(
         "services.broker",
         _broker_args(store, f"haListenPort={ha_port}", f"brokerName={name}", *options,
@@ -376,7 +377,7 @@ def _stream_results(answer: bytes) -> tuple[int, int]:
 
 
 def _streams(
-    target: str, producers: int, in_flight: int, per_write: int, plan: Plan, cpu
+    target: str, producers: int, in_flight: int, per_write: int, plan: Plan, cpu, method=STREAM
 ) -> list[LoadResult]:
     request = broker_pb2.SendStreamRequest(
         messages=[broker_pb2.StreamedMessage(sequence=1, topic="Bench", body=SEND_BODY)] * per_write
@@ -385,7 +386,7 @@ def _streams(
         asyncio.run(
             stream_closed_loop(
                 target,
-                STREAM,
+                method,
                 request,
                 producers,
                 in_flight,
@@ -404,12 +405,6 @@ def _streams(
     return results
 
 
-def _namesrv(workdir: Path, cpus) -> ServerProcess:
-    home = ["--home", str(workdir / "namesrv-home")]
-    args = ["--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1", *home]
-    return ServerProcess("services.namesrv", args, workdir, "namesrv", cpus)
-
-
 def _producers(namesrv: str, plan: Plan, cpu) -> list[LoadResult]:
     """16 PipelinedProducers through the name server's route, no linger."""
 
@@ -426,32 +421,9 @@ def _producers(namesrv: str, plan: Plan, cpu) -> list[LoadResult]:
     return results
 
 
-def _echo_floor(workdir: Path, plan: Plan, cpus) -> list[LoadResult]:
-    """The one-in-flight stream shape against a server that stores nothing."""
-    request = broker_pb2.SendStreamRequest(
-        messages=[broker_pb2.StreamedMessage(sequence=1, topic="Bench", body=SEND_BODY)]
-    ).SerializeToString()
-    with ServerProcess("benchmarks.empty_server", [], workdir, "echo", cpus) as echo:
-        return [
-            asyncio.run(
-                stream_closed_loop(
-                    echo.target,
-                    ECHO_METHOD,
-                    request,
-                    *STREAM_SHAPES["one_each"][:2],
-                    plan.warmup_s,
-                    plan.duration_s,
-                    _stream_results,
-                    server_cpu_seconds=echo.cpu_seconds,
-                )
-            )  # fmt: skip
-            for _ in range(plan.rounds)
-        ]
-
-
 def sync_vs_async(workdir: Path, plan: Plan, master_cpus, slave_cpus) -> list[Figure]:
     pairs = {}
-    namesrv = _namesrv(workdir, master_cpus)
+    namesrv = namesrv_process(workdir, master_cpus)
     namesrv.start()
     for role in ("SYNC_MASTER", "ASYNC_MASTER"):
         name = role.split("_")[0].lower()
@@ -466,7 +438,7 @@ def sync_vs_async(workdir: Path, plan: Plan, master_cpus, slave_cpus) -> list[Fi
             master.start()
             slave.start()
             _create_topic(master.target, "Bench")
-        _wait_for_route(namesrv.target, "Bench")
+        wait_for_route(namesrv.target, "Bench")
         _wait_in_sync(pairs["SYNC_MASTER"][0].target)
         targets = {role: m.target for role, (m, _) in pairs.items()}
         cpu = {role: m.cpu_seconds for role, (m, _) in pairs.items()}
@@ -489,8 +461,12 @@ def sync_vs_async(workdir: Path, plan: Plan, master_cpus, slave_cpus) -> list[Fi
             slave.stop()
             master.stop()
         namesrv.stop()
-    with pinned(slave_cpus):
-        floor = _echo_floor(workdir, plan, master_cpus)
+    # grpc.aio's floor for the one-in-flight shape: a server that stores nothing.
+    echo = ServerProcess("benchmarks.empty_server", [], workdir, "echo", master_cpus)
+    with pinned(slave_cpus), echo:
+        floor = _streams(
+            echo.target, *STREAM_SHAPES["one_each"], plan, echo.cpu_seconds, ECHO_METHOD
+        )
     with (
         pinned(slave_cpus),
         redis_peer.primary_and_replica(workdir, master_cpus, slave_cpus) as port,

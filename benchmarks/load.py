@@ -18,8 +18,8 @@ import random
 import statistics
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -55,53 +55,33 @@ async def closed_loop(
 ) -> LoadResult:
     """`answer_ok`, when given, parses each answer: a False counts as an error
     (e.g. a SendResult whose status is not SEND_OK)."""
-    latencies: list[float] = []
-    errors = 0
-    measuring = False
-    stopping = False
+    run = Run()
 
     async with grpc.aio.insecure_channel(target) as channel:
         call = channel.unary_unary(method)
         await call(requests[0], timeout=CALL_TIMEOUT_S)  # connect; fail fast if broken
 
         async def worker(rng: random.Random) -> None:
-            nonlocal errors
             clock = time.perf_counter
-            while not stopping:
+            while not run.stopping:
                 request = rng.choice(requests)
                 start = clock()
                 try:
                     answer = await call(request, timeout=CALL_TIMEOUT_S)
                 except grpc.aio.AioRpcError:
-                    if measuring:
-                        errors += 1
+                    if run.measuring:
+                        run.errors += 1
                     continue
                 if answer_ok is not None and not answer_ok(answer):
-                    if measuring:
-                        errors += 1
+                    if run.measuring:
+                        run.errors += 1
                     continue
-                if measuring:
-                    latencies.append(clock() - start)
+                if run.measuring:
+                    run.latencies.append(clock() - start)
 
         root = random.Random(seed)
-        tasks = [
-            asyncio.create_task(worker(random.Random(root.random()))) for _ in range(concurrency)
-        ]
-
-        def set_measuring(on: bool) -> None:
-            nonlocal measuring
-            measuring = on
-
-        try:
-            window = await measure_window(warmup_s, duration_s, server_cpu_seconds, set_measuring)
-        finally:
-            stopping = True
-            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
-        failed = [o for o in outcomes if isinstance(o, BaseException)]
-        if failed:
-            raise RuntimeError(f"{len(failed)} send streams failed: {failed[0]!r}")
-
-    return load_result(latencies, errors, window)
+        workers = [worker(random.Random(root.random())) for _ in range(concurrency)]
+        return await run.drive(workers, warmup_s, duration_s, server_cpu_seconds, "callers")
 
 
 async def stream_closed_loop(
@@ -122,16 +102,12 @@ async def stream_closed_loop(
     (messages answered, of which not OK): an answer may cover several
     messages, in the order written. Latency is per message, from its write
     to the answer that covers it; `calls` counts messages."""
-    latencies: list[float] = []
-    errors = 0
-    measuring = False
-    stopping = False
+    run = Run()
 
     async with grpc.aio.insecure_channel(target) as channel:
         open_stream = channel.stream_stream(method)
 
         async def producer() -> None:
-            nonlocal errors
             call = open_stream(timeout=warmup_s + duration_s + 60)
             sent: list[float] = []  # write times of the unanswered, oldest first
             head = 0
@@ -140,13 +116,13 @@ async def stream_closed_loop(
             clock = time.perf_counter
 
             async def read() -> None:
-                nonlocal errors, head
+                nonlocal head
                 async for answer in call:
                     n, bad = count_results(answer)
                     now = clock()
-                    if measuring:
-                        errors += bad
-                        latencies.extend(now - t for t in sent[head : head + n])
+                    if run.measuring:
+                        run.errors += bad
+                        run.latencies.extend(now - t for t in sent[head : head + n])
                     head += n
                     if head > 4096:
                         del sent[:head]
@@ -155,7 +131,7 @@ async def stream_closed_loop(
 
             reader = asyncio.create_task(read())
             try:
-                while not stopping:
+                while not run.stopping:
                     if reader.done():
                         reader.result()  # the stream failed: so does the benchmark
                         raise RuntimeError("the broker ended a send stream")
@@ -173,22 +149,8 @@ async def stream_closed_loop(
             finally:
                 reader.cancel()
 
-        tasks = [asyncio.create_task(producer()) for _ in range(producers)]
-
-        def set_measuring(on: bool) -> None:
-            nonlocal measuring
-            measuring = on
-
-        try:
-            window = await measure_window(warmup_s, duration_s, server_cpu_seconds, set_measuring)
-        finally:
-            stopping = True
-            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
-        failed = [o for o in outcomes if isinstance(o, BaseException)]
-        if failed:
-            raise RuntimeError(f"{len(failed)} send streams failed: {failed[0]!r}")
-
-    return load_result(latencies, errors, window)
+        workers = [producer() for _ in range(producers)]
+        return await run.drive(workers, warmup_s, duration_s, server_cpu_seconds, "send streams")
 
 
 def producer_closed_loop(
@@ -206,17 +168,15 @@ def producer_closed_loop(
     and unanswered, as an application does; when the window is full it waits
     for the oldest 64. `calls` counts answered messages. Latency is sampled:
     every 16th message, from its hand-over to its answer."""
-    latencies: list[float] = []
+    run = Run()
     counts = [0] * producers
     failures = [0] * producers
-    measuring = False
-    stopping = threading.Event()
     clock = time.perf_counter
 
     def sampled(started: float):
         def done(_future) -> None:
-            if measuring:
-                latencies.append(clock() - started)
+            if run.measuring:
+                run.latencies.append(clock() - started)
 
         return done
 
@@ -224,13 +184,13 @@ def producer_closed_loop(
         out: collections.deque = collections.deque()
 
         def settle(future) -> None:
-            if measuring:
+            if run.measuring:
                 counts[index] += 1
                 if future.exception() is not None:
                     failures[index] += 1
 
         sent = 0
-        while not stopping.is_set():
+        while not run.stopping:
             if len(out) >= window:
                 out[min(63, len(out) - 1)].exception()  # waits, never raises
                 while out and out[0].done():
@@ -252,22 +212,54 @@ def producer_closed_loop(
     try:
         for thread in threads:
             thread.start()
-
-        def set_measuring(on: bool) -> None:
-            nonlocal measuring
-            measuring = on
-
         measured = asyncio.run(
-            measure_window(warmup_s, duration_s, server_cpu_seconds, set_measuring)
+            measure_window(warmup_s, duration_s, server_cpu_seconds, run.set_measuring)
         )
     finally:
-        stopping.set()
+        run.stopping = True  # read by the feeding threads
         for thread in threads:
             thread.join()
         for producer in made:
             producer.close()
-    result = load_result(latencies, sum(failures), measured)
+    result = load_result(run.latencies, sum(failures), measured)
     return dataclasses.replace(result, calls=sum(counts))
+
+
+@dataclass
+class Run:
+    """What a load generator's workers share: whether the measured window is
+    on, whether to stop, and what they measured in the window."""
+
+    measuring: bool = False
+    stopping: bool = False
+    errors: int = 0
+    latencies: list[float] = field(default_factory=list)
+
+    def set_measuring(self, on: bool) -> None:
+        self.measuring = on
+
+    async def drive(
+        self,
+        workers: Sequence[Coroutine[Any, Any, None]],
+        warmup_s: float,
+        duration_s: float,
+        server_cpu_seconds: Callable[[], float] | None,
+        what: str,
+    ) -> LoadResult:
+        """Run the workers through the warm-up and the window, then stop them
+        (`stopping`); one that failed fails the run, named as `what`."""
+        tasks = [asyncio.create_task(w) for w in workers]
+        try:
+            window = await measure_window(
+                warmup_s, duration_s, server_cpu_seconds, self.set_measuring
+            )
+        finally:
+            self.stopping = True
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        failed = [o for o in outcomes if isinstance(o, BaseException)]
+        if failed:
+            raise RuntimeError(f"{len(failed)} {what} failed: {failed[0]!r}")
+        return load_result(self.latencies, self.errors, window)
 
 
 @dataclass

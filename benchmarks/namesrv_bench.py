@@ -29,7 +29,7 @@ import grpc
 
 from benchmarks.empty_server import METHOD as EMPTY_METHOD
 from benchmarks.load import LoadResult, closed_loop
-from benchmarks.procs import ServerProcess, cpu_plan, pinned, pinning_note
+from benchmarks.procs import ServerProcess, cpu_plan, namesrv_process, pinned, pinning_note
 from benchmarks.report import BenchResult, Figure, Target
 from ferry.runtime.clock import SystemClock
 from ferry.v1 import namesrv_pb2, namesrv_pb2_grpc
@@ -72,9 +72,7 @@ def run(quick: bool, workdir: Path) -> BenchResult:
     result.notes.append(
         pinning_note(server_cpus, client_cpus, clients="load generator and in-process runs")
     )
-    namesrv_args = ["--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1"]
-    namesrv_args += ["--home", str(workdir / "namesrv-home")]
-    namesrv = ServerProcess("services.namesrv", namesrv_args, workdir, "namesrv", server_cpus)
+    namesrv = namesrv_process(workdir, server_cpus)
     empty = ServerProcess("benchmarks.empty_server", [], workdir, "empty", server_cpus)
     with pinned(client_cpus), namesrv, empty:
         result.figures.append(route_throughput(namesrv, empty, plan))

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.broker_bench import _broker_args
-from benchmarks.procs import ServerProcess
+from benchmarks.procs import ServerProcess, namesrv_process
 from benchmarks.report import BenchResult, Figure, Target
 
 TITLE = "pipeline — exporter and Spark job"
@@ -130,12 +130,7 @@ def exporter_round(workdir: Path, plan: Plan) -> Figure:
     from ferry.client.namesrv import NamesrvClient
     from ferry.pipeline.exporter import Exporter
 
-    namesrv = ServerProcess(
-        "services.namesrv",
-        ["--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1",
-         "--home", str(workdir / "ns-home")],
-        workdir, "namesrv",
-    )  # fmt: skip
+    namesrv = namesrv_process(workdir)
     brokers: list[ServerProcess] = []
     with namesrv:
         addr = namesrv.target

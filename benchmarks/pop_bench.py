@@ -55,20 +55,25 @@ from pathlib import Path
 import grpc
 
 from benchmarks.broker_bench import _broker_args, _create_topic
-from benchmarks.drains import check_reports, pop_and_ack, run_consumers
+from benchmarks.drains import (
+    check_group,
+    check_reports,
+    pop_and_ack,
+    run_consumers,
+    send_all,
+    wait_queue_ends,
+)
 from benchmarks.procs import ServerProcess, cpu_plan, pinned, pinning_note
 from benchmarks.report import BenchResult, Figure, Target
 from ferry.v1 import broker_pb2
 
 TITLE = "pop — pop consumption and timed delivery"
 
-SEND_METHOD = "/ferry.v1.Broker/SendMessages"
 SEND_ONE_METHOD = "/ferry.v1.Broker/SendMessage"
 PULL_METHOD = "/ferry.v1.Broker/PullMessage"
 COMMIT_METHOD = "/ferry.v1.Broker/UpdateConsumerOffset"
 POP_METHOD = "/ferry.v1.Broker/PopMessage"
 ACK_METHOD = "/ferry.v1.Broker/AckMessage"
-STATUS_METHOD = "/ferry.v1.Broker/GetGroupStatus"
 MAX_OFFSET_METHOD = "/ferry.v1.Broker/GetMaxOffset"
 
 POP_TOPIC = "PopBench"
@@ -150,30 +155,6 @@ def run(quick: bool, workdir: Path) -> BenchResult:
 # ---------------------------------------------------------------- sends
 
 
-async def _send_all(target: str, requests: list[bytes]) -> tuple[float, list[float]]:
-    """Send pre-serialized `SendMessagesRequest`s with SENDERS concurrent callers;
-    returns the seconds from the first call to the last answer, and the wall
-    time (ms) each request was answered."""
-    async with grpc.aio.insecure_channel(target) as channel:
-        send = channel.unary_unary(
-            SEND_METHOD, response_deserializer=broker_pb2.SendResult.FromString
-        )
-        await asyncio.wait_for(channel.channel_ready(), CALL_TIMEOUT_S)
-        todo = iter(enumerate(requests))
-        answered_ms = [0.0] * len(requests)
-
-        async def caller() -> None:
-            for i, request in todo:
-                answer = await send(request, timeout=CALL_TIMEOUT_S)
-                if answer.status != broker_pb2.SEND_OK:
-                    raise RuntimeError(f"send failed: {answer}")
-                answered_ms[i] = _wall_ms()
-
-        start = time.perf_counter()
-        await asyncio.gather(*(caller() for _ in range(SENDERS)))
-        return time.perf_counter() - start, answered_ms
-
-
 def preload(target: str, plan: Plan) -> float:
     """N plain messages, the same count in each queue, each with a property of
     the size of a timed entry's; returns messages/s."""
@@ -188,27 +169,11 @@ def preload(target: str, plan: Plan) -> float:
         ).SerializeToString()
         for batch in range(plan.messages // SEND_BATCH)
     ]
-    seconds, _ = asyncio.run(_send_all(target, requests))
+    seconds, _ = asyncio.run(send_all(target, requests, SENDERS))
     rate = plan.messages / seconds
     _progress(f"preloaded {plan.messages:,} messages in {seconds:.1f} s ({rate:,.0f}/s)")
-    with grpc.insecure_channel(target) as channel:
-        max_offset = channel.unary_unary(
-            MAX_OFFSET_METHOD,
-            request_serializer=broker_pb2.GetMaxOffsetRequest.SerializeToString,
-            response_deserializer=broker_pb2.GetOffsetResponse.FromString,
-        )
-        deadline = time.monotonic() + CALL_TIMEOUT_S
-        per_queue = plan.messages // QUEUES
-        while True:  # the dispatcher may still be writing consume queues
-            ends = [
-                max_offset(broker_pb2.GetMaxOffsetRequest(topic=POP_TOPIC, queue_id=q)).offset
-                for q in range(QUEUES)
-            ]
-            if all(end == per_queue for end in ends):
-                return rate
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"queue ends {ends} after preload, expected {per_queue} each")
-            time.sleep(0.05)
+    wait_queue_ends(target, POP_TOPIC, QUEUES, plan.messages // QUEUES)
+    return rate
 
 
 # ---------------------------------------------------------------- pop against pull
@@ -253,33 +218,6 @@ def _run_consumers(broker: ServerProcess, specs: list[dict], workdir: Path) -> t
         server_us_per_msg=server_cpu_s / max(messages, 1) * 1e6,
     )
     return drain, reports
-
-
-def _check_group(
-    target: str, group: str, per_queue: int, topic: str = POP_TOPIC, what: str = "the pop round"
-) -> None:
-    """The group is done with `topic`: every queue committed to `per_queue`,
-    nothing in flight, no retry pending, no dead letter."""
-    with grpc.insecure_channel(target) as channel:
-        status = channel.unary_unary(
-            STATUS_METHOD,
-            request_serializer=broker_pb2.GetGroupStatusRequest.SerializeToString,
-            response_deserializer=broker_pb2.GetGroupStatusResponse.FromString,
-        )(
-            broker_pb2.GetGroupStatusRequest(consumer_group=group, topic=topic),
-            timeout=CALL_TIMEOUT_S,
-        )  # fmt: skip
-    wrong = [
-        f"queue {q.queue_id}: committed {q.committed_offset}, in flight {q.in_flight}"
-        for q in status.queues
-        if q.committed_offset != per_queue or q.in_flight
-    ]
-    if wrong or len(status.queues) != QUEUES or status.retries_pending or status.dlq_messages:
-        raise RuntimeError(
-            f"group {group} after {what}: {'; '.join(wrong) or 'queues as expected'}; "
-            f"{len(status.queues)} queues, {status.retries_pending} retries pending, "
-            f"{status.dlq_messages} dead letters"
-        )
 
 
 def pop_against_pull(broker: ServerProcess, plan: Plan, workdir: Path) -> Figure:
@@ -350,7 +288,7 @@ def _drain(
     specs = [{"mode": "pop", "target": broker.target, "group": group}] * CONSUMERS
     drain, reports = _run_consumers(broker, specs, workdir)
     check_reports(reports, plan.messages, "pop", first_deliveries=True)
-    _check_group(broker.target, group, per_queue)
+    check_group(broker.target, group, POP_TOPIC, QUEUES, per_queue, "the pop round")
     return drain
 
 
@@ -576,7 +514,7 @@ async def _timers(broker: ServerProcess, plan: Plan) -> TimerRun:
                 for start in range(0, n, SEND_BATCH)
             ]
             try:
-                send_s, answered_ms = await _send_all(broker.target, requests)
+                send_s, answered_ms = await send_all(broker.target, requests, SENDERS)
             except grpc.aio.AioRpcError as exc:
                 raise RuntimeError(
                     f"a timed batch was refused ({exc.code().name}: {exc.details()}); if some "

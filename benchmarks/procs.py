@@ -2,7 +2,9 @@
 
 `ServerProcess` starts `python -m MODULE ... --port-file F`, waits for the
 port file, and stops the child by its PID (SIGTERM, then SIGKILL). Use it as a
-context manager so the child is stopped on every path. `pinned` pins the
+context manager so the child is stopped on every path. `namesrv_process` is a
+name server on loopback, `wait_for_route` waits until it routes a topic, and
+`free_port` finds a port for a server that needs one named up front. `pinned` pins the
 calling process (the load generator) to some CPUs and restores the old mask.
 """
 
@@ -12,6 +14,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -155,3 +158,42 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def free_port() -> int:
+    """A loopback port free now (for a server that must be told its port)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def namesrv_process(workdir: Path, cpus: set[int] | None = None, name: str = "namesrv"):
+    """A name server on a free loopback port, its home under `workdir`."""
+    args = ["--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1"]
+    return ServerProcess(
+        "services.namesrv", [*args, "--home", str(workdir / f"{name}-home")], workdir, name, cpus
+    )
+
+
+def wait_for_route(namesrv: str, topic: str, timeout_s: float = 30.0) -> None:
+    """Wait until the name server at `namesrv` routes `topic` to some queue."""
+    import grpc
+
+    from ferry.v1 import namesrv_pb2, namesrv_pb2_grpc
+
+    with grpc.insecure_channel(namesrv) as channel:
+        stub = namesrv_pb2_grpc.NameServerStub(channel)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                route = stub.GetRouteInfoByTopic(
+                    namesrv_pb2.GetRouteInfoByTopicRequest(topic=topic), timeout=timeout_s
+                )
+                if route.queue_datas:
+                    return
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.NOT_FOUND:
+                    raise
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no route for {topic} on the name server after {timeout_s} s")
+            time.sleep(0.05)

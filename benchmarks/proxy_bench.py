@@ -59,12 +59,18 @@ import grpc
 from apache.rocketmq.v2 import definition_pb2 as v2
 from apache.rocketmq.v2 import service_pb2 as s
 from benchmarks.broker_bench import _broker_args, _create_topic
-from benchmarks.drains import check_reports, pop_and_ack, run_consumers
+from benchmarks.drains import (
+    check_group,
+    check_reports,
+    pop_and_ack,
+    run_consumers,
+    send_all,
+    wait_queue_ends,
+)
 from benchmarks.load import LoadResult, closed_loop
-from benchmarks.pop_bench import _check_group, _send_all
-from benchmarks.procs import ServerProcess, cpu_plan, pinned
+from benchmarks.procs import ServerProcess, cpu_plan, namesrv_process, pinned, wait_for_route
 from benchmarks.report import BenchResult, Figure, Target
-from ferry.v1 import broker_pb2, namesrv_pb2, namesrv_pb2_grpc
+from ferry.v1 import broker_pb2
 from services.proxy.convert import PROPERTY_UNIQ_KEY, duration, send_request, timestamp
 
 TITLE = "proxy — apache.rocketmq.v2 through the proxy against ferry.v1 on the broker"
@@ -76,7 +82,6 @@ V2_ACK = V2 + "AckMessage"
 BROKER_SEND = "/ferry.v1.Broker/SendMessage"
 BROKER_POP = "/ferry.v1.Broker/PopMessage"
 BROKER_ACK = "/ferry.v1.Broker/AckMessage"
-BROKER_MAX_OFFSET = "/ferry.v1.Broker/GetMaxOffset"
 BROKER_STATUS = "/ferry.v1.Broker/GetGroupStatus"
 
 BROKER_NAME = "bench-broker"
@@ -158,24 +163,7 @@ def _cluster(workdir: Path, broker_cpus, proxy_cpus) -> Iterator[Cluster]:
     """A name server, a broker registered with it holding both topics, and a
     proxy, started in that order and stopped in reverse."""
     with contextlib.ExitStack() as stack:
-        namesrv = stack.enter_context(
-            ServerProcess(
-                "services.namesrv",
-                [
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    "0",
-                    "--metrics-port",
-                    "-1",
-                    "--home",
-                    str(workdir / "namesrv-home"),
-                ],
-                workdir,
-                "namesrv",
-                broker_cpus,
-            )  # fmt: skip
-        )
+        namesrv = stack.enter_context(namesrv_process(workdir, broker_cpus))
         broker = stack.enter_context(
             ServerProcess(
                 "services.broker",
@@ -191,7 +179,7 @@ def _cluster(workdir: Path, broker_cpus, proxy_cpus) -> Iterator[Cluster]:
         )
         for topic in (SEND_TOPIC, DRAIN_TOPIC):
             _create_topic(broker.target, topic, QUEUES)
-            _wait_for_route(namesrv.target, topic)
+            wait_for_route(namesrv.target, topic, ROUTE_TIMEOUT_S)
         proxy = stack.enter_context(
             ServerProcess(
                 "services.proxy",
@@ -202,27 +190,6 @@ def _cluster(workdir: Path, broker_cpus, proxy_cpus) -> Iterator[Cluster]:
             )
         )
         yield Cluster(broker, proxy)
-
-
-def _wait_for_route(namesrv: str, topic: str) -> None:
-    with grpc.insecure_channel(namesrv) as channel:
-        stub = namesrv_pb2_grpc.NameServerStub(channel)
-        deadline = time.monotonic() + ROUTE_TIMEOUT_S
-        while True:
-            try:
-                route = stub.GetRouteInfoByTopic(
-                    namesrv_pb2.GetRouteInfoByTopicRequest(topic=topic), timeout=CALL_TIMEOUT_S
-                )
-                if route.queue_datas:
-                    return
-            except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.NOT_FOUND:
-                    raise
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"no route for {topic} on the name server after {ROUTE_TIMEOUT_S} s"
-                )
-            time.sleep(0.05)
 
 
 def _paired(rounds: int, measure: Callable[[str, int], object], ratio, label: str) -> list:
@@ -409,26 +376,9 @@ def preload(target: str, plan: Plan) -> None:
         ).SerializeToString()
         for batch in range(plan.messages // PRELOAD_BATCH)
     ]
-    seconds, _ = asyncio.run(_send_all(target, requests))
+    seconds, _ = asyncio.run(send_all(target, requests))
     _progress(f"preloaded {plan.messages:,} messages in {seconds:.1f} s")
-    per_queue = plan.messages // QUEUES
-    with grpc.insecure_channel(target) as channel:
-        max_offset = channel.unary_unary(
-            BROKER_MAX_OFFSET,
-            request_serializer=broker_pb2.GetMaxOffsetRequest.SerializeToString,
-            response_deserializer=broker_pb2.GetOffsetResponse.FromString,
-        )
-        deadline = time.monotonic() + CALL_TIMEOUT_S
-        while True:  # the dispatcher may still be writing consume queues
-            ends = [
-                max_offset(broker_pb2.GetMaxOffsetRequest(topic=DRAIN_TOPIC, queue_id=q)).offset
-                for q in range(QUEUES)
-            ]
-            if all(end == per_queue for end in ends):
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"queue ends {ends} after preload, expected {per_queue} each")
-            time.sleep(0.05)
+    wait_queue_ends(target, DRAIN_TOPIC, QUEUES, plan.messages // QUEUES)
 
 
 @dataclass(frozen=True)
@@ -576,7 +526,8 @@ def _drain(cluster: Cluster, plan: Plan, workdir: Path, mode: str, r: int) -> Dr
     spec = {"mode": mode, "target": target, "group": group}
     drain, reports = _run_consumers(cluster, [spec] * CONSUMERS, workdir)
     check_reports(reports, plan.messages, mode, first_deliveries=True)
-    _check_group(cluster.broker.target, group, plan.messages // QUEUES, DRAIN_TOPIC, "its drain")
+    per_queue = plan.messages // QUEUES
+    check_group(cluster.broker.target, group, DRAIN_TOPIC, QUEUES, per_queue, "its drain")
     _progress(f"drain round {r + 1}, {mode}: {drain.text()}")
     return drain
 

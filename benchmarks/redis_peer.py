@@ -16,29 +16,22 @@ ferry's master and slave in the ha benchmark. Debian's `redis-server`
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from benchmarks.load import LoadResult, load_result, measure_window
+from benchmarks.load import LoadResult, Run
+from benchmarks.procs import free_port
 
 WAIT_TIMEOUT_MS = 3000  # as ferry's slaveTimeout
 
 
 class RedisMissing(RuntimeError):
     pass
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _server(workdir: Path, name: str, port: int, cpus, *extra: str) -> subprocess.Popen:
@@ -66,7 +59,7 @@ def primary_and_replica(workdir: Path, primary_cpus, replica_cpus) -> Iterator[i
     """Start both, wait until the replica is in sync; yields the primary's port."""
     import redis
 
-    primary_port, replica_port = _free_port(), _free_port()
+    primary_port, replica_port = free_port(), free_port()
     procs = [_server(workdir, "redis-primary", primary_port, primary_cpus)]
     try:
         procs.append(
@@ -111,41 +104,25 @@ async def xadd_wait(
     """`clients` connections, each XADD + WAIT 1 per message, one at a time."""
     import redis.asyncio as aioredis
 
-    latencies: list[float] = []
-    errors = 0
-    measuring = False
-    stopping = False
+    run = Run()
 
     async def client(i: int) -> None:
-        nonlocal errors
         r = aioredis.Redis(host="127.0.0.1", port=port)
         try:
-            while not stopping:
+            while not run.stopping:
                 start = time.perf_counter()
                 pipe = r.pipeline(transaction=False)
                 pipe.xadd(f"bench-{i % 4}", {"b": body})
                 pipe.execute_command("WAIT", 1, WAIT_TIMEOUT_MS)
                 _, replicas = await pipe.execute()
-                if not measuring:
+                if not run.measuring:
                     continue
                 if replicas < 1:
-                    errors += 1
+                    run.errors += 1
                 else:
-                    latencies.append(time.perf_counter() - start)
+                    run.latencies.append(time.perf_counter() - start)
         finally:
             await r.aclose()
 
-    def set_measuring(on: bool) -> None:
-        nonlocal measuring
-        measuring = on
-
-    tasks = [asyncio.create_task(client(i)) for i in range(clients)]
-    try:
-        window = await measure_window(warmup_s, duration_s, None, set_measuring)
-    finally:
-        stopping = True
-        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
-    failed = [o for o in outcomes if isinstance(o, BaseException)]
-    if failed:
-        raise RuntimeError(f"{len(failed)} Redis clients failed: {failed[0]!r}")
-    return load_result(latencies, errors, window)
+    workers = [client(i) for i in range(clients)]
+    return await run.drive(workers, warmup_s, duration_s, None, "Redis clients")
