@@ -270,11 +270,20 @@ class MessagingService:
         groups: dict[tuple[str, int], list[tuple[int, MessageIn, str]]] = {}
         alone: list[tuple[int, str, int, MessageIn, str]] = []
         picked: dict[str, int] = {}
+        writable: dict[str, TopicConfig | FerryError] = {}  # checked once per topic
         now = self.store.clock.wall_ms()
         for i, (topic, queue_id, message) in enumerate(sends):
             try:
-                config = self._writable(topic)
-                group = _message_group((message,), False)
+                config = writable.get(topic)
+                if config is None:
+                    try:
+                        config = self._writable(topic)
+                    except FerryError as exc:  # each of the topic's messages refused alike
+                        config = exc
+                    writable[topic] = config
+                if isinstance(config, FerryError):
+                    raise config
+                group = _group_of(message)
                 if (queue_id is None or queue_id == -1) and not group:
                     queue = picked.get(topic)
                     if queue is None:
@@ -297,7 +306,7 @@ class MessagingService:
             else:
                 groups.setdefault((topic, queue), []).append((i, encoded, topic))
         started = time.perf_counter()
-        appends = [(key, members) for key, members in groups.items()]
+        appends = list(groups.items())
         appends += [((st, sq), [(i, m, topic)]) for i, st, sq, m, topic in alone]
         for (store_topic, store_queue), members in appends:
             try:
@@ -309,7 +318,7 @@ class MessagingService:
                     out[i] = exc
                 continue
             for k, (i, _, topic) in enumerate(members):
-                out[i] = Staged(topic, result, started, k if len(members) > 1 else None)
+                out[i] = Staged(topic, result, started, k)
         return out  # type: ignore[return-value]
 
     def _message_in(self, message: MessageLike, properties: bytes, now_ms: int) -> MessageIn:
@@ -361,9 +370,7 @@ class MessagingService:
         """
         last = max(staged, key=lambda s: s.result.end_offset).result
         status = SendStatus.SEND_OK
-        if not wait_store_msg_ok:
-            self.store.failstop.check()
-        elif not await self.store.wait_durable(last.end_offset):
+        if not await self.store.wait_stored(last.end_offset, wait_store_msg_ok):
             status = SendStatus.FLUSH_DISK_TIMEOUT
         if self.replication_wait is not None and wait_store_msg_ok:
             replicated = await self.replication_wait(last)
@@ -607,7 +614,7 @@ def real_destination(properties: dict[str, str], topics: TopicLookup) -> tuple[s
 
 def _message_group(messages: Sequence[MessageLike], batch: bool) -> str:
     """The message group (`__SHARDINGKEY`) of a send; a batch has one or none."""
-    groups = {(m.properties or {}).get(PROPERTY_SHARDING_KEY, "") for m in messages}
+    groups = {_group_of(m) for m in messages}
     if len(groups) > 1:
         raise InvalidArgument(
             "messages" if batch else "properties",
@@ -615,6 +622,10 @@ def _message_group(messages: Sequence[MessageLike], batch: bool) -> str:
             f"(message group); found {len(groups)}",
         )
     return groups.pop() if groups else ""
+
+
+def _group_of(message: MessageLike) -> str:
+    return (message.properties or {}).get(PROPERTY_SHARDING_KEY, "")
 
 
 def _plain(text: str) -> bool:

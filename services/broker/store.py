@@ -361,11 +361,22 @@ class MessageStore:
             Unavailable: a storage fault; nothing more is acknowledged.
         """
         result = self.append_internal(topic, queue_id, messages)
-        if not wait_flush:
-            self.failstop.check()
-        elif not await self.wait_durable(result.end_offset):
+        if not await self.wait_stored(result.end_offset, wait_flush):
             result = dataclasses.replace(result, status=PutStatus.FLUSH_DISK_TIMEOUT)
         return result
+
+    async def wait_stored(self, end_offset: int, wait_flush: bool = True) -> bool:
+        """What an acknowledgement of appends up to `end_offset` waits for:
+        with `wait_flush`, their flush (SYNC_FLUSH; False if it timed out);
+        without, only that no storage fault has happened.
+
+        Raises:
+            Unavailable: a storage fault; nothing more is acknowledged.
+        """
+        if not wait_flush:
+            self.failstop.check()
+            return True
+        return await self.wait_durable(end_offset)
 
     def append_internal(
         self, topic: str, queue_id: int, messages: Sequence[MessageIn], dispatch_now: bool = True
