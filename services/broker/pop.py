@@ -92,6 +92,7 @@ from services.broker.popcodec import (
     encode_revive,
     handle_prefix,
     handle_suffix,
+    join_handle,
 )
 from services.broker.store import MessageIn, MessageStore, copy_message
 
@@ -431,7 +432,7 @@ class PopService:
                 message = next(stored)
                 if message is None:
                     continue  # deleted meanwhile: it expires and is resolved by the reviver
-                handle = f"{prefix}{offset}{suffix}"
+                handle = join_handle(prefix, offset, suffix)
                 if own:
                     out.append(Popped(message, topic, None, handle, inflight.attempt or 1, until))
                     continue

@@ -62,21 +62,27 @@ class ReceiptHandle(NamedTuple):
     invisible_until_ms: int
 
     def encode(self) -> str:
-        prefix = handle_prefix(self.broker_name, self.group, self.topic, self.queue_id)
-        return (
-            f"{prefix}{self.queue_offset}{handle_suffix(self.checkpoint, self.invisible_until_ms)}"
+        return join_handle(
+            handle_prefix(self.broker_name, self.group, self.topic, self.queue_id),
+            self.queue_offset,
+            handle_suffix(self.checkpoint, self.invisible_until_ms),
         )
 
 
 def handle_prefix(broker_name: str, group: str, topic: str, queue_id: int) -> str:
     """Fields 1-5 of a handle and a space, shared by every message popped from
-    one queue. A handle is `prefix + str(queue_offset) + suffix`."""
+    one queue (`join_handle` makes a handle of it)."""
     return f"{HANDLE_VERSION} {broker_name} {group} {topic} {queue_id} "
 
 
 def handle_suffix(checkpoint: int, invisible_until_ms: int) -> str:
     """A space and fields 7-8, shared by every message of one checkpoint."""
     return f" {checkpoint} {invisible_until_ms}"
+
+
+def join_handle(prefix: str, queue_offset: int, suffix: str) -> str:
+    """A handle from a queue's prefix, a message's queue offset and a checkpoint's suffix."""
+    return f"{prefix}{queue_offset}{suffix}"
 
 
 def decode_handle(text: str) -> ReceiptHandle:
