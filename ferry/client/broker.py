@@ -322,8 +322,8 @@ class _Routes:
         self._clients: dict[str, BrokerClient] = {}
 
     def get(self, topic: str, refresh: bool = False) -> _Route:
-        route = self._routes.get(topic)
-        if refresh or route is None or time.monotonic() - route.fetched > self.ttl_s:
+        route = None if refresh else self.cached(topic)
+        if route is None:
             try:
                 data = self.namesrv.route(topic)
             except grpc.RpcError as exc:

@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 import grpc
 
 from ferry.client.broker import (
+    _OPTIONS,
+    _RETRIABLE,
     NoRoute,
     NoWritableQueue,
     QueueRef,
@@ -58,15 +60,9 @@ from ferry.client.broker import (
     message_properties,
 )
 from ferry.client.namesrv import NamesrvClient
-from ferry.client.sendstream import StreamSender, StreamSendError
+from ferry.client.sendstream import StreamSender, StreamSendError, no_answer
 from ferry.runtime import tls
 from ferry.v1 import broker_pb2, broker_pb2_grpc
-
-_RETRIABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-_OPTIONS = [
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-]
 
 
 class BufferFull(Exception):
@@ -317,10 +313,8 @@ class PipelinedProducer:
             name, queue_id = ref.broker_name, ref.queue_id
         addr = route.master(name)
         assert addr is not None
-        if queue_id is not None:
+        if queue_id is not None:  # else unset: the broker picks (a fresh message)
             item.message.queue_id = queue_id
-        else:
-            item.message.ClearField("queue_id")
         key = (item.topic, addr, queue_id, item.group if queue_id is None else "")
         lane = self._lanes.get(key)
         if lane is None:
@@ -437,16 +431,9 @@ def _queue(lane: _Lane, item: _Item) -> None:
 
 
 def _expire(futures: list[asyncio.Future], timeout_s: float) -> None:
-    """No answer in time: the message may be stored (it was written)."""
     for f in futures:
         if not f.done():
-            f.set_exception(
-                StreamSendError(
-                    grpc.StatusCode.DEADLINE_EXCEEDED,
-                    f"no answer within {timeout_s:g} s",
-                    maybe_stored=True,
-                )
-            )
+            f.set_exception(no_answer(timeout_s))
 
 
 def _fail(item: _Item, exc: BaseException) -> None:

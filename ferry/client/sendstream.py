@@ -52,6 +52,15 @@ class StreamSendError(Exception):
         return self._details
 
 
+def no_answer(timeout_s: float) -> StreamSendError:
+    """A written message not answered within `timeout_s`: it may be stored."""
+    return StreamSendError(
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        f"no answer on the send stream within {timeout_s:g} s",
+        maybe_stored=True,
+    )
+
+
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 
@@ -61,7 +70,8 @@ class _Stream:
     def __init__(self, call) -> None:
         self.call = call
         self.waiting: dict[int, asyncio.Future] = {}
-        self.written: set[int] = set()  # sequences whose write completed
+        # Sequences rise in the order written: those up to here were written.
+        self.written_upto = 0
         self.outbox: list[broker_pb2.StreamedMessage] = []
         self.wake = asyncio.Event()
         self.failed: StreamSendError | None = None
@@ -88,11 +98,7 @@ class StreamSender:
             try:
                 return await asyncio.wait_for(future, self._timeout_s)
             except TimeoutError:
-                raise StreamSendError(
-                    grpc.StatusCode.DEADLINE_EXCEEDED,
-                    f"no answer on the send stream within {self._timeout_s:g} s",
-                    maybe_stored=True,
-                ) from None
+                raise no_answer(self._timeout_s) from None
 
     def submit(self, messages: list[broker_pb2.StreamedMessage]) -> list[asyncio.Future]:
         """Hand messages to the stream, in this order, without waiting and
@@ -103,11 +109,7 @@ class StreamSender:
         futures = []
         for message in messages:
             message.sequence = sequence = next(self._sequence)
-            future = loop.create_future()
-            stream.waiting[sequence] = future
-            future.add_done_callback(
-                lambda _f, s=sequence, st=stream: (st.waiting.pop(s, None), st.written.discard(s))
-            )
+            future = stream.waiting[sequence] = loop.create_future()
             futures.append(future)
         stream.outbox.extend(messages)
         stream.wake.set()
@@ -129,7 +131,7 @@ class StreamSender:
                 if stream.outbox:
                     batch, stream.outbox = stream.outbox, []
                     await stream.call.write(broker_pb2.SendStreamRequest(messages=batch))
-                    stream.written.update(m.sequence for m in batch)
+                    stream.written_upto = batch[-1].sequence
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the reader reports the call's status
@@ -159,7 +161,7 @@ class StreamSender:
             stream.wake.set()  # the writer stops
             for sequence, future in list(stream.waiting.items()):
                 if not future.done():
-                    written = sequence in stream.written
+                    written = sequence <= stream.written_upto
                     future.set_exception(
                         StreamSendError(error.code(), error.details(), maybe_stored=written)
                     )
