@@ -13,18 +13,13 @@ from ferry.client.namesrv import NamesrvClient
 from tests.integration.support import run_ferry
 
 
-@pytest.fixture
-def cluster(two_brokers):
-    return two_brokers
-
-
 def ok(result) -> str:
     assert result.returncode == 0, result.stderr
     return result.stdout
 
 
-def test_topic_create_send_consume_round_trip(cluster):
-    ns, brokers = cluster
+def test_topic_create_send_consume_round_trip(two_brokers):
+    ns, brokers = two_brokers
     n = ("-n", ns.addr)
     out = ok(
         run_ferry(
@@ -66,8 +61,8 @@ def test_topic_create_send_consume_round_trip(cluster):
     assert ok(again).strip() == ""
 
 
-def test_delete_and_runtime(cluster):
-    ns, brokers = cluster
+def test_delete_and_runtime(two_brokers):
+    ns, brokers = two_brokers
     a = brokers[0].addr
     ok(run_ferry("topic", "create", "Temp", "-b", a, "-n", ns.addr))
     ok(run_ferry("topic", "delete", "Temp", "-b", a, "-n", ns.addr))
@@ -77,18 +72,18 @@ def test_delete_and_runtime(cluster):
     assert info["brokerName"] == "broker-a"
 
 
-def test_errors_name_the_problem(cluster):
-    ns, _ = cluster
+def test_errors_name_the_problem(two_brokers):
+    ns, _ = two_brokers
     missing = run_ferry("send", "Nope", "--body", "x", "-n", ns.addr)
     assert missing.returncode == 1 and "has no route" in missing.stderr
     bad = run_ferry("send", "bad topic", "--body", "x", "-n", ns.addr)
     assert bad.returncode == 2 and "characters outside" in bad.stderr
 
 
-def test_a_broker_named_as_a_name_server_is_skipped(cluster):
+def test_a_broker_named_as_a_name_server_is_skipped(two_brokers):
     # -n naming a broker's port by mistake: it does not serve NameServer
     # (UNIMPLEMENTED), so the client says so and moves on to the next address.
-    ns, brokers = cluster
+    ns, brokers = two_brokers
     both = f"{brokers[0].addr};{ns.addr}"
     assert "broker-a" in ok(run_ferry("cluster", "-n", both))
     only = run_ferry("cluster", "-n", brokers[0].addr, "--timeout", "2")
@@ -96,8 +91,8 @@ def test_a_broker_named_as_a_name_server_is_skipped(cluster):
     assert f"{brokers[0].addr}: not a ferry name server" in only.stderr
 
 
-def test_producer_fails_over_to_the_other_broker(cluster):
-    ns, brokers = cluster
+def test_producer_fails_over_to_the_other_broker(two_brokers):
+    ns, brokers = two_brokers
     with NamesrvClient([ns.addr]) as nsc:
         ok(run_ferry("topic", "create", "Fail", "-c", "DefaultCluster", "-n", ns.addr))
         with Producer(nsc, retries=2, timeout_s=3) as producer:
