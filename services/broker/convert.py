@@ -7,7 +7,8 @@ from collections.abc import Mapping
 
 from ferry import record
 from ferry.model import DataVersion, SubscriptionGroupConfig, TopicConfig, dlq_topic
-from ferry.runtime.errors import InvalidArgument
+from ferry.runtime.errors import FerryError, InvalidArgument
+from ferry.runtime.grpc_errors import status_of
 from ferry.v1 import broker_admin_pb2, broker_pb2, common_pb2
 from services.broker.messaging import OutgoingMessage, SendOutcome
 from services.broker.pop import AckResult, ChangeResult, GroupStatus, Popped
@@ -137,6 +138,17 @@ def send_result_pb(outcome: SendOutcome) -> broker_pb2.SendResult:
         message_count=len(outcome.msg_ids),
         msg_ids=outcome.msg_ids if len(outcome.msg_ids) > 1 else (),
     )
+
+
+def streamed_result_pb(
+    sequence: int, outcome: SendOutcome | FerryError
+) -> broker_pb2.StreamedResult:
+    """One `SendStream` message's answer: its result, or the refusal's status and text."""
+    if isinstance(outcome, FerryError):
+        return broker_pb2.StreamedResult(
+            sequence=sequence, error_code=status_of(outcome).value[0], error=outcome.message
+        )
+    return broker_pb2.StreamedResult(sequence=sequence, result=send_result_pb(outcome))
 
 
 _PULL_STATUS = {

@@ -27,7 +27,6 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from ferry.runtime import errors
-from ferry.runtime.grpc_errors import status_of
 from ferry.v1 import broker_pb2
 from services.broker import convert
 from services.broker.messaging import MessagingService, Staged
@@ -116,17 +115,14 @@ class SendStreamSession:
             staged = [p.outcome for p in batch if p.wait is wait and isinstance(p.outcome, Staged)]
             if staged:
                 statuses[wait] = await self.messaging.settle(staged, wait)
-        results = []
-        for p in batch:
-            if isinstance(p.outcome, Staged):
-                sent = convert.send_result_pb(p.outcome.outcome(statuses[p.wait]))
-                results.append(broker_pb2.StreamedResult(sequence=p.sequence, result=sent))
-            else:
-                results.append(
-                    broker_pb2.StreamedResult(
-                        sequence=p.sequence,
-                        error_code=status_of(p.outcome).value[0],
-                        error=p.outcome.message,
-                    )
+        return broker_pb2.SendStreamResponse(
+            results=[
+                convert.streamed_result_pb(
+                    p.sequence,
+                    p.outcome.outcome(statuses[p.wait])
+                    if isinstance(p.outcome, Staged)
+                    else p.outcome,
                 )
-        return broker_pb2.SendStreamResponse(results=results)
+                for p in batch
+            ]
+        )
