@@ -5,12 +5,15 @@ name server and a broker:
 
 - no call fails with INTERNAL or UNKNOWN, and every unary answer carries a v2
   status (the API's error channel);
+- no method raised: the proxy answers an exception of its own with a v2
+  INTERNAL_ERROR under gRPC OK, so its "unexpected error" log is checked;
 - the proxy stays SERVING.
 
 FERRY_FUZZ_EXAMPLES sets the examples per RPC (default 100)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import grpc
@@ -65,7 +68,7 @@ def proxied(tmp_path_factory) -> Iterator[Proxied]:
 
 
 @pytest.mark.parametrize("method", list(SERVICE.methods), ids=[m.name for m in SERVICE.methods])
-def test_random_requests_never_break_the_proxy(proxied, method):
+def test_random_requests_never_break_the_proxy(proxied, method, caplog):
     path = f"/{SERVICE.full_name}/{method.name}"
     out_cls = message_factory.GetMessageClass(method.output_type)
     serialize = lambda m: m.SerializeToString()  # noqa: E731
@@ -99,5 +102,8 @@ def test_random_requests_never_break_the_proxy(proxied, method):
         except grpc.RpcError as exc:
             assert exc.code() not in BAD, f"{method.name}: {exc.code()} {exc.details()}"
 
-    one()
+    with caplog.at_level(logging.ERROR, logger="services.proxy.metrics"):
+        one()
+    crashes = [r.getMessage() for r in caplog.records if r.name == "services.proxy.metrics"]
+    assert not crashes, crashes[:3]
     assert proxied.healthy()
