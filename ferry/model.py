@@ -122,6 +122,12 @@ def check_perm(value: int, field: str = "perm") -> int:
     return value
 
 
+def order_brokers(order_topic_conf: str) -> set[str]:
+    """The broker names in a topic's ORDER_TOPIC_CONFIG value
+    (`brokerName:queues;brokerName:queues`): the brokers it is ordered on."""
+    return {part.split(":", 1)[0] for part in order_topic_conf.split(";") if part}
+
+
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 # RocketMQ's default messageDelayLevel: level n (1-based) waits DELAY_LEVELS_S[n - 1].
 DELAY_LEVELS_S = (

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
-from ferry.model import SCHEDULE_TOPIC, TopicConfig, revive_topic
+from ferry.model import SCHEDULE_TOPIC, TopicConfig, order_brokers, revive_topic
 from ferry.runtime import auth
 from ferry.runtime.clock import Clock, SystemClock
 from ferry.runtime.errors import FerryError, StorageFault
@@ -597,9 +597,8 @@ class BrokerApp:
         assert self.metadata is not None
         name = self.config.broker_name
         for topic, value in table.items():
-            brokers = {part.split(":", 1)[0] for part in value.split(";") if part}
             config = self.metadata.topics.get(topic)
-            if name in brokers and config is not None and not config.order:
+            if name in order_brokers(value) and config is not None and not config.order:
                 self.metadata.topics.put(dataclasses.replace(config, order=True))
                 log.info("topic %s is ordered (ORDER_TOPIC_CONFIG on the name server)", topic)
 

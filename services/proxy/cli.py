@@ -7,6 +7,7 @@ import logging
 import os
 from pathlib import Path
 
+from ferry.client import namesrv
 from ferry.client.namesrv import parse_addrs
 from ferry.runtime import eventloop
 from ferry.runtime.errors import FerryError
@@ -37,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--namesrv",
         default=None,
         metavar="ADDRS",
-        help="name servers, 'host:port;host:port' (default $FERRY_NAMESRV, else 127.0.0.1:9876)",
+        help=f"name servers, 'host:port;host:port' (default ${namesrv.ENV_VAR}, else "
+        f"{namesrv.DEFAULT_ADDR})",
     )
     parser.add_argument(
         "--advertise-host",

@@ -76,7 +76,7 @@ def status(code: int, message: str = "OK") -> v2.Status:
 OK = status(Code.OK)
 
 
-def error_code(exc: grpc.aio.AioRpcError, field: str = "") -> int:
+def error_code(exc: grpc.aio.AioRpcError) -> int:
     """A broker's gRPC error as the v2 code an SDK understands."""
     code, text = exc.code(), exc.details() or ""
     if code == grpc.StatusCode.NOT_FOUND:
@@ -189,14 +189,14 @@ def received_message(m: broker_pb2.MessageExt, invisible_ms: int) -> v2.Message:
     sp.body_digest.checksum = format(zlib.crc32(m.body) & 0xFFFFFFFF, "08X")
     sp.body_encoding = v2.IDENTITY
     sp.message_type = message_type(props)
-    sp.born_timestamp.CopyFrom(timestamp(m.born_timestamp))
+    sp.born_timestamp.FromMilliseconds(m.born_timestamp)
     sp.born_host = m.born_host
-    sp.store_timestamp.CopyFrom(timestamp(m.store_timestamp))
+    sp.store_timestamp.FromMilliseconds(m.store_timestamp)
     sp.store_host = m.store_host
     sp.receipt_handle = m.receipt_handle
     sp.queue_id = m.queue_id
     sp.queue_offset = m.queue_offset
-    sp.invisible_duration.CopyFrom(duration(invisible_ms))
+    sp.invisible_duration.FromMilliseconds(invisible_ms)
     sp.delivery_attempt = m.delivery_attempt
     group = props.get(PROPERTY_SHARDING_KEY)
     if group:

@@ -16,7 +16,6 @@ never talks to a name server and knows no other broker.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,16 +23,19 @@ from typing import Any, Protocol
 
 import grpc
 
-from ferry.model import PERM_READ, PERM_READ_WRITE, PERM_WRITE, TopicConfig
+from ferry.model import (
+    MASTER_ID,
+    PERM_READ,
+    PERM_READ_WRITE,
+    PERM_WRITE,
+    TopicConfig,
+    order_brokers,
+)
 from ferry.runtime.tls import ClientTLS, aio_channel
 from ferry.v1 import broker_pb2_grpc, common_pb2, namesrv_pb2, namesrv_pb2_grpc
 
-log = logging.getLogger(__name__)
-
-MASTER_ID = 0
 ROUTE_TTL_S = 30.0
 CALL_TIMEOUT_S = 3.0
-_UNANSWERED = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
 class TopicNotFound(Exception):
@@ -86,8 +88,6 @@ class RouteSource(Protocol):
         ...
 
     def broker_addr(self, broker_name: str) -> str | None: ...
-
-    def forget(self, topic: str) -> None: ...
 
     def stub(self, addr: str) -> broker_pb2_grpc.BrokerStub: ...
 
@@ -156,9 +156,6 @@ class Routes:
     def broker_addr(self, broker_name: str) -> str | None:
         """The master address last seen for a broker name."""
         return self._broker_addrs.get(broker_name)
-
-    def forget(self, topic: str) -> None:
-        self._routes.pop(topic, None)
 
     def stub(self, addr: str) -> broker_pb2_grpc.BrokerStub:
         entry = self._brokers.get(addr)
@@ -234,9 +231,6 @@ class LocalRoutes:
         """This broker's address for its own name; None for any other."""
         return self.addr if broker_name == self.broker_name else None
 
-    def forget(self, topic: str) -> None:
-        """Nothing is cached."""
-
     def stub(self, addr: str) -> broker_pb2_grpc.BrokerStub:
         """The broker's own stub: every address this class hands out is its own."""
         if self._stub is None:
@@ -267,7 +261,5 @@ def _route(topic: str, data: common_pb2.TopicRouteData) -> Route:
             key=lambda b: b.broker_name,
         )
     )  # fmt: skip
-    ordered = any(
-        part.split(":", 1)[0] in masters for part in data.order_topic_conf.split(";") if part
-    )
+    ordered = not order_brokers(data.order_topic_conf).isdisjoint(masters)
     return Route(topic, brokers, ordered, time.monotonic())

@@ -51,9 +51,9 @@ def combinable(request: broker_pb2.SendMessageRequest) -> bool:
 
 @dataclass
 class _Lane:
-    """The sends of one (broker, topic): one call in flight, the rest waiting."""
+    """The sends of one (broker, topic): one call in flight, the rest waiting.
+    A lane exists while its call is in flight (it is busy while it is in `_lanes`)."""
 
-    busy: bool = False
     waiting: list[tuple[broker_pb2.SendMessageRequest, asyncio.Future]] = field(
         default_factory=list
     )
@@ -81,12 +81,12 @@ class SendCoalescer:
         if not combinable(request):
             return await self._single(addr, request)
         key = (addr, request.topic, request.producer_group)
-        lane = self._lanes.setdefault(key, _Lane())
-        if lane.busy:
+        lane = self._lanes.get(key)
+        if lane is not None:  # a call is in flight: wait to go in the next one
             future = asyncio.get_running_loop().create_future()
             lane.waiting.append((request, future))
             return await future
-        lane.busy = True
+        lane = self._lanes[key] = _Lane()
         try:
             return await self._single(addr, request)
         finally:
@@ -102,9 +102,7 @@ class SendCoalescer:
     def _next(self, addr: str, key: tuple[str, str, str], lane: _Lane) -> None:
         """Start the batch of what waited while the lane was busy, or free the lane."""
         if not lane.waiting:
-            lane.busy = False
-            if self._lanes.get(key) is lane:
-                del self._lanes[key]
+            del self._lanes[key]
             return
         batch, size = [], 0
         for request, future in lane.waiting:

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import logging
 import time
-import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,16 +22,15 @@ import grpc
 from apache.rocketmq.v2 import definition_pb2 as v2
 from apache.rocketmq.v2 import service_pb2 as s
 from apache.rocketmq.v2 import service_pb2_grpc
-from ferry.model import TOPIC_MAX_LENGTH, TOPIC_PATTERN
+from ferry.client.broker import group_broker
+from ferry.model import DELAY_LEVELS_S, TOPIC_MAX_LENGTH, TOPIC_PATTERN, SubscriptionGroupConfig
 from ferry.v1 import broker_pb2
 from services.broker.popcodec import handle_broker
 from services.proxy import convert, metrics
 from services.proxy.convert import OK, Code, status
 from services.proxy.metrics import ProxyMetrics
-from services.proxy.routes import BrokerQueues, NameServersDown, Route, RouteSource, TopicNotFound
+from services.proxy.routes import BrokerQueues, NameServersDown, RouteSource, TopicNotFound
 from services.proxy.sends import SendCoalescer
-
-log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # the brokers' default maxMessageSize
 MAX_BATCH = 32  # the brokers' largest pop
@@ -43,8 +40,8 @@ DEADLINE_MARGIN_MS = 1_000  # a receive stream ends this long before the client'
 CALL_TIMEOUT_S = 10.0
 SEND_ATTEMPTS = 3  # brokers tried per message
 ACCEPTED_TYPES = (v2.NORMAL, v2.FIFO, v2.DELAY)
-# What the brokers redeliver with (messageDelayLevel from level 3): a consumer's backoff.
-RETRY_BACKOFF_S = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800)
+# What the brokers redeliver with (messageDelayLevel, from level 1): a consumer's backoff.
+RETRY_BACKOFF_S = DELAY_LEVELS_S[:16]
 
 
 @dataclass(frozen=True)
@@ -210,7 +207,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 return answer.orderly, answer.retry_max_times
             except (TopicNotFound, NameServersDown, StopIteration, grpc.aio.AioRpcError):
                 continue
-        return False, 16
+        return False, SubscriptionGroupConfig.retry_max_times
 
     # ------------------------------------------------------------ send
 
@@ -256,7 +253,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             if not writable:
                 return failed(Code.FORBIDDEN, f"topic {topic!r} has no writable queue now")
             if group:  # a message group stays on one broker (and the broker hashes the queue)
-                broker = writable[zlib.crc32(group.encode()) % len(writable)]
+                name = group_broker(writable, group)  # as ferry's own producers pick
+                broker = next(b for b in writable if b.broker_name == name)
             else:
                 broker = writable[(next(self._round_robin) + attempt) % len(writable)]
             try:
@@ -365,8 +363,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             return s.AckMessageResponse(status=status(Code.BAD_REQUEST, "no entry to acknowledge"))
         results: list[s.AckMessageResultEntry | None] = [None] * len(request.entries)
         by_broker: dict[str, list[int]] = {}
+        names = [handle_broker(entry.receipt_handle) for entry in request.entries]
+        addrs = await self._broker_addrs(names, topic)
         for i, entry in enumerate(request.entries):
-            addr = await self._handle_addr(entry.receipt_handle, topic)
+            addr = addrs.get(names[i])
             if addr is None:
                 results[i] = _ack_entry(
                     entry, Code.INVALID_RECEIPT_HANDLE,
@@ -473,15 +473,18 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         return answer, OK
 
     async def _handle_addr(self, receipt_handle: str, topic: str) -> str | None:
-        """The address of the broker a receipt handle names (routes refreshed once)."""
+        """The address of the broker a receipt handle names."""
         name = handle_broker(receipt_handle)
-        if not name:
-            return None
-        addr = self.routes.broker_addr(name)
-        if addr is None:
+        return (await self._broker_addrs([name], topic)).get(name)
+
+    async def _broker_addrs(self, names: list[str], topic: str) -> dict[str, str | None]:
+        """The addresses of the brokers named ("" for no broker: None), with
+        the topic's route refreshed once at most if one is not known."""
+        addrs = {name: self.routes.broker_addr(name) for name in set(names) if name}
+        if None in addrs.values():
             await self._learn_brokers(topic)
-            addr = self.routes.broker_addr(name)
-        return addr
+            addrs = {name: addr or self.routes.broker_addr(name) for name, addr in addrs.items()}
+        return addrs
 
     # ------------------------------------------------------------ not served
 
@@ -565,4 +568,4 @@ def _permission(broker: BrokerQueues, queue_id: int) -> int:
     return v2.READ if read else v2.WRITE if write else v2.NONE
 
 
-__all__ = ["MessagingServicer", "ProxyOptions", "Route"]
+__all__ = ["MessagingServicer", "ProxyOptions"]
