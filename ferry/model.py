@@ -212,6 +212,9 @@ class TopicConfig:
         return max(self.read_queue_nums, self.write_queue_nums)
 
 
+DEFAULT_RETRY_MAX_TIMES = 16  # redeliveries before the dead-letter queue (RocketMQ's default)
+
+
 @dataclass(frozen=True, slots=True)
 class SubscriptionGroupConfig:
     """A consumer group's settings (RocketMQ SubscriptionGroupConfig)."""
@@ -221,7 +224,7 @@ class SubscriptionGroupConfig:
     consume_from_min_enable: bool = True
     consume_broadcast_enable: bool = True
     retry_queue_nums: int = 1
-    retry_max_times: int = 16
+    retry_max_times: int = DEFAULT_RETRY_MAX_TIMES
     broker_id: int = 0
     which_broker_when_consume_slowly: int = 1
     notify_consumer_ids_changed_enable: bool = True

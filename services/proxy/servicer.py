@@ -23,7 +23,7 @@ from apache.rocketmq.v2 import definition_pb2 as v2
 from apache.rocketmq.v2 import service_pb2 as s
 from apache.rocketmq.v2 import service_pb2_grpc
 from ferry.client.broker import group_broker
-from ferry.model import DELAY_LEVELS_S, TOPIC_MAX_LENGTH, TOPIC_PATTERN, SubscriptionGroupConfig
+from ferry.model import DEFAULT_RETRY_MAX_TIMES, DELAY_LEVELS_S, TOPIC_MAX_LENGTH, TOPIC_PATTERN
 from ferry.v1 import broker_pb2
 from services.broker.popcodec import handle_broker
 from services.proxy import convert, metrics
@@ -207,7 +207,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 return answer.orderly, answer.retry_max_times
             except (TopicNotFound, NameServersDown, StopIteration, grpc.aio.AioRpcError):
                 continue
-        return False, SubscriptionGroupConfig.retry_max_times
+        return False, DEFAULT_RETRY_MAX_TIMES
 
     # ------------------------------------------------------------ send
 
