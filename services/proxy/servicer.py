@@ -38,6 +38,7 @@ DEFAULT_INVISIBLE_MS = 30_000
 DEFAULT_LONG_POLL_MS = 20_000
 DEADLINE_MARGIN_MS = 1_000  # a receive stream ends this long before the client's deadline
 CALL_TIMEOUT_S = 10.0
+MAX_MS = 2**63 - 1  # the broker's int64 timestamps
 SEND_ATTEMPTS = 3  # brokers tried per message
 ACCEPTED_TYPES = (v2.NORMAL, v2.FIFO, v2.DELAY)
 # What the brokers redeliver with (messageDelayLevel, from level 1): a consumer's backoff.
@@ -237,6 +238,12 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 Code.MESSAGE_BODY_TOO_LARGE,
                 f"the body is {len(message.body)} bytes; the limit is "
                 f"{self.options.max_body_bytes}",
+            )
+        born = message.system_properties.born_timestamp
+        if not 0 <= convert.to_ms(born) <= MAX_MS:
+            return failed(
+                Code.BAD_REQUEST,
+                f"system_properties.born_timestamp ({born.seconds} s) is not a date after 1970",
             )
         request = convert.send_request(message, topic)
         group = message.system_properties.message_group

@@ -18,11 +18,11 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from google.protobuf import message_factory
+from google.protobuf import message_factory, timestamp_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 
-from apache.rocketmq.v2 import service_pb2
+from apache.rocketmq.v2 import definition_pb2, service_pb2, service_pb2_grpc
 from ferry.v1 import broker_pb2, broker_pb2_grpc
 from services.proxy.app import ProxyApp, ProxyConfig
 from tests.conftest import LoopThread, start_broker, start_namesrv
@@ -107,3 +107,20 @@ def test_random_requests_never_break_the_proxy(proxied, method, caplog):
     crashes = [r.getMessage() for r in caplog.records if r.name == "services.proxy.metrics"]
     assert not crashes, crashes[:3]
     assert proxied.healthy()
+
+
+@pytest.mark.parametrize("seconds", [-(2**63), -1, 2**62])
+def test_a_born_timestamp_that_is_no_date_is_a_bad_request(proxied, seconds):
+    # Found by the fuzzer: it overflowed the broker's int64 and crashed the call.
+    message = definition_pb2.Message(
+        topic=definition_pb2.Resource(name="TopicTest"),
+        body=b"x",
+        system_properties=definition_pb2.SystemProperties(
+            message_id="01ABC", born_timestamp=timestamp_pb2.Timestamp(seconds=seconds)
+        ),
+    )
+    answer = service_pb2_grpc.MessagingServiceStub(proxied.channel).SendMessage(
+        service_pb2.SendMessageRequest(messages=[message]), timeout=5
+    )
+    assert answer.entries[0].status.code == definition_pb2.BAD_REQUEST
+    assert "born_timestamp" in answer.entries[0].status.message
