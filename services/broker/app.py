@@ -76,6 +76,7 @@ from services.ha.slave import HASlave, HASlaveConfig
 from services.ha.sync import ReplicaAcks
 
 if TYPE_CHECKING:
+    from services.broker.failover import Incarnation
     from services.proxy.routes import LocalRoutes
     from services.proxy.servicer import MessagingServicer
 
@@ -117,8 +118,13 @@ class BrokerApp:
         config: BrokerConfig,
         clock: Clock | None = None,
         registry: CollectorRegistry | None = None,
+        incarnation: Incarnation | None = None,
     ) -> None:
+        """`incarnation`: this run's role in an automatic-failover group
+        (services.broker.failover), which restarts the app on every role change;
+        None without failover."""
         self.config = config
+        self.incarnation = incarnation
         self.clock = clock or SystemClock()
         self.registry = registry or CollectorRegistry()
         self.gate = Gate()
@@ -160,6 +166,8 @@ class BrokerApp:
 
     @property
     def metrics_port(self) -> int:
+        if self.incarnation is not None:  # served by the failover node, across roles
+            return self.incarnation.metrics_port
         return self._metrics_endpoint.port if self._metrics_endpoint else -1
 
     @property
@@ -336,13 +344,19 @@ class BrokerApp:
             timer=self.timer,
         )
         messaging.on_sent = metrics.observe_send
+        if self.incarnation is not None:
+            messaging.fence = self.incarnation.fence
         if self.timer is not None:
             self.timer.on_delivered = metrics.observe_timer_delivery
-        if cfg.metrics_port >= 0:
+        if cfg.metrics_port >= 0 and self.incarnation is None:
             self._metrics_endpoint = start_metrics_endpoint(
                 cfg.bind_host, cfg.metrics_port, self.registry, loop=asyncio.get_running_loop()
             )
         await store.start()
+        if self.incarnation is not None:
+            # Before HA or any send: a new leader records its epoch, a follower
+            # cuts what its new leader does not have.
+            await self.incarnation.on_store_open(store)
         await self._start_ha(store, messaging)
         if not cfg.is_slave:
             self.scheduler = DelayScheduler(
@@ -364,6 +378,8 @@ class BrokerApp:
         if cfg.namesrv_addrs:
             from services.broker.registration import BrokerIdentity, Registrar
 
+            epoch = self.incarnation.epoch if self.incarnation is not None else 0
+
             self.registrar = Registrar(
                 cfg.namesrv_addrs,
                 BrokerIdentity(
@@ -376,6 +392,7 @@ class BrokerApp:
                     metrics_addr=(
                         f"{cfg.broker_ip1}:{self.metrics_port}" if self.metrics_port > 0 else ""
                     ),
+                    epoch=epoch,
                 ),
                 topics=metadata.topics.snapshot,
                 permission=lambda: self.permission[0],
@@ -428,7 +445,8 @@ class BrokerApp:
         finally:
             self.failed.set()
 
-    async def stop(self) -> None:
+    async def stop(self, grace_s: float | None = None) -> None:
+        """`grace_s`: how long in-flight calls may finish (default: the config's)."""
         if self._stopped:
             return
         self._stopped = True
@@ -446,7 +464,7 @@ class BrokerApp:
         if self.ha_master is not None:
             await self.ha_master.stop()
         if self.server is not None:
-            await self.server.stop(self.config.grace_s)
+            await self.server.stop(self.config.grace_s if grace_s is None else grace_s)
         if self.proxy is not None:
             await self.proxy.close()
         if self.local_routes is not None:
@@ -507,6 +525,7 @@ class BrokerApp:
         makes sends wait for one); a slave follows its master."""
         cfg = self.config
         secret = cfg.ha_secret.encode()
+        epoch = self.incarnation.epoch if self.incarnation is not None else None
         if cfg.is_master:
             self.acks = acks = ReplicaAcks(
                 cfg.ha_max_gap_not_in_sync, on_confirmed=lambda _: store.notify_confirmed()
@@ -523,10 +542,16 @@ class BrokerApp:
                     group=cfg.broker_name,
                     max_connections=cfg.ha_max_connections,
                     ssl=_ha_server_ssl(cfg) if cfg.ha_tls else None,
+                    epoch=epoch,
                 ),
                 store.replica_log,
                 acks,
             )
+            if self.incarnation is not None:
+                # A new leader: only its published in-sync slaves' acks count
+                # (none yet), and what its log holds is its epoch's start.
+                acks.require(frozenset(), floor=store.max_offset)
+                acks.on_outsider_ack = self.incarnation.on_outsider_ack
             await self.ha_master.start()
             if cfg.effective_visibility == "confirmed":
                 store.confirm_offset_fn = lambda: acks.confirmed
@@ -541,6 +566,8 @@ class BrokerApp:
                         status = SendStatus.SEND_OK
                     else:
                         status = SendStatus.FLUSH_SLAVE_TIMEOUT
+                        if self.incarnation is not None:  # they leave the in-sync set
+                            self.incarnation.on_slave_timeout(acks.lagging(result.end_offset))
                     if self.metrics is not None:
                         self.metrics.observe_sync(status.value, time.perf_counter() - started)
                     return status
@@ -560,6 +587,7 @@ class BrokerApp:
                     group=cfg.broker_name,
                     replica_id=cfg.broker_id,
                     reset_out_of_range=cfg.ha_reset_out_of_range_slave,
+                    epoch=epoch,
                 ),
                 store.replica_log,
             )
@@ -618,7 +646,8 @@ class BrokerApp:
 
     def _on_master(self, master_addr: str, ha_addr: str) -> None:
         self.admin.master_addr = master_addr
-        if self.ha_slave is not None:
+        if self.ha_slave is not None and self.incarnation is None:
+            # (failover: the leader's HA address comes from etcd, not the name server)
             self.ha_slave.set_master(ha_addr)
         if self.slave_sync is not None:
             self.slave_sync.set_master(master_addr)

@@ -98,7 +98,12 @@ def run(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         nonlocal started
-        app = BrokerApp(config)
+        if config.enable_failover:
+            from services.broker.failover import FailoverNode
+
+            app = FailoverNode(config)  # runs a BrokerApp in the role etcd gives it
+        else:
+            app = BrokerApp(config)
 
         async def start() -> None:
             nonlocal started

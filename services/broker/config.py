@@ -94,6 +94,12 @@ class BrokerConfig:
     auto_create_subscription_group: bool = True
     # RocketMQ 5 SDKs: apache.rocketmq.v2.MessagingService on the gRPC port (local mode).
     enable_proxy: bool = False
+    # Automatic failover on etcd: the group's members campaign for a leader key under
+    # a lease; brokerRole is how a member replicates while it leads.
+    enable_failover: bool = False
+    etcd_endpoints: tuple[str, ...] = ()
+    failover_lease_ttl_s: float = 6.0
+    allow_lossy_failover: bool = False
 
     @property
     def is_slave(self) -> bool:
@@ -450,6 +456,22 @@ KNOWN_KEYS: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
         "backed by this broker alone (RocketMQ's proxy in local mode); masters only, a SLAVE "
         "ignores it",
     ),
+    "enableFailover": (
+        "enable_failover",
+        _bool,
+        "elect the group's master in etcd (etcdEndpoints); brokerId >= 1 per member",
+    ),
+    "etcdEndpoints": ("etcd_endpoints", _namesrv, "etcd client endpoints, host:port;host:port"),
+    "failoverLeaseTtl": (
+        "failover_lease_ttl_s",
+        _ms_to_s(2000),
+        "ms the leader's etcd lease lives without renewal",
+    ),
+    "allowLossyFailover": (
+        "allow_lossy_failover",
+        _bool,
+        "a replica outside the in-sync set may be elected (may lose acknowledged messages)",
+    ),
     "shutdownGraceSeconds": ("grace_s", _int(0), "seconds calls in flight get at shutdown (ferry)"),
     "fileReservedTime": (
         "file_reserved_time_s",
@@ -563,9 +585,11 @@ def load_config(
 
 
 def _check(config: BrokerConfig) -> None:
-    if config.broker_role == "SLAVE" and config.broker_id <= 0:
+    if config.enable_failover:
+        _check_failover(config)
+    elif config.broker_role == "SLAVE" and config.broker_id <= 0:
         raise ConfigError("brokerId", f"a SLAVE needs brokerId > 0, not {config.broker_id}")
-    if config.broker_role != "SLAVE" and config.broker_id != 0:
+    elif config.broker_role != "SLAVE" and config.broker_id != 0:
         raise ConfigError(
             "brokerId", f"a {config.broker_role} must have brokerId 0, not {config.broker_id}"
         )
@@ -610,6 +634,32 @@ def _check(config: BrokerConfig) -> None:
             f"{config.max_message_size} does not fit in a commit-log file of "
             f"{config.commit_log_file_size} bytes (mappedFileSizeCommitLog); set maxMessageSize "
             f"below {config.commit_log_file_size - 512} or raise mappedFileSizeCommitLog",
+        )
+
+
+def _check_failover(config: BrokerConfig) -> None:
+    """enableFailover: members are configured alike but for brokerId (>= 1,
+    distinct) and addresses; brokerRole says how a member replicates while it leads."""
+    if not config.etcd_endpoints:
+        raise ConfigError(
+            "etcdEndpoints",
+            "enableFailover=true needs etcd: set etcdEndpoints=host:port;host:port",
+        )
+    if config.broker_role == "SLAVE":
+        raise ConfigError(
+            "brokerRole",
+            "with enableFailover=true the role is decided by election: set brokerRole to "
+            "SYNC_MASTER or ASYNC_MASTER (how this member replicates while it leads)",
+        )
+    if config.broker_id < 1:
+        raise ConfigError(
+            "brokerId",
+            f"with enableFailover=true every member needs its own brokerId >= 1, not "
+            f"{config.broker_id} (the leader registers as 0)",
+        )
+    if config.ha_master_address:
+        raise ConfigError(
+            "haMasterAddress", "with enableFailover=true the master's HA address comes from etcd"
         )
 
 

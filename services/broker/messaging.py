@@ -187,6 +187,10 @@ class MessagingService:
         self.max_message_size = max_message_size
         self.broker_name = broker_name
         self.replication_wait: ReplicationWait | None = None
+        # Automatic failover: raises Unavailable while this master may not take
+        # sends (`accepting=True`, checked before an append) or acknowledge them
+        # (False, checked before SEND_OK and the like are answered).
+        self.fence: Callable[[bool], None] | None = None
         # Metrics: (topic, status, messages, seconds) after each stored send.
         self.on_sent: Callable[[str, str, int, float], None] | None = None
         self._round_robin: dict[str, itertools.count] = {}
@@ -343,6 +347,8 @@ class MessagingService:
             raise PermissionDenied(
                 f"broker {self.broker_name} here is a SLAVE and takes no writes; send to its master"
             )
+        if self.fence is not None:
+            self.fence(True)
         perm = self.broker_permission()
         if not perm & PERM_WRITE:
             raise PermissionDenied(
@@ -376,6 +382,8 @@ class MessagingService:
             replicated = await self.replication_wait(last)
             if status is SendStatus.SEND_OK:
                 status = replicated
+        if self.fence is not None:
+            self.fence(False)
         if self.on_sent is not None:
             now = time.perf_counter()
             for s in staged:

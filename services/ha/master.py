@@ -52,6 +52,9 @@ class HAMasterConfig:
     heartbeat_interval_s: float = 5.0
     housekeeping_interval_s: float = 20.0
     secret: bytes = b""
+    # Automatic failover: this master's leader epoch. The handshake always runs
+    # and slaves must follow this very epoch (protocol.FLAG_EPOCH).
+    epoch: int | None = None
     sync_from: str = "lastFile"  # or "minOffset"
     group: str = "broker-a"
     max_connections: int = 16
@@ -159,7 +162,7 @@ class HAMaster:
                     f"too many HA connections (max {self.config.max_connections})"
                 )
             async with asyncio.timeout(self.config.housekeeping_interval_s):
-                if self.config.secret:
+                if self.config.secret or self.config.epoch is not None:
                     replica_id, start = await self._handshake(reader, writer, addr)
                     key = ("replica", replica_id)
                     first = start
@@ -256,6 +259,22 @@ class HAMaster:
             raise HAProtocolError(
                 f"slave of group {hello.group!r} connected to the master of {self.config.group!r}"
             )
+        epoch = self.config.epoch
+        if epoch is not None and hello.epoch is None:
+            raise HAProtocolError(
+                f"slave {hello.replica_id} does not run with enableFailover, and this master "
+                f"leads epoch {epoch} of a failover group"
+            )
+        if epoch is not None and hello.epoch != epoch:
+            raise HAProtocolError(
+                f"slave {hello.replica_id} follows epoch {hello.epoch}, this master leads epoch "
+                f"{epoch}: "
+                + (
+                    "this master was deposed"
+                    if hello.epoch > epoch
+                    else "the slave has not yet seen this election"
+                )
+            )
         log_ = self.replica_log
         offset = hello.max_offset
         if offset == 0:
@@ -277,7 +296,7 @@ class HAMaster:
             )
         else:
             start = offset
-        welcome = protocol.Welcome(log_.min_offset, log_.max_offset, start)
+        welcome = protocol.Welcome(log_.min_offset, log_.max_offset, start, epoch)
         writer.write(protocol.encode_welcome(secret, challenge, hello.mac, welcome))
         await writer.drain()
         # The first legacy report follows the WELCOME: the slave's offset after any resync.

@@ -22,6 +22,14 @@ Handshake (only when an HA secret is configured):
 |                |           | int64 start_offset, 32-byte HMAC-SHA256(secret,           |
 |                |           | challenge ‖ HELLO's HMAC ‖ WELCOME so far)                |
 
+Automatic failover (enableFailover) always runs the handshake (the secret may
+be empty: the HMAC then only guards against corruption) and fences by epoch:
+the HELLO sets flag `FLAG_EPOCH` and carries, after the replica id and
+offset, int64 epoch (the leader epoch the slave follows); the WELCOME's magic
+is b"FHAE" and it carries int64 epoch (the master's) after start_offset, under
+the HMAC. A master refuses a slave that follows a newer epoch (the master was
+deposed); a slave refuses a master of an older epoch.
+
 Decoders distrust their input: every size is bounded by the caller's maximum,
 every failure is an `HAProtocolError`. Readers are anything with
 `readexactly` (an `asyncio.StreamReader`).
@@ -46,13 +54,18 @@ HELLO_MAGIC = b"FHA1"
 WELCOME_MAGIC = b"FHAW"
 NONCE_SIZE = 16
 MAC_SIZE = 32
+WELCOME_EPOCH_MAGIC = b"FHAE"
 VERSION = 1
+FLAG_EPOCH = 0x1
 MAX_GROUP_BYTES = 255
 _HELLO_HEAD = struct.Struct(">4sHHH")  # magic, version, flags, group length
 _HELLO_TAIL = struct.Struct(">qq")  # replica id, max offset
+_EPOCH = struct.Struct(">q")
 _WELCOME = struct.Struct(">4sqqq")
+_WELCOME_EPOCH = struct.Struct(">4sqqqq")
 CHALLENGE_SIZE = len(CHALLENGE_MAGIC) + NONCE_SIZE  # 20
 WELCOME_SIZE = _WELCOME.size + MAC_SIZE  # 60
+WELCOME_EPOCH_SIZE = _WELCOME_EPOCH.size + MAC_SIZE  # 68
 
 
 class HAProtocolError(Exception):
@@ -147,18 +160,28 @@ class Hello:
     replica_id: int
     max_offset: int
     mac: bytes
+    epoch: int | None = None  # with FLAG_EPOCH: the leader epoch the slave follows
 
 
 def encode_hello(
-    secret: bytes, challenge: bytes, group: str, replica_id: int, max_offset: int, flags: int = 0
+    secret: bytes,
+    challenge: bytes,
+    group: str,
+    replica_id: int,
+    max_offset: int,
+    flags: int = 0,
+    epoch: int | None = None,
 ) -> bytes:
     name = group.encode()
     if len(name) > MAX_GROUP_BYTES:
         raise HAProtocolError(f"group name of {len(name)} bytes (the limit is {MAX_GROUP_BYTES})")
+    if epoch is not None:
+        flags |= FLAG_EPOCH
     body = (
         _HELLO_HEAD.pack(HELLO_MAGIC, VERSION, flags, len(name))
         + name
         + _HELLO_TAIL.pack(replica_id, max_offset)
+        + (_EPOCH.pack(epoch) if epoch is not None else b"")
     )
     return body + _mac(secret, challenge, body)
 
@@ -175,18 +198,24 @@ async def read_hello(reader: Reader) -> tuple[Hello, bytes]:
         raise HAProtocolError(
             f"HELLO group name of {length} bytes (the limit is {MAX_GROUP_BYTES})"
         )
-    rest = await read_exactly(reader, length + _HELLO_TAIL.size + MAC_SIZE, "HELLO")
+    tail = _HELLO_TAIL.size + (_EPOCH.size if flags & FLAG_EPOCH else 0)
+    rest = await read_exactly(reader, length + tail + MAC_SIZE, "HELLO")
     name = rest[:length]
     replica_id, max_offset = _HELLO_TAIL.unpack_from(rest, length)
-    mac = rest[length + _HELLO_TAIL.size :]
+    epoch = None
+    if flags & FLAG_EPOCH:
+        (epoch,) = _EPOCH.unpack_from(rest, length + _HELLO_TAIL.size)
+        if epoch < 0:
+            raise HAProtocolError(f"HELLO epoch {epoch} is negative")
+    mac = rest[length + tail :]
     try:
         group = name.decode()
     except UnicodeDecodeError:
         raise HAProtocolError("HELLO group name is not UTF-8") from None
     if max_offset < 0:
         raise HAProtocolError(f"HELLO offset {max_offset} is negative")
-    signed = head + rest[: length + _HELLO_TAIL.size]
-    return Hello(version, flags, group, replica_id, max_offset, mac), signed
+    signed = head + rest[: length + tail]
+    return Hello(version, flags, group, replica_id, max_offset, mac, epoch), signed
 
 
 def verify_hello(secret: bytes, challenge: bytes, hello: Hello, signed: bytes) -> bool:
@@ -198,27 +227,47 @@ class Welcome:
     min_offset: int
     max_offset: int
     start_offset: int
+    epoch: int | None = None  # the master's leader epoch (failover), else None
 
 
 def encode_welcome(secret: bytes, challenge: bytes, hello_mac: bytes, welcome: Welcome) -> bytes:
-    body = _WELCOME.pack(
-        WELCOME_MAGIC, welcome.min_offset, welcome.max_offset, welcome.start_offset
-    )
+    if welcome.epoch is None:
+        body = _WELCOME.pack(
+            WELCOME_MAGIC, welcome.min_offset, welcome.max_offset, welcome.start_offset
+        )
+    else:
+        body = _WELCOME_EPOCH.pack(
+            WELCOME_EPOCH_MAGIC,
+            welcome.min_offset,
+            welcome.max_offset,
+            welcome.start_offset,
+            welcome.epoch,
+        )
     return body + _mac(secret, challenge, hello_mac, body)
 
 
+def welcome_size(with_epoch: bool) -> int:
+    return WELCOME_EPOCH_SIZE if with_epoch else WELCOME_SIZE
+
+
 def decode_welcome(secret: bytes, challenge: bytes, hello_mac: bytes, data: bytes) -> Welcome:
-    if len(data) != WELCOME_SIZE:
+    """A WELCOME of either form (its size tells which the slave asked for)."""
+    layout = _WELCOME_EPOCH if len(data) == WELCOME_EPOCH_SIZE else _WELCOME
+    if len(data) != layout.size + MAC_SIZE:
         raise HAProtocolError(f"a WELCOME is {WELCOME_SIZE} bytes, got {len(data)}")
-    magic, low, high, start = _WELCOME.unpack_from(data)
-    if magic != WELCOME_MAGIC:
-        raise HAProtocolError(f"expected a WELCOME, got {magic!r}")
+    magic, low, high, start, *rest = layout.unpack_from(data)
+    expected = WELCOME_EPOCH_MAGIC if rest else WELCOME_MAGIC
+    if magic != expected:
+        raise HAProtocolError(f"expected a WELCOME ({expected!r}), got {magic!r}")
+    epoch = rest[0] if rest else None
+    if epoch is not None and epoch < 0:
+        raise HAProtocolError(f"WELCOME epoch {epoch} is negative")
     if not hmac.compare_digest(
-        _mac(secret, challenge, hello_mac, data[: _WELCOME.size]), data[_WELCOME.size :]
+        _mac(secret, challenge, hello_mac, data[: layout.size]), data[layout.size :]
     ):
         raise HAProtocolError("the WELCOME's HMAC does not verify: the master has another haSecret")
     if min(low, high, start) < 0 or not low <= high:
         raise HAProtocolError(
             f"WELCOME offsets make no sense: min {low}, max {high}, start {start}"
         )
-    return Welcome(low, high, start)
+    return Welcome(low, high, start, epoch)

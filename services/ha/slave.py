@@ -47,6 +47,9 @@ class HASlaveConfig:
     max_frame_bytes: int = 64 * 1024 * 1024
     read_buffer_bytes: int = 8 * 1024 * 1024  # grows only for one frame larger than this
     secret: bytes = b""
+    # Automatic failover: the leader epoch this slave follows; the handshake
+    # always runs and a master of any other epoch is refused.
+    epoch: int | None = None
     group: str = "broker-a"
     replica_id: int = 1
     reset_out_of_range: bool = True
@@ -148,7 +151,7 @@ class HASlave:
         heartbeat: asyncio.Task | None = None
         try:
             housekeeping = self.config.housekeeping_interval_s
-            if self.config.secret:
+            if self.config.secret or self.config.epoch is not None:
                 async with asyncio.timeout(housekeeping):
                     await self._handshake(inbound, writer)
             self.connected = True
@@ -207,14 +210,22 @@ class HASlave:
             self.config.group,
             self.config.replica_id,
             self.replica_log.max_offset,
+            epoch=self.config.epoch,
         )
         writer.write(hello)
         welcome = protocol.decode_welcome(
             secret,
             challenge,
             hello[-protocol.MAC_SIZE :],
-            await protocol.read_exactly(reader, protocol.WELCOME_SIZE, "WELCOME"),
+            await protocol.read_exactly(
+                reader, protocol.welcome_size(self.config.epoch is not None), "WELCOME"
+            ),
         )
+        if welcome.epoch != self.config.epoch:
+            raise HAProtocolError(
+                f"the master at {self.master_addr} leads epoch {welcome.epoch}, this slave "
+                f"follows epoch {self.config.epoch}: refusing its stream"
+            )
         log_ = self.replica_log
         if welcome.start_offset != log_.max_offset:
             if log_.max_offset == log_.min_offset:  # empty: start where the master says

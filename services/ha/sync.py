@@ -11,6 +11,15 @@ confirmed offset, and the sends waiting for it.
 - `confirmed`: the highest offset any replica has acked; consumers of a
   SYNC_MASTER see records up to it. It never goes down.
 
+Automatic failover narrows this to the group's published in-sync set
+(`require`): a send is confirmed once *every* in-sync slave has acked it
+(Kafka's acks=all over the ISR), so any member that can be elected holds
+every acknowledged message. While an in-sync slave is disconnected the
+confirmed offset stays where it was (RocketMQ's #6662 fix), and with no slave
+in the set nothing is confirmed: a SYNC_MASTER answers SLAVE_NOT_AVAILABLE.
+`on_outsider_ack` tells the failover controller of acks from slaves outside
+the set (candidates to join it).
+
 Pure asyncio bookkeeping on the event loop thread: no sockets, no clock but
 the loop's own timeouts.
 """
@@ -31,12 +40,15 @@ class ReplicaAcks:
         self._confirmed = 0
         self._waiters: list[tuple[int, int, asyncio.Future]] = []
         self._seq = itertools.count()
+        # Failover: the replica keys whose acks count (None: any replica's).
+        self._required: frozenset[Hashable] | None = None
+        self.on_outsider_ack: Callable[[Hashable, int], None] | None = None
 
     # ------------------------------------------------------------ replicas
 
     def connect(self, replica: Hashable, offset: int = 0) -> None:
         self._acks[replica] = max(offset, self._acks.get(replica, 0))
-        self._advance(offset)
+        self._acked(replica, offset)
 
     def disconnect(self, replica: Hashable) -> None:
         self._acks.pop(replica, None)
@@ -44,7 +56,44 @@ class ReplicaAcks:
     def ack(self, replica: Hashable, offset: int) -> None:
         if replica in self._acks and offset > self._acks[replica]:
             self._acks[replica] = offset
-        self._advance(offset)
+        self._acked(replica, offset)
+
+    def _acked(self, replica: Hashable, offset: int) -> None:
+        required = self._required
+        if required is None:
+            self._advance(offset)
+            return
+        if replica in required:
+            self._advance_required()
+        elif self.on_outsider_ack is not None and replica in self._acks:
+            self.on_outsider_ack(replica, self._acks[replica])
+
+    # ------------------------------------------------------------ in-sync set
+
+    def require(self, replicas: frozenset[Hashable], floor: int = 0) -> None:
+        """From now on a send is confirmed once every one of `replicas` acked
+        it (failover's in-sync set, the master excluded); `floor` is what is
+        confirmed already (the start of the master's epoch)."""
+        self._required = frozenset(replicas)
+        if floor > self._confirmed:
+            self._advance(floor)
+        self._advance_required()
+
+    @property
+    def required(self) -> frozenset[Hashable] | None:
+        return self._required
+
+    def _advance_required(self) -> None:
+        required = self._required
+        if not required:
+            return
+        acks = self._acks
+        if all(r in acks for r in required):
+            self._advance(min(acks[r] for r in required))
+
+    def lagging(self, end_offset: int) -> list[Hashable]:
+        """The in-sync replicas that have not acked `end_offset`."""
+        return [r for r in self._required or () if self._acks.get(r, -1) < end_offset]
 
     @property
     def connected(self) -> int:
@@ -67,6 +116,14 @@ class ReplicaAcks:
     # ------------------------------------------------------------ sends
 
     def slave_ok(self, end_offset: int) -> bool:
+        required = self._required
+        if required is not None:
+            acks = self._acks
+            return (
+                bool(required)
+                and all(r in acks for r in required)
+                and end_offset - min(acks[r] for r in required) < self.max_gap
+            )
         return bool(self._acks) and end_offset - self.best_ack < self.max_gap
 
     async def wait(self, end_offset: int, timeout_s: float) -> bool:
