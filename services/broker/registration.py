@@ -15,6 +15,12 @@ An unreachable name server is logged and retried in the next round, never
 fatal. If the broker is not both readable and writable (`brokerPermission`),
 every topic is registered with `perm & brokerPermission`.
 
+With automatic failover every registration carries the broker's election
+epoch. A name server that has seen a newer one refuses this broker as master
+(FAILED_PRECONDITION, "stale master"): the refusal is logged, handed to
+`on_fenced` (the failover controller steps down) and asked again no sooner
+than the next period.
+
 This is a gRPC client adapter: it owns one channel per name server and the
 loop and KeepAlive tasks, all on the broker's event loop.
 """
@@ -57,6 +63,8 @@ class BrokerIdentity:
     ha_server_addr: str  # advertised HA host:port
     broker_role: str
     metrics_addr: str = ""
+    # Failover epoch: the leader election this broker won (id 0) or follows; 0 = failover off.
+    epoch: int = 0
 
 
 def topic_pb(config: TopicConfig, broker_permission: int) -> common_pb2.TopicConfig:
@@ -86,6 +94,8 @@ class _NameServer:
         self.keepalive: asyncio.Task | None = None
         # (master_addr, ha_server_addr) from this name server's last answer.
         self.master: tuple[str, str] = ("", "")
+        # Its last answer refused us as a stale master: retry only at the period.
+        self.fenced = False
 
 
 class Registrar:
@@ -105,6 +115,7 @@ class Registrar:
         keepalive_ping_s: float = KEEPALIVE_PING_S,
         admin_token: str = "",
         tls: ClientTLS | None = None,
+        on_fenced: Callable[[str], None] | None = None,
     ) -> None:
         self.identity = identity
         self.tls = tls
@@ -119,6 +130,9 @@ class Registrar:
         # The name server's ORDER_TOPIC_CONFIG table (topic -> "brokerName:queues;..."),
         # from every registration answer: RocketMQ's checkOrderConfig.
         self.on_order_topics = on_order_topics
+        # Called with a name server's message each time one refuses this broker
+        # as a stale master (its failover epoch is older than the group's).
+        self.on_fenced = on_fenced
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self.keepalive_ping_s = keepalive_ping_s
         self.instance_id = uuid.uuid4().hex
@@ -218,6 +232,7 @@ class Registrar:
             broker_role=ident.broker_role,
             metrics_addr=ident.metrics_addr,
             incremental=incremental,
+            epoch=ident.epoch,
         )
 
     async def _register_one(
@@ -253,6 +268,9 @@ class Registrar:
         except grpc.aio.AioRpcError as exc:
             server.failures += 1
             server.master = ("", "")  # an answer it cannot give any more
+            if self._is_fenced(exc):
+                self._fenced(server, exc.details() or "")
+                return False
             log.warning(
                 "registration with name server %s failed: %s: %s (retrying next round)",
                 server.addr,
@@ -264,6 +282,7 @@ class Registrar:
         first = not server.registered.is_set()
         server.registered.set()
         server.failures = 0
+        server.fenced = False
         server.last_success_wall = self.clock.wall()
         if first:
             log.info(
@@ -287,6 +306,33 @@ class Registrar:
                 self.on_master(*master)
         return True
 
+    def _is_fenced(self, exc: grpc.aio.AioRpcError) -> bool:
+        """A full registration answered FAILED_PRECONDITION can only be a stale-master
+        refusal (an incremental one refused so is retried in full first), and only a
+        master with an epoch can be refused so."""
+        ident = self.identity
+        return (
+            exc.code() == grpc.StatusCode.FAILED_PRECONDITION
+            and ident.broker_id == 0
+            and ident.epoch > 0
+        )
+
+    def _fenced(self, server: _NameServer, message: str) -> None:
+        server.fenced = True
+        log.warning(
+            "name server %s refused this broker as master of %s at epoch %d: %s "
+            "(asking again next round)",
+            server.addr,
+            self.identity.broker_name,
+            self.identity.epoch,
+            message,
+        )
+        if self.on_fenced is not None:
+            try:
+                self.on_fenced(message)
+            except Exception:
+                log.exception("on_fenced callback failed; registration goes on")
+
     async def _periodic(self) -> None:
         while True:
             masterless = self.identity.broker_id != 0 and not self._master[1]
@@ -305,6 +351,11 @@ class Registrar:
         attempt = 0
         while not self._stopping:
             while not server.registered.is_set():
+                if server.fenced:
+                    # Asking sooner than the periodic round cannot help a stale master;
+                    # that round (or one after a new identity) sets `registered`.
+                    await wait_event(server.registered, self.period_s)
+                    continue
                 if await self._register_one(server, self._request(), True):
                     break
                 await asyncio.sleep(self._backoff(attempt))

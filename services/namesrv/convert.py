@@ -63,6 +63,7 @@ def registration(req: namesrv_pb2.RegisterBrokerRequest) -> Registration:
         broker_role=req.broker_role,
         metrics_addr=req.metrics_addr,
         incremental=req.incremental,
+        epoch=req.epoch,
     )
 
 
@@ -115,6 +116,7 @@ def _live_pb(live: LiveBroker) -> namesrv_pb2.BrokerLiveInfo:
         metrics_addr=live.metrics_addr,
         instance_id=live.instance_id,
         keep_alive=live.keep_alive,
+        epoch=live.epoch,
     )
 
 
@@ -125,6 +127,8 @@ def cluster_info_pb(routes: RouteTable) -> namesrv_pb2.ClusterInfo:
         entry.cluster = group.cluster
         entry.broker_name = group.broker_name
         entry.broker_addrs.update(group.broker_addrs)
+        if group.epoch:
+            msg.group_epoch_table[name] = group.epoch
     for cluster, names in routes.cluster_addr_table.items():
         msg.cluster_addr_table[cluster].broker_names.extend(sorted(names))
     for addr, live in routes.live.items():

@@ -20,6 +20,14 @@ removed). Removals that were decided earlier — a KeepAlive stream ending, an
 expiry, an unregister naming an instance — only apply while the generation (or
 instance) still matches, so they never remove a newer registration.
 
+Epochs (automatic failover, RocketMQ's stateVersion fencing): a broker group
+remembers the highest failover epoch any of its brokers registered with
+(`BrokerGroup.epoch`). A master (id 0) registering with a lower epoch is a
+deposed leader that has not noticed yet: it is refused (`StaleMaster`) before
+anything changes. A master at or above it takes the group's id 0 at once. A
+follower below it is accepted: it does not take writes and will catch up.
+Epoch 0 means failover is off and is never fenced nor remembered.
+
 Time: liveness uses the injected clock's monotonic reading; the wall clock is
 only for the timestamps users see. `expire(now)` is a pure function of `now`.
 """
@@ -81,6 +89,14 @@ class BrokerGroup:
     cluster: str
     broker_name: str
     broker_addrs: dict[int, str] = field(default_factory=dict)
+    # The highest failover epoch registered in the group and the address that
+    # registered it. It lives and dies with the group: once no broker of the
+    # group is registered it is forgotten, as RocketMQ's name server forgets a
+    # stateVersion with the last live entry holding it (nothing is left to
+    # protect, and a group whose election state was reset can come back
+    # without restarting the name servers).
+    epoch: int = 0
+    epoch_addr: str = ""
 
 
 @dataclass(slots=True)
@@ -99,6 +115,7 @@ class LiveBroker:
     broker_role: str = ""
     metrics_addr: str = ""
     keep_alive: bool = False
+    epoch: int = 0
 
     def alive_at(self, now_mono: float) -> bool:
         return now_mono - self.last_update_mono <= self.heartbeat_timeout_s
@@ -121,6 +138,7 @@ class Registration:
     broker_role: str = ""
     metrics_addr: str = ""
     incremental: bool = False
+    epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +146,29 @@ class RegisterResult:
     master_addr: str
     ha_server_addr: str
     topic_config_applied: bool
+    # The group's epoch when this (follower's) registration was behind it, else 0.
+    behind_epoch: int = 0
+    # The address this master took id 0 from, if another one held it.
+    replaced_master: str = ""
+
+
+class StaleMaster(FailedPrecondition):
+    """A master registered with a failover epoch below its group's: it lost a
+    leader election it has not heard of yet."""
+
+    def __init__(
+        self, broker_name: str, broker_addr: str, epoch: int, group_epoch: int, group_addr: str
+    ) -> None:
+        super().__init__(
+            f"stale master: {broker_name} ({broker_addr}) epoch {epoch} is older than epoch "
+            f"{group_epoch} already registered by {group_addr}; this broker lost leadership "
+            "and must follow the new master"
+        )
+        self.broker_name = broker_name
+        self.broker_addr = broker_addr
+        self.epoch = epoch
+        self.group_epoch = group_epoch
+        self.group_addr = group_addr
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +242,9 @@ class RouteTable:
                 f"broker {addr} ({reg.broker_name}) is not registered here; an incremental "
                 "registration needs a full one first"
             )
+        group = self.broker_addr_table.get(reg.broker_name)
+        if group is not None and reg.broker_id == MASTER_ID and 0 < reg.epoch < group.epoch:
+            raise StaleMaster(reg.broker_name, addr, reg.epoch, group.epoch, group.epoch_addr)
         # The same address registered in another group or cluster: leave that one first.
         if previous is not None and (
             previous.broker_name != reg.broker_name or previous.cluster_name != reg.cluster_name
@@ -209,7 +253,7 @@ class RouteTable:
             previous = None
 
         self.cluster_addr_table.setdefault(reg.cluster_name, set()).add(reg.broker_name)
-        group = self.broker_addr_table.get(reg.broker_name)
+        group = self.broker_addr_table.get(reg.broker_name)  # _drop above may have removed it
         first = group is None
         if group is None:
             group = self.broker_addr_table[reg.broker_name] = BrokerGroup(
@@ -219,7 +263,10 @@ class RouteTable:
             self.cluster_addr_table.get(group.cluster, set()).discard(reg.broker_name)
             self._discard_empty_cluster(group.cluster)
             group.cluster = reg.cluster_name
-        # Role switch: one host:port has one id in its group.
+        if reg.epoch > group.epoch:
+            group.epoch, group.epoch_addr = reg.epoch, addr
+        # Role switch: one host:port has one id in its group (a slave promoted to
+        # master leaves its slave id; a deposed master rejoining as a slave leaves id 0).
         for other_id in [
             i for i, a in group.broker_addrs.items() if a == addr and i != reg.broker_id
         ]:
@@ -227,10 +274,12 @@ class RouteTable:
         old_addr = group.broker_addrs.get(reg.broker_id)
         group.broker_addrs[reg.broker_id] = addr
         first = first or old_addr is None
+        replaced = ""
         if old_addr is not None and old_addr != addr:
             # Another address held this id (e.g. a new master): the old one lost its place.
             self.live.pop(old_addr, None)
             self.filter_servers.pop(old_addr, None)
+            replaced = old_addr
 
         applied = False
         if reg.topics is not None and reg.broker_id == MASTER_ID:
@@ -263,6 +312,7 @@ class RouteTable:
             broker_role=reg.broker_role,
             metrics_addr=reg.metrics_addr,
             keep_alive=keep_alive,
+            epoch=reg.epoch,
         )
         if reg.filter_servers:
             self.filter_servers[addr] = list(reg.filter_servers)
@@ -274,9 +324,19 @@ class RouteTable:
         if reg.broker_id != MASTER_ID:
             candidate = group.broker_addrs.get(MASTER_ID)
             master = self.live.get(candidate) if candidate else None
-            if master is not None and master.alive_at(now_mono):
+            # A master behind the group's epoch has been deposed: following it would
+            # copy a log the new master may overwrite. The slave waits for the new one.
+            deposed = master is not None and 0 < master.epoch < group.epoch
+            if master is not None and master.alive_at(now_mono) and not deposed:
                 master_addr, ha_addr = candidate or "", master.ha_server_addr
-        return RegisterResult(master_addr, ha_addr, applied)
+        behind = group.epoch if 0 < reg.epoch < group.epoch else 0
+        return RegisterResult(
+            master_addr,
+            ha_addr,
+            applied,
+            behind_epoch=behind,
+            replaced_master=replaced if reg.broker_id == MASTER_ID else "",
+        )
 
     def unregister(
         self,
@@ -417,6 +477,11 @@ class RouteTable:
             raise InvalidArgument(
                 "heartbeat_timeout_ms",
                 f"{int(reg.heartbeat_timeout_s * 1000)} is outside 0..{int(MAX_HEARTBEAT_TIMEOUT_S * 1000)}",
+            )
+        if reg.epoch < 0:
+            raise InvalidArgument(
+                "epoch",
+                f"{reg.epoch} is negative; 0 means failover is off, > 0 is an election epoch",
             )
         if len(reg.instance_id) > 128:
             raise InvalidArgument("instance_id", "is longer than 128 characters")

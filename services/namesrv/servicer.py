@@ -18,7 +18,7 @@ from ferry.v1 import common_pb2, namesrv_pb2, namesrv_pb2_grpc
 from services.namesrv import convert
 from services.namesrv.kvconfig import ORDER_TOPIC_CONFIG, KVConfigStore
 from services.namesrv.metrics import NamesrvMetrics
-from services.namesrv.routes import CONNECTION_LOST, RouteTable
+from services.namesrv.routes import CONNECTION_LOST, RouteTable, StaleMaster
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +47,38 @@ class NameServerServicer(namesrv_pb2_grpc.NameServerServicer):
         # would trigger full GC passes mid-apply. Nothing awaits in between.
         gc.disable()
         try:
-            result = self._routes.register(convert.registration(request))
+            reg = convert.registration(request)
+            result = self._routes.register(reg)
+        except StaleMaster as exc:
+            log.warning(
+                "refused stale master addr=%s group=%s epoch=%d group_epoch=%d (registered by %s)",
+                exc.broker_addr,
+                exc.broker_name,
+                exc.epoch,
+                exc.group_epoch,
+                exc.group_addr,
+            )
+            raise
         finally:
             gc.enable()
+        if result.replaced_master:
+            log.info(
+                "new master addr=%s group=%s epoch=%d replaces addr=%s",
+                reg.broker_addr,
+                reg.broker_name,
+                reg.epoch,
+                result.replaced_master,
+            )
+        if result.behind_epoch:
+            log.info(
+                "follower behind its group's epoch addr=%s group=%s id=%d epoch=%d "
+                "group_epoch=%d; accepted, it will catch up",
+                reg.broker_addr,
+                reg.broker_name,
+                reg.broker_id,
+                reg.epoch,
+                result.behind_epoch,
+            )
         self._metrics.registered(result.topic_config_applied)
         kv_table = self._kv.namespace(ORDER_TOPIC_CONFIG) or {}
         return convert.register_response(result, kv_table)
