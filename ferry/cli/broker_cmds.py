@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from ferry.cli import failover_cmds
 from ferry.cli.namesrv_cmds import add_admin_token_option, add_namesrv_option
 from ferry.cli.namesrv_cmds import client as namesrv_client
 from ferry.cli.output import message_json, table
@@ -185,11 +186,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "ha-status",
-        help="a broker's replication status",
-        description="On a master: one row per slave connection (replica, address, ack offset, "
-        "lag, in sync, transfer rate). On a slave: its master and how far it has read.",
+        help="replication status: a broker's (-b), or the failover groups' (from etcd)",
+        description="With -b, a broker's replication: on a master one row per slave connection "
+        "(replica, address, ack offset, lag, in sync, transfer rate); on a slave its master and "
+        "how far it has read. Without -b, automatic failover as published in etcd: each "
+        "group's epoch, elected master, in-sync set and members (enableFailover=true).",
     )
-    p.add_argument("-b", "--broker", required=True, metavar="HOST:PORT", help="the broker")
+    p.add_argument("-b", "--broker", default="", metavar="HOST:PORT", help="the broker")
+    failover_cmds.add_status_options(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=ha_status)
 
@@ -655,6 +659,8 @@ def _mib(n: float) -> str:
 
 
 def ha_status(args: argparse.Namespace) -> int:
+    if not args.broker:
+        return failover_cmds.group_status(args)
     check_addr(args.broker, "--broker")
     with BrokerClient(args.broker) as c:
         status = c.ha_status()

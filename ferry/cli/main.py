@@ -8,7 +8,15 @@ import sys
 
 import grpc
 
-from ferry.cli import broker_cmds, dev, group_cmds, namesrv_cmds, pipeline_cmds, store_cmds
+from ferry.cli import (
+    broker_cmds,
+    dev,
+    failover_cmds,
+    group_cmds,
+    namesrv_cmds,
+    pipeline_cmds,
+    store_cmds,
+)
 from ferry.client.namesrv import NoNameServerAnswered
 from ferry.runtime import tls
 from ferry.runtime.errors import ConfigError, FerryError, InvalidArgument
@@ -59,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     broker_cmds.add_commands(sub)
     group_cmds.add_commands(sub)
     store_cmds.add_commands(sub)
+    failover_cmds.add_commands(sub)
     pipeline_cmds.add_commands(sub)
     dev.add_command(sub)
     return parser
