@@ -550,6 +550,7 @@ class BrokerApp:
             if self.incarnation is not None:
                 # A new leader: only its published in-sync slaves' acks count
                 # (none yet), and what its log holds is its epoch's start.
+                acks.local_end = lambda: store.max_offset
                 acks.require(frozenset(), floor=store.max_offset)
                 acks.on_outsider_ack = self.incarnation.on_outsider_ack
             await self.ha_master.start()
@@ -558,9 +559,18 @@ class BrokerApp:
             if cfg.broker_role == "SYNC_MASTER":
                 timeout = cfg.slave_timeout_s
 
+                failover = self.incarnation is not None
+                min_isr = cfg.min_in_sync_replicas
+
                 async def wait_for_slave(result) -> SendStatus:
                     started = time.perf_counter()
-                    if not acks.slave_ok(result.end_offset):
+                    if failover and 1 + len(acks.required or ()) < min_isr:
+                        status = SendStatus.SLAVE_NOT_AVAILABLE
+                    elif failover and not acks.required:
+                        # The in-sync set is this master alone (minInSyncReplicas=1).
+                        status = SendStatus.SEND_OK
+                        store.notify_confirmed()
+                    elif not acks.slave_ok(result.end_offset):
                         status = SendStatus.SLAVE_NOT_AVAILABLE
                     elif await acks.wait(result.end_offset, timeout):
                         status = SendStatus.SEND_OK

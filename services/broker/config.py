@@ -100,6 +100,7 @@ class BrokerConfig:
     etcd_endpoints: tuple[str, ...] = ()
     failover_lease_ttl_s: float = 6.0
     allow_lossy_failover: bool = False
+    min_in_sync_replicas: int = 1  # failover: members (master included) a send needs
 
     @property
     def is_slave(self) -> bool:
@@ -466,6 +467,11 @@ KNOWN_KEYS: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
         "failover_lease_ttl_s",
         _ms_to_s(2000),
         "ms the leader's etcd lease lives without renewal",
+    ),
+    "minInSyncReplicas": (
+        "min_in_sync_replicas",
+        _int(1),
+        "failover, SYNC_MASTER: in-sync members (master included) a send needs for SEND_OK",
     ),
     "allowLossyFailover": (
         "allow_lossy_failover",

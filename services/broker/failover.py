@@ -61,6 +61,9 @@ from services.broker.etcd import Etcd, EtcdUnavailable, GroupState, dumps, group
 log = logging.getLogger(__name__)
 
 SWITCH_GRACE_S = 0.5  # in-flight calls of an incarnation that hands over its role
+# A slave this close to the confirmed offset is counted at once and published in
+# the in-sync set when it has caught up (it has every acknowledged message).
+JOIN_GAP = 4 << 20
 
 
 @dataclass
@@ -508,15 +511,18 @@ class FailoverNode:
     # ------------------------------------------------------------ in-sync set
 
     def _on_outsider_ack(self, key: Hashable, offset: int) -> None:
-        """A slave outside the set acked `offset`: it joins once it holds
-        everything confirmed (acks.confirmed starts at the epoch's start)."""
+        """A slave outside the set acked `offset`: once it is near the confirmed
+        offset it starts counting, and it is published when it holds
+        everything confirmed before that (see `_change_isr`)."""
         app = self.app
         if self.role != "leader" or app is None or app.acks is None:
             return
         if not (isinstance(key, tuple) and key[0] == "replica"):
             return
         member = key[1]
-        if member in self.isr or member in self._isr_pending or offset < app.acks.confirmed:
+        if member in self.isr or member in self._isr_pending:
+            return
+        if offset < app.acks.confirmed - JOIN_GAP:
             return
         self._isr_pending.add(member)
         task = asyncio.create_task(self._change_isr(add={member}), name=f"isr-add-{member}")
@@ -572,7 +578,16 @@ class FailoverNode:
                 if new == self.isr:
                     return
                 if add:
-                    app.acks.require(frozenset(replica_key(m) for m in self.isr | add))
+                    acks = app.acks
+                    acks.require(frozenset(replica_key(m) for m in self.isr | add))
+                    needed = acks.confirmed
+                    deadline = time.monotonic() + self.config.slave_timeout_s
+                    while any(acks.acks().get(replica_key(m), -1) < needed for m in add):
+                        if time.monotonic() > deadline or self.app is not app:
+                            log.info("member(s) %s did not catch up; not in sync yet", sorted(add))
+                            acks.require(frozenset(replica_key(m) for m in self.isr))
+                            return
+                        await asyncio.sleep(0.01)
                 value = {
                     "epoch": self.epoch,
                     "leader": self.member_id,

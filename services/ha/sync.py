@@ -15,8 +15,9 @@ Automatic failover narrows this to the group's published in-sync set
 (`require`): a send is confirmed once *every* in-sync slave has acked it
 (Kafka's acks=all over the ISR), so any member that can be elected holds
 every acknowledged message. While an in-sync slave is disconnected the
-confirmed offset stays where it was (RocketMQ's #6662 fix), and with no slave
-in the set nothing is confirmed: a SYNC_MASTER answers SLAVE_NOT_AVAILABLE.
+confirmed offset stays where it was (RocketMQ's #6662 fix). With no slave in
+the set the master alone confirms what it appended (`local_end`; RocketMQ 5's
+minInSyncReplicas=1): only it can then be elected.
 `on_outsider_ack` tells the failover controller of acks from slaves outside
 the set (candidates to join it).
 
@@ -42,6 +43,7 @@ class ReplicaAcks:
         self._seq = itertools.count()
         # Failover: the replica keys whose acks count (None: any replica's).
         self._required: frozenset[Hashable] | None = None
+        self.local_end: Callable[[], int] | None = None  # the master's log end (failover)
         self.on_outsider_ack: Callable[[Hashable, int], None] | None = None
 
     # ------------------------------------------------------------ replicas
@@ -74,6 +76,8 @@ class ReplicaAcks:
         """From now on a send is confirmed once every one of `replicas` acked
         it (failover's in-sync set, the master excluded); `floor` is what is
         confirmed already (the start of the master's epoch)."""
+        if not self._required and self.local_end is not None:
+            floor = max(floor, self.local_end())  # what the master alone confirmed stays
         self._required = frozenset(replicas)
         if floor > self._confirmed:
             self._advance(floor)
@@ -105,6 +109,8 @@ class ReplicaAcks:
 
     @property
     def confirmed(self) -> int:
+        if self._required is not None and not self._required and self.local_end is not None:
+            return max(self._confirmed, self.local_end())
         return self._confirmed
 
     def acks(self) -> dict[Hashable, int]:
