@@ -129,7 +129,7 @@ class FailoverNode:
         self._app_watch: asyncio.Task | None = None
         self._metrics_endpoint: MetricsEndpoint | None = None
         self.own_registry = CollectorRegistry()
-        ids = ("cluster", "broker", "member")
+        ids = ("cluster", "broker_name", "member")
         self._labels = (config.cluster_name, config.broker_name, str(self.member_id))
         self.m_epoch = Gauge(
             "ferry_ha_epoch",
