@@ -24,7 +24,7 @@ TOPOLOGY ?= 2m-2s-sync
 # Extra `ferry dev` arguments, e.g. make run ARGS="--port-offset 1000"
 ARGS ?=
 
-.PHONY: help venv proto tools bench-tools test run lint bench bench-quick chaos fuzz clean
+.PHONY: help venv proto tools etcd bench-tools test run lint bench bench-quick chaos fuzz clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -50,7 +50,7 @@ $(PROTO_STAMP): $(PROTOS) $(DEPS_STAMP)
 		$(RMQ_OUT)/*_pb2*.py $(RMQ_OUT)/*_pb2*.pyi
 	touch $@
 
-tools:  ## system tools the tests use: promtool (Debian package prometheus), via apt-get when missing
+tools: etcd  ## system tools the tests use: promtool (Debian package prometheus) and etcd, via apt-get when missing
 	@command -v promtool >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing prometheus (for promtool) with apt-get"; \
@@ -58,6 +58,17 @@ tools:  ## system tools the tests use: promtool (Debian package prometheus), via
 	      || { apt-get update -q && apt-get install -y -q --no-install-recommends prometheus; }; \
 	  else \
 	    echo "make test needs promtool: sudo apt-get install -y --no-install-recommends prometheus" >&2; \
+	    exit 1; \
+	  fi; }
+
+etcd:  ## etcd (Debian package etcd-server: failover's consensus store), via apt-get when missing
+	@command -v etcd >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing etcd-server (automatic failover's etcd) with apt-get"; \
+	    apt-get install -y -q --no-install-recommends etcd-server >/dev/null \
+	      || { apt-get update -q && apt-get install -y -q --no-install-recommends etcd-server; }; \
+	  else \
+	    echo "ferry needs etcd: sudo apt-get install -y --no-install-recommends etcd-server" >&2; \
 	    exit 1; \
 	  fi; }
 
@@ -75,7 +86,7 @@ bench-tools:  ## what the benchmarks need besides Python: redis-server (the Redi
 test: $(PROTO_STAMP) tools  ## run the whole test suite (what CI runs)
 	$(BIN)/pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 
-run: $(PROTO_STAMP)  ## start the 2m-2s-sync topology on loopback until Ctrl-C (TOPOLOGY=, data in ./var)
+run: $(PROTO_STAMP) etcd  ## start the 2m-2s-sync topology on loopback until Ctrl-C (TOPOLOGY=, data in ./var)
 	$(BIN)/ferry dev --topology $(TOPOLOGY) --data-dir $(DATA_DIR) $(ARGS)
 
 # Rounds per scenario for `make chaos` (make test runs 2).

@@ -215,3 +215,16 @@ def pytest_sessionfinish(session, exitstatus):
     import gc
 
     gc.collect()
+
+
+# ---------------------------------------------------------------- etcd
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[Any]:
+    """A real one-member etcd on 127.0.0.1 (tests/etcd.py), healthy; stopped by PID after."""
+    from tests.etcd import EtcdServer
+
+    server = EtcdServer(tmp_path / "etcd").start()
+    yield server
+    server.stop()

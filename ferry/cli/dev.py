@@ -8,6 +8,10 @@ servers, broker-a and broker-b each as a SYNC_MASTER with a SLAVE, the
 metrics exporter and the RocketMQ 5 proxy (apache.rocketmq.v2, for the official
 SDKs). A `TopicTest` topic is created on every master.
 
+First of all a one-member etcd starts (the `etcd` binary of the Debian package
+etcd-server, data in `DATA_DIR/etcd`, 127.0.0.1 only), the store that broker
+failover will elect masters in; the brokers are not pointed at it yet.
+
 Every process is a child with its own command line, logged to
 `DATA_DIR/logs/`, and stopped by PID (SIGTERM, then SIGKILL after a grace
 period) when this command gets SIGINT or SIGTERM, newest first, so nothing is
@@ -19,18 +23,22 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from ferry.cli.topology import (
     DEFAULT_TOPOLOGY,
     TOPOLOGIES,
+    LocalEtcd,
     Topology,
     TopologyError,
     find_k8s_dir,
@@ -38,23 +46,79 @@ from ferry.cli.topology import (
 )
 
 DEMO_TOPIC = "TopicTest"
+ETCD_INSTALL = "apt-get install -y --no-install-recommends etcd-server"
+# Debian's etcd-server installs it here; /usr/bin is not on every PATH (cron, some sudo).
+DEBIAN_ETCD = "/usr/bin/etcd"
 
 
 @dataclass
 class Child:
     name: str
     proc: subprocess.Popen
-    port_file: Path
+    port_file: Path | None  # None: not a ferry process (etcd); readiness is probed instead
     log_path: Path
+
+
+def find_etcd() -> str:
+    """The etcd server binary: `etcd` on PATH, else Debian's /usr/bin/etcd.
+
+    Raises:
+        RuntimeError: etcd is not installed; the message says how to install it.
+    """
+    found = shutil.which("etcd")
+    if found is None and os.access(DEBIAN_ETCD, os.X_OK):
+        found = DEBIAN_ETCD
+    if found is None:
+        raise RuntimeError(
+            "etcd is not installed (no `etcd` on PATH, no /usr/bin/etcd); broker failover "
+            f"elects masters in it. Install it: sudo {ETCD_INSTALL}"
+        )
+    return found
+
+
+def etcd_command(
+    binary: str, name: str, data_dir: Path, client_port: int, peer_port: int
+) -> list[str]:
+    """A one-member etcd cluster on 127.0.0.1 only: the command line `ferry dev`
+    and the tests' EtcdServer (tests/etcd.py) both run. Flags as etcd 3.4 and 3.5
+    spell them; warnings and errors only, as JSON lines on stderr."""
+    client = f"http://127.0.0.1:{client_port}"
+    peer = f"http://127.0.0.1:{peer_port}"
+    return [
+        binary,
+        "--name", name,
+        "--data-dir", str(data_dir),
+        "--listen-client-urls", client,
+        "--advertise-client-urls", client,
+        "--listen-peer-urls", peer,
+        "--initial-advertise-peer-urls", peer,
+        "--initial-cluster", f"{name}={peer}",
+        "--initial-cluster-state", "new",
+        "--logger", "zap",
+        "--log-outputs", "stderr",
+        "--log-level", "warn",
+    ]  # fmt: skip
+
+
+def etcd_healthy(client_port: int, timeout_s: float = 1.0) -> bool:
+    """Whether the etcd on 127.0.0.1:`client_port` answers GET /health with
+    {"health": "true"} (it has a leader and serves requests)."""
+    url = f"http://127.0.0.1:{client_port}/health"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return json.loads(response.read()).get("health") == "true"
+    except (OSError, ValueError):  # refused, reset, timed out, HTTP 503, not JSON yet
+        return False
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "dev",
         help="run a Kubernetes topology locally on loopback until Ctrl-C (make run)",
-        description="Start the name servers, brokers, exporter and RocketMQ 5 proxy of a "
-        "deploy/k8s overlay as local processes on 127.0.0.1, from the overlay's own broker.conf "
-        "files; print their endpoints, the cluster and example commands; stop them all on Ctrl-C.",
+        description="Start a one-member etcd (etcd-server) and the name servers, brokers, "
+        "exporter and RocketMQ 5 proxy of a deploy/k8s overlay as local processes on 127.0.0.1, "
+        "from the overlay's own broker.conf files; print their endpoints, the cluster and example "
+        "commands; stop them all on Ctrl-C.",
     )
     p.add_argument(
         "--topology",
@@ -71,7 +135,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:
         default=0,
         metavar="N",
         help="add N to every port (default 0: name servers 9876/9886, brokers 10911..10941, "
-        "proxy 8081), e.g. to run next to another ferry",
+        "proxy 8081, etcd 2379/2380), e.g. to run next to another ferry",
     )
     p.add_argument(
         "--k8s-dir",
@@ -108,7 +172,41 @@ def _start(name: str, argv: list[str], data_dir: Path) -> Child:
     return Child(name, proc, port_file, log_path)
 
 
+def _start_etcd(etcd: LocalEtcd, data_dir: Path) -> Child:
+    binary = find_etcd()
+    logs = data_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / f"{etcd.name}.log"
+    log_file = open(log_path, "ab")  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen(
+        etcd_command(binary, etcd.name, data_dir / etcd.name, etcd.client_port, etcd.peer_port),
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    log_file.close()
+    return Child(etcd.name, proc, None, log_path)
+
+
+def _wait_etcd(child: Child, client_port: int, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        if child.proc.poll() is not None:
+            tail = child.log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(
+                f"{child.name} exited with status {child.proc.returncode}; its log ends:\n{tail}"
+            )
+        if etcd_healthy(client_port, timeout_s=max(0.1, min(1.0, deadline - time.monotonic()))):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(
+        f"{child.name} was not healthy (GET /health on 127.0.0.1:{client_port}) in time; "
+        f"see {child.log_path}"
+    )
+
+
 def _wait_ready(child: Child, deadline: float) -> dict:
+    assert child.port_file is not None, child.name
     while time.monotonic() < deadline:
         if child.proc.poll() is not None:
             tail = child.log_path.read_text(errors="replace")[-2000:]
@@ -122,7 +220,8 @@ def _wait_ready(child: Child, deadline: float) -> dict:
 
 
 def _check_ports_free(topology: Topology) -> None:
-    wanted = [(n.name, p) for n in topology.namesrvs for p in (n.port, n.metrics_port)]
+    wanted = [(topology.etcd.name, p) for p in (topology.etcd.client_port, topology.etcd.peer_port)]
+    wanted += [(n.name, p) for n in topology.namesrvs for p in (n.port, n.metrics_port)]
     wanted += [(b.name, p) for b in topology.brokers for p in (b.port, b.ha_port, b.metrics_port)]
     wanted += [(topology.proxy.name, p) for p in (topology.proxy.port, topology.proxy.metrics_port)]
     for owner, port in wanted:
@@ -289,6 +388,10 @@ def run(args: argparse.Namespace) -> int:
             f"({len(topology.namesrvs)} name servers, {len(topology.brokers)} brokers)",
             flush=True,
         )
+        etcd = topology.etcd
+        etcd_child = _start_etcd(etcd, data_dir)
+        children.append(etcd_child)  # first in, last out: it outlives the brokers
+        _wait_etcd(etcd_child, etcd.client_port, deadline)
         for ns in topology.namesrvs:
             children.append(
                 _start(
@@ -308,7 +411,7 @@ def run(args: argparse.Namespace) -> int:
                     data_dir,
                 )  # fmt: skip
             )
-        ready = {c.name: _wait_ready(c, deadline) for c in children}
+        ready = {c.name: _wait_ready(c, deadline) for c in children if c is not etcd_child}
         addr = topology.namesrv_addr
         secret = _ha_secret(data_dir)
         for b in topology.brokers:  # in group, id order: a master before its slaves
@@ -317,7 +420,7 @@ def run(args: argparse.Namespace) -> int:
             children.append(
                 _start(b.name, argv + [x for o in options for x in ("-o", o)], data_dir)
             )
-        for child in children[len(topology.namesrvs) :]:
+        for child in children[1 + len(topology.namesrvs) :]:
             ready[child.name] = _wait_ready(child, deadline)
         for master in topology.masters():
             _create_topic(master.addr, DEMO_TOPIC)
@@ -343,6 +446,11 @@ def run(args: argparse.Namespace) -> int:
         ready[proxy.name] = _wait_ready(proxy_child, deadline)
 
         lines = [f"ferry {topology.name} is running on loopback (data and logs in {data_dir}/):"]
+        lines.append(
+            f"  {etcd.name:<16} etcd {etcd.endpoint:<16} peer    :{etcd.peer_port:<6} "
+            f"pid {etcd_child.proc.pid:<8} one member, for broker failover ({etcd.dns} in "
+            "Kubernetes; failover is off)"
+        )
         for ns in topology.namesrvs:
             r = ready[ns.name]
             lines.append(

@@ -18,6 +18,11 @@ one machine is mapped, as `-o` overrides on the broker's command line:
 The RocketMQ 5 proxy (the `ferry-proxy` Deployment) has no file of its own:
 one runs on its manifest's ports, 8081 (gRPC) and 8082 (metrics), plus
 `--port-offset`, pointed at the local name servers.
+
+etcd (the `etcd` StatefulSet, 3 members in Kubernetes) runs as one member on
+its manifest's ports, 2379 (clients) and 2380 (peers), plus `--port-offset`.
+Its endpoint is `Topology.etcd_endpoints`, in the form of the brokers'
+`etcdEndpoints` key; the brokers are not given it yet (failover is off).
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ LOCAL_COMMITLOG_FILE_SIZE = 64 * 1024 * 1024
 # The proxy's ports in its Deployment (deploy/k8s/base/proxy.yaml); a test checks they agree.
 PROXY_PORT = 8081
 PROXY_METRICS_PORT = 8082
+# etcd's ports in its StatefulSet (deploy/k8s/base/etcd.yaml); a test checks they agree.
+ETCD_CLIENT_PORT = 2379
+ETCD_PEER_PORT = 2380
 
 
 class TopologyError(Exception):
@@ -62,6 +70,18 @@ class LocalProxy:
     @property
     def addr(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+
+@dataclass(frozen=True)
+class LocalEtcd:
+    name: str  # etcd
+    dns: str  # etcd-client:2379, its client Service in Kubernetes
+    client_port: int
+    peer_port: int
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.client_port}"
 
 
 @dataclass(frozen=True)
@@ -99,10 +119,16 @@ class Topology:
     namesrvs: tuple[LocalNamesrv, ...]
     brokers: tuple[LocalBroker, ...]
     proxy: LocalProxy
+    etcd: LocalEtcd
 
     @property
     def namesrv_addr(self) -> str:
         return ";".join(n.addr for n in self.namesrvs)
+
+    @property
+    def etcd_endpoints(self) -> str:
+        """The value of the brokers' `etcdEndpoints` key for this machine."""
+        return self.etcd.endpoint
 
     def masters(self) -> list[LocalBroker]:
         return [b for b in self.brokers if b.config.broker_role != "SLAVE"]
@@ -185,4 +211,10 @@ def load_topology(name: str, k8s_dir: Path, port_offset: int = 0) -> Topology:
         PROXY_PORT + port_offset,
         PROXY_METRICS_PORT + port_offset,
     )
-    return Topology(name, directory, tuple(namesrvs), brokers, proxy)
+    etcd = LocalEtcd(
+        "etcd",
+        f"etcd-client:{ETCD_CLIENT_PORT}",
+        ETCD_CLIENT_PORT + port_offset,
+        ETCD_PEER_PORT + port_offset,
+    )
+    return Topology(name, directory, tuple(namesrvs), brokers, proxy, etcd)

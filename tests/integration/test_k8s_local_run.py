@@ -5,17 +5,21 @@ a node would start it. What differs from a cluster is mapped, nothing else:
 
 - each pod's declared container ports become free loopback ports, and the
   stable DNS names (`<pod>.<service>`) become 127.0.0.1 with those ports;
-- `0.0.0.0` (a pod's own addresses) becomes 127.0.0.1;
+- `0.0.0.0` (a pod's own addresses) becomes 127.0.0.1, `0.0.0.0:PORT` with
+  its local port;
 - each volume mount becomes a directory (a PVC claim is shared by name);
-- the image's entry point `ferry` is this interpreter's `-m ferry.cli.main`.
+- the image's entry point `ferry` is this interpreter's `-m ferry.cli.main`;
+  the etcd image's `/usr/local/bin/etcd` is the etcd binary here (Debian's
+  etcd-server, 3.4: the manifest's flags must suit it too).
 
 Everything starts at once (podManagementPolicy: Parallel), so the brokers also
 show they wait for name servers that come up after them. Then the cluster must
 form: 4 brokers in GetBrokerClusterInfo on both name servers, routes for a new
 topic on both groups, both slaves replicating what their SYNC_MASTER
-acknowledged, health SERVING on every gRPC port, the RocketMQ 5 proxy routing
-the new topic to both groups (through the name servers its -n names), and the
-exporter writing rows for all four brokers. A Deployment runs one pod here
+acknowledged, the 3 etcd members one cluster with a leader (each healthy, each
+listing all three), health SERVING on every gRPC port, the RocketMQ 5 proxy
+routing the new topic to both groups (through the name servers its -n names),
+and the exporter writing rows for all four brokers. A Deployment runs one pod here
 (the proxy's second replica would be the same process twice); the TLS component
 leaves the proxy out. The Spark Deployment is rendered but not started here
 (a JVM per test run is slow on 2 cores); its arguments are parsed by the job's
@@ -24,6 +28,7 @@ own parser in test_k8s_manifests.py and the job runs in test_analytics_spark.py.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -36,12 +41,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aetcd
 import grpc
 import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from apache.rocketmq.v2 import definition_pb2, service_pb2, service_pb2_grpc
+from ferry.cli.dev import etcd_healthy, find_etcd
 from ferry.runtime import auth
 from ferry.runtime.tls import ClientTLS
 from ferry.v1 import (
@@ -140,6 +147,8 @@ class Mapper:
             for port, local in other.ports.items():
                 text = text.replace(f"{other.dns}:{port}", f"127.0.0.1:{local}")
             text = re.sub(rf"\b{re.escape(other.dns)}\b", "127.0.0.1", text)
+        for port, local in self.pod.ports.items():  # its own listening addresses
+            text = re.sub(rf"\b0\.0\.0\.0:{port}(?!\d)", f"127.0.0.1:{local}", text)
         text = text.replace("0.0.0.0", "127.0.0.1")
         for port, local in self.pod.ports.items():  # its own listening ports
             text = re.sub(rf"(?<![\d.:]){port}(?!\d)", str(local), text)
@@ -191,9 +200,14 @@ def start_pod(pod: Pod, pods: list[Pod], docs: list[dict], root: Path) -> subpro
     args = [re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a)
             for a in container["args"]]  # fmt: skip
     args = [mapper(a) for a in args]
+    if container.get("command"):  # the etcd image: the etcd binary here
+        assert [Path(c).name for c in container["command"]] == ["etcd"], container["command"]
+        argv = [find_etcd(), *args]
+    else:  # the ferry image, whose entry point is `ferry`
+        argv = [sys.executable, "-m", "ferry.cli.main", *args]
     log = open(root / f"{pod.name}.log", "wb")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ferry.cli.main", *args],
+        argv,
         env={**child_env(), **env},
         cwd=home,
         stdout=log,
@@ -202,6 +216,12 @@ def start_pod(pod: Pod, pods: list[Pod], docs: list[dict], root: Path) -> subpro
     )
     log.close()
     return proc
+
+
+async def etcd_members(client_port: int) -> list[tuple[str, list[str]]]:
+    """(name, client URLs) of each member, as the etcd on `client_port` lists them."""
+    async with aetcd.Client(host="127.0.0.1", port=client_port, timeout=5) as client:
+        return [(m.name, list(m.client_urls)) async for m in client.members()]
 
 
 def wait_for(what: str, check, deadline: float, logs: Path):
@@ -235,8 +255,9 @@ def test_rendered_2m_2s_sync_forms_a_cluster(tmp_path, tls):
     pods = pods_of(docs)
     names = sorted(p.name for p in pods)
     assert names == ["broker-a-master-0", "broker-a-slave-0", "broker-b-master-0",
-                     "broker-b-slave-0", "ferry-exporter-0", "ferry-namesrv-0",
-                     "ferry-namesrv-1"] + ([] if tls else ["ferry-proxy-0"])  # fmt: skip
+                     "broker-b-slave-0", "etcd-0", "etcd-1", "etcd-2", "ferry-exporter-0",
+                     "ferry-namesrv-0", "ferry-namesrv-1"] + (
+                     [] if tls else ["ferry-proxy-0"])  # fmt: skip
     root = tmp_path / "pods"
     root.mkdir()
     procs: dict[str, subprocess.Popen] = {}
@@ -271,7 +292,26 @@ def test_rendered_2m_2s_sync_forms_a_cluster(tmp_path, tls):
                 return None
             return 9878 if pod.startswith("ferry-namesrv") else 10914
 
-        servers = [p for p in names if not p.startswith("ferry-exporter")]
+        etcds = [p for p in names if p.startswith("etcd-")]
+        for pod in etcds:  # healthy: the cluster has a leader, so a quorum formed
+            wait_for(
+                f"{pod} healthy",
+                lambda pod=pod: etcd_healthy(by_name[pod].ports[2379]),
+                deadline,
+                root,
+            )
+        members = [(p, [f"http://127.0.0.1:{by_name[p].ports[2379]}"]) for p in etcds]
+        for pod in etcds:  # one cluster of the three, not three of one
+            wait_for(
+                f"{pod} listing the 3 members under their names and local client URLs",
+                lambda pod=pod: (
+                    sorted(asyncio.run(etcd_members(by_name[pod].ports[2379]))) == members
+                ),
+                deadline,
+                root,
+            )
+
+        servers = [p for p in names if not p.startswith(("ferry-exporter", "etcd-"))]
         health = {p: health_pb2_grpc.HealthStub(channel(p, probe_port(p))) for p in servers}
         for pod, stub in health.items():
             wait_for(

@@ -2,8 +2,9 @@
 2m-2s-sync topology on loopback, is ready within 60 s, a message sent with
 `ferry send` is consumed with `ferry consume`, the RocketMQ 5 proxy answers
 what its "Try:" lines show (grpcurl's describe through reflection; the official
-SDK's producer and simple consumer, as printed), and Ctrl-C (SIGINT to the
-terminal's process group) stops everything: no process is left.
+SDK's producer and simple consumer, as printed), its one-member etcd answers
+on the printed endpoint, and Ctrl-C (SIGINT to the terminal's process group)
+stops everything: no process is left.
 
 The ports are moved by --port-offset (make run ARGS=...) so this test never
 meets a developer's own `make run`; the offset is one whose ports are free."""
@@ -21,15 +22,17 @@ from pathlib import Path
 
 import pytest
 
+from ferry.cli.dev import etcd_healthy
 from tests.conftest import wait_for
 from tests.integration.support import LineReader, child_env, grpcurl_path, run_ferry
 
 REPO = Path(__file__).resolve().parents[2]
-# Ports of the 2m-2s topology before the offset: name servers, brokers, the proxy.
+# Ports of the 2m-2s topology before the offset: name servers, brokers, the proxy, etcd.
 BASE_PORTS = (
     [9876, 9877, 9886, 9887]
     + [p + 10 * i for i in range(4) for p in (10911, 10912, 10913)]
     + [8081, 8082]
+    + [2379, 2380]
 )
 
 
@@ -164,6 +167,12 @@ def test_make_run_serves_and_stops_on_ctrl_c(tmp_path, topology):
         assert sorted(
             f"{g}-{'master' if i == '0' else 'slave'} {r}" for g, i, r in table
         ) == sorted(f"{b} {r}" for b, r in roles.items()), text
+        # etcd (for failover) runs first, on 127.0.0.1 only, and answers /health.
+        [(etcd_port, etcd_peer)] = re.findall(
+            r"^  etcd +etcd 127\.0\.0\.1:(\d+) +peer +:(\d+) +pid \d+", text, re.M
+        )
+        assert (int(etcd_port), int(etcd_peer)) == (2379 + offset, 2380 + offset), text
+        assert etcd_healthy(int(etcd_port))
         [namesrv] = re.findall(r"export FERRY_NAMESRV_ADDR='([^']+)'", text)
         assert namesrv == f"127.0.0.1:{9876 + offset};127.0.0.1:{9886 + offset}"
 
@@ -175,7 +184,8 @@ def test_make_run_serves_and_stops_on_ctrl_c(tmp_path, topology):
         assert "hello from make run" in got.stdout
         check_proxy(text, offset, tmp_path, sdk=topology is None)
         pids = [int(p) for p in re.findall(r" pid (\d+)", text)]
-        assert len(pids) == 2 + len(roles) + 2  # name servers, brokers, the exporter, the proxy
+        # etcd, name servers, brokers, the exporter, the proxy
+        assert len(pids) == 1 + 2 + len(roles) + 2
     finally:
         if make.poll() is None:
             os.killpg(make.pid, signal.SIGINT)  # what Ctrl-C in a terminal does

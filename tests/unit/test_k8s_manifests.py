@@ -29,6 +29,7 @@ TLS_COMPONENT = K8S / "components" / "tls"
 SELECTOR_LABELS = {"app.kubernetes.io/name", "app.kubernetes.io/instance",
                    "app.kubernetes.io/component"}  # fmt: skip
 NAMESRV_ADDRS = ["ferry-namesrv-0.ferry-namesrv:9876", "ferry-namesrv-1.ferry-namesrv:9876"]
+ETCD_IMAGE = "quay.io/coreos/etcd:v3.5."
 
 
 def render(directory: Path) -> list[dict]:
@@ -262,6 +263,9 @@ def test_probes_security_and_storage(docs):
                     name,
                     mount,
                 )
+            if c.get("command"):  # not the ferry image: etcd (see test_etcd)
+                assert c["image"].startswith(ETCD_IMAGE), (name, c["image"])
+                continue
             # The command exists in the image (its entry point is `ferry`).
             command = [a for a in c["args"] if not a.startswith("-")][:2]
             if command[0] != "analytics":
@@ -403,6 +407,14 @@ def test_make_run_starts_the_overlays_own_files(overlay, tls_variant):
     [grpc_port] = [p["port"] for p in svc["spec"]["ports"] if p["name"] == "grpc"]
     assert topology.proxy.dns == f"{svc['metadata']['name']}:{grpc_port}"
     assert (topology.proxy.port, topology.proxy.metrics_port) == (ports["grpc"], ports["metrics"])
+    # etcd: its client Service's name and port, its container's ports.
+    [etcd] = [s for s in by_kind(docs, "StatefulSet") if s["metadata"]["name"] == "etcd"]
+    [client] = [s for s in by_kind(docs, "Service") if s["metadata"]["name"] == "etcd-client"]
+    ports = {p["name"]: p["containerPort"]
+             for p in etcd["spec"]["template"]["spec"]["containers"][0]["ports"]}  # fmt: skip
+    assert topology.etcd.dns == f"etcd-client:{client['spec']['ports'][0]['port']}"
+    assert (topology.etcd.client_port, topology.etcd.peer_port) == (ports["client"], ports["peer"])
+    assert topology.etcd_endpoints == f"127.0.0.1:{ports['client']}"
 
 
 def test_only_the_groups_slave_reaches_a_masters_ha_port(docs):
@@ -572,8 +584,8 @@ def test_the_tls_component_puts_every_grpc_server_and_client_on_tls(tmp_path):
         pod = w["spec"]["template"]["spec"]
         [c] = pod["containers"]
         name = w["metadata"]["name"]
-        if name == "ferry-analytics":
-            continue  # reads the spool, speaks no gRPC
+        if name in ("ferry-analytics", "etcd"):
+            continue  # reads the spool, speaks no gRPC; etcd stays plaintext (base/etcd.yaml)
         assert {"name": "tls", "secret": {"secretName": secret}} in pod["volumes"], name
         assert {"name": "tls", "mountPath": "/etc/ferry/tls", "readOnly": True} in c["volumeMounts"]
         args = " ".join(c["args"])
@@ -650,3 +662,55 @@ def test_name_servers_and_brokers_share_the_admin_token(overlay):
         env = {e["name"]: e for e in w["spec"]["template"]["spec"]["containers"][0]["env"]}
         ref = env["FERRY_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]
         assert ref["name"].startswith("ferry-admin-") and ref["key"] == "token", name
+
+
+def test_etcd(overlay):
+    """The 3-member etcd for broker failover: a static cluster whose
+    --initial-cluster names each pod by its stable DNS name and peer port, each
+    pod advertising exactly its own entry; peers resolvable before anyone is
+    ready; a PDB keeping quorum; every flag one the etcd binary knows (the
+    Debian etcd-server here, 3.4, so the local run can start it too)."""
+    from ferry.cli.dev import find_etcd
+
+    _, docs = overlay
+    named = [d for d in docs if d["metadata"]["name"] in ("etcd", "etcd-client", "etcd-peers")]
+    assert sorted(f"{d['kind']}/{d['metadata']['name']}" for d in named) == [
+        "NetworkPolicy/etcd-peers", "PodDisruptionBudget/etcd", "Service/etcd",
+        "Service/etcd-client", "StatefulSet/etcd",
+    ]  # fmt: skip
+    [sts] = by_kind(named, "StatefulSet")
+    spec = sts["spec"]
+    assert (spec["replicas"], spec["podManagementPolicy"]) == (3, "Parallel")
+    [headless] = [s for s in by_kind(named, "Service") if s["metadata"]["name"] == "etcd"]
+    assert spec["serviceName"] == "etcd" and headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["publishNotReadyAddresses"] is True
+    [c] = spec["template"]["spec"]["containers"]
+    assert c["image"] == "quay.io/coreos/etcd:v3.5.17" and c["command"] == ["/usr/local/bin/etcd"]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"client": 2379, "peer": 2380}
+    flags = dict(a.removeprefix("--").split("=", 1) for a in c["args"])
+    assert len(flags) == len(c["args"])  # every argument is --flag=value, none twice
+    members = [f"etcd-{i}" for i in range(spec["replicas"])]
+    assert flags["initial-cluster"] == ",".join(
+        f"{m}=http://{m}.{spec['serviceName']}:{ports['peer']}" for m in members
+    )
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]}
+    assert env == {"POD_NAME": "metadata.name"} and flags["name"] == "$(POD_NAME)"
+    assert flags["initial-advertise-peer-urls"] == f"http://$(POD_NAME).etcd:{ports['peer']}"
+    assert flags["advertise-client-urls"] == f"http://$(POD_NAME).etcd:{ports['client']}"
+    assert flags["listen-client-urls"] == f"http://0.0.0.0:{ports['client']}"
+    assert flags["listen-peer-urls"] == f"http://0.0.0.0:{ports['peer']}"
+    assert flags["initial-cluster-state"] == "new"
+    [mount] = c["volumeMounts"]
+    assert flags["data-dir"].startswith(mount["mountPath"] + "/")  # etcd makes it 0700 itself
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        http = c[probe]["httpGet"]
+        assert http["port"] == ports["client"] and http["path"].startswith("/health"), probe
+    assert c["readinessProbe"]["httpGet"]["path"] == "/health"  # ready: the cluster has a leader
+    [pdb] = by_kind(named, "PodDisruptionBudget")
+    assert selects(pdb["spec"]["selector"], spec["template"]["metadata"]["labels"])
+    assert spec["replicas"] - pdb["spec"]["maxUnavailable"] > spec["replicas"] // 2  # quorum
+    known = subprocess.run([find_etcd(), "--help"], capture_output=True, text=True, timeout=30)
+    help_text = known.stdout + known.stderr
+    for flag in flags:
+        assert re.search(rf"^\s+--{re.escape(flag)}\b", help_text, re.M), flag
