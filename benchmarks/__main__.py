@@ -21,6 +21,7 @@ from benchmarks.report import BenchResult, cpu_snapshot, render_section
 BENCHMARKS: dict[str, str] = {
     "namesrv": "benchmarks.namesrv_bench",
     "broker": "benchmarks.broker_bench",
+    "failover": "benchmarks.failover_bench",
     "ha": "benchmarks.ha_bench",
     "pipeline": "benchmarks.pipeline_bench",
     "pop": "benchmarks.pop_bench",
