@@ -346,7 +346,7 @@ class FailoverNode:
             if not leader.get("ready"):
                 await asyncio.sleep(self.poll_s)
                 continue
-            await self._follow(leader)
+            await self._follow(leader, state.leader_raw)
 
     def _eligible(self, state: GroupState, leaderless_s: float) -> bool:
         handover = state.handover
@@ -689,12 +689,12 @@ class FailoverNode:
 
     # ------------------------------------------------------------ following
 
-    async def _follow(self, leader: dict) -> None:
+    async def _follow(self, leader: dict, raw: bytes) -> None:
+        """Follow `leader` (its key's bytes `raw`) until the key changes."""
         epoch = int(leader.get("epoch", 0))
         if self.role != "follower" or self.epoch != epoch or self.leader_id != leader.get("id"):
             self.m_leader_changes.inc()
             await self._incarnate("follower", epoch=epoch, leader=leader)
-        raw = None
         beat = 0
         while True:
             await asyncio.sleep(self.poll_s)
@@ -702,8 +702,6 @@ class FailoverNode:
                 state = await self.etcd.read_group(self.prefix)
             except (EtcdUnavailable, aetcd.exceptions.ClientError):
                 continue
-            if raw is None:
-                raw = state.leader_raw
             if state.leader_raw != raw or state.leader is None:
                 return
             beat += 1
@@ -744,6 +742,9 @@ class FailoverNode:
                 cfg,
                 broker_role="SLAVE",
                 ha_master_address=(leader or {}).get("ha_addr", ""),
+                # Topics and groups reach a new follower soon (they come only
+                # with the slave sync; one it lacks is missing if it is elected).
+                slave_sync_delay_s=min(cfg.slave_sync_delay_s, 0.5),
                 **common,
             )
             on_open = self._open_as_follower(leader)
