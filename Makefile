@@ -19,8 +19,9 @@ PROTOS := $(FERRY_PROTOS) $(RMQ_PROTOS)
 PYTEST_ARGS ?=
 # Where `make run` keeps its data.
 DATA_DIR ?= var
-# Which deploy/k8s overlay `make run` starts: 2m-2s-sync, 2m-2s-async or 2m-noslave.
-TOPOLOGY ?= 2m-2s-sync
+# Which deploy/k8s overlay `make run` starts: 2m-2s-failover (masters elected in etcd),
+# 2m-2s-sync, 2m-2s-async or 2m-noslave.
+TOPOLOGY ?= 2m-2s-failover
 # Extra `ferry dev` arguments, e.g. make run ARGS="--port-offset 1000"
 ARGS ?=
 
@@ -72,7 +73,7 @@ etcd:  ## etcd (Debian package etcd-server: failover's consensus store), via apt
 	    exit 1; \
 	  fi; }
 
-bench-tools:  ## what the benchmarks need besides Python: redis-server (the Redis peer), via apt-get when missing
+bench-tools: etcd  ## what the benchmarks need besides Python: redis-server (the Redis peer), via apt-get when missing
 	@command -v redis-server >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing redis-server (the benchmarks' Redis peer) with apt-get"; \
@@ -86,13 +87,13 @@ bench-tools:  ## what the benchmarks need besides Python: redis-server (the Redi
 test: $(PROTO_STAMP) tools  ## run the whole test suite (what CI runs)
 	$(BIN)/pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 
-run: $(PROTO_STAMP) etcd  ## start the 2m-2s-sync topology on loopback until Ctrl-C (TOPOLOGY=, data in ./var)
+run: $(PROTO_STAMP) etcd  ## start the 2m-2s-failover topology (and etcd) on loopback until Ctrl-C (TOPOLOGY=, data in ./var)
 	$(BIN)/ferry dev --topology $(TOPOLOGY) --data-dir $(DATA_DIR) $(ARGS)
 
 # Rounds per scenario for `make chaos` (make test runs 2).
 CHAOS_ROUNDS ?= 20
 
-chaos: $(PROTO_STAMP)  ## the chaos suite, CHAOS_ROUNDS rounds per scenario; report in chaos-report.jsonl
+chaos: $(PROTO_STAMP) etcd  ## the chaos suite, CHAOS_ROUNDS rounds per scenario; report in chaos-report.jsonl
 	rm -f chaos-report.jsonl
 	status=0; \
 	FERRY_CHAOS_ROUNDS=$(CHAOS_ROUNDS) FERRY_CHAOS_REPORT=$(abspath chaos-report.jsonl) \

@@ -3,14 +3,21 @@ loopback until Ctrl-C.
 
 The topology is read from `deploy/k8s/overlays/<topology>/brokers/*.conf`, the
 files the overlay turns into the brokers' ConfigMaps (see ferry.cli.topology
-for what is mapped to this machine): `2m-2s-sync` (the default) runs 2 name
-servers, broker-a and broker-b each as a SYNC_MASTER with a SLAVE, the
-metrics exporter and the RocketMQ 5 proxy (apache.rocketmq.v2, for the official
-SDKs). A `TopicTest` topic is created on every master.
+for what is mapped to this machine): `2m-2s-failover` (the default) runs 2
+name servers, broker-a and broker-b each as two members that elect their
+master (a SYNC_MASTER) in etcd, the metrics exporter and the RocketMQ 5 proxy
+(apache.rocketmq.v2, for the official SDKs); `2m-2s-sync` has fixed roles
+instead (broker-a and broker-b each a SYNC_MASTER with a SLAVE). A `TopicTest`
+topic is created on every master.
 
 First of all a one-member etcd starts (the `etcd` binary of the Debian package
-etcd-server, data in `DATA_DIR/etcd`, 127.0.0.1 only), the store that broker
-failover will elect masters in; the brokers are not pointed at it yet.
+etcd-server, data in `DATA_DIR/etcd`, 127.0.0.1 only). The brokers of a
+failover topology (enableFailover) are pointed at it; the cluster is ready once
+every group has elected a master, both name servers route to it as broker 0,
+and the group's other member replicates from it and has copied the demo
+topic (so a failover right away keeps it). The summary says which
+member won each group, with which epoch (it stays in etcd, so a later
+`make run` on the same data directory counts on from it).
 
 Every process is a child with its own command line, logged to
 `DATA_DIR/logs/`, and stopped by PID (SIGTERM, then SIGKILL after a grace
@@ -38,6 +45,7 @@ from pathlib import Path
 from ferry.cli.topology import (
     DEFAULT_TOPOLOGY,
     TOPOLOGIES,
+    LocalBroker,
     LocalEtcd,
     Topology,
     TopologyError,
@@ -57,6 +65,15 @@ class Child:
     proc: subprocess.Popen
     port_file: Path | None  # None: not a ferry process (etcd); readiness is probed instead
     log_path: Path
+
+
+@dataclass(frozen=True)
+class Elected:
+    """A broker group of a failover topology as both name servers route it."""
+
+    master: LocalBroker  # the member registered as broker 0
+    epoch: int  # the failover epoch it registered with
+    slaves: tuple[LocalBroker, ...]  # the other members, under their own brokerId
 
 
 def find_etcd() -> str:
@@ -280,27 +297,154 @@ def _wait_registered(topology: Topology, deadline: float) -> None:
                 time.sleep(0.1)
 
 
-def _wait_replicating(topology: Topology, deadline: float) -> None:
-    """Until every master has its group's slaves on its HA port: before that a
-    SYNC_MASTER answers sends with SLAVE_NOT_AVAILABLE."""
+def _elected(topology: Topology, info) -> tuple[dict[str, Elected], list[str]]:
+    """The groups one name server's cluster info shows with an elected master,
+    and why each other group is not there yet: its broker 0 must be one of its
+    members (with a failover epoch), every other member listed under its own
+    brokerId, and the master no longer under its own (its life as a follower
+    before the election)."""
+    elected: dict[str, Elected] = {}
+    waiting: list[str] = []
+    for name, members in topology.groups().items():
+        group = info.broker_addr_table.get(name)
+        addrs = dict(group.broker_addrs) if group is not None else {}
+        master = next((m for m in members if m.addr == addrs.get(0)), None)
+        if master is None:
+            waiting.append(f"{name} has no master (broker 0) yet")
+            continue
+        live = info.broker_live_table.get(master.addr)
+        epoch = live.epoch if live is not None else 0
+        others = tuple(m for m in members if m is not master)
+        if epoch <= 0:
+            waiting.append(f"{name}'s broker 0 ({master.name}) has no failover epoch")
+        elif addrs.get(master.config.broker_id) is not None:
+            waiting.append(f"{name}'s master {master.name} is still listed as a slave too")
+        elif any(addrs.get(m.config.broker_id) != m.addr for m in others):
+            waiting.append(f"{name}'s other members are not all listed as slaves yet")
+        else:
+            elected[name] = Elected(master, epoch, others)
+    return elected, waiting
+
+
+def _wait_elected(topology: Topology, deadline: float) -> dict[str, Elected]:
+    """Until both name servers route every group of a failover topology to
+    the same elected master, at the same epoch, with its other members as slaves."""
+    from ferry.client.namesrv import NamesrvClient
+
+    clients = [NamesrvClient([ns.addr], timeout_s=3) for ns in topology.namesrvs]
+    try:
+        while True:
+            views = [_elected(topology, c.cluster_info()) for c in clients]
+            first = views[0][0]
+            agreed = all(
+                {g: (e.master.name, e.epoch) for g, e in view.items()}
+                == {g: (e.master.name, e.epoch) for g, e in first.items()}
+                for view, _ in views
+            )
+            if agreed and len(first) == len(topology.groups()):
+                return first
+            if time.monotonic() > deadline:
+                why = [
+                    f"{ns.name} ({ns.addr}): {'; '.join(waiting) or 'the name servers disagree'}"
+                    for ns, (_, waiting) in zip(topology.namesrvs, views, strict=True)
+                ]
+                raise RuntimeError(
+                    "the broker groups did not elect their masters in time: "
+                    + " / ".join(why)
+                    + "; see the brokers' logs and `ferry ha-status`"
+                )
+            time.sleep(0.1)
+    finally:
+        for c in clients:
+            c.close()
+
+
+def _wait_replicating(masters: list[tuple[LocalBroker, int]], deadline: float) -> None:
+    """Until every master has its group's `n` slaves on its HA port: before
+    that a SYNC_MASTER answers sends with SLAVE_NOT_AVAILABLE."""
     import grpc
 
     from ferry.v1 import ha_admin_pb2, ha_admin_pb2_grpc
 
-    for master in topology.masters():
-        slaves = len(topology.slaves(master.config.broker_name))
+    for master, slaves in masters:
         if not slaves:
             continue
         with grpc.insecure_channel(master.addr) as channel:
             stub = ha_admin_pb2_grpc.HAAdminStub(channel)
+            connected: object = "?"
             while True:
-                status = stub.GetHAStatus(ha_admin_pb2.GetHAStatusRequest(), timeout=3)
-                if status.in_sync_slave_nums >= slaves:
+                try:
+                    status = stub.GetHAStatus(ha_admin_pb2.GetHAStatusRequest(), timeout=3)
+                except grpc.RpcError as exc:  # a failover member between two roles
+                    connected = f"? ({exc.code().name})"
+                else:
+                    connected = status.in_sync_slave_nums
+                    if connected >= slaves:
+                        break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"{master.name}: {connected} of {slaves} slaves connected to its HA "
+                        "port in time; see the slaves' logs"
+                    )
+                time.sleep(0.1)
+
+
+def _masters_first(topology: Topology, children: list[Child]) -> None:
+    """Put each group's current master (broker 0 on the name servers) before
+    its other members among `children`, which stop newest first: with its
+    slaves gone first, a stopping master leaves no one to elect in its place.
+    Roles may have changed since startup (`ferry failover`, a killed master);
+    when the name servers do not answer, the order stays as it is."""
+    import grpc
+
+    from ferry.client.namesrv import NamesrvClient, NoNameServerAnswered
+
+    brokers = {b.name: b for b in topology.brokers}
+    places = [i for i, c in enumerate(children) if c.name in brokers]
+    if len(places) < 2:
+        return
+    try:
+        with NamesrvClient([ns.addr for ns in topology.namesrvs], timeout_s=2) as client:
+            info = client.cluster_info()
+    except (NoNameServerAnswered, grpc.RpcError):
+        return
+    masters = {g.broker_addrs[0] for g in info.broker_addr_table.values() if 0 in g.broker_addrs}
+    ordered = sorted(
+        (children[i] for i in places),
+        key=lambda c: (
+            brokers[c.name].config.broker_name,
+            brokers[c.name].addr not in masters,
+            brokers[c.name].config.broker_id,
+        ),
+    )
+    for i, child in zip(places, ordered, strict=True):
+        children[i] = child
+
+
+def _wait_topic_synced(slaves: list[LocalBroker], topic: str, deadline: float) -> None:
+    """Until every slave has `topic` from its master (slave sync copies the
+    topic table a few seconds after it starts following): a member elected
+    before then would not know the topic."""
+    import grpc
+
+    from ferry.v1 import slave_sync_pb2, slave_sync_pb2_grpc
+
+    for slave in slaves:
+        with grpc.insecure_channel(slave.addr) as channel:
+            stub = slave_sync_pb2_grpc.SlaveSyncStub(channel)
+            while True:
+                try:
+                    table = stub.GetAllTopicConfig(
+                        slave_sync_pb2.GetAllTopicConfigRequest(), timeout=3
+                    ).topic_config_table
+                except grpc.RpcError:  # a failover member between two roles
+                    table = {}
+                if topic in table:
                     break
                 if time.monotonic() > deadline:
                     raise RuntimeError(
-                        f"{master.name}: {status.in_sync_slave_nums} of {slaves} slaves connected "
-                        "to its HA port in time; see the slaves' logs"
+                        f"{slave.name} did not copy topic {topic} from its master in time; "
+                        "see its log"
                     )
                 time.sleep(0.1)
 
@@ -356,9 +500,18 @@ for _ in range(12):  # each receive long-polls one broker for up to 5 s: until o
 consumer.shutdown()"""
 
 
-def _describe(b, ports: dict) -> str:
-    role = b.config.broker_role
-    extra = f", HA 127.0.0.1:{ports['ha_port']}" if role != "SLAVE" else ""
+def _describe(b: LocalBroker, ports: dict, elected: dict[str, Elected]) -> str:
+    """A broker's summary line: its role by its file, or as its group elected it."""
+    group = elected.get(b.config.broker_name)
+    if group is None:
+        role = b.config.broker_role
+        extra = f", HA 127.0.0.1:{ports['ha_port']}" if role != "SLAVE" else ""
+    elif group.master is b:
+        role = f"elected master (epoch {group.epoch})"
+        extra = f", {b.config.broker_role}, HA 127.0.0.1:{b.ha_port}"
+    else:
+        role = f"slave of {group.master.name}"
+        extra = f" (brokerId {b.config.broker_id})"
     return (
         f"  {b.name:<16} grpc {b.addr:<16} metrics :{ports['metrics_port']:<6} "
         f"pid {ports['pid']:<8} {role}{extra}"
@@ -368,6 +521,7 @@ def _describe(b, ports: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     data_dir: Path = args.data_dir
     children: list[Child] = []
+    topology: Topology | None = None
     stop_requested = False
     started = False
 
@@ -414,18 +568,31 @@ def run(args: argparse.Namespace) -> int:
         ready = {c.name: _wait_ready(c, deadline) for c in children if c is not etcd_child}
         addr = topology.namesrv_addr
         secret = _ha_secret(data_dir)
-        for b in topology.brokers:  # in group, id order: a master before its slaves
-            options = b.overrides(addr, data_dir / b.name / "store", secret)
+        for b in topology.brokers:  # in group, id order (a fixed master before its slaves)
+            options = b.overrides(
+                addr, topology.etcd_endpoints, data_dir / b.name / "store", secret
+            )
             argv = ["-m", "services.broker", "-c", str(b.conf)]
             children.append(
                 _start(b.name, argv + [x for o in options for x in ("-o", o)], data_dir)
             )
         for child in children[1 + len(topology.namesrvs) :]:
             ready[child.name] = _wait_ready(child, deadline)
-        for master in topology.masters():
+        elected: dict[str, Elected] = {}
+        if topology.elects:
+            elected = _wait_elected(topology, deadline)
+            masters = [(e.master, len(e.slaves)) for e in elected.values()]
+        else:
+            masters = [(m, len(topology.slaves(m.config.broker_name))) for m in topology.masters()]
+        for master, _ in masters:
             _create_topic(master.addr, DEMO_TOPIC)
-        _wait_registered(topology, deadline)
-        _wait_replicating(topology, deadline)
+        if not elected:  # (an elected group's registration is what _wait_elected waited for)
+            _wait_registered(topology, deadline)
+        _wait_replicating(masters, deadline)
+        if elected:  # any member may be master next: each has the topic
+            _wait_topic_synced(
+                [b for e in elected.values() for b in e.slaves], DEMO_TOPIC, deadline
+            )
         spool = data_dir / "spool"
         exporter = _start(
             "exporter",
@@ -448,8 +615,9 @@ def run(args: argparse.Namespace) -> int:
         lines = [f"ferry {topology.name} is running on loopback (data and logs in {data_dir}/):"]
         lines.append(
             f"  {etcd.name:<16} etcd {etcd.endpoint:<16} peer    :{etcd.peer_port:<6} "
-            f"pid {etcd_child.proc.pid:<8} one member, for broker failover ({etcd.dns} in "
-            "Kubernetes; failover is off)"
+            f"pid {etcd_child.proc.pid:<8} one member, "
+            + ("where the groups elect their masters" if elected else "for broker failover")
+            + f" ({etcd.dns} in Kubernetes{'' if elected else '; failover is off'})"
         )
         for ns in topology.namesrvs:
             r = ready[ns.name]
@@ -457,7 +625,7 @@ def run(args: argparse.Namespace) -> int:
                 f"  {ns.name:<16} grpc {ns.addr:<16} metrics :{ns.metrics_port:<6} "
                 f"pid {r['pid']:<8} name server ({ns.dns} in Kubernetes)"
             )
-        lines += [_describe(b, ready[b.name]) for b in topology.brokers]
+        lines += [_describe(b, ready[b.name], elected) for b in topology.brokers]
         lines.append(f"  {'exporter':<16} every 5 s into {spool}/   pid {exporter.proc.pid}")
         lines.append(
             f"  {proxy.name:<16} grpc {proxy.addr:<16} metrics :{proxy.metrics_port:<6} "
@@ -466,28 +634,36 @@ def run(args: argparse.Namespace) -> int:
         )
         lines.append(
             f"  topic {DEMO_TOPIC} (4 queues) on "
-            + ", ".join(m.config.broker_name for m in topology.masters())
+            + ", ".join(m.config.broker_name for m, _ in masters)
         )
         print("\n".join(lines) + "\n", flush=True)
         from ferry.cli.namesrv_cmds import cluster
 
         cluster(argparse.Namespace(namesrv=addr, timeout=3.0, json=False))
-        master = topology.masters()[0]
-        slaves = topology.slaves()
+        master = masters[0][0]
+        slaves = [*topology.slaves(), *(b for e in elected.values() for b in e.slaves)]
         ha_lines = f"  .venv/bin/ferry ha-status -b {master.addr}\n" if slaves else ""
         if slaves:
             ha_lines += f"  .venv/bin/ferry ha-status -b {slaves[0].addr}\n"
+        exports = f"  export FERRY_NAMESRV_ADDR='{addr}'\n"
+        etcd_lines = ""
+        if elected:  # the failover view, from etcd, and a graceful handover
+            exports += f"  export FERRY_ETCD_ENDPOINTS='{topology.etcd_endpoints}'\n"
+            etcd_lines = (
+                "  .venv/bin/ferry ha-status\n"
+                f"  .venv/bin/ferry failover -c {master.config.cluster_name} "
+                f"-b {master.config.broker_name}\n"
+            )
         first_ns = topology.namesrvs[0].addr
         print(
             f"""
 Try:
-  export FERRY_NAMESRV_ADDR='{addr}'
-  .venv/bin/ferry cluster
+{exports}  .venv/bin/ferry cluster
   .venv/bin/ferry route {DEMO_TOPIC}
   .venv/bin/ferry send {DEMO_TOPIC} --body 'hello ferry'
   .venv/bin/ferry send {DEMO_TOPIC} --count 10000 --size 128 --batch 64
   .venv/bin/ferry consume {DEMO_TOPIC} --group demo --from-beginning --max 5
-{ha_lines}  .venv/bin/ferry runtime -b {master.addr}
+{etcd_lines}{ha_lines}  .venv/bin/ferry runtime -b {master.addr}
   .venv/bin/grpcurl -plaintext {master.addr} list
   .venv/bin/grpcurl -plaintext -d '{{"topic":"{DEMO_TOPIC}"}}' {first_ns} ferry.v1.NameServer/GetRouteInfoByTopic
   .venv/bin/ferry analytics run --spool {spool} --out {data_dir}/analytics --once
@@ -523,4 +699,7 @@ Ctrl-C stops everything.""",
         print(f"ferry dev: {exc}", file=sys.stderr)
         return 1
     finally:
+        started = True  # from here on a Ctrl-C no longer interrupts: stopping goes on
+        if topology is not None and topology.elects:
+            _masters_first(topology, children)
         _stop(children)

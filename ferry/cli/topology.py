@@ -22,7 +22,11 @@ one runs on its manifest's ports, 8081 (gRPC) and 8082 (metrics), plus
 etcd (the `etcd` StatefulSet, 3 members in Kubernetes) runs as one member on
 its manifest's ports, 2379 (clients) and 2380 (peers), plus `--port-offset`.
 Its endpoint is `Topology.etcd_endpoints`, in the form of the brokers'
-`etcdEndpoints` key; the brokers are not given it yet (failover is off).
+`etcdEndpoints` key: a broker whose file sets `enableFailover=true` (the
+`2m-2s-failover` overlay) gets it in place of the file's etcd pods, so the
+members of each group elect their master in the local etcd. Such a topology
+has no fixed roles (`Topology.elects`): which member is master is known only
+once it runs.
 """
 
 from __future__ import annotations
@@ -32,8 +36,8 @@ from pathlib import Path
 
 from services.broker.config import BrokerConfig, ConfigError, load_config
 
-TOPOLOGIES = ("2m-2s-sync", "2m-2s-async", "2m-noslave")
-DEFAULT_TOPOLOGY = "2m-2s-sync"
+TOPOLOGIES = ("2m-2s-failover", "2m-2s-sync", "2m-2s-async", "2m-noslave")
+DEFAULT_TOPOLOGY = "2m-2s-failover"
 # 64 MiB commit-log files keep a laptop's disk use small; production uses 1 GiB.
 LOCAL_COMMITLOG_FILE_SIZE = 64 * 1024 * 1024
 # The proxy's ports in its Deployment (deploy/k8s/base/proxy.yaml); a test checks they agree.
@@ -86,7 +90,7 @@ class LocalEtcd:
 
 @dataclass(frozen=True)
 class LocalBroker:
-    name: str  # broker-a-master: the StatefulSet and the file's name
+    name: str  # the file's name: broker-a-master (a StatefulSet), broker-a-0 (a pod)
     conf: Path
     config: BrokerConfig  # the file as the broker reads it (no local overrides)
     port: int
@@ -97,8 +101,12 @@ class LocalBroker:
     def addr(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def overrides(self, namesrv_addr: str, store: Path, ha_secret: str) -> list[str]:
-        """The `-o key=value` options that map the file to this machine."""
+    def overrides(
+        self, namesrv_addr: str, etcd_endpoints: str, store: Path, ha_secret: str
+    ) -> list[str]:
+        """The `-o key=value` options that map the file to this machine
+        (`etcd_endpoints` only for a broker with enableFailover)."""
+        elects = [f"etcdEndpoints={etcd_endpoints}"] if self.config.enable_failover else []
         return [
             "bindAddress=127.0.0.1",
             "brokerIP1=127.0.0.1",
@@ -109,6 +117,7 @@ class LocalBroker:
             f"storePathRootDir={store}",
             f"mappedFileSizeCommitLog={LOCAL_COMMITLOG_FILE_SIZE}",
             f"haSecret={ha_secret}",
+            *elects,
         ]
 
 
@@ -130,11 +139,26 @@ class Topology:
         """The value of the brokers' `etcdEndpoints` key for this machine."""
         return self.etcd.endpoint
 
+    @property
+    def elects(self) -> bool:
+        """Whether the groups elect their masters (enableFailover): then no
+        broker is a master or a slave by its file (see `masters`)."""
+        return any(b.config.enable_failover for b in self.brokers)
+
+    def groups(self) -> dict[str, list[LocalBroker]]:
+        """The brokers of each group (brokerName), in id order."""
+        groups: dict[str, list[LocalBroker]] = {}
+        for b in self.brokers:
+            groups.setdefault(b.config.broker_name, []).append(b)
+        return groups
+
     def masters(self) -> list[LocalBroker]:
-        return [b for b in self.brokers if b.config.broker_role != "SLAVE"]
+        """The masters by their files; none when the groups elect them."""
+        return [b for b in self.brokers
+                if b.config.broker_role != "SLAVE" and not b.config.enable_failover]  # fmt: skip
 
     def slaves(self, group: str | None = None) -> list[LocalBroker]:
-        """The slaves, of one broker group when `group` is given."""
+        """The slaves by their files, of one broker group when `group` is given."""
         return [b for b in self.brokers if b.config.broker_role == "SLAVE"
                 and group in (None, b.config.broker_name)]  # fmt: skip
 
@@ -174,6 +198,12 @@ def load_topology(name: str, k8s_dir: Path, port_offset: int = 0) -> Topology:
             raise TopologyError(f"{conf}: {'; '.join(warnings)}")
         loaded.append((conf.stem, conf, config))
     loaded.sort(key=lambda item: (item[2].broker_name, item[2].broker_id))
+    for _, conf, config in loaded:
+        if config.enable_failover != loaded[0][2].enable_failover:
+            raise TopologyError(
+                f"{conf}: enableFailover={str(config.enable_failover).lower()} unlike "
+                f"{loaded[0][1]}: a topology either elects its masters or names them"
+            )
 
     dns_names = loaded[0][2].namesrv_addrs
     for _, conf, config in loaded:

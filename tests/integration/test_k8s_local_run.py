@@ -1,7 +1,8 @@
-"""The 2m-2s-sync overlay, run: `kubectl kustomize` renders it (with the HA
-secret replaced the way the README tells users to), and every pod's container
-(args, environment, mounted ConfigMaps, volumes) starts as a local process, as
-a node would start it. What differs from a cluster is mapped, nothing else:
+"""The 2m-2s-sync and 2m-2s-failover overlays, run: `kubectl kustomize` renders
+one (with the HA secret replaced the way the README tells users to), and every
+pod's container (args, environment, mounted ConfigMaps, volumes) starts as a
+local process, as a node would start it. What differs from a cluster is
+mapped, nothing else:
 
 - each pod's declared container ports become free loopback ports, and the
   stable DNS names (`<pod>.<service>`) become 127.0.0.1 with those ports;
@@ -19,9 +20,14 @@ topic on both groups, both slaves replicating what their SYNC_MASTER
 acknowledged, the 3 etcd members one cluster with a leader (each healthy, each
 listing all three), health SERVING on every gRPC port, the RocketMQ 5 proxy
 routing the new topic to both groups (through the name servers its -n names),
-and the exporter writing rows for all four brokers. A Deployment runs one pod here
-(the proxy's second replica would be the same process twice); the TLS component
-leaves the proxy out. The Spark Deployment is rendered but not started here
+and the exporter writing rows for all four brokers. With 2m-2s-failover the
+masters are not known beforehand: each group (a StatefulSet of two pods, each
+running its own file of the group's ConfigMap) must elect one in the 3-member
+etcd, which both name servers route to as broker 0 with the other member as a
+SLAVE under its own brokerId, replicating over the HA address the master
+advertises (its pod's DNS name). A Deployment runs one pod here (the proxy's
+second replica would be the same process twice); the TLS component leaves the
+proxy out. The Spark Deployment is rendered but not started here
 (a JVM per test run is slow on 2 cores); its arguments are parsed by the job's
 own parser in test_k8s_manifests.py and the job runs in test_analytics_spark.py.
 """
@@ -66,20 +72,22 @@ from tests.integration.support import PortRange, child_env, make_test_certs, sto
 from tests.unit.test_k8s_manifests import TLS_COMPONENT, render
 
 REPO = Path(__file__).resolve().parents[2]
-OVERLAY = REPO / "deploy" / "k8s" / "overlays" / "2m-2s-sync"
+OVERLAYS = REPO / "deploy" / "k8s" / "overlays"
 DEADLINE_S = 60.0
 TOKEN = "admin-" + secrets.token_hex(8)
 
 
-def render_with_secret(tmp_path: Path, secret: str, certs: Path | None = None) -> list[dict]:
-    """The README's recipe: an overlay of one's own that replaces the secret
-    (and, with `certs`, adds the TLS component and the ferry-tls Secret)."""
+def render_with_secret(
+    tmp_path: Path, overlay: str, secret: str, certs: Path | None = None
+) -> list[dict]:
+    """The README's recipe: an overlay of one's own on `overlay` that replaces
+    the secret (and, with `certs`, adds the TLS component and the ferry-tls Secret)."""
     mine = tmp_path / "my-ferry"
     mine.mkdir()
     kustomization: dict = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
-        "resources": [os.path.relpath(OVERLAY, mine)],
+        "resources": [os.path.relpath(OVERLAYS / overlay, mine)],
         "secretGenerator": [
             {"name": "ferry-ha", "behavior": "replace", "literals": [f"secret={secret}"]},
             {"name": "ferry-admin", "behavior": "replace", "literals": [f"token={TOKEN}"]},
@@ -240,8 +248,24 @@ def wait_for(what: str, check, deadline: float, logs: Path):
     pytest.fail(f"{what} did not happen within {DEADLINE_S:.0f}s (last error {last})\n{tails}")
 
 
-@pytest.mark.parametrize("tls", [False, True], ids=["plaintext", "tls"])
-def test_rendered_2m_2s_sync_forms_a_cluster(tmp_path, tls):
+# Each overlay's broker pods per group: (master, slave) by their roles, or
+# (with failover) the two members, either of which may be elected.
+BROKERS = {
+    "2m-2s-sync": {"broker-a": ("broker-a-master-0", "broker-a-slave-0"),
+                   "broker-b": ("broker-b-master-0", "broker-b-slave-0")},
+    "2m-2s-failover": {"broker-a": ("broker-a-0", "broker-a-1"),
+                       "broker-b": ("broker-b-0", "broker-b-1")},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("overlay", "tls"),
+    [("2m-2s-sync", False), ("2m-2s-sync", True), ("2m-2s-failover", False),
+     ("2m-2s-failover", True)],
+    ids=["2m-2s-sync-plaintext", "2m-2s-sync-tls", "2m-2s-failover-plaintext",
+         "2m-2s-failover-tls"],
+)  # fmt: skip
+def test_rendered_overlay_forms_a_cluster(tmp_path, overlay, tls):
     """With `tls`, the overlay of one's own adds deploy/k8s/components/tls: every
     gRPC server and client and the HA stream use mutual TLS, the probes' health
     checks go to the plaintext health-only ports, and this test's own clients
@@ -251,13 +275,14 @@ def test_rendered_2m_2s_sync_forms_a_cluster(tmp_path, tls):
     if tls:
         (tmp_path / "certs").mkdir()
         certs = make_test_certs(tmp_path / "certs")
-    docs = render_with_secret(tmp_path, secret, certs)
+    docs = render_with_secret(tmp_path, overlay, secret, certs)
     pods = pods_of(docs)
     names = sorted(p.name for p in pods)
-    assert names == ["broker-a-master-0", "broker-a-slave-0", "broker-b-master-0",
-                     "broker-b-slave-0", "etcd-0", "etcd-1", "etcd-2", "ferry-exporter-0",
-                     "ferry-namesrv-0", "ferry-namesrv-1"] + (
-                     [] if tls else ["ferry-proxy-0"])  # fmt: skip
+    elects = overlay == "2m-2s-failover"
+    brokers = sorted(n for pair in BROKERS[overlay].values() for n in pair)
+    assert names == sorted(brokers + ["etcd-0", "etcd-1", "etcd-2", "ferry-exporter-0",
+                                      "ferry-namesrv-0", "ferry-namesrv-1"] + (
+                                      [] if tls else ["ferry-proxy-0"]))  # fmt: skip
     root = tmp_path / "pods"
     root.mkdir()
     procs: dict[str, subprocess.Popen] = {}
@@ -324,7 +349,12 @@ def test_rendered_2m_2s_sync_forms_a_cluster(tmp_path, tls):
                 root,
             )
 
-        want = {("broker-a", 0), ("broker-a", 1), ("broker-b", 0), ("broker-b", 1)}
+        # Each group as the name servers route it: (master, slave, the slave's
+        # brokerId, the master's failover epoch), by pod. With failover the
+        # group's members elect the master (broker 0, epoch >= 1); the other
+        # is its slave under its own brokerId (its pod's ordinal + 1).
+        by_addr = {f"127.0.0.1:{by_name[p].ports[10911]}": p for p in brokers}
+        views = []
         for ns in ("ferry-namesrv-0", "ferry-namesrv-1"):
             stub = namesrv_pb2_grpc.NameServerStub(channel(ns))
 
@@ -332,14 +362,31 @@ def test_rendered_2m_2s_sync_forms_a_cluster(tmp_path, tls):
                 info = stub.GetBrokerClusterInfo(
                     namesrv_pb2.GetBrokerClusterInfoRequest(), timeout=2
                 )
-                have = {(name, i) for name, g in info.broker_addr_table.items()
-                        for i in g.broker_addrs}  # fmt: skip
-                return have == want and list(info.cluster_addr_table) == ["DefaultCluster"]
+                if list(info.cluster_addr_table) != ["DefaultCluster"]:
+                    return None
+                view = {}
+                for group in BROKERS[overlay]:
+                    addrs = dict(info.broker_addr_table[group].broker_addrs)
+                    routed = {i: by_addr.get(a) for i, a in addrs.items()}
+                    if len(routed) != 2 or 0 not in routed or None in routed.values():
+                        return None  # not elected, or the master still listed as a slave
+                    [(slave_id, slave)] = [(i, p) for i, p in routed.items() if i != 0]
+                    epoch = info.broker_live_table[addrs[0]].epoch
+                    view[group] = (routed[0], slave, slave_id, epoch)
+                return view
 
-            wait_for(f"4 brokers on {ns}", registered, deadline, root)
+            views.append(wait_for(f"4 brokers on {ns}", registered, deadline, root))
+        assert views[0] == views[1], views
+        groups = views[0]
+        for group, (master, slave, slave_id, epoch) in groups.items():
+            if elects:
+                assert {master, slave} == set(BROKERS[overlay][group]), groups
+                assert slave_id == int(slave.rsplit("-", 1)[1]) + 1 and epoch >= 1, groups
+            else:
+                assert (master, slave, slave_id, epoch) == (*BROKERS[overlay][group], 1, 0)
 
         topic = "K8sLocalRun"
-        for master in ("broker-a-master-0", "broker-b-master-0"):
+        for master, *_ in groups.values():
             with pytest.raises(grpc.RpcError) as err:  # the admin token is on
                 broker_admin_pb2_grpc.BrokerAdminStub(channel(master)).DeleteTopic(
                     broker_admin_pb2.DeleteTopicRequest(topic="TBW102"), timeout=10
@@ -384,7 +431,7 @@ def test_rendered_2m_2s_sync_forms_a_cluster(tmp_path, tls):
                     for a in q.broker.endpoints.addresses} == {("127.0.0.1", proxy_port)}  # fmt: skip
 
         for group in ("broker-a", "broker-b"):
-            master, slave = f"{group}-master-0", f"{group}-slave-0"
+            master, slave, slave_id, _ = groups[group]
             master_admin = ha_admin_pb2_grpc.HAAdminStub(channel(master))
             wait_for(
                 f"{slave} connected to {master}'s HA port",
@@ -404,7 +451,7 @@ def test_rendered_2m_2s_sync_forms_a_cluster(tmp_path, tls):
             master_ha = master_admin.GetHAStatus(ha_admin_pb2.GetHAStatusRequest(), timeout=5)
             assert master_ha.broker_role == "SYNC_MASTER"
             [conn] = master_ha.connections
-            assert conn.replica_id == 1  # authenticated with the Secret's value
+            assert conn.replica_id == slave_id  # authenticated with the Secret's value
             assert conn.ack_offset == master_ha.master_max_offset > 0
             slave_stub = ha_admin_pb2_grpc.HAAdminStub(channel(slave))
             wait_for(
@@ -419,16 +466,20 @@ def test_rendered_2m_2s_sync_forms_a_cluster(tmp_path, tls):
 
         spool = root / "claims" / "ferry-spool" / "metrics"
 
+        want = {(g, i) for g, (_, _, slave_id, _) in groups.items() for i in (0, slave_id)}
+
         def exported():
-            brokers = set()
+            up: dict[str, set[tuple[str, int]]] = {}  # per round (its timestamp)
             for f in sorted(spool.glob("metrics-*.json")):
                 for line in f.read_text().splitlines():
                     row = json.loads(line)
-                    if row["metric"] == "ferry_exporter_scrape_up" and row["value"] == 1:
-                        brokers.add((row["broker_name"], row["broker_id"]))
-            return brokers == want
+                    if row["metric"] == "ferry_exporter_scrape_up":
+                        broker = (row["broker_name"], row["broker_id"])
+                        up.setdefault(row["ts"], set()).update([broker] if row["value"] else [])
+            return bool(up) and up[max(up)] == want  # the latest round
 
-        # The exporter's first rounds may predate the brokers; its interval is 15 s.
+        # The exporter's first rounds may predate the brokers (or an election);
+        # its interval is 15 s.
         wait_for("exporter rows for the 4 brokers", exported, time.monotonic() + 40, root)
         for name, proc in procs.items():
             assert proc.poll() is None, f"{name} exited with {proc.returncode}"

@@ -2,8 +2,10 @@
 real `kubectl kustomize` and validates with `kubernetes-validate --strict`
 against Kubernetes 1.29 and 1.33; selectors, ports, probes, volumes, PDBs,
 NetworkPolicies, security settings and the monitoring pieces are checked on the
-rendered documents; each rendered broker.conf goes through the broker's own
-loader; and `ferry dev` (make run) is checked to read the same topology.
+rendered documents; each broker pod's rendered broker.conf goes through the
+broker's own loader (a failover group's members: alike but for brokerId, on
+the etcd StatefulSet, each HA port published and open to the other member);
+and `ferry dev` (make run) is checked to read the same topology.
 (tests/integration/test_k8s_local_run.py runs the rendered containers.)"""
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -106,12 +109,13 @@ def tls_variant(request, docs) -> bool:
 
 @pytest.mark.parametrize("version", ["1.29.0", "1.33.0"])
 @pytest.mark.parametrize(
-    "directory", [*KUSTOMIZATIONS, "2m-2s-sync+tls"],
+    "directory", [*KUSTOMIZATIONS, "2m-2s-sync+tls", "2m-2s-failover+tls"],
     ids=lambda p: p if isinstance(p, str) else str(p.relative_to(K8S)),
 )  # fmt: skip
 def test_documents_validate_strictly(directory, version, tmp_path):
-    if directory == "2m-2s-sync+tls":
-        directory = with_tls(K8S / "overlays" / "2m-2s-sync", tmp_path / "mine")
+    if isinstance(directory, str):
+        overlay = directory.removesuffix("+tls")
+        directory = with_tls(K8S / "overlays" / overlay, tmp_path / "mine")
     docs = render(directory)
     rendered = tmp_path / "all.yaml"
     rendered.write_text(yaml.safe_dump_all(docs))
@@ -191,7 +195,11 @@ def test_selectors_and_labels(docs):
         assert any(svc["spec"]["selector"].items() <= p.items() for p in pods), svc["metadata"]
 
 
-def test_a_pdb_per_group_covers_its_master_and_slave(docs):
+GROUP_LABEL = "ferry.io/broker-group"
+
+
+def test_a_pdb_per_group_covers_all_its_brokers(docs):
+    """One PDB per broker group over its master and slave, or its elected members."""
     pods = {w["metadata"]["name"]: w["spec"]["template"]["metadata"]["labels"]
             for w in workloads(docs)}  # fmt: skip
     covered = {}
@@ -200,9 +208,10 @@ def test_a_pdb_per_group_covers_its_master_and_slave(docs):
         covered[pdb["metadata"]["name"]] = sorted(
             n for n, labels in pods.items() if selects(pdb["spec"]["selector"], labels)
         )
-    groups = {n.rsplit("-", 1)[0] for n in pods if n.startswith("broker-")}
-    for group in groups:
-        assert covered[group] == sorted(n for n in pods if n.startswith(group + "-")), group
+    brokers = {n: labels[GROUP_LABEL] for n, labels in pods.items() if n.startswith("broker-")}
+    assert set(brokers.values()) == {"broker-a", "broker-b"}
+    for group in set(brokers.values()):
+        assert covered[group] == sorted(n for n, g in brokers.items() if g == group), group
     assert covered["ferry-namesrv"] == ["ferry-namesrv"]
     if "ferry-proxy" in pods:  # not with the TLS component (see test_the_proxy)
         assert covered["ferry-proxy"] == ["ferry-proxy"]
@@ -281,27 +290,28 @@ def test_probes_security_and_storage(docs):
             assert any(selects(sel, labels) for sel in pdb_selectors), name
 
 
-def test_masters_and_slaves_never_share_a_node(docs):
-    sets = {w["metadata"]["name"]: w for w in by_kind(docs, "StatefulSet")}
+def test_a_groups_brokers_never_share_a_node(docs):
+    """A master and its slave, or the members of an electing group (the pods
+    of one StatefulSet), are kept on different nodes."""
+    sets = {w["metadata"]["name"]: w for w in by_kind(docs, "StatefulSet")
+            if w["metadata"]["name"].startswith("broker-")}  # fmt: skip
     for name, w in sets.items():
-        if not name.startswith("broker-"):
-            continue
-        group, role = name.rsplit("-", 1)
-        other = f"{group}-{'slave' if role == 'master' else 'master'}"
-        if other not in sets:
-            continue
+        group = w["spec"]["template"]["metadata"]["labels"][GROUP_LABEL]
         terms = w["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
             "requiredDuringSchedulingIgnoredDuringExecution"
         ]
-        other_labels = sets[other]["spec"]["template"]["metadata"]["labels"]
-        assert any(
-            t["topologyKey"] == "kubernetes.io/hostname"
-            and t["labelSelector"]["matchLabels"].items() <= other_labels.items()
-            for t in terms
-        ), name
+        for other_name, other in sets.items():
+            labels = other["spec"]["template"]["metadata"]["labels"]
+            if labels[GROUP_LABEL] != group or (other_name == name and w["spec"]["replicas"] == 1):
+                continue
+            assert any(
+                t["topologyKey"] == "kubernetes.io/hostname" and selects(t["labelSelector"], labels)
+                for t in terms
+            ), (name, other_name)
 
 
-# What each overlay must yield: broker -> (group, id, role).
+# What each overlay must yield: broker -> (group, id, role), a broker named as
+# its file in the overlay's brokers/ (a StatefulSet of one pod, or a pod).
 SYNC = {
     "broker-a-master": ("broker-a", 0, "SYNC_MASTER"),
     "broker-a-slave": ("broker-a", 1, "SLAVE"),
@@ -310,7 +320,14 @@ SYNC = {
 }
 ASYNC = {**SYNC, "broker-a-master": ("broker-a", 0, "ASYNC_MASTER"),
          "broker-b-master": ("broker-b", 0, "ASYNC_MASTER")}  # fmt: skip
+FAILOVER = {  # the role is how a member replicates while it leads
+    "broker-a-0": ("broker-a", 1, "SYNC_MASTER"),
+    "broker-a-1": ("broker-a", 2, "SYNC_MASTER"),
+    "broker-b-0": ("broker-b", 1, "SYNC_MASTER"),
+    "broker-b-1": ("broker-b", 2, "SYNC_MASTER"),
+}
 EXPECTED = {
+    "2m-2s-failover": FAILOVER,
     "2m-2s-sync": SYNC,
     "2m-2s-async": ASYNC,
     "2m-noslave": {k: v for k, v in ASYNC.items() if k.endswith("-master")},
@@ -321,10 +338,41 @@ def test_every_overlay_is_expected():
     assert sorted(EXPECTED) == [p.name for p in OVERLAYS]
 
 
-def broker_conf(docs, workload) -> str:
+@dataclass
+class BrokerPod:
+    name: str  # what the overlay's brokers/ calls its file: the StatefulSet's, or the pod's
+    pod: str  # broker-a-master-0, broker-a-0
+    workload: dict  # its StatefulSet
+    args: list[str]  # its container's arguments, $(POD_NAME) expanded
+    conf: str  # the broker.conf it runs, from its ConfigMap
+
+
+def broker_pods(docs) -> list[BrokerPod]:
+    """Every broker pod and the file it runs: a StatefulSet's ConfigMap holds
+    broker.conf (one pod), or one <pod>.conf per pod (-c /etc/ferry/$(POD_NAME).conf)."""
     maps = {d["metadata"]["name"]: d for d in by_kind(docs, "ConfigMap")}
-    [volume] = [v for v in workload["spec"]["template"]["spec"]["volumes"] if v["name"] == "config"]
-    return maps[volume["configMap"]["name"]]["data"]["broker.conf"]
+    pods = []
+    for w in by_kind(docs, "StatefulSet"):
+        if not w["metadata"]["name"].startswith("broker-"):
+            continue
+        template = w["spec"]["template"]["spec"]
+        [volume] = [v for v in template["volumes"] if v["name"] == "config"]
+        [container] = template["containers"]
+        [mount] = [m for m in container["volumeMounts"] if m["name"] == "config"]
+        for i in range(w["spec"]["replicas"]):
+            pod = f"{w['metadata']['name']}-{i}"
+            args = [a.replace("$(POD_NAME)", pod) for a in container["args"]]
+            assert args[:2] == ["broker", "-c"], args
+            directory, _, key = args[2].rpartition("/")
+            assert directory == mount["mountPath"], args
+            name = w["metadata"]["name"] if key == "broker.conf" else key.removesuffix(".conf")
+            conf = maps[volume["configMap"]["name"]]["data"][key]
+            pods.append(BrokerPod(name, pod, w, args, conf))
+    return pods
+
+
+def elects(pod: BrokerPod) -> bool:
+    return re.search(r"^enableFailover=true$", pod.conf, re.M) is not None
 
 
 def secret_value(docs, name: str, key: str) -> str:
@@ -332,30 +380,39 @@ def secret_value(docs, name: str, key: str) -> str:
     return base64.b64decode(secret["data"][key]).decode()
 
 
+def etcd_members(docs) -> list[str]:
+    """host:port of each etcd pod (its stable DNS name and client port)."""
+    [sts] = [s for s in by_kind(docs, "StatefulSet") if s["metadata"]["name"] == "etcd"]
+    [container] = sts["spec"]["template"]["spec"]["containers"]
+    port = {p["name"]: p["containerPort"] for p in container["ports"]}["client"]
+    return [f"etcd-{i}.{sts['spec']['serviceName']}:{port}" for i in range(sts["spec"]["replicas"])]
+
+
 def test_broker_confs_load_with_the_brokers_own_loader(overlay, tmp_path):
     from services.broker.config import load_config
 
     name, docs = overlay
     expected = EXPECTED[name]
-    brokers = [w for w in workloads(docs) if w["metadata"]["name"].startswith("broker-")]
-    assert sorted(w["metadata"]["name"] for w in brokers) == sorted(expected)
+    pods = broker_pods(docs)
+    assert sorted(p.name for p in pods) == sorted(expected)
     secret = secret_value(docs, "ferry-ha", "secret")
     token = secret_value(docs, "ferry-admin", "token")
-    for w in brokers:
-        broker = w["metadata"]["name"]
-        [container] = w["spec"]["template"]["spec"]["containers"]
-        path = tmp_path / f"{broker}.conf"
-        path.write_text(broker_conf(docs, w))
-        args = container["args"]
-        assert args[:3] == ["broker", "-c", "/etc/ferry/broker.conf"]
-        env = {"POD_NAME": f"{broker}-0", "HA_SECRET": secret, "FERRY_ADMIN_TOKEN": token}
+    services = {s["metadata"]["name"]: s for s in by_kind(docs, "Service")}
+    groups: dict[str, list[tuple[BrokerPod, object]]] = {}
+    for pod in pods:
+        [container] = pod.workload["spec"]["template"]["spec"]["containers"]
+        path = tmp_path / f"{pod.name}.conf"
+        path.write_text(pod.conf)
+        env = {"HA_SECRET": secret, "FERRY_ADMIN_TOKEN": token}
         overrides = [re.sub(r"\$\((\w+)\)", lambda m, env=env: env[m.group(1)], a)
-                     for a in args[4::2]]  # fmt: skip
+                     for a in pod.args[4::2]]  # fmt: skip
+        assert pod.args[3::2] == ["-o"] * len(overrides)
         config, warnings = load_config(path, overrides, env={})
         assert warnings == [], warnings
-        assert (config.broker_name, config.broker_id, config.broker_role) == expected[broker]
+        assert (config.broker_name, config.broker_id, config.broker_role) == expected[pod.name]
         assert config.cluster_name == "DefaultCluster"
-        assert config.broker_ip1 == config.broker_ip2 == f"{broker}-0.{broker}"
+        service = pod.workload["spec"]["serviceName"]
+        assert config.broker_ip1 == config.broker_ip2 == f"{pod.pod}.{service}"
         assert config.ha_secret == secret
         assert config.admin_token == token
         assert list(config.namesrv_addrs) == NAMESRV_ADDRS
@@ -364,6 +421,30 @@ def test_broker_confs_load_with_the_brokers_own_loader(overlay, tmp_path):
         assert (config.listen_port, config.ha_listen_port, config.metrics_port) == (
             ports["grpc"], ports["ha"], ports["metrics"],
         )  # fmt: skip
+        assert config.enable_failover is (name == "2m-2s-failover")
+        if config.enable_failover:
+            # It elects in the etcd StatefulSet, and leads with an HA address
+            # (brokerIP2:haListenPort) its group's other member can dial: its
+            # stable DNS name under a headless Service that publishes the port.
+            assert list(config.etcd_endpoints) == etcd_members(docs)
+            assert config.failover_lease_ttl_s == 6.0 and config.ha_master_address == ""
+            governing = services[service]["spec"]
+            assert governing["clusterIP"] == "None"
+            published = {(p["name"], p["port"]) for p in governing["ports"]}
+            assert ("ha", config.ha_listen_port) in published
+        groups.setdefault(config.broker_name, []).append((pod, config))
+    for group, members in groups.items():
+        ids = [config.broker_id for _, config in members]
+        assert len(set(ids)) == len(ids), (group, ids)
+        if any(config.enable_failover for _, config in members):
+            # The members are configured alike but for their identity.
+            assert len(members) == 2 and len({id(p.workload) for p, _ in members}) == 1, group
+            keys = {
+                frozenset(re.sub(r"^brokerId=\d+$", "", line)
+                          for line in p.conf.splitlines() if line and not line.startswith("#"))
+                for p, _ in members
+            }  # fmt: skip
+            assert len(keys) == 1, group
 
 
 def test_namesrv_addresses_are_the_stable_pod_names(overlay):
@@ -381,20 +462,33 @@ def test_namesrv_addresses_are_the_stable_pod_names(overlay):
     assert args[args.index("-n") + 1] == ";".join(NAMESRV_ADDRS)
 
 
-def test_make_run_starts_the_overlays_own_files(overlay, tls_variant):
+def test_make_run_starts_the_overlays_own_files(overlay, tls_variant, tmp_path):
     """ferry dev's topology is the rendered one: the same brokers, the same
-    broker.conf text, the same ports (before the local offsets)."""
+    broker.conf text, the same ports (before the local offsets); a failover
+    topology's brokers elect in ferry dev's own etcd."""
     from ferry.cli.topology import load_topology
+    from services.broker.config import load_config
 
     name, docs = overlay
     topology = load_topology(name, K8S)
-    sets = {w["metadata"]["name"]: w for w in by_kind(docs, "StatefulSet")
-            if w["metadata"]["name"].startswith("broker-")}  # fmt: skip
-    assert [b.name for b in topology.brokers] == sorted(sets)
+    pods = {p.name: p for p in broker_pods(docs)}
+    assert [b.name for b in topology.brokers] == sorted(pods)
     for i, b in enumerate(topology.brokers):
-        assert b.conf.read_text() == broker_conf(docs, sets[b.name])
+        assert b.conf.read_text() == pods[b.name].conf
         assert (b.port, b.ha_port, b.metrics_port) == (10911 + 10 * i, 10912 + 10 * i,
                                                        10913 + 10 * i)  # fmt: skip
+        local, warnings = load_config(
+            b.conf, b.overrides(topology.namesrv_addr, "127.0.0.1:2379", tmp_path / b.name, "s")
+        )
+        assert warnings == [] and local.enable_failover is elects(pods[b.name])
+        assert local.etcd_endpoints == (("127.0.0.1:2379",) if local.enable_failover else ())
+        assert (local.broker_ip1, local.ha_host) == ("127.0.0.1", "127.0.0.1")
+    assert topology.elects is (name == "2m-2s-failover")
+    if topology.elects:  # the groups of the overlay's StatefulSets, in id order
+        assert {g: [b.name for b in members] for g, members in topology.groups().items()} == {
+            "broker-a": ["broker-a-0", "broker-a-1"], "broker-b": ["broker-b-0", "broker-b-1"]
+        }  # fmt: skip
+        assert topology.masters() == [] and topology.slaves() == []
     assert [n.dns for n in topology.namesrvs] == NAMESRV_ADDRS
     assert [(n.port, n.metrics_port) for n in topology.namesrvs] == [(9876, 9877), (9886, 9887)]
     if tls_variant:
@@ -417,11 +511,16 @@ def test_make_run_starts_the_overlays_own_files(overlay, tls_variant):
     assert topology.etcd_endpoints == f"127.0.0.1:{ports['client']}"
 
 
-def test_only_the_groups_slave_reaches_a_masters_ha_port(docs):
+def test_only_the_groups_other_brokers_reach_an_ha_port(docs):
+    """A master's HA port admits its group's slave alone; an electing group's
+    members (one StatefulSet) admit each other alone: whoever leads, the
+    other dials its HA port."""
     pods = {w["metadata"]["name"]: w["spec"]["template"]["metadata"]["labels"]
             for w in workloads(docs)}  # fmt: skip
     policies = by_kind(docs, "NetworkPolicy")
-    masters = [n for n in pods if n.startswith("broker-") and n.endswith("-master")]
+    electing = {p.workload["metadata"]["name"] for p in broker_pods(docs) if elects(p)}
+    masters = [n for n in pods
+               if n.startswith("broker-") and (n.endswith("-master") or n in electing)]  # fmt: skip
     assert masters
     for master in masters:
         mine = [p for p in policies
@@ -440,8 +539,11 @@ def test_only_the_groups_slave_reaches_a_masters_ha_port(docs):
                 reaching_ha |= {
                     n for n, labels in pods.items() if selector.items() <= labels.items()
                 }
-        group_slave = master.removesuffix("-master") + "-slave"
-        expected = {group_slave} if group_slave in pods else set()
+        if master in electing:
+            expected = {master}  # its pods: the group's members
+        else:
+            group_slave = master.removesuffix("-master") + "-slave"
+            expected = {group_slave} if group_slave in pods else set()
         assert reaching_ha == expected, master
 
 
@@ -576,8 +678,9 @@ def test_exporter_and_spark_job_share_the_spool(overlay):
     assert parsed.spool.startswith("/spool/") and parsed.out.startswith("/spool/")
 
 
-def test_the_tls_component_puts_every_grpc_server_and_client_on_tls(tmp_path):
-    docs = render(with_tls(K8S / "overlays" / "2m-2s-sync", tmp_path / "mine"))
+@pytest.mark.parametrize("overlay_name", ["2m-2s-sync", "2m-2s-failover"])
+def test_the_tls_component_puts_every_grpc_server_and_client_on_tls(tmp_path, overlay_name):
+    docs = render(with_tls(K8S / "overlays" / overlay_name, tmp_path / "mine"))
     [secret] = [d["metadata"]["name"] for d in by_kind(docs, "Secret")
                 if d["metadata"]["name"].startswith("ferry-tls-")]  # fmt: skip
     for w in workloads(docs):
@@ -647,9 +750,7 @@ def test_the_proxy(overlay, tls_variant):
     assert (args.host, args.port, args.metrics_port) == ("0.0.0.0", 8081, 8082)
     assert args.namesrv == ";".join(NAMESRV_ADDRS)
     assert args.advertise_host == svc["metadata"]["name"]
-    confs = [
-        broker_conf(docs, w) for w in workloads(docs) if w["metadata"]["name"].startswith("broker-")
-    ]
+    confs = [pod.conf for pod in broker_pods(docs)]
     assert confs and all(f"namesrvAddr={args.namesrv}" in conf for conf in confs)
 
 
@@ -710,6 +811,10 @@ def test_etcd(overlay):
     [pdb] = by_kind(named, "PodDisruptionBudget")
     assert selects(pdb["spec"]["selector"], spec["template"]["metadata"]["labels"])
     assert spec["replicas"] - pdb["spec"]["maxUnavailable"] > spec["replicas"] // 2  # quorum
+    # The peer port admits the members (an overlay's NetworkPolicy patches leave it alone).
+    [policy] = by_kind(named, "NetworkPolicy")
+    assert {"from": [{"podSelector": {"matchLabels": spec["selector"]["matchLabels"]}}],
+            "ports": [{"port": "peer"}]} in policy["spec"]["ingress"]  # fmt: skip
     known = subprocess.run([find_etcd(), "--help"], capture_output=True, text=True, timeout=30)
     help_text = known.stdout + known.stderr
     for flag in flags:
