@@ -766,6 +766,8 @@ class FailoverNode:
         self._bound["listen_port"] = app.port
         self.app = app
         self._app_watch = asyncio.create_task(self._watch_app(app), name="failover-app-watch")
+        if self.lease_id:
+            await self._put_member()  # ferry ha-status shows the new role at once
         log.info(
             "member %d runs as %s (epoch %d%s)",
             self.member_id,

@@ -213,6 +213,10 @@ def start_pod(pod: Pod, pods: list[Pod], docs: list[dict], root: Path) -> subpro
         argv = [find_etcd(), *args]
     else:  # the ferry image, whose entry point is `ferry`
         argv = [sys.executable, "-m", "ferry.cli.main", *args]
+        if args and args[0] == "broker":
+            # A node's disk is not this machine's: 1 GiB commit-log files, the
+            # current one and the next preallocated, would write 8 GB per run.
+            argv += ["-o", "mappedFileSizeCommitLog=16777216"]
     log = open(root / f"{pod.name}.log", "wb")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(
         argv,
