@@ -54,7 +54,9 @@ class Plan:
 
 
 FULL = Plan(kills=20, ttl_ms=6000, rounds=3, warmup_s=1.0, duration_s=5.0)
-QUICK = Plan(kills=2, ttl_ms=2000, rounds=1, warmup_s=0.3, duration_s=1.0)
+# The default TTL in quick runs too: with 2 s a master stalled by a loaded CI
+# machine can lose its lease before the run starts.
+QUICK = Plan(kills=2, ttl_ms=6000, rounds=1, warmup_s=0.3, duration_s=1.0)
 
 
 def run(quick: bool, workdir: Path) -> BenchResult:
@@ -160,6 +162,22 @@ def _has_topic(target: str) -> bool:
     return TOPIC in table.topic_config_table
 
 
+def _create_on_leader(etcd: str, members: dict) -> dict:
+    """Create TOPIC on the elected master; the leader it was read as may have
+    changed by the time the call arrives (then it answers as a slave)."""
+    deadline = time.monotonic() + 60
+    while True:
+        leader = _wait(lambda: _ready_leader(etcd), 60, "a ready leader")
+        try:
+            _create_topic(members[leader["id"]].target, TOPIC)
+            return leader
+        except grpc.RpcError as exc:
+            if time.monotonic() > deadline:
+                raise
+            print(f"creating {TOPIC} on member {leader['id']}: {exc.details()}; again")
+            time.sleep(0.2)
+
+
 # ---------------------------------------------------------------- 1. throughput
 
 
@@ -175,8 +193,8 @@ def throughput(workdir: Path, plan: Plan, etcd: str, server_cpus, client_cpus) -
         off_s.start()
         _create_topic(off_m.target, TOPIC)
         on[0].proc.start()
-        leader = _wait(lambda: _ready_leader(etcd), 30, "member 1 to lead")
         on[1].proc.start()
+        leader = _create_on_leader(etcd, {m.id: m for m in on})
         lead = next(m for m in on if m.id == leader["id"])
         follower = next(m for m in on if m is not lead)
         # The master on the masters' CPU, its slave with the load generator, as "off".
@@ -185,7 +203,6 @@ def throughput(workdir: Path, plan: Plan, etcd: str, server_cpus, client_cpus) -
         if server_cpus is not None:
             os.sched_setaffinity(lead.proc.pid, server_cpus)
             os.sched_setaffinity(follower.proc.pid, client_cpus)
-        _create_topic(lead.target, TOPIC)
         _wait_in_sync(etcd, 2)
         from benchmarks.ha_bench import _wait_in_sync as wait_slave
 
@@ -318,8 +335,7 @@ def failover_time(workdir: Path, plan: Plan, etcd: str) -> tuple[list[Figure], s
     try:
         for m in members.values():
             m.proc.start()
-        leader = _wait(lambda: _ready_leader(etcd), 60, "a leader")
-        _create_topic(members[leader["id"]].target, TOPIC)
+        _create_on_leader(etcd, members)
         wait_for_route(namesrv.target, TOPIC)
         _wait_in_sync(etcd, 2)
         for m in members.values():
