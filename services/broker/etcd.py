@@ -102,10 +102,22 @@ class Etcd:
                 async with asyncio.timeout(timeout_s or self.timeout_s):
                     return await op(client)
             except (TimeoutError, aetcd.exceptions.ConnectionFailedError,
-                    aetcd.exceptions.ConnectionTimeoutError, aetcd.exceptions.InternalError) as exc:  # fmt: skip
-                last = exc
-                await self._drop()
-                self._index = (self._index + 1) % len(self.endpoints)
+                    aetcd.exceptions.ConnectionTimeoutError, aetcd.exceptions.InternalError,
+                    asyncio.CancelledError) as exc:  # fmt: skip
+                current = asyncio.current_task()
+                if isinstance(exc, asyncio.CancelledError) and current and current.cancelling():
+                    raise  # this caller is cancelled
+                # Else a CancelledError is grpc.aio's for a call whose channel
+                # closed: another call on the shared client timed out and
+                # dropped it. A failure of the endpoint, never the caller's end.
+                last = (
+                    ConnectionError("the client was closed when another call on it timed out")
+                    if isinstance(exc, asyncio.CancelledError)
+                    else exc
+                )
+                if self._client is client:  # not one another call made since
+                    await self._drop()
+                    self._index = (self._index + 1) % len(self.endpoints)
         raise EtcdUnavailable(
             f"no etcd endpoint of {';'.join(self.endpoints)} answered within "
             f"{timeout_s or self.timeout_s:.1f} s ({type(last).__name__}: {last})"
