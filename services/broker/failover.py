@@ -650,11 +650,20 @@ class FailoverNode:
         self.handing_over = True
         store = app.store
         deadline = time.monotonic() + max(self.config.slave_timeout_s * 2, 2.0)
-        while app.acks.acks().get(replica_key(target), -1) < store.max_offset:
+        # Every send taken is answered before the role goes: confirmed by the
+        # whole in-sync set, not only by the target (a send still waiting for
+        # another slave would be cut off when this incarnation stops, answered
+        # UNAVAILABLE though stored, and stored again by the producer's retry).
+        while (
+            app.acks.acks().get(replica_key(target), -1) < store.max_offset
+            or app.acks.confirmed < store.max_offset
+        ):
             if time.monotonic() > deadline or not self.may_ack():
                 self.handing_over = False
                 await self._refuse_handover(
-                    request, f"member {target} did not catch up within the handover deadline"
+                    request,
+                    f"member {target} (or another in-sync member) did not catch up within "
+                    "the handover deadline",
                 )
                 return False
             await asyncio.sleep(0.01)
