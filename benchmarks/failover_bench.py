@@ -26,8 +26,7 @@ from pathlib import Path
 import grpc
 
 from benchmarks.broker_bench import _broker_args, _create_topic
-from benchmarks.ha_bench import BATCH, SEND_BATCH, SEND_BODY, _master, _send_ok, _slave
-from benchmarks.load import LoadResult, closed_loop
+from benchmarks.ha_bench import BATCH, SEND_BATCH, SEND_BODY, _alternate, _master, _slave
 from benchmarks.procs import (
     ServerProcess,
     cpu_plan,
@@ -213,7 +212,8 @@ def throughput(workdir: Path, plan: Plan, etcd: str, server_cpus, client_cpus) -
         targets = {"off": off_m.target, "on": lead.target}
         cpu = {"off": off_m.cpu_seconds, "on": lead.proc.cpu_seconds}
         with pinned(client_cpus):
-            results = _alternate(targets, batch, plan, cpu)
+            # ha_bench's alternating rounds (it reads rounds, warmup_s, duration_s).
+            results = _alternate(targets, SEND_BATCH, batch, 16, plan, cpu)  # type: ignore[arg-type]
     finally:
         for m in on:
             m.proc.stop()
@@ -236,33 +236,6 @@ def throughput(workdir: Path, plan: Plan, etcd: str, server_cpus, client_cpus) -
             ),
         )
     ]
-
-
-def _alternate(targets: dict[str, str], request: bytes, plan: Plan,
-               cpu: dict) -> dict[str, list[LoadResult]]:  # fmt: skip
-    async def go():
-        out: dict[str, list[LoadResult]] = {k: [] for k in targets}
-        for _ in range(plan.rounds):
-            for key, target in targets.items():
-                out[key].append(
-                    await closed_loop(
-                        target,
-                        SEND_BATCH,
-                        [request],
-                        16,
-                        plan.warmup_s,
-                        plan.duration_s,
-                        server_cpu_seconds=cpu[key],
-                        answer_ok=_send_ok,
-                    )  # fmt: skip
-                )
-        return out
-
-    results = asyncio.run(go())
-    failed = sum(r.errors for rs in results.values() for r in rs)
-    if failed:
-        raise RuntimeError(f"{failed} sends failed or were not SEND_OK")
-    return results
 
 
 # ---------------------------------------------------------------- 2. failover time
