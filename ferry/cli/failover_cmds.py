@@ -101,26 +101,13 @@ def _endpoints(text: str) -> tuple[str, ...]:
     return endpoints
 
 
-async def _groups(etcd, cluster: str, broker: str) -> dict[tuple[str, str], object]:
-    from services.broker.etcd import group_prefix
-
-    prefix = "/ferry/" + (f"{cluster}/" if cluster else "")
-    result = await etcd.call(lambda c: c.get_prefix(prefix.encode()))
-    names = set()
-    for kv in result or ():
-        parts = kv.key.decode(errors="replace").split("/")
-        if len(parts) >= 5 and (not broker or parts[3] == broker):
-            names.add((parts[2], parts[3]))
-    return {n: await etcd.read_group(group_prefix(*n)) for n in sorted(names)}
-
-
 def group_status(args: argparse.Namespace) -> int:
     from services.broker.etcd import Etcd, EtcdUnavailable
 
     async def run() -> dict:
         etcd = Etcd(_endpoints(args.etcd), args.timeout)
         try:
-            return await _groups(etcd, args.cluster, args.group)
+            return await etcd.read_groups(args.cluster, args.group)
         except EtcdUnavailable as exc:
             raise Unavailable(str(exc)) from None
         finally:

@@ -38,20 +38,17 @@ class EtcdUnavailable(Exception):
     """No etcd endpoint answered in time."""
 
 
+ROOT = "/ferry/"
+
+
 def group_prefix(cluster: str, broker_name: str) -> str:
-    return f"/ferry/{cluster}/{broker_name}/"
-
-
-def leader_key(cluster: str, broker_name: str) -> str:
-    """SPEC: `/ferry/<cluster>/<brokerName>/leader`."""
-    return group_prefix(cluster, broker_name) + "leader"
+    return f"{ROOT}{cluster}/{broker_name}/"
 
 
 @dataclass
 class GroupState:
     """One consistent read of a group's keys (a single range request)."""
 
-    revision: int = 0
     leader: dict | None = None
     leader_lease: int = 0
     leader_raw: bytes = b""
@@ -136,29 +133,48 @@ class Etcd:
 
     async def read_group(self, prefix: str) -> GroupState:
         result = await self.call(lambda c: c.get_prefix(prefix.encode()))
-        state = GroupState(revision=result.header.revision if result else 0)
+        state = GroupState()
         for kv in result or ():
-            name = kv.key.decode(errors="replace")[len(prefix) :]
-            if name == "leader":
-                value = _json(kv.value, "the leader key")
-                if isinstance(value, dict):
-                    state.leader, state.leader_lease, state.leader_raw = value, kv.lease, kv.value
-            elif name == "epoch":
-                value = _json(kv.value, "the epoch key")
-                state.epoch = int(value.get("epoch", 0)) if isinstance(value, dict) else 0
-                state.epoch_mod = kv.mod_revision
-            elif name == "isr":
-                value = _json(kv.value, "the in-sync set")
-                state.isr = value if isinstance(value, dict) else None
-                state.isr_mod = kv.mod_revision
-            elif name == "handover":
-                value = _json(kv.value, "the handover request")
-                state.handover = value if isinstance(value, dict) else None
-            elif name.startswith("members/"):
-                value = _json(kv.value, f"member {name}")
-                if isinstance(value, dict) and isinstance(value.get("id"), int):
-                    state.members[value["id"]] = value
+            _apply(state, kv.key.decode(errors="replace")[len(prefix) :], kv)
         return state
+
+    async def read_groups(self, cluster: str = "", broker_name: str = "") -> dict:
+        """Every failover group under ROOT (of `cluster`, named `broker_name`,
+        when given) in one range read: {(cluster, brokerName): GroupState}."""
+        result = await self.call(lambda c: c.get_prefix(f"{ROOT}{cluster}".encode()))
+        groups: dict[tuple[str, str], GroupState] = {}
+        for kv in result or ():
+            parts = kv.key.decode(errors="replace")[len(ROOT) :].split("/", 2)
+            if len(parts) < 3 or (cluster and parts[0] != cluster):
+                continue
+            if broker_name and parts[1] != broker_name:
+                continue
+            state = groups.setdefault((parts[0], parts[1]), GroupState())
+            _apply(state, parts[2], kv)
+        return dict(sorted(groups.items()))
+
+
+def _apply(state: GroupState, name: str, kv) -> None:
+    """One key of a group (`name` relative to its prefix) into `state`."""
+    if name == "leader":
+        value = _json(kv.value, "the leader key")
+        if isinstance(value, dict):
+            state.leader, state.leader_lease, state.leader_raw = value, kv.lease, kv.value
+    elif name == "epoch":
+        value = _json(kv.value, "the epoch key")
+        state.epoch = int(value.get("epoch", 0)) if isinstance(value, dict) else 0
+        state.epoch_mod = kv.mod_revision
+    elif name == "isr":
+        value = _json(kv.value, "the in-sync set")
+        state.isr = value if isinstance(value, dict) else None
+        state.isr_mod = kv.mod_revision
+    elif name == "handover":
+        value = _json(kv.value, "the handover request")
+        state.handover = value if isinstance(value, dict) else None
+    elif name.startswith("members/"):
+        value = _json(kv.value, f"member {name}")
+        if isinstance(value, dict) and isinstance(value.get("id"), int):
+            state.members[value["id"]] = value
 
 
 def dumps(value: Any) -> bytes:
