@@ -124,43 +124,45 @@ class FailoverNode:
         self._isr_lock = asyncio.Lock()
         self._isr_pending: set[int] = set()
         self._disconnected_since: dict[int, float] = {}
-        self._bound = {"listen_port": config.listen_port}
+        self._port = config.listen_port  # 0 until the first run binds one, then kept
         self._tasks: list[asyncio.Task] = []
         self._app_watch: asyncio.Task | None = None
         self._metrics_endpoint: MetricsEndpoint | None = None
         self.own_registry = CollectorRegistry()
-        ids = ("cluster", "broker_name", "member")
-        self._labels = (config.cluster_name, config.broker_name, str(self.member_id))
-        self.m_epoch = Gauge(
+        labels = (config.cluster_name, config.broker_name, str(self.member_id))
+
+        def series(kind, name: str, doc: str):
+            ids = ("cluster", "broker_name", "member")
+            return kind(name, doc, ids, registry=self.own_registry).labels(*labels)
+
+        self.m_epoch = series(
+            Gauge,
             "ferry_ha_epoch",
             "The leader epoch this member leads or follows (0: none known yet).",
-            ids, registry=self.own_registry,
-        ).labels(*self._labels)  # fmt: skip
-        self.m_failovers = Counter(
+        )
+        self.m_failovers = series(
+            Counter,
             "ferry_ha_failovers_total",
             "Elections this member won after another master (a failover to it).",
-            ids, registry=self.own_registry,
-        ).labels(*self._labels)  # fmt: skip
-        self.m_leader = Gauge(
-            "ferry_ha_leader",
-            "1 while this member is its group's elected master.",
-            ids, registry=self.own_registry,
-        ).labels(*self._labels)  # fmt: skip
-        self.m_leader_changes = Counter(
+        )
+        self.m_leader = series(
+            Gauge, "ferry_ha_leader", "1 while this member is its group's elected master."
+        )
+        self.m_leader_changes = series(
+            Counter,
             "ferry_ha_leader_changes_total",
             "Leaders this member has seen take over its group (its own elections included).",
-            ids, registry=self.own_registry,
-        ).labels(*self._labels)  # fmt: skip
-        self.m_isr = Gauge(
+        )
+        self.m_isr = series(
+            Gauge,
             "ferry_ha_in_sync_replicas",
             "Members of the published in-sync set, the master included (as its master sees it).",
-            ids, registry=self.own_registry,
-        ).labels(*self._labels)  # fmt: skip
-        self.m_fenced = Gauge(
+        )
+        self.m_fenced = series(
+            Gauge,
             "ferry_ha_fenced",
             "1 while this master holds back acknowledgements (its lease may be expiring).",
-            ids, registry=self.own_registry,
-        ).labels(*self._labels)  # fmt: skip
+        )
         self.m_fenced.set_function(lambda: 1 if self.role == "leader" and not self.may_ack() else 0)
 
     # ------------------------------------------------------------ facade (like BrokerApp)
@@ -171,7 +173,7 @@ class FailoverNode:
 
     @property
     def port(self) -> int:
-        return self._bound["listen_port"]
+        return self._port
 
     async def start(self) -> None:
         cfg = self.config
@@ -525,22 +527,12 @@ class FailoverNode:
         if offset < app.acks.confirmed - JOIN_GAP:
             return
         self._isr_pending.add(member)
-        task = asyncio.create_task(self._change_isr(add={member}), name=f"isr-add-{member}")
-        self._tasks.append(task)
-        task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
+        self._spawn(self._change_isr(add={member}), f"isr-add-{member}")
 
     def _on_slave_timeout(self, lagging: list[Hashable]) -> None:
-        members = {k[1] for k in lagging if isinstance(k, tuple) and k[0] == "replica"}
-        members -= self._isr_pending
-        if self.role == "leader" and members & self.isr:
-            log.warning(
-                "in-sync slave(s) %s did not ack a send within slaveTimeout: leaving the in-sync set",
-                sorted(members & self.isr),
-            )
-            self._isr_pending |= members
-            task = asyncio.create_task(self._change_isr(remove=members & self.isr))
-            self._tasks.append(task)
-            task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
+        if self.role == "leader":
+            members = {k[1] for k in lagging if isinstance(k, tuple) and k[0] == "replica"}
+            self._leave_isr(members, "did not ack a send within slaveTimeout")
 
     def _check_isr(self) -> None:
         """Housekeeping: an in-sync slave disconnected for slaveTimeout leaves."""
@@ -555,14 +547,24 @@ class FailoverNode:
                 self._disconnected_since.pop(member, None)
                 continue
             since = self._disconnected_since.setdefault(member, now)
-            if now - since >= self.config.slave_timeout_s and member not in self._isr_pending:
+            if now - since >= self.config.slave_timeout_s:
                 gone.add(member)
-        if gone:
-            log.warning("in-sync slave(s) %s disconnected for slaveTimeout: leaving the set", gone)
-            self._isr_pending |= gone
-            task = asyncio.create_task(self._change_isr(remove=gone))
-            self._tasks.append(task)
-            task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
+        self._leave_isr(gone, "stayed disconnected for slaveTimeout")
+
+    def _leave_isr(self, members: set[int], why: str) -> None:
+        """In-sync slaves that `why` go (published before anything is
+        acknowledged without them); one already on its way is left alone."""
+        members = (members & self.isr) - self._isr_pending
+        if members:
+            log.warning("in-sync slave(s) %s %s: leaving the in-sync set", sorted(members), why)
+            self._isr_pending |= members
+            self._spawn(self._change_isr(remove=members), f"isr-remove-{sorted(members)}")
+
+    def _spawn(self, coro, name: str) -> None:
+        """A task of this node, cancelled at stop, forgotten when done."""
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.append(task)
+        task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
 
     async def _change_isr(
         self, add: set[int] = frozenset(), remove: set[int] = frozenset()
@@ -667,7 +669,7 @@ class FailoverNode:
                 )
                 return False
             await asyncio.sleep(0.01)
-        prefix, old, lease = self.prefix, self._leader_raw, self.lease_id
+        prefix, old = self.prefix, self._leader_raw
         ready = {**request, "to": target, "ready": True, "epoch": self.epoch}
 
         async def txn(c):
@@ -687,7 +689,6 @@ class FailoverNode:
             self.handing_over = False
             log.warning("handover failed: %s", exc)
             return False
-        del lease
         return ok
 
     async def _refuse_handover(self, request: dict, why: str) -> None:
@@ -739,7 +740,7 @@ class FailoverNode:
         self.m_leader.set(1 if role == "leader" else 0)
         cfg = self.config
         common = dict(
-            listen_port=self._bound["listen_port"],
+            listen_port=self._port,
             metrics_port=-1,
             enable_failover=False,
         )
@@ -772,7 +773,7 @@ class FailoverNode:
             with contextlib.suppress(Exception):
                 await app.stop(grace_s=0)
             raise
-        self._bound["listen_port"] = app.port
+        self._port = app.port
         self.app = app
         self._app_watch = asyncio.create_task(self._watch_app(app), name="failover-app-watch")
         if self.lease_id:
