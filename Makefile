@@ -51,38 +51,26 @@ $(PROTO_STAMP): $(PROTOS) $(DEPS_STAMP)
 		$(RMQ_OUT)/*_pb2*.py $(RMQ_OUT)/*_pb2*.pyi
 	touch $@
 
-tools: etcd  ## system tools the tests use: promtool (Debian package prometheus) and etcd, via apt-get when missing
-	@command -v promtool >/dev/null 2>&1 || { \
+# $(call apt_tool,COMMAND,PACKAGE,WHAT FOR,WHO NEEDS IT): COMMAND, installed with
+# apt-get as root when it is missing, else a message saying how.
+apt_tool = @command -v $(1) >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    echo "installing prometheus (for promtool) with apt-get"; \
-	    apt-get install -y -q --no-install-recommends prometheus >/dev/null \
-	      || { apt-get update -q && apt-get install -y -q --no-install-recommends prometheus; }; \
+	    echo "installing $(2) ($(3)) with apt-get"; \
+	    apt-get install -y -q --no-install-recommends $(2) >/dev/null \
+	      || { apt-get update -q && apt-get install -y -q --no-install-recommends $(2); }; \
 	  else \
-	    echo "make test needs promtool: sudo apt-get install -y --no-install-recommends prometheus" >&2; \
+	    echo "$(4) needs $(1): sudo apt-get install -y --no-install-recommends $(2)" >&2; \
 	    exit 1; \
 	  fi; }
+
+tools: etcd  ## system tools the tests use: promtool (Debian package prometheus) and etcd, via apt-get when missing
+	$(call apt_tool,promtool,prometheus,for promtool,make test)
 
 etcd:  ## etcd (Debian package etcd-server: failover's consensus store), via apt-get when missing
-	@command -v etcd >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    echo "installing etcd-server (automatic failover's etcd) with apt-get"; \
-	    apt-get install -y -q --no-install-recommends etcd-server >/dev/null \
-	      || { apt-get update -q && apt-get install -y -q --no-install-recommends etcd-server; }; \
-	  else \
-	    echo "ferry needs etcd: sudo apt-get install -y --no-install-recommends etcd-server" >&2; \
-	    exit 1; \
-	  fi; }
+	$(call apt_tool,etcd,etcd-server,automatic failover's etcd,ferry)
 
 bench-tools: etcd  ## what the benchmarks need besides Python: redis-server (the Redis peer), via apt-get when missing
-	@command -v redis-server >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    echo "installing redis-server (the benchmarks' Redis peer) with apt-get"; \
-	    apt-get install -y -q --no-install-recommends redis-server >/dev/null \
-	      || { apt-get update -q && apt-get install -y -q --no-install-recommends redis-server; }; \
-	  else \
-	    echo "make bench needs redis-server: sudo apt-get install -y --no-install-recommends redis-server" >&2; \
-	    exit 1; \
-	  fi; }
+	$(call apt_tool,redis-server,redis-server,the benchmarks' Redis peer,make bench)
 
 test: $(PROTO_STAMP) tools  ## run the whole test suite (what CI runs)
 	$(BIN)/pytest -n 2 --dist loadfile $(PYTEST_ARGS)
