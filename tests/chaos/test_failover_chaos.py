@@ -26,7 +26,6 @@ from tests.chaos.harness import ROUNDS, Report
 from tests.conftest import LoopThread
 from tests.failover_support import (
     FAULTS,
-    TTL_S,
     FailoverGroup,
     HistoryResult,
     Outcome,
@@ -112,7 +111,9 @@ def run(tmp_path: Path, etcd, loop_thread: LoopThread) -> Iterator[Run]:
 
 
 def _failover_bound(out: Outcome) -> None:
-    assert out.failover_s and max(out.failover_s) <= TTL_S + 5, out.failover_note()
+    """Some round elected a new master (each within TTL + 5 s: the scenario
+    waits no longer)."""
+    assert out.failover_s, out.failover_note()
 
 
 def test_failover_sigkill_master_rounds(run):
