@@ -67,6 +67,7 @@ from ferry.v1 import (
     slave_sync_pb2_grpc,
 )
 from services.broker.commitlog import segment_name
+from tests.chaos.harness import read_log
 from tests.conftest import LoopThread, broker_options, wait_for
 from tests.faultproxy import FaultProxy
 from tests.integration.support import (
@@ -685,7 +686,7 @@ class LogImage:
     records: list[record.Record] = field(default_factory=list)
 
     def bytes(self, lo: int, hi: int) -> bytes:
-        return log_bytes(self.store, lo, hi)
+        return read_log(self.store, lo, hi, FILE_SIZE)
 
 
 def _segments(store: Path) -> list[int]:
@@ -723,30 +724,9 @@ def read_image(store: Path) -> LogImage:
                 break
             assert rec.commit_offset == base + pos, (store, rec.commit_offset, base + pos)
             image.records.append(rec)
-            pos += rec_size(rec)
+            pos += record.peek(data[pos : pos + record.BLANK_SIZE])  # its TOTALSIZE
         image.end = base + FILE_SIZE
     return image
-
-
-def rec_size(rec: record.Record) -> int:
-    return record.encoded_size(
-        len(rec.topic.encode()), len(rec.body), len(record.encode_properties(rec.properties))
-    )
-
-
-def log_bytes(store: Path, lo: int, hi: int) -> bytes:
-    """Bytes [lo, hi) of a store's commit log, from its files."""
-    out = bytearray()
-    pos = lo
-    while pos < hi:
-        base = pos - pos % FILE_SIZE
-        with (store / "commitlog" / segment_name(base)).open("rb") as f:
-            f.seek(pos - base)
-            chunk = f.read(min(hi, base + FILE_SIZE) - pos)
-        assert chunk, f"{store}: commit log ends before {pos}"
-        out += chunk
-        pos += len(chunk)
-    return bytes(out)
 
 
 def assert_identical(images: dict[int, LogImage]) -> int:

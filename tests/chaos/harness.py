@@ -217,17 +217,17 @@ class Producers:
         wait_for(lambda: len(self.acked) >= start + n, timeout_s, f"{n} more acknowledged sends")
 
 
-def read_log(store: Path, start: int, end: int) -> bytes:
-    """Bytes [start, end) of a store's commit log, from its files."""
+def read_log(store: Path, start: int, end: int, file_size: int = FILE_SIZE) -> bytes:
+    """Bytes [start, end) of a store's commit log (files of `file_size`), from its files."""
     out = bytearray()
     directory = store / "commitlog"
     pos = start
     while pos < end:
-        base = pos - pos % FILE_SIZE
+        base = pos - pos % file_size
         path = directory / segment_name(base)
         with path.open("rb") as f:
             f.seek(pos - base)
-            chunk = f.read(min(end, base + FILE_SIZE) - pos)
+            chunk = f.read(min(end, base + file_size) - pos)
         if not chunk:
             raise AssertionError(f"{path} ends before {pos}")
         out += chunk
