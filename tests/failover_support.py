@@ -40,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import math
 import os
 import signal
@@ -52,7 +51,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aetcd
 import grpc
 
 from ferry import record
@@ -67,6 +65,7 @@ from ferry.v1 import (
     slave_sync_pb2_grpc,
 )
 from services.broker.commitlog import segment_name
+from services.broker.etcd import Etcd, group_prefix
 from tests.chaos.harness import read_log
 from tests.conftest import LoopThread, broker_options, wait_for
 from tests.faultproxy import FaultProxy
@@ -82,7 +81,7 @@ from tests.integration.support import (
 
 CLUSTER = "DefaultCluster"
 BROKER = "broker-a"
-PREFIX = f"/ferry/{CLUSTER}/{BROKER}/"
+PREFIX = group_prefix(CLUSTER, BROKER)
 TTL_MS = 2000
 TTL_S = TTL_MS / 1000
 SLAVE_TIMEOUT_MS = 1000
@@ -345,30 +344,12 @@ class FailoverGroup:
     # ------------------------------------------------------------ etcd
 
     def view(self) -> GroupView:
-        """The group's keys, read from etcd in one range request."""
-
-        async def read():
-            if self._etcd_client is None:
-                host, _, port = self.etcd_endpoint.rpartition(":")
-                self._etcd_client = aetcd.Client(host=host, port=int(port))
-            return await self._etcd_client.get_prefix(PREFIX.encode())
-
-        result = self.loop.run(read(), timeout_s=10)
-        leader = isr = None
-        epoch = 0
-        members: dict[int, dict] = {}
-        for kv in result or ():
-            name = kv.key.decode()[len(PREFIX) :]
-            value = json.loads(kv.value)
-            if name == "leader":
-                leader = value
-            elif name == "epoch":
-                epoch = value["epoch"]
-            elif name == "isr":
-                isr = value
-            elif name.startswith("members/"):
-                members[value["id"]] = value
-        return GroupView(leader, epoch, isr, members)
+        """The group's keys, read from etcd in one range request (the
+        broker's own reader, services.broker.etcd)."""
+        if self._etcd_client is None:
+            self._etcd_client = Etcd((self.etcd_endpoint,), timeout_s=5)
+        state = self.loop.run(self._etcd_client.read_group(PREFIX), timeout_s=10)
+        return GroupView(state.leader, state.epoch, state.isr, state.members)
 
     def leader(self) -> Member | None:
         """The member etcd names as the group's ready master, if any."""
