@@ -37,7 +37,6 @@ ephemeral range and clear of the other suites' ranges, see PortRange).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 import math
@@ -85,6 +84,7 @@ PREFIX = group_prefix(CLUSTER, BROKER)
 TTL_MS = 2000
 TTL_S = TTL_MS / 1000
 SLAVE_TIMEOUT_MS = 1000
+PACE_S = 0.005  # a producer's pause between sends
 SLAVE_TIMEOUT_S = SLAVE_TIMEOUT_MS / 1000
 FILE_SIZE = 256 * 1024  # commit-log files roll over within a test
 TOPIC = "Failover"
@@ -102,24 +102,6 @@ RECOVERED = "store recovered crashed="
 # ---------------------------------------------------------------- the group
 
 
-class ListeningProxy(FaultProxy):
-    """A FaultProxy that listens on a given address (FaultProxy picks
-    127.0.0.1:0): in front of a member's HA port, on the address it advertises."""
-
-    def __init__(self, host: str, port: int, target_host: str, target_port: int) -> None:
-        super().__init__(target_host, target_port)
-        self.host, self.listen_port = host, port
-
-    async def start(self) -> int:
-        self._server = await asyncio.start_server(self._accept, self.host, self.listen_port)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self.port
-
-    @property
-    def addr(self) -> str:
-        return f"{self.host}:{self.port}"
-
-
 @dataclass
 class Member:
     id: int
@@ -129,7 +111,7 @@ class Member:
     keys: dict[str, Any]
     server: BrokerServer
     etcd_proxy: FaultProxy | None = None
-    ha_proxy: ListeningProxy | None = None
+    ha_proxy: FaultProxy | None = None
     paused: bool = False
 
     @property
@@ -212,8 +194,8 @@ class FailoverGroup:
                 host, _, port = etcd_endpoint.rpartition(":")
                 member.etcd_proxy = FaultProxy(host, int(port))
             if ha_proxies:
-                member.ha_proxy = ListeningProxy(f"127.0.0.1{i}", member.ha_port, "127.0.0.1",
-                                                 member.ha_port)  # fmt: skip
+                member.ha_proxy = FaultProxy("127.0.0.1", member.ha_port,
+                                             host=f"127.0.0.1{i}", port=member.ha_port)  # fmt: skip
             self.members.append(member)
 
     # ------------------------------------------------------------ lifecycle
@@ -502,13 +484,11 @@ class Producers:
         resolve: Callable[[], str | None],
         count: int = 3,
         pinned: str | None = None,
-        pace_s: float = 0.005,
         name: str = "p",
     ) -> None:
         self.resolve = resolve
         self.count = count
         self.pinned = pinned
-        self.pace_s = pace_s
         self.name = name
         self.attempts: list[Attempt] = []
         self._lock = threading.Lock()
@@ -608,8 +588,7 @@ class Producers:
                     self.attempts.append(a)
                 if a.ok:
                     key = ""
-                    if self.pace_s:
-                        self._stop.wait(self.pace_s)
+                    self._stop.wait(PACE_S)
                     continue
                 if self.pinned is None:
                     addr = None  # ask the name server again
@@ -843,7 +822,6 @@ class Handoff:
     after: str
     last_start: float
     last_answer: float
-    first_start: float
     first_answer: float
 
     @property
@@ -873,7 +851,6 @@ def handoffs(attempts: Sequence[Attempt]) -> list[Handoff]:
             y[0].addr,
             max(a.start for a in x),
             max(a.end for a in x),
-            min(a.start for a in y),
             min(a.end for a in y),
         )
         for x, y in zip(runs, runs[1:], strict=False)

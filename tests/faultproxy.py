@@ -9,8 +9,12 @@ import contextlib
 
 
 class FaultProxy:
-    def __init__(self, target_host: str, target_port: int) -> None:
+    def __init__(
+        self, target_host: str, target_port: int, host: str = "127.0.0.1", port: int = 0
+    ) -> None:
+        """Listens on `host`:`port` (default: a free loopback port)."""
         self.target = (target_host, target_port)
+        self.host, self.listen_port = host, port
         self.port = 0
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -23,13 +27,13 @@ class FaultProxy:
         self.connections = 0
 
     async def start(self) -> int:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._accept, self.host, self.listen_port)
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
     @property
     def addr(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def blackhole(self, direction: str = "both") -> None:
         for d in ("up", "down") if direction == "both" else (direction,):
