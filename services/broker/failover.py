@@ -738,6 +738,9 @@ class FailoverNode:
         self.leader_id = leader.get("id") if leader else None
         self.m_epoch.set(epoch)
         self.m_leader.set(1 if role == "leader" else 0)
+        # A new master's published set is itself alone (the campaign wrote
+        # it); a follower reports none (the gauge is the master's view).
+        self.m_isr.set(1 if role == "leader" else 0)
         cfg = self.config
         common = dict(
             listen_port=self._port,

@@ -451,6 +451,7 @@ class BrokerServer:
         self.log_path = store.parent / f"{store.name}.log"
         self.proc: subprocess.Popen | None = None
         self.grpc_port = 0
+        self.metrics_port = -1
 
     def start(self, timeout_s: float = 30.0) -> BrokerServer:
         self.port_file.unlink(missing_ok=True)
@@ -471,6 +472,7 @@ class BrokerServer:
         wait_for(ready, timeout_s, "the broker subprocess to write its port file")
         info = json.loads(self.port_file.read_text())
         self.grpc_port = info["grpc_port"]
+        self.metrics_port = info["metrics_port"]
         return self
 
     @property

@@ -10,6 +10,7 @@ runs the same scenarios in more rounds."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -41,7 +42,7 @@ from tests.failover_support import (
     pause_follower,
     read_image,
 )
-from tests.integration.support import PortRange, run_ferry
+from tests.integration.support import PortRange, run_ferry, sample, scrape
 
 # Fixed ports for members that restart (see PortRange for the suites' ranges).
 PORTS = PortRange(32000, 32384)
@@ -195,8 +196,9 @@ def test_graceful_handover_under_load_loses_nothing_and_stores_nothing_twice(rig
     stored twice: the old master refuses new sends before storing them and
     answers every send it took before it leaves (a send cut off unanswered
     would be stored again by the producer's retry), and it cuts nothing when
-    it follows."""
-    group = rig.group(size=3)
+    it follows. The members' failover metrics, scraped over HTTP, say the
+    same as etcd."""
+    group = rig.group(size=3, metricsPort=0)
     producers = rig.start_producers(group)
     out = Outcome()
     handover(group, producers, rounds=2, out=out, etcd_endpoint=rig.etcd_endpoint)
@@ -205,9 +207,41 @@ def test_graceful_handover_under_load_loses_nothing_and_stores_nothing_twice(rig
     assert status.returncode == 0, status.stderr
     (row,) = json.loads(status.stdout)
     assert (row["broker"], row["leader"]["id"], row["epoch"]) == ("broker-a", new.id, 3), row
+    # Members 1, 2, 3 led epochs 1, 2, 3 in turn; each followed every leader
+    # but itself, and the last two took over from another master.
+    assert [m.id for m in group.members] == [1, 2, 3] and new.id == 3
+    want = {
+        m.id: {
+            "ferry_ha_epoch": 3,
+            "ferry_ha_leader": int(m is new),
+            "ferry_ha_in_sync_replicas": 3 if m is new else 0,
+            "ferry_ha_fenced": 0,
+            "ferry_ha_leader_changes_total": 3,
+            "ferry_ha_failovers_total": 0 if m.id == 1 else 1,
+        }
+        for m in group.members
+    }
+    seen: dict = {}
+
+    def metrics_agree() -> bool:
+        seen.update({m.id: ha_metrics(m) for m in group.members})
+        return seen == want
+
+    with contextlib.suppress(AssertionError):  # the assert below shows the difference
+        wait_for(metrics_agree, 10, "the members' failover metrics to agree with etcd")
+    assert seen == want
     result = check_final(group, [producers])
     assert result.keys_stored_twice == 0, result.summary()
     print(*out.notes, out.failover_note(), result.summary(), sep="\n")
+
+
+def ha_metrics(m) -> dict[str, float]:
+    """`m`'s ferry_ha_* failover series, from its /metrics endpoint."""
+    text = scrape(f"http://127.0.0.1:{m.server.metrics_port}/metrics")
+    labels = f'broker_name="broker-a",cluster="DefaultCluster",member="{m.id}"'
+    names = ("epoch", "leader", "in_sync_replicas", "fenced", "leader_changes_total",
+             "failovers_total")  # fmt: skip
+    return {f"ferry_ha_{n}": sample(text, f"ferry_ha_{n}", labels) for n in names}
 
 
 def test_history_holds_after_a_sequence_of_faults(rig):
