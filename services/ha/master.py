@@ -117,7 +117,7 @@ class HAMaster:
 
     async def start(self) -> int:
         self._server = await asyncio.start_server(
-            self._serve, self.config.host, self.config.port, reuse_address=True,
+            self._accept, self.config.host, self.config.port, reuse_address=True,
             ssl=self.config.ssl,  # type: ignore[arg-type]
         )  # fmt: skip
         self.port = self._server.sockets[0].getsockname()[1]
@@ -147,6 +147,16 @@ class HAMaster:
         self._server = None
 
     # ------------------------------------------------------------ one connection
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """The server's per-connection task. It ends quietly when this master
+        cancels it (a stop, or its replica reconnected): Python 3.11's
+        StreamReaderProtocol asks a finished connection task for its
+        exception, which raises for a cancelled one, and logs an ERROR
+        "Exception in callback" for every connection a stop closed (every
+        failover role change showed one)."""
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._serve(reader, writer)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")

@@ -173,3 +173,27 @@ def test_a_slave_outside_the_masters_range_restarts_at_its_start():
             await master.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_master_stopped_under_a_connected_slave_reports_no_loop_error():
+    """Stopping cancels each connection task; none may reach the event
+    loop's exception handler (Python 3.11 logged one ERROR per connection)."""
+
+    async def scenario():
+        errors: list[dict] = []
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: errors.append(ctx))
+        master_log, slave_log = MemoryLog(), MemoryLog()
+        master_log.append(0, b"a" * 1000)
+        master, slave, _ = await _pair(master_log, slave_log)
+        try:
+            await wait_for_async(lambda: slave_log.end == master_log.end, 10, "the slave")
+            assert len(master.connections) == 1
+            await master.stop()
+            for _ in range(3):  # let done-callbacks already scheduled run
+                await asyncio.sleep(0)
+            assert [c.get("message") for c in errors] == []
+        finally:
+            await slave.stop()
+            await master.stop()
+
+    asyncio.run(scenario())
