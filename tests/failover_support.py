@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ferry import record
 from ferry.v1 import (
@@ -65,6 +66,7 @@ from ferry.v1 import (
 )
 from services.broker.commitlog import segment_name
 from services.broker.etcd import Etcd, group_prefix
+from services.broker.failover import IN_SYNC_HEALTH
 from tests.chaos.harness import read_log
 from tests.conftest import LoopThread, broker_options, wait_for
 from tests.faultproxy import FaultProxy
@@ -322,6 +324,32 @@ class FailoverGroup:
         if addr not in self._channels:
             self._channels[addr] = grpc.insecure_channel(addr, options=CHANNEL_OPTIONS)
         return self._channels[addr]
+
+    def eligible(self, m: Member) -> str:
+        """`m`'s in-sync readiness as a Kubernetes probe asks for it: a
+        grpc.health.v1 Check of IN_SYNC_HEALTH ("SERVING", "NOT_SERVING", or
+        the status code of a failed call, e.g. "NOT_FOUND")."""
+        stub = health_pb2_grpc.HealthStub(self.channel(m.addr))
+        try:
+            r = stub.Check(health_pb2.HealthCheckRequest(service=IN_SYNC_HEALTH), timeout=5)
+        except grpc.RpcError as exc:
+            return exc.code().name
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
+
+    def wait_eligible(
+        self, yes: Iterable[Member], no: Iterable[Member] = (), timeout_s: float = 10
+    ) -> None:
+        """Until the in-sync readiness of `yes` is SERVING, of `no` NOT_SERVING."""
+        expect = {m.id: "SERVING" for m in yes} | {m.id: "NOT_SERVING" for m in no}
+        seen: dict[int, str] = {}
+
+        def agree() -> bool:
+            seen.update({i: self.eligible(self.member(i)) for i in expect})
+            return seen == expect
+
+        with contextlib.suppress(AssertionError):  # the assert below shows the difference
+            wait_for(agree, timeout_s, "in-sync readiness")
+        assert seen == expect, f"in-sync readiness {seen}, expected {expect}"
 
     # ------------------------------------------------------------ etcd
 
@@ -1137,7 +1165,8 @@ def handover(
 def ha_partition(group: FailoverGroup, producers: Producers, out: Outcome) -> None:
     """The master's HA link is blackholed under load: a send times out
     (FLUSH_SLAVE_TIMEOUT), the slaves leave the published in-sync set, and
-    once healed they catch up and are back in it. No election."""
+    once healed they catch up and are back in it (and report in-sync
+    readiness again). No election."""
     group.wait_isr()
     master = group.wait_leader()
     producers.wait_acked(20, addr=master.addr)
@@ -1153,6 +1182,7 @@ def ha_partition(group: FailoverGroup, producers: Producers, out: Outcome) -> No
         group.heal_ha(master)
     group.wait_isr()
     assert group.leader() is master
+    group.wait_eligible(yes=group.live())  # in-sync readiness is back for every slave
 
 
 def pause_follower(group: FailoverGroup, producers: Producers, out: Outcome) -> None:

@@ -80,6 +80,7 @@ class GrpcServer:
         self._max_message_bytes = max_message_bytes
         self._server: grpc.aio.Server | None = None
         self._health = HealthServicer()
+        self._conditions: set[str] = set()  # health names of the process's own, see set_health
         self.port = 0
 
     async def start(self) -> int:
@@ -143,6 +144,14 @@ class GrpcServer:
     async def set_not_serving(self) -> None:
         await self._set_all(NOT_SERVING)
 
+    async def set_health(self, name: str, serving: bool) -> None:
+        """Report a condition of the process's own under a health name that is
+        not a gRPC service (a probe asks for it with `service: NAME`), e.g. a
+        failover member's in-sync readiness. `set_serving` leaves it alone;
+        stopping reports it NOT_SERVING with everything else."""
+        self._conditions.add(name)
+        await self._health.set(name, SERVING if serving else NOT_SERVING)
+
     async def stop(self, grace_s: float = 5.0) -> None:
         """Report NOT_SERVING, let calls in flight finish for `grace_s`, then stop."""
         await self._set_all(NOT_SERVING)
@@ -157,6 +166,9 @@ class GrpcServer:
         await self._health.set("", status)
         for service in self._services:
             await self._health.set(service.name, status)
+        if status == NOT_SERVING:
+            for name in self._conditions:
+                await self._health.set(name, status)
 
 
 def install_stop_signals(stop: asyncio.Event) -> None:

@@ -35,6 +35,10 @@ reopens; a follower's clients and HA stream reconnect).
 - **Handover.** `ferry failover` writes `handover`; the master stops taking
   sends, waits until the chosen in-sync slave has everything, and revokes
   its lease; only that slave campaigns for a TTL.
+- **Readiness.** The health name `ferry.failover.InSync` is SERVING while
+  this member is master or in its master's published in-sync set, i.e. while
+  it could be elected. Kubernetes probes it, so a rolling update restarts the
+  next member only once a restarted one is eligible again.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ from services.broker.etcd import Etcd, EtcdUnavailable, GroupState, dumps, group
 
 log = logging.getLogger(__name__)
 
+IN_SYNC_HEALTH = "ferry.failover.InSync"  # grpc.health.v1 name: this member is eligible
 SWITCH_GRACE_S = 0.5  # in-flight calls of an incarnation that hands over its role
 # A slave this close to the confirmed offset is counted at once and published in
 # the in-sync set when it has caught up (it has every acknowledged message).
@@ -120,6 +125,7 @@ class FailoverNode:
         self.leader_id: int | None = None
         self.isr: frozenset[int] = frozenset()
         self.handing_over = False
+        self._in_sync_reported: tuple[object, bool] | None = None
         self._leader_raw = b""
         self._isr_lock = asyncio.Lock()
         self._isr_pending: set[int] = set()
@@ -714,6 +720,10 @@ class FailoverNode:
                 continue
             if state.leader_raw != raw or state.leader is None:
                 return
+            isr = state.isr or {}
+            await self._report_in_sync(
+                isr.get("epoch") == epoch and self.member_id in state.isr_members
+            )
             beat += 1
             if beat % 8 == 0:
                 await self._put_member()
@@ -779,6 +789,7 @@ class FailoverNode:
         self._port = app.port
         self.app = app
         self._app_watch = asyncio.create_task(self._watch_app(app), name="failover-app-watch")
+        await self._report_in_sync(role == "leader")
         if self.lease_id:
             await self._put_member()  # ferry ha-status shows the new role at once
         log.info(
@@ -788,6 +799,16 @@ class FailoverNode:
             epoch,
             f", leader {self.leader_id} at {leader.get('addr')}" if leader else "",
         )
+
+    async def _report_in_sync(self, in_sync: bool) -> None:
+        """IN_SYNC_HEALTH of the running incarnation (NOT_SERVING until set)."""
+        app = self.app
+        if app is None or app.server is None or self._in_sync_reported == (app, in_sync):
+            return
+        self._in_sync_reported = (app, in_sync)
+        await app.server.set_health(IN_SYNC_HEALTH, in_sync)
+        log.info("member %d %s eligible for election", self.member_id,
+                 "is" if in_sync else "is not")  # fmt: skip
 
     async def _watch_app(self, app) -> None:
         await app.failed.wait()

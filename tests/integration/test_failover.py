@@ -135,16 +135,19 @@ def test_ha_partition_slave_leaves_in_sync_set_and_is_not_elected(rig):
     """A SYNC master and its slave; the master's HA port is reached through a
     fault proxy (the master advertises the proxy's address in etcd). The link
     blackholes under load: a send answers FLUSH_SLAVE_TIMEOUT and the slave
-    leaves the in-sync set published in etcd. The master is then SIGKILLed:
-    while only the slave is alive, for over a TTL after the leader key
-    lapsed, no leader is elected. Restarted with allowLossyFailover=true the
-    slave is elected (so the wait above could have failed), and loses only
-    sends acknowledged after the partition began. The old master, restarted,
-    follows it and cuts what it alone held."""
+    leaves the in-sync set published in etcd, and its in-sync readiness
+    (grpc.health.v1 `ferry.failover.InSync`) turns NOT_SERVING. The master
+    is then SIGKILLed: while only the slave is alive, for over a TTL after
+    the leader key lapsed, no leader is elected. Restarted with
+    allowLossyFailover=true the slave is elected (so the wait above could
+    have failed), and loses only sends acknowledged after the partition
+    began. The old master, restarted, follows it and cuts what it alone
+    held."""
     group = rig.group(size=2, ha_proxies=True)
     producers = rig.start_producers(group, count=2)
     master = group.wait_leader()
     slave = next(m for m in group.members if m is not master)
+    group.wait_eligible(yes=[master, slave])  # what the Kubernetes readiness probe asks
     producers.wait_acked(30)
     cut = time.monotonic()
     group.blackhole_ha(master)
@@ -152,6 +155,7 @@ def test_ha_partition_slave_leaves_in_sync_set_and_is_not_elected(rig):
                          for a in producers.snapshot()),
              SLAVE_TIMEOUT_S + 5, "a send to answer FLUSH_SLAVE_TIMEOUT")  # fmt: skip
     group.wait_isr([master.id], timeout_s=5)
+    group.wait_eligible(yes=[master], no=[slave])
     answered = len(producers.snapshot())
     wait_for(lambda: len(producers.snapshot()) >= answered + 10, 10, "more sends after the fault")
     group.kill(master)  # its link stays cut: what it alone held never reaches the slave

@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from services.broker.failover import IN_SYNC_HEALTH
+
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"
 OVERLAYS = sorted((K8S / "overlays").iterdir())
@@ -235,6 +237,9 @@ def test_service_ports_target_container_ports(docs):
 def test_probes_security_and_storage(docs):
     pdb_selectors = [d["spec"]["selector"] for d in by_kind(docs, "PodDisruptionBudget")]
     claims = {d["metadata"]["name"] for d in by_kind(docs, "PersistentVolumeClaim")}
+    electing: dict[str, bool] = {}
+    for p in broker_pods(docs):
+        electing[p.workload["metadata"]["name"]] = elects(p)
     for w in workloads(docs):
         name = w["metadata"]["name"]
         pod = w["spec"]["template"]["spec"]
@@ -256,6 +261,16 @@ def test_probes_security_and_storage(docs):
                 startup = c["startupProbe"]
                 assert startup["grpc"]["port"] == probe_port
                 assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
+                # An electing member is Ready while it could be elected (master or
+                # in the in-sync set): a rolling update waits until it caught up.
+                # Its DNS name stays published while it is not.
+                elected = electing[name]
+                ready_on = c["readinessProbe"]["grpc"].get("service", "")
+                assert ready_on == (IN_SYNC_HEALTH if elected else ""), name
+                [svc] = [s for s in by_kind(docs, "Service") if s["metadata"]["name"] == name]
+                assert svc["spec"].get("publishNotReadyAddresses", False) is elected, name
+                for probe in ("startupProbe", "livenessProbe"):
+                    assert "service" not in c[probe]["grpc"], (name, probe)  # alive: serving
             assert c["securityContext"]["readOnlyRootFilesystem"] is True
             assert c["securityContext"]["allowPrivilegeEscalation"] is False
             assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
