@@ -659,6 +659,20 @@ class Producers:
             out[a.status] += 1
         return dict(out)
 
+    def rare_details(self, below: int = 20) -> dict[str, list[str]]:
+        """For each status answered fewer than `below` times (a surprise worth
+        a look, e.g. CANCELLED): the address, the wall-clock time of the
+        answer (to find it in the members' logs) and the detail of each."""
+        wall = time.time() - time.monotonic()
+        counts = self.statuses()
+        out: dict[str, list[str]] = defaultdict(list)
+        for a in self.snapshot():
+            if counts[a.status] < below and a.status != "SEND_OK":
+                at = time.strftime("%H:%M:%S", time.localtime(wall + a.end))
+                out[a.status].append(f"{a.addr} at {at}.{int((wall + a.end) % 1 * 1000):03d}: "
+                                     f"{a.detail!r}")  # fmt: skip
+        return dict(out)
+
 
 # ---------------------------------------------------------------- the logs
 

@@ -98,6 +98,8 @@ class Run:
         report.notes += out.notes
         if self.producers is not None:
             report.notes.append(f"statuses {self.producers.statuses()}")
+            for status, details in self.producers.rare_details().items():
+                report.notes.append(f"{status}: {details}")
         report.write()
 
 
