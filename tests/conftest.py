@@ -37,6 +37,25 @@ def wait_for(
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last value: {last!r})")
 
 
+def wait_equal(
+    get: Callable[[], Any], want: Any, timeout_s: float = 5.0, what: str = "value"
+) -> None:
+    """Poll `get()` until it equals `want`; fail showing the last value beside `want`."""
+    last = None
+
+    def same() -> bool:
+        nonlocal last
+        last = get()
+        return last == want
+
+    try:
+        wait_for(same, timeout_s, what)
+    except AssertionError:
+        raise AssertionError(
+            f"timed out after {timeout_s}s waiting for {what}:\n got  {last!r}\n want {want!r}"
+        ) from None
+
+
 async def wait_for_async(
     predicate: Callable[[], Any], timeout_s: float = 5.0, what: str = "condition"
 ) -> Any:

@@ -47,6 +47,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,7 @@ from services.broker.commitlog import segment_name
 from services.broker.etcd import Etcd, group_prefix
 from services.broker.failover import IN_SYNC_HEALTH
 from tests.chaos.harness import read_log
-from tests.conftest import LoopThread, broker_options, wait_for
+from tests.conftest import LoopThread, broker_options, wait_equal, wait_for
 from tests.faultproxy import FaultProxy
 from tests.integration.support import (
     BrokerServer,
@@ -341,15 +342,8 @@ class FailoverGroup:
     ) -> None:
         """Until the in-sync readiness of `yes` is SERVING, of `no` NOT_SERVING."""
         expect = {m.id: "SERVING" for m in yes} | {m.id: "NOT_SERVING" for m in no}
-        seen: dict[int, str] = {}
-
-        def agree() -> bool:
-            seen.update({i: self.eligible(self.member(i)) for i in expect})
-            return seen == expect
-
-        with contextlib.suppress(AssertionError):  # the assert below shows the difference
-            wait_for(agree, timeout_s, "in-sync readiness")
-        assert seen == expect, f"in-sync readiness {seen}, expected {expect}"
+        wait_equal(lambda: {i: self.eligible(self.member(i)) for i in expect}, expect,
+                   timeout_s, "in-sync readiness")  # fmt: skip
 
     # ------------------------------------------------------------ etcd
 
@@ -668,9 +662,8 @@ class Producers:
         out: dict[str, list[str]] = defaultdict(list)
         for a in self.snapshot():
             if counts[a.status] < below and a.status != "SEND_OK":
-                at = time.strftime("%H:%M:%S", time.localtime(wall + a.end))
-                out[a.status].append(f"{a.addr} at {at}.{int((wall + a.end) % 1 * 1000):03d}: "
-                                     f"{a.detail!r}")  # fmt: skip
+                at = datetime.fromtimestamp(wall + a.end).strftime("%H:%M:%S.%f")[:-3]
+                out[a.status].append(f"{a.addr} at {at}: {a.detail!r}")
         return dict(out)
 
 

@@ -10,7 +10,6 @@ runs the same scenarios in more rounds."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ import pytest
 
 from ferry import record
 from services.broker.commitlog import segment_name
-from tests.conftest import LoopThread, wait_for
+from tests.conftest import LoopThread, wait_equal, wait_for
 from tests.failover_support import (
     FILE_SIZE,
     SLAVE_TIMEOUT_S,
@@ -225,15 +224,8 @@ def test_graceful_handover_under_load_loses_nothing_and_stores_nothing_twice(rig
         }
         for m in group.members
     }
-    seen: dict = {}
-
-    def metrics_agree() -> bool:
-        seen.update({m.id: ha_metrics(m) for m in group.members})
-        return seen == want
-
-    with contextlib.suppress(AssertionError):  # the assert below shows the difference
-        wait_for(metrics_agree, 10, "the members' failover metrics to agree with etcd")
-    assert seen == want
+    wait_equal(lambda: {m.id: ha_metrics(m) for m in group.members}, want, 10,
+               "the members' failover metrics to agree with etcd")  # fmt: skip
     result = check_final(group, [producers])
     assert result.keys_stored_twice == 0, result.summary()
     print(*out.notes, out.failover_note(), result.summary(), sep="\n")

@@ -237,9 +237,7 @@ def test_service_ports_target_container_ports(docs):
 def test_probes_security_and_storage(docs):
     pdb_selectors = [d["spec"]["selector"] for d in by_kind(docs, "PodDisruptionBudget")]
     claims = {d["metadata"]["name"] for d in by_kind(docs, "PersistentVolumeClaim")}
-    electing: dict[str, bool] = {}
-    for p in broker_pods(docs):
-        electing[p.workload["metadata"]["name"]] = elects(p)
+    electing = {p.workload["metadata"]["name"]: elects(p) for p in broker_pods(docs)}
     for w in workloads(docs):
         name = w["metadata"]["name"]
         pod = w["spec"]["template"]["spec"]
