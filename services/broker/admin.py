@@ -5,7 +5,9 @@ Every change is persisted (by the metadata table) before the call returns,
 and topic changes are registered with the name servers at once through the
 `announce` callbacks (the registrar's), so a producer can use a topic as soon
 as `ferry topic create` returns. A slave mirrors its master's tables and
-refuses changes.
+refuses changes. With failover on, topic and group changes go through the
+metadata log (metadata_log.py): recorded in the commit log and answered once
+the in-sync set has them.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from ferry.model import (
 )
 from ferry.runtime.clock import Clock
 from ferry.runtime.errors import InvalidArgument, PermissionDenied
+from services.broker.metadata_log import MetadataLog
 from services.broker.retention import CleanResult
 from services.broker.store import MessageStore
 
@@ -79,7 +82,12 @@ class AdminService:
         permission: list[int],
         announce_topics: Callable[[Sequence[TopicConfig]], Awaitable[None]] | None = None,
         announce_all: Callable[[], Awaitable[None]] | None = None,
+        journal: MetadataLog | None = None,
     ) -> None:
+        """`journal`: a failover master's metadata log, through which topic and
+        group changes go (replicated before they are acknowledged); None
+        changes the tables directly."""
+        self.journal = journal
         self.cluster_name, self.broker_name, self.broker_id, self.role = identity
         self.metadata = metadata
         self.store = store
@@ -108,7 +116,10 @@ class AdminService:
         check_topic(config.topic_name, "topic_config.topic_name")
         if config.topic_name == SCHEDULE_TOPIC:
             raise InvalidArgument("topic_config.topic_name", f"{SCHEDULE_TOPIC} is a system topic")
-        version = self.metadata.topics.put(config)
+        if self.journal is not None:
+            version = await self.journal.put_topic(config)
+        else:
+            version = self.metadata.topics.put(config)
         log.info(
             "topic updated topic=%s read=%d write=%d perm=%d",
             config.topic_name,
@@ -125,20 +136,27 @@ class AdminService:
         check_topic(topic)
         if topic == SCHEDULE_TOPIC:
             raise InvalidArgument("topic", f"{SCHEDULE_TOPIC} is a system topic")
-        version = self.metadata.topics.delete(topic)
-        self.store.delete_topic(topic)
-        self.metadata.consumer_offsets.remove_topic(topic)
+        if self.journal is not None:
+            version = await self.journal.delete_topic(topic)
+        else:
+            version = self.metadata.topics.delete(topic)
+            self.store.delete_topic(topic)
+            self.metadata.consumer_offsets.remove_topic(topic)
         log.info("topic deleted topic=%s", topic)
         if self.announce_all is not None:
             await self.announce_all()
         return version
 
-    def update_group(self, config: SubscriptionGroupConfig) -> DataVersion:
+    async def update_group(self, config: SubscriptionGroupConfig) -> DataVersion:
         self._writable_tables()
+        if self.journal is not None:
+            return await self.journal.put_group(config)
         return self.metadata.subscription_groups.put(config)
 
-    def delete_group(self, group: str) -> DataVersion:
+    async def delete_group(self, group: str) -> DataVersion:
         self._writable_tables()
+        if self.journal is not None:
+            return await self.journal.delete_group(group)
         version = self.metadata.subscription_groups.delete(group)
         self.metadata.consumer_offsets.remove_group(group)
         return version

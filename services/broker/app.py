@@ -56,6 +56,7 @@ from services.broker.admin import AdminService
 from services.broker.config import BrokerConfig
 from services.broker.messaging import MessagingService, SendStatus
 from services.broker.metadata import BrokerMetadata
+from services.broker.metadata_log import MetadataLog
 from services.broker.metrics import BrokerMetrics
 from services.broker.pop import PopConfig, PopService
 from services.broker.retention import RetentionConfig
@@ -146,6 +147,7 @@ class BrokerApp:
         self.ha_slave: HASlave | None = None
         self.metrics: BrokerMetrics | None = None
         self.slave_sync: SlaveSyncLoop | None = None
+        self.journal: MetadataLog | None = None  # failover: services.broker.metadata_log
         # enableProxy on a master: the SDKs' MessagingService and its routes.
         self.proxy: MessagingServicer | None = None
         self.local_routes: LocalRoutes | None = None
@@ -267,7 +269,25 @@ class BrokerApp:
                     self.timer.pending_by_topic.get(topic, 0) if self.timer else 0
                 ),
             )
-        self.admin = admin = AdminService(identity, metadata, store, self.clock, self.permission)
+        if self.incarnation is not None:
+            # Failover: topic and group changes are records of the replicated
+            # log, acknowledged once the in-sync set has them.
+            self.journal = MetadataLog(
+                store,
+                metadata,
+                cfg.config_dir,
+                self.clock,
+                replicate=self._replicate_change,
+                fence=self.incarnation.fence,
+            )
+        self.admin = admin = AdminService(
+            identity,
+            metadata,
+            store,
+            self.clock,
+            self.permission,
+            journal=None if cfg.is_slave else self.journal,
+        )
         self.messaging = messaging
         extra_services = []
         if cfg.enable_proxy and cfg.is_slave:
@@ -299,7 +319,11 @@ class BrokerApp:
                 ),
                 Service(
                     SLAVE_SYNC_SERVICE,
-                    SlaveSyncServicer(metadata, self.gate),
+                    SlaveSyncServicer(
+                        metadata,
+                        self.gate,
+                        log_position=self.journal.position if self.journal else None,
+                    ),
                     slave_sync_pb2_grpc.add_SlaveSyncServicer_to_server,
                 ),
                 Service(
@@ -357,7 +381,14 @@ class BrokerApp:
             # Before HA or any send: a new leader records its epoch, a follower
             # cuts what its new leader does not have.
             await self.incarnation.on_store_open(store)
+        if self.journal is not None:
+            self.journal.open()
         await self._start_ha(store, messaging)
+        if self.journal is not None and cfg.is_slave:
+            self._tasks.append(asyncio.create_task(self.journal.follow(), name="metadata-log"))
+        elif self.journal is not None:
+            # A new master has every acknowledged change before its first send.
+            await self.journal.take_over()
         if not cfg.is_slave:
             self.scheduler = DelayScheduler(
                 store, metadata.delay_offsets, metadata.topics, self.clock
@@ -608,8 +639,15 @@ class BrokerApp:
                 cfg.slave_sync_delay_s,
                 cfg.slave_sync_interval_s,
                 tls=self.client_tls,
+                journal=self.journal,
             )
             await self.slave_sync.start()
+
+    async def _replicate_change(self, result) -> bool:
+        """A metadata-log record is acknowledged as a send is: once the
+        in-sync set has it (SYNC_MASTER), at once otherwise."""
+        wait = self.messaging.replication_wait
+        return wait is None or await wait(result) is SendStatus.SEND_OK
 
     def _checkpoint_pop(self) -> None:
         """Where a restart replays pop and timer state from; stored in the

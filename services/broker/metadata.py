@@ -6,6 +6,8 @@
 - `consumerOffset.json`    {"dataVersion": {...}, "offsetTable": {"topic@group": {"0": 12}}}
 - `delayOffset.json`       {"dataVersion": {...}, "offsetTable": {"3": 5}}
 - `broker.json`            {"dataVersion": {...}, "brokerConfig": {"brokerPermission": 4}}
+- `metadataLog.json`       {"dataVersion": {...}, "metadataLog": {"applied": {"0": 3}, ...}}
+  (enableFailover only: see `MetadataLogTable`)
 
 `broker.json` is ferry's counterpart of RocketMQ's `config/broker.properties`:
 broker settings changed at run time (today only `brokerPermission`, by
@@ -55,6 +57,7 @@ CONSUMER_OFFSET_FILE = "consumerOffset.json"
 DELAY_OFFSET_FILE = "delayOffset.json"
 SUBSCRIPTION_GROUP_FILE = "subscriptionGroup.json"
 BROKER_SETTINGS_FILE = "broker.json"
+METADATA_LOG_FILE = "metadataLog.json"
 
 
 # ---------------------------------------------------------------- JSON shapes
@@ -246,6 +249,17 @@ class TopicTable(_Table):
     def put(self, config: TopicConfig) -> DataVersion:
         """Create or update a topic (a put equal to the stored one still bumps,
         as RocketMQ's does); persisted before returning."""
+        self.check(config)
+        table = dict(self._table)
+        table[config.topic_name] = config
+        self._table = table
+        version = self._bump()
+        self._write()
+        return version
+
+    @staticmethod
+    def check(config: TopicConfig) -> None:
+        """What `put` refuses (InvalidArgument), checked without changing anything."""
         check_topic(config.topic_name, "topic_config.topic_name")
         check_queue_nums(config.read_queue_nums, "topic_config.read_queue_nums")
         check_queue_nums(config.write_queue_nums, "topic_config.write_queue_nums")
@@ -254,12 +268,6 @@ class TopicTable(_Table):
             raise InvalidArgument(
                 "topic_config.topic_filter_type", f"{config.topic_filter_type!r} is unknown"
             )
-        table = dict(self._table)
-        table[config.topic_name] = config
-        self._table = table
-        version = self._bump()
-        self._write()
-        return version
 
     def delete(self, topic: str) -> DataVersion:
         if topic not in self._table:
@@ -307,16 +315,21 @@ class SubscriptionGroupTable(_Table):
         return dict(self._table), self._version
 
     def put(self, config: SubscriptionGroupConfig) -> DataVersion:
-        check_name(config.group_name, "config.group_name")
-        for name in ("retry_queue_nums", "retry_max_times", "broker_id"):
-            if getattr(config, name) < 0:
-                raise InvalidArgument(f"config.{name}", f"{getattr(config, name)} is negative")
+        self.check(config)
         table = dict(self._table)
         table[config.group_name] = config
         self._table = table
         version = self._bump()
         self._write()
         return version
+
+    @staticmethod
+    def check(config: SubscriptionGroupConfig) -> None:
+        """What `put` refuses (InvalidArgument), checked without changing anything."""
+        check_name(config.group_name, "config.group_name")
+        for name in ("retry_queue_nums", "retry_max_times", "broker_id"):
+            if getattr(config, name) < 0:
+                raise InvalidArgument(f"config.{name}", f"{getattr(config, name)} is negative")
 
     def delete(self, group: str) -> DataVersion:
         if group not in self._table:
@@ -422,6 +435,53 @@ class DelayOffsetTable(_Table):
     def replace_all(self, table: Mapping[int, int], version: DataVersion) -> None:
         self._table = dict(table)
         self._version = version
+        self._write()
+
+
+class MetadataLogTable(_Table):
+    """`metadataLog.json` (enableFailover, services.broker.metadata_log): how
+    far this broker has applied the metadata log's two queues (topics,
+    subscription groups), and the topics that log deleted (never restored
+    from messages that recovery dispatched again). Written atomically after
+    each applied batch; a crash in between applies a batch twice, which
+    changes nothing (every record is a whole put or a delete)."""
+
+    file_name = METADATA_LOG_FILE
+    table_key = "metadataLog"
+
+    def _decode(self, table: dict[str, Any]) -> dict[str, Any]:
+        applied = table.get("applied", {})
+        deleted = table.get("deletedTopics", [])
+        if not isinstance(applied, dict) or not isinstance(deleted, list):
+            raise ValueError("applied must be an object and deletedTopics a list")
+        return {
+            "applied": {int(q): int(o) for q, o in applied.items()},
+            "deletedTopics": sorted(str(t) for t in deleted),
+        }
+
+    def _encode(self) -> dict[str, Any]:
+        return {
+            "applied": {str(q): o for q, o in sorted(self._table.get("applied", {}).items())},
+            "deletedTopics": list(self._table.get("deletedTopics", [])),
+        }
+
+    def applied(self, queue_id: int) -> int:
+        return self._table.get("applied", {}).get(queue_id, 0)
+
+    @property
+    def deleted_topics(self) -> frozenset[str]:
+        return frozenset(self._table.get("deletedTopics", ()))
+
+    def set(self, applied: Mapping[int, int], deleted: frozenset[str] | None = None) -> None:
+        """Record positions (and the deleted topics); persisted before returning."""
+        table = {
+            "applied": {**self._table.get("applied", {}), **applied},
+            "deletedTopics": sorted(self.deleted_topics if deleted is None else deleted),
+        }
+        if table == self._table:
+            return
+        self._table = table
+        self._bump()
         self._write()
 
 

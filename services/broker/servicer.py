@@ -265,7 +265,7 @@ class BrokerAdminServicer(broker_admin_pb2_grpc.BrokerAdminServicer):
         self.gate.check()
         if not request.HasField("config"):
             raise InvalidArgument("config", "is required")
-        version = self.admin.update_group(convert.subscription_group(request.config))
+        version = await self.admin.update_group(convert.subscription_group(request.config))
         return broker_admin_pb2.TableChangeResponse(data_version=convert.data_version_pb(version))
 
     @grpc_method
@@ -274,7 +274,7 @@ class BrokerAdminServicer(broker_admin_pb2_grpc.BrokerAdminServicer):
     ) -> broker_admin_pb2.TableChangeResponse:
         self.gate.check()
         check_name(request.group_name, "group_name")
-        version = self.admin.delete_group(request.group_name)
+        version = await self.admin.delete_group(request.group_name)
         return broker_admin_pb2.TableChangeResponse(data_version=convert.data_version_pb(version))
 
     @grpc_method
@@ -303,15 +303,21 @@ class BrokerAdminServicer(broker_admin_pb2_grpc.BrokerAdminServicer):
 
 
 class SlaveSyncServicer(slave_sync_pb2_grpc.SlaveSyncServicer):
-    def __init__(self, metadata, gate: Gate) -> None:
+    def __init__(self, metadata, gate: Gate, log_position=None) -> None:
+        """`log_position(queue_id)`: how far the metadata log's topics (0) or
+        groups (1) queue is applied in the tables answered (failover), or None."""
         self.metadata = metadata
         self.gate = gate
+        self.log_position = log_position
 
     @grpc_method
     async def GetAllTopicConfig(self, request, context) -> common_pb2.TopicConfigSerializeWrapper:
         self.gate.check()
         table, version = self.metadata.topics.snapshot()
-        return convert.topic_wrapper_pb(table, version)
+        wrapper = convert.topic_wrapper_pb(table, version)
+        if self.log_position is not None:
+            wrapper.metadata_log_offset = self.log_position(0)
+        return wrapper
 
     @grpc_method
     async def GetAllConsumerOffset(
@@ -347,6 +353,8 @@ class SlaveSyncServicer(slave_sync_pb2_grpc.SlaveSyncServicer):
         )
         for name, config in table.items():
             wrapper.subscription_group_table[name].CopyFrom(convert.subscription_group_pb(config))
+        if self.log_position is not None:
+            wrapper.metadata_log_offset = self.log_position(1)
         return wrapper
 
 

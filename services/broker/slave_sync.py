@@ -4,7 +4,9 @@ is unknown (its address comes from the registration answer).
 
 - topics and subscription groups: applied only when the master's DataVersion
   differs, by swapping in the whole table (readers never see it half-empty)
-  and adopting the master's version;
+  and adopting the master's version; with failover on, only when the
+  master's table is at or past the metadata-log records this member applied
+  (services.broker.metadata_log);
 - consumer offsets: merged, the highest offset winning per (topic@group,
   queue), so offsets committed on the slave while its master was away are
   not rewound;
@@ -41,8 +43,12 @@ class SlaveSyncLoop:
         interval_s: float = 10.0,
         timeout_s: float = 10.0,
         tls: ClientTLS | None = None,
+        journal=None,
     ) -> None:
+        """`journal`: the failover member's metadata log
+        (services.broker.metadata_log.MetadataLog), or None."""
         self.metadata = metadata
+        self.journal = journal
         self.tls = tls
         self.delay_s = delay_s
         self.interval_s = interval_s
@@ -86,6 +92,11 @@ class SlaveSyncLoop:
                 log.exception("metadata sync from master %s failed", addr)
             await asyncio.sleep(self.interval_s)
 
+    def _accept(self, queue_id: int, position: int) -> bool:
+        """With failover, a table older than the records this member's log
+        already applied would undo a change: it waits for the next round."""
+        return self.journal is None or self.journal.accept_snapshot(queue_id, position)
+
     async def sync_all(self, addr: str) -> None:
         async with aio_channel(
             addr, self.tls, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
@@ -104,16 +115,20 @@ class SlaveSyncLoop:
             groups = await stub.GetAllSubscriptionGroupConfig(
                 slave_sync_pb2.GetAllSubscriptionGroupConfigRequest(), timeout=t
             )
-        meta = self.metadata
+        meta, journal = self.metadata, self.journal
         version = _version(topics.data_version)
-        if version != meta.topics.data_version:
+        if version != meta.topics.data_version and self._accept(0, topics.metadata_log_offset):
             meta.topics.replace_all(
                 {name: convert.topic_config(tc) for name, tc in topics.topic_config_table.items()},
                 version,
             )
+            if journal is not None:
+                journal.adopt_snapshot(0, topics.metadata_log_offset)
             log.info("synced %d topics from master %s", len(topics.topic_config_table), addr)
         version = _version(groups.data_version)
-        if version != meta.subscription_groups.data_version:
+        if version != meta.subscription_groups.data_version and self._accept(
+            1, groups.metadata_log_offset
+        ):
             meta.subscription_groups.replace_all(
                 {
                     name: convert.subscription_group(g)
@@ -121,6 +136,8 @@ class SlaveSyncLoop:
                 },
                 version,
             )
+            if journal is not None:
+                journal.adopt_snapshot(1, groups.metadata_log_offset)
         meta.consumer_offsets.merge_max(
             {key: dict(q.offsets) for key, q in offsets.offset_table.items()},
             _version(offsets.data_version),
