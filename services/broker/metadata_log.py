@@ -75,7 +75,7 @@ GROUPS_QUEUE = 1
 QUEUES = (TOPICS_QUEUE, GROUPS_QUEUE)
 _KIND = {TOPICS_QUEUE: "topic", GROUPS_QUEUE: "group"}
 _BATCH = 256
-FOLLOW_WAIT_S = 0.5  # a follower re-checks its groups queue at least this often
+FOLLOW_WAIT_S = 1.0  # a follower's long poll on its queues (it wakes at each record)
 
 
 class MetadataRecordError(ValueError):
@@ -314,9 +314,17 @@ class MetadataLog:
         """A follower's task: apply records as HA brings them."""
         while True:
             await self.catch_up()
-            await self.store.wait_for_messages(
-                METADATA_TOPIC, TOPICS_QUEUE, self.position(TOPICS_QUEUE), FOLLOW_WAIT_S
-            )
+            waits = [
+                asyncio.ensure_future(
+                    self.store.wait_for_messages(METADATA_TOPIC, q, self.position(q), FOLLOW_WAIT_S)
+                )
+                for q in QUEUES
+            ]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
 
     # ------------------------------------------------------------ a new master
 

@@ -68,7 +68,8 @@ class PortRange:
     ephemeral range (32768+), so an outgoing connection cannot take one between
     the test choosing it and a process binding it (a port from bind(0) could).
     The ranges in use: test_make_run < 20000, the chaos suite 20000-20999,
-    test_k8s_local_run 21000-31999, test_failover 32000-32383 and
+    test_k8s_local_run 21000-31499, test_failover_metadata 31500-31999,
+    test_failover 32000-32383 and
     test_failover_chaos 32384-32767 (each file's members on its own range: they
     rely on --dist loadfile)."""
 

@@ -118,7 +118,7 @@ class Pod:
     ports: dict[int, int] = field(default_factory=dict)  # containerPort -> local port
 
 
-_PORTS = PortRange(21000, 32000)  # each pod's ports, fresh per process and below 32768
+_PORTS = PortRange(21000, 31500)  # each pod's ports, fresh per process and below 32768
 
 
 def free_port() -> int:

@@ -1,0 +1,112 @@
+"""Topics and groups survive a role change (issue 25): a topic and a group
+created on the elected master, acknowledged messages in the topic, then the
+master frozen (SIGSTOP past its lease) long before any slave sync could copy
+them — the followers here sync every 10 minutes. The member elected next has
+the topic, the group and every acknowledged message, the name server keeps
+routing the topic, the frozen master rejoins without dropping them; a topic
+deleted by an operator stays deleted through the next failover."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from ferry.v1 import (
+    broker_admin_pb2,
+    broker_admin_pb2_grpc,
+    broker_pb2,
+    broker_pb2_grpc,
+    common_pb2,
+)
+from tests.conftest import LoopThread, wait_for
+from tests.failover_support import TTL_S, FailoverGroup
+from tests.integration.support import PortRange, create_topic, pull_all
+
+PORTS = PortRange(31500, 32000)
+NEW_TOPIC = "CreatedJustBefore"
+NEW_GROUP = "created-just-before"
+QUEUES = 2
+
+
+@pytest.fixture
+def group(tmp_path: Path, etcd, loop_thread: LoopThread) -> Iterator[FailoverGroup]:
+    g = FailoverGroup(tmp_path / "group", etcd.endpoint, PORTS, loop_thread, size=2,
+                      slaveSyncInterval=600_000)  # fmt: skip
+    try:
+        yield g.start()
+    finally:
+        g.stop_all()
+
+
+def _admin(group: FailoverGroup, addr: str) -> broker_admin_pb2_grpc.BrokerAdminStub:
+    return broker_admin_pb2_grpc.BrokerAdminStub(group.channel(addr))
+
+
+def _send(group: FailoverGroup, addr: str, n: int) -> dict[tuple[int, int], bytes]:
+    """`n` sends to NEW_TOPIC, every one SEND_OK: body by (queue, queue offset)."""
+    stub = broker_pb2_grpc.BrokerStub(group.channel(addr))
+    acked = {}
+    for i in range(n):
+        body = b"acked-%04d" % i
+        r = stub.SendMessage(broker_pb2.SendMessageRequest(topic=NEW_TOPIC, body=body), timeout=10)
+        assert broker_pb2.SendStatus.Name(r.status) == "SEND_OK", r
+        acked[(r.queue_id, r.queue_offset)] = body
+    return acked
+
+
+def _has(group: FailoverGroup, m, topic: str | None = None, grp: str | None = None) -> bool:
+    tables = group.tables(m)
+    if tables is None:
+        return False
+    topics, groups = tables
+    return (topic is None or topic in topics) and (grp is None or grp in groups)
+
+
+def test_a_topic_created_just_before_the_master_freezes_survives(group: FailoverGroup) -> None:
+    old = group.wait_leader()
+    follower = next(m for m in group.members if m is not old)
+    create_topic(group.channel(old.addr), NEW_TOPIC, QUEUES)
+    _admin(group, old.addr).UpdateAndCreateSubscriptionGroup(
+        broker_admin_pb2.UpdateAndCreateSubscriptionGroupRequest(
+            config=common_pb2.SubscriptionGroupConfig(group_name=NEW_GROUP)
+        ),
+        timeout=10,
+    )
+    # Acknowledged means the in-sync follower's log has both; it applies them
+    # as they arrive (its slave sync is 10 minutes away).
+    wait_for(lambda: _has(group, follower, NEW_TOPIC, NEW_GROUP), 5, "the follower's tables")
+    acked = _send(group, old.addr, 40)
+
+    group.pause(old)
+    new = group.wait_leader(exclude=[old.id], timeout_s=TTL_S + 10)
+    assert _has(group, new, NEW_TOPIC, NEW_GROUP), group.tables(new)
+    group.wait_routed(new)
+    wait_for(lambda: group.routed(NEW_TOPIC), 10, f"the name server to route {NEW_TOPIC}")
+    got = pull_all(group.channel(new.addr), NEW_TOPIC, QUEUES)
+    assert {k: got.get(k) for k in acked} == acked
+
+    group.resume(old)
+    group.wait_isr([old.id, new.id], timeout_s=20)
+    assert _has(group, old, NEW_TOPIC, NEW_GROUP), group.tables(old)
+    assert group.routed(NEW_TOPIC)
+
+    # An operator's delete reaches the follower and survives the next failover.
+    _admin(group, new.addr).DeleteTopic(
+        broker_admin_pb2.DeleteTopicRequest(topic=NEW_TOPIC), timeout=10
+    )
+    assert not _has(group, old, NEW_TOPIC), group.tables(old)
+    group.kill(new)
+    again = group.wait_leader(exclude=[new.id], timeout_s=TTL_S + 10)
+    assert again is old
+    group.wait_routed(old)
+    assert not _has(group, old, NEW_TOPIC), group.tables(old)
+    assert _has(group, old, grp=NEW_GROUP), group.tables(old)
+    wait_for(lambda: not group.routed(NEW_TOPIC), 10, f"{NEW_TOPIC} to leave the route")
+    with pytest.raises(grpc.RpcError) as err:
+        broker_pb2_grpc.BrokerStub(group.channel(old.addr)).SendMessage(
+            broker_pb2.SendMessageRequest(topic=NEW_TOPIC, body=b"x"), timeout=10
+        )
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND, err.value
