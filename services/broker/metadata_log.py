@@ -332,6 +332,7 @@ class MetadataLog:
         """A member elected master, before it takes a send: apply what its
         log has, then restore the topics it has messages for."""
         while self.store.dispatcher.behind_bytes > 0:  # recovery may leave a tail
+            self.store.failstop.check()  # a stuck dispatcher is a storage fault
             self.store.dispatcher.wake()
             await asyncio.sleep(0.005)
         count = await self.catch_up()
