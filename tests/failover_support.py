@@ -27,9 +27,13 @@ the style of Jepsen.
   order; the members' logs are byte-identical (`assert_identical`); and the
   SEND_OK answers of two masters never interleave.
 - Scenario drivers (`kill_master`, `etcd_partition`, `lagging_replica`,
-  `handover`, `ha_partition`, `pause_follower`, `run_fault`) and
-  `check_final`, shared by tests/integration/test_failover.py (few rounds)
-  and tests/chaos/test_failover_chaos.py (FERRY_CHAOS_ROUNDS).
+  `handover`, `ha_partition`, `pause_follower`, `freeze_leader`,
+  `new_topics`, `run_fault`) and `check_final`, shared by
+  tests/integration/test_failover.py (few rounds) and
+  tests/chaos/test_failover_chaos.py (FERRY_CHAOS_ROUNDS). `new_topics`
+  also checks the metadata: every topic and subscription group created
+  during the run is on every live member and every topic in the name
+  server's route (`wait_tables`).
 
 Fixed ports come from a `PortRange` the caller owns (32000-32767: below the
 ephemeral range and clear of the other suites' ranges, see PortRange).
@@ -41,6 +45,7 @@ import contextlib
 import itertools
 import math
 import os
+import random
 import signal
 import threading
 import time
@@ -56,8 +61,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ferry import record
 from ferry.v1 import (
+    broker_admin_pb2,
+    broker_admin_pb2_grpc,
     broker_pb2,
     broker_pb2_grpc,
+    common_pb2,
     ha_admin_pb2,
     ha_admin_pb2_grpc,
     namesrv_pb2,
@@ -89,6 +97,7 @@ TTL_S = TTL_MS / 1000
 SLAVE_TIMEOUT_MS = 1000
 PACE_S = 0.005  # a producer's pause between sends
 SLAVE_TIMEOUT_S = SLAVE_TIMEOUT_MS / 1000
+SLAVE_SYNC_INTERVAL_MS = 1000  # the members' default here (the broker's own: 10 s)
 FILE_SIZE = 256 * 1024  # commit-log files roll over within a test
 TOPIC = "Failover"
 QUEUES = 4
@@ -232,7 +241,7 @@ class FailoverGroup:
             "haListenPort": m.ha_port,
             "mappedFileSizeCommitLog": FILE_SIZE,
             "slaveSyncDelay": 100,
-            "slaveSyncInterval": 1000,
+            "slaveSyncInterval": SLAVE_SYNC_INTERVAL_MS,
             "haReconnectInterval": 200,
             # The history checker needs every file: no retention, and no
             # refusals because the test machine's disk happens to be full.
@@ -314,6 +323,11 @@ class FailoverGroup:
         if self._etcd_client is not None:
             client, self._etcd_client = self._etcd_client, None
             self.loop.run(client.close())
+
+    @property
+    def slave_sync_interval_s(self) -> float:
+        """How often a follower pulls topics and groups from its master."""
+        return int(self.members[0].keys.get("slaveSyncInterval", SLAVE_SYNC_INTERVAL_MS)) / 1000
 
     def member(self, member_id: int) -> Member:
         return next(m for m in self.members if m.id == member_id)
@@ -421,6 +435,53 @@ class FailoverGroup:
             return False
         return TOPIC in tables.topic_config_table
 
+    def tables(self, m: Member) -> tuple[set[str], set[str]] | None:
+        """The topics and subscription groups `m` holds (its SlaveSync
+        tables, what a slave copies), or None when it does not answer."""
+        stub = slave_sync_pb2_grpc.SlaveSyncStub(self.channel(m.addr))
+        try:
+            topics = stub.GetAllTopicConfig(slave_sync_pb2.GetAllTopicConfigRequest(), timeout=3)
+            groups = stub.GetAllSubscriptionGroupConfig(
+                slave_sync_pb2.GetAllSubscriptionGroupConfigRequest(), timeout=3
+            )
+        except grpc.RpcError:
+            return None
+        return set(topics.topic_config_table), set(groups.subscription_group_table)
+
+    def routed(self, topic: str) -> bool:
+        """The name server routes `topic` to queues of broker-a."""
+        assert self.namesrv is not None
+        stub = namesrv_pb2_grpc.NameServerStub(self.channel(self.namesrv.addr))
+        try:
+            route = stub.GetRouteInfoByTopic(
+                namesrv_pb2.GetRouteInfoByTopicRequest(topic=topic), timeout=3
+            )
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return False
+            raise
+        return any(q.broker_name == BROKER for q in route.queue_datas)
+
+    def tables_missing(
+        self, topics: Iterable[str], groups: Iterable[str]
+    ) -> list[tuple[str, str, str]]:
+        """What of `topics` and `groups` a live member or the name server's
+        route lacks, as (kind, name, where): ("topic", T, "member 2"),
+        ("topic", T, "the route"), ("group", G, "member 1"), or ("tables",
+        "", "member 3") for a member that does not answer. Empty: all there."""
+        topics, groups = list(topics), list(groups)
+        missing = []
+        for m in self.live():
+            where = f"member {m.id}"
+            tables = self.tables(m)
+            if tables is None:
+                missing.append(("tables", "", where))
+                continue
+            missing += [("topic", t, where) for t in topics if t not in tables[0]]
+            missing += [("group", g, where) for g in groups if g not in tables[1]]
+        missing += [("topic", t, "the route") for t in topics if not self.routed(t)]
+        return missing
+
     def ha_status(self, m: Member) -> ha_admin_pb2.HAStatus | None:
         stub = ha_admin_pb2_grpc.HAAdminStub(self.channel(m.addr))
         try:
@@ -448,9 +509,21 @@ class FailoverGroup:
 
         return max(wait_for(caught_up, timeout_s, "every live member to catch up"), 0)
 
-    def pull(self, m: Member) -> dict[tuple[int, int], bytes]:
-        """What a consumer reads from `m`: body by (queue id, queue offset)."""
-        return pull_all(self.channel(m.addr), TOPIC, QUEUES, group="failover-check")
+    def pull(self, m: Member, topic: str = TOPIC) -> dict[tuple[int, int], bytes]:
+        """What a consumer reads of `topic` from `m`: body by (queue id, queue
+        offset); nothing when `m` has no such topic (NOT_FOUND)."""
+        try:
+            return pull_all(self.channel(m.addr), topic, QUEUES, group="failover-check")
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return {}
+            raise
+
+    def pull_topics(
+        self, m: Member, topics: Iterable[str]
+    ) -> dict[str, dict[tuple[int, int], bytes]]:
+        """`pull` of each of `topics`, by topic."""
+        return {t: self.pull(m, t) for t in topics}
 
     def images(self, members: Iterable[Member] | None = None) -> dict[int, LogImage]:
         return {m.id: read_image(m.store) for m in members or self.members}
@@ -486,6 +559,7 @@ class Attempt:
     queue_id: int = -1
     queue_offset: int = -1
     commit_offset: int = -1
+    topic: str = TOPIC
 
     @property
     def ok(self) -> bool:
@@ -493,13 +567,15 @@ class Attempt:
 
     def __str__(self) -> str:
         return (
-            f"{self.key}#{self.attempt} to {self.addr} [{self.start:.3f}, {self.end:.3f}] "
+            f"{self.key}#{self.attempt} ({self.topic}) to {self.addr} "
+            f"[{self.start:.3f}, {self.end:.3f}] "
             f"{self.status} at {self.commit_offset} (queue {self.queue_id}:{self.queue_offset})"
         )
 
 
 class Producers:
-    """Threads sending one message at a time (SYNC: each waits for its answer)."""
+    """Threads sending one message at a time (SYNC: each waits for its answer)
+    to `topic`; `name` prefixes their keys (unique across a test's producers)."""
 
     def __init__(
         self,
@@ -507,11 +583,13 @@ class Producers:
         count: int = 3,
         pinned: str | None = None,
         name: str = "p",
+        topic: str = TOPIC,
     ) -> None:
         self.resolve = resolve
         self.count = count
         self.pinned = pinned
         self.name = name
+        self.topic = topic
         self.attempts: list[Attempt] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -550,9 +628,9 @@ class Producers:
         channel = grpc.insecure_channel(addr, options=CHANNEL_OPTIONS)
         self._channels.append(channel)
         key = f"{self.name}async-{len(self._futures)}"
-        a = Attempt(-1, key, 1, f"{key}#1|".encode(), addr, time.monotonic())
+        a = Attempt(-1, key, 1, f"{key}#1|".encode(), addr, time.monotonic(), topic=self.topic)
         future = broker_pb2_grpc.BrokerStub(channel).SendMessage.future(
-            broker_pb2.SendMessageRequest(topic=TOPIC, body=a.body, keys=key),
+            broker_pb2.SendMessageRequest(topic=self.topic, body=a.body, keys=key),
             timeout=SEND_TIMEOUT_S,
         )
 
@@ -592,10 +670,10 @@ class Producers:
                 if addr not in channels:
                     channels[addr] = grpc.insecure_channel(addr, options=CHANNEL_OPTIONS)
                 stub = broker_pb2_grpc.BrokerStub(channels[addr])
-                a = Attempt(worker, key, attempt, body, addr, time.monotonic())
+                a = Attempt(worker, key, attempt, body, addr, time.monotonic(), topic=self.topic)
                 try:
                     r = stub.SendMessage(
-                        broker_pb2.SendMessageRequest(topic=TOPIC, body=body, keys=key),
+                        broker_pb2.SendMessageRequest(topic=self.topic, body=body, keys=key),
                         timeout=SEND_TIMEOUT_S,
                     )
                 except grpc.RpcError as exc:
@@ -762,7 +840,8 @@ class HistoryResult:
         if self.problems:
             shown = "\n  ".join(self.problems[:20])
             raise AssertionError(
-                f"{len(self.problems)} history violation(s) ({self.summary()}):\n  {shown}"
+                f"{len(self.problems)} history violation(s) ({self.lost} lost, "
+                f"{self.differing} different; {self.summary()}):\n  {shown}"
             )
 
     def summary(self) -> str:
@@ -776,29 +855,31 @@ class HistoryResult:
 def check_history(
     attempts: Sequence[Attempt],
     image: LogImage,
-    pulled: dict[tuple[int, int], bytes] | None = None,
+    pulled: dict[str, dict[tuple[int, int], bytes]] | None = None,
     lost_allowed: Iterable[Attempt] = (),
 ) -> HistoryResult:
-    """The Jepsen-style check of a group's final log against every attempt.
+    """The Jepsen-style check of a group's final log against every attempt,
+    over the topics the attempts were sent to.
 
     - every SEND_OK attempt (but `lost_allowed`) is in the log exactly once,
       at the commit offset, queue id, queue offset and msg id it was told,
-      and, given `pulled` (what a consumer reads from the final master), a
-      consumer reads it at that queue offset;
-    - every record in the log was sent by some attempt (nothing made up, no
-      bytes of two messages spliced);
+      and, given `pulled` (what a consumer reads from the final master, by
+      topic), a consumer reads it at that queue offset of its topic;
+    - every record of those topics in the log was sent by some attempt
+      (nothing made up, no bytes of two messages spliced);
     - each queue's offsets run 0, 1, 2, ... in log order (truncations and
       elections never reuse or skip a queue offset).
     """
     out = HistoryResult()
     skip = {id(a) for a in lost_allowed}
     sent = {a.body: a for a in attempts}
+    topics = {a.topic for a in attempts} or {TOPIC}
     at_offset: dict[int, record.Record] = {}
     offsets_of: dict[bytes, list[int]] = defaultdict(list)
-    next_queue_offset: dict[int, int] = {}
+    next_queue_offset: dict[tuple[str, int], int] = {}
     keys: dict[str, int] = defaultdict(int)
     for rec in image.records:
-        if rec.topic != TOPIC:
+        if rec.topic not in topics:
             continue
         at_offset[rec.commit_offset] = rec
         offsets_of[rec.body].append(rec.commit_offset)
@@ -807,13 +888,14 @@ def check_history(
         else:
             keys[sent[rec.body].key] += 1
         # A log copied from a later file on starts its queues anywhere.
-        want = next_queue_offset.get(rec.queue_id, 0 if image.start == 0 else rec.queue_offset)
+        queue = (rec.topic, rec.queue_id)
+        want = next_queue_offset.get(queue, 0 if image.start == 0 else rec.queue_offset)
         if rec.queue_offset != want:
             out.problems.append(
-                f"record at {rec.commit_offset} has queue offset {rec.queue_id}:{rec.queue_offset}, "
-                f"the queue's next is {want}"
+                f"record at {rec.commit_offset} has queue offset {rec.topic} "
+                f"{rec.queue_id}:{rec.queue_offset}, the queue's next is {want}"
             )
-        next_queue_offset[rec.queue_id] = rec.queue_offset + 1
+        next_queue_offset[queue] = rec.queue_offset + 1
     out.keys_stored_twice = sum(1 for n in keys.values() if n > 1)
     for a in attempts:
         if not a.ok:
@@ -834,11 +916,12 @@ def check_history(
         wrong = []
         if len(found) != 1:
             wrong.append(f"in the log {len(found)} times, at {found}")
-        if (rec.queue_id, rec.queue_offset) != (a.queue_id, a.queue_offset):
-            wrong.append(f"the log has it at queue {rec.queue_id}:{rec.queue_offset}")
+        if (rec.topic, rec.queue_id, rec.queue_offset) != (a.topic, a.queue_id, a.queue_offset):
+            wrong.append(f"the log has it at {rec.topic} queue {rec.queue_id}:{rec.queue_offset}")
         if record.message_id(rec.store_host, rec.commit_offset) != a.msg_id:
             wrong.append(f"msg id {a.msg_id} does not match the record")
-        if pulled is not None and pulled.get((a.queue_id, a.queue_offset)) != a.body:
+        read = pulled.get(a.topic, {}) if pulled is not None else None
+        if read is not None and read.get((a.queue_id, a.queue_offset)) != a.body:
             wrong.append("a consumer does not read it at its queue offset")
         if wrong:
             out.differing += 1
@@ -940,6 +1023,18 @@ class Outcome:
     cuts: list[str] = field(default_factory=list)  # truncations of rejoining members
     faults: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    topics: list[str] = field(default_factory=list)  # created by new_topics
+    groups: list[str] = field(default_factory=list)  # subscription groups, likewise
+    lost_topics: set[str] = field(default_factory=set)  # missing somewhere once steady
+    lost_groups: set[str] = field(default_factory=set)
+
+    def tables_note(self) -> str:
+        return (
+            f"topics/groups lost: {len(self.lost_topics)}/{len(self.lost_groups)} of "
+            f"{len(self.topics)}/{len(self.groups)} created"
+            + (f" ({sorted(self.lost_topics)}, {sorted(self.lost_groups)})"
+               if self.lost_topics or self.lost_groups else "")
+        )  # fmt: skip
 
     def failover_note(self) -> str:
         f = self.failover_s
@@ -1028,7 +1123,7 @@ def kill_master(
         first = producers.wait_first_ok(new.addr, killed, _deadline_left(killed, TTL_S + 5))
         out.failover_s.append(first.end - killed)
         acked = producers.acked()
-        pulled = group.pull(new)
+        pulled = group.pull(new, producers.topic)
         unread = [str(a) for a in acked if pulled.get((a.queue_id, a.queue_offset)) != a.body]
         assert not unread, f"{len(unread)} SEND_OK not read from the new master: {unread[:5]}"
         start = group.view().epoch_start()
@@ -1209,11 +1304,190 @@ def pause_follower(group: FailoverGroup, producers: Producers, out: Outcome) -> 
     group.wait_isr()
 
 
+def _freeze(group: FailoverGroup, producers: Producers, old: Member, out: Outcome) -> Attempt:
+    """SIGSTOP the master `old` and hold it until another member is elected
+    and answers SEND_OK (`old` is past its lease then), then SIGCONT; returns
+    that first SEND_OK."""
+    frozen = time.monotonic()
+    group.pause(old)
+    try:
+        new = group.wait_leader(exclude={old.id}, timeout_s=_deadline_left(frozen, TTL_S + 5))
+        first = producers.wait_first_ok(new.addr, frozen, _deadline_left(frozen, TTL_S + 5))
+    finally:
+        group.resume(old)
+    out.failover_s.append(first.end - frozen)
+    return first
+
+
+def _note_cut(old: Member, mark: int, out: Outcome) -> None:
+    if "cutting this log" in old.log()[mark:]:
+        out.cuts.append(f"member {old.id} (frozen)")
+
+
+def freeze_leader(
+    group: FailoverGroup, producers: Producers, rounds: int, out: Outcome
+) -> list[Producers]:
+    """The master stands still (SIGSTOP: a long GC pause, a frozen VM) under
+    load, with a probe producer pinned to it, until another member is elected
+    and answers SEND_OK; then it is resumed (SIGCONT). It acknowledges no send
+    started after the new master's first SEND_OK (the probe keeps trying it),
+    and rejoins the in-sync set as a follower. Returns the probes (their
+    records join the history)."""
+    probes = []
+    for _ in range(rounds):
+        group.wait_isr()
+        old = group.wait_leader()
+        probe = Producers(lambda: None, count=1, pinned=old.addr, name=f"probe{next(_probes)}-")
+        probes.append(probe.start())
+        try:
+            probe.wait_acked(5)
+            producers.wait_acked(20, addr=old.addr)
+            mark = len(old.log())
+            first = _freeze(group, producers, old, out)
+            resumed = time.monotonic()
+            out.faults.append(f"freeze leader {old.id}")
+            group.wait_isr(timeout_s=TTL_S + 15)
+            wait_for(lambda p=probe, t=resumed: any(a.start > t for a in p.snapshot()), 10,
+                     "the probe to try the resumed member")  # fmt: skip
+        finally:
+            probe.stop()
+        _note_cut(old, mark, out)
+        late = [str(a) for p in (producers, probe) for a in p.acked()
+                if a.addr == old.addr and a.start > first.end]  # fmt: skip
+        assert not late, (
+            f"the frozen master acknowledged {len(late)} send(s) started after the new master's "
+            f"first SEND_OK: {late[:5]}"
+        )
+        out.notes.append(
+            f"froze leader {old.id}: member at {first.addr} answered SEND_OK "
+            f"{out.failover_s[-1]:.2f}s later; resumed, back in sync "
+            f"{time.monotonic() - resumed:.2f}s after"
+        )
+    return probes
+
+
+def create_group(channel: grpc.Channel, name: str) -> common_pb2.DataVersion:
+    """Creates subscription group `name` (defaults) on the broker behind `channel`."""
+    response = broker_admin_pb2_grpc.BrokerAdminStub(channel).UpdateAndCreateSubscriptionGroup(
+        broker_admin_pb2.UpdateAndCreateSubscriptionGroupRequest(
+            config=common_pb2.SubscriptionGroupConfig(group_name=name)
+        ),
+        timeout=10,
+    )
+    return response.data_version
+
+
+def wait_tables(
+    group: FailoverGroup, topics: Sequence[str], groups: Sequence[str], timeout_s: float
+) -> list[tuple[str, str, str]]:
+    """Until every live member holds `topics` and `groups` and the name
+    server routes `topics`; what is still missing at the deadline (see
+    `FailoverGroup.tables_missing`), else nothing."""
+    missing: list[tuple[str, str, str]] = []
+
+    def complete() -> bool:
+        nonlocal missing
+        missing = group.tables_missing(topics, groups)
+        return not missing
+
+    with contextlib.suppress(AssertionError):
+        wait_for(complete, timeout_s, "every topic and group everywhere", interval_s=0.1)
+    return missing
+
+
+def new_topics(
+    group: FailoverGroup,
+    producers: Producers,
+    rounds: int,
+    out: Outcome,
+    rng: random.Random,
+) -> list[Producers]:
+    """Each round creates a topic and a subscription group on the master
+    (`NewTopicN`, `NewGroupN`) and starts producers sending to that topic;
+    after 5 of their SEND_OKs, and `rng`'s delay after the creation (within
+    the slave-sync interval, at most 5 s: the followers may not have pulled
+    the new tables yet), the master is frozen (SIGSTOP until another member
+    is elected and answers SEND_OK, then SIGCONT) or, every other round,
+    SIGKILLed and restarted. Once the group is steady, every topic and group
+    created so far is on every live member and every topic in the name
+    server's route (waiting one slave-sync interval + 5 s); what is not is
+    counted lost in `out` (and not waited for again). Returns the topics'
+    producers (their records join the history)."""
+    window_s = min(5.0, group.slave_sync_interval_s)
+    extra = []
+    for _ in range(rounds):
+        n = len(out.topics)
+        how = ("freeze", "kill")[n % 2]
+        group.wait_isr()
+        old = group.wait_leader()
+        topic, sub = f"NewTopic{n}", f"NewGroup{n}"
+        delay = rng.uniform(0, window_s)
+        channel = group.channel(old.addr)
+        created = time.monotonic()
+        create_topic(channel, topic, QUEUES)
+        create_group(channel, sub)
+        out.topics.append(topic)
+        out.groups.append(sub)
+        senders = Producers(group.master_addr, count=2, name=f"{topic}-", topic=topic).start()
+        extra.append(senders)
+        try:
+            wait_for(lambda s=senders, t=created + delay: time.monotonic() >= t
+                     and len(s.acked()) >= 5, window_s + 15,
+                     f"5 SEND_OK to {topic}, {delay:.2f}s after creating it",
+                     interval_s=0.005)  # fmt: skip
+            had = {m.id: (t := group.tables(m)) is not None and topic in t[0] and sub in t[1]
+                   for m in group.live() if m is not old}  # fmt: skip
+            fault_at = time.monotonic() - created
+            out.faults.append(f"{how} leader {old.id} after creating {topic}")
+            mark = len(old.log())
+            if how == "freeze":
+                _freeze(group, producers, old, out)
+                group.wait_isr(timeout_s=TTL_S + 15)
+                _note_cut(old, mark, out)
+            else:
+                killed = time.monotonic()
+                group.kill(old)
+                new = group.wait_leader(exclude={old.id},
+                                        timeout_s=_deadline_left(killed, TTL_S + 5))  # fmt: skip
+                first = producers.wait_first_ok(new.addr, killed,
+                                                _deadline_left(killed, TTL_S + 5))  # fmt: skip
+                out.failover_s.append(first.end - killed)
+                start = group.view().epoch_start()
+                mark = len(old.log())
+                group.restart(old)
+                _rejoin(group, old, mark, start, out)
+        finally:
+            senders.stop()
+        gone = wait_tables(
+            group,
+            [t for t in out.topics if t not in out.lost_topics],
+            [g for g in out.groups if g not in out.lost_groups],
+            group.slave_sync_interval_s + 5,
+        )
+        out.lost_topics |= {name for kind, name, _ in gone if kind == "topic"}
+        out.lost_groups |= {name for kind, name, _ in gone if kind == "group"}
+        where: dict[str, list[str]] = defaultdict(list)
+        for _, name, place in gone:
+            where[name or "tables"].append(place)
+        out.notes.append(
+            f"{how} leader {old.id} {fault_at:.2f}s after creating {topic}/{sub} (drawn "
+            f"{delay:.2f}s), {len(senders.acked())} SEND_OK to it; followers holding both "
+            f"then: {had}; " + (f"missing once steady: {dict(where)}" if gone else "all kept")
+        )
+    return extra
+
+
 def run_fault(
-    name: str, group: FailoverGroup, producers: Producers, out: Outcome, etcd_endpoint: str
+    name: str,
+    group: FailoverGroup,
+    producers: Producers,
+    out: Outcome,
+    etcd_endpoint: str,
+    rng: random.Random | None = None,
 ) -> list[Producers]:
     """One fault of `FAULTS` by name (three members, etcd and HA proxies);
-    returns the extra producers (probes) whose records join the history."""
+    returns the extra producers (probes, a new topic's producers) whose
+    records join the history. `rng` draws a new topic's fault delay."""
     if name == "kill":
         kill_master(group, producers, 1, out, held={0} if len(out.faults) % 2 else ())
     elif name == "etcd":
@@ -1226,22 +1500,29 @@ def run_fault(
         pause_follower(group, producers, out)
     elif name == "lagging":
         lagging_replica(group, producers, 1, out)
+    elif name == "leader-freeze":
+        return freeze_leader(group, producers, 1, out)
+    elif name == "new-topic":
+        return new_topics(group, producers, 1, out, rng or random.Random(len(out.faults)))
     else:
         raise ValueError(f"no fault {name!r}")
     return []
 
 
-FAULTS = ("kill", "etcd", "ha", "handover", "pause", "lagging")
+FAULTS = ("kill", "etcd", "ha", "handover", "pause", "lagging", "leader-freeze", "new-topic")
 
 
 def check_final(
     group: FailoverGroup,
     producers: Sequence[Producers],
     lost_allowed: Iterable[Attempt] = (),
+    on_result: Callable[[HistoryResult], None] | None = None,
 ) -> HistoryResult:
     """After the faults: producers stopped, every member in sync, the logs
     byte-identical, the history checked against the leader's log and what a
-    consumer reads from it, and no two masters' SEND_OKs interleaved."""
+    consumer reads from it (every topic the producers sent to), and no two
+    masters' SEND_OKs interleaved. `on_result` sees the history's result
+    before it is asserted on (a report keeps its figures when it fails)."""
     for p in producers:
         p.stop()
     dead = [str(m) for m in group.members if not m.alive]
@@ -1256,7 +1537,10 @@ def check_final(
     assert images[leader.id].end == end, (images[leader.id].end, end)
     assert_identical(images)
     attempts = [a for p in producers for a in p.snapshot()]
-    result = check_history(attempts, images[leader.id], group.pull(leader), lost_allowed)
+    pulled = group.pull_topics(leader, {a.topic for a in attempts} | {TOPIC})
+    result = check_history(attempts, images[leader.id], pulled, lost_allowed)
+    if on_result is not None:
+        on_result(result)
     result.assert_ok()
     # Acknowledgements a lossy election gave up are in no log; their offsets
     # belong to the new master's messages.
