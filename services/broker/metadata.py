@@ -222,6 +222,19 @@ class _Table:
             raise fault from exc
         self.dirty = False
 
+    def _set_entry(self, key: Any, value: Any) -> DataVersion:
+        """Put `value` under `key` (None: remove it) in a new table, bump the
+        version and write the file."""
+        table = dict(self._table)
+        if value is None:
+            del table[key]
+        else:
+            table[key] = value
+        self._table = table
+        version = self._bump()
+        self._write()
+        return version
+
     def persist(self) -> bool:
         """Write the file if anything changed since the last write."""
         if not self.dirty:
@@ -250,12 +263,7 @@ class TopicTable(_Table):
         """Create or update a topic (a put equal to the stored one still bumps,
         as RocketMQ's does); persisted before returning."""
         self.check(config)
-        table = dict(self._table)
-        table[config.topic_name] = config
-        self._table = table
-        version = self._bump()
-        self._write()
-        return version
+        return self._set_entry(config.topic_name, config)
 
     @staticmethod
     def check(config: TopicConfig) -> None:
@@ -272,12 +280,7 @@ class TopicTable(_Table):
     def delete(self, topic: str) -> DataVersion:
         if topic not in self._table:
             raise NotFound(f"topic {topic!r} does not exist on this broker")
-        table = dict(self._table)
-        del table[topic]
-        self._table = table
-        version = self._bump()
-        self._write()
-        return version
+        return self._set_entry(topic, None)
 
     def touch(self) -> DataVersion:
         """Bump the version without changing a topic: what registers changed
@@ -316,12 +319,7 @@ class SubscriptionGroupTable(_Table):
 
     def put(self, config: SubscriptionGroupConfig) -> DataVersion:
         self.check(config)
-        table = dict(self._table)
-        table[config.group_name] = config
-        self._table = table
-        version = self._bump()
-        self._write()
-        return version
+        return self._set_entry(config.group_name, config)
 
     @staticmethod
     def check(config: SubscriptionGroupConfig) -> None:
@@ -334,12 +332,7 @@ class SubscriptionGroupTable(_Table):
     def delete(self, group: str) -> DataVersion:
         if group not in self._table:
             raise NotFound(f"subscription group {group!r} does not exist on this broker")
-        table = dict(self._table)
-        del table[group]
-        self._table = table
-        version = self._bump()
-        self._write()
-        return version
+        return self._set_entry(group, None)
 
     def replace_all(
         self, table: Mapping[str, SubscriptionGroupConfig], version: DataVersion

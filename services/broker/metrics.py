@@ -34,6 +34,8 @@ HA gauges, to tell brokers apart when one Prometheus scrapes them all):
 - timed delivery (masters; TIMER_DELIVER_MS messages and pop's retry copies):
   `ferry_timer_pending_messages`, `ferry_timer_delivered_total`,
   `ferry_timer_delivery_lateness_seconds` (histogram: delivery time minus due time);
+- failover's metadata log: `ferry_metadata_log_applied_records{queue}` (`topics`,
+  `groups`), `ferry_metadata_log_skipped_records_total`;
 - `ferry_build_info{version,service}`.
 
 Slaves run neither pop consumption nor timers: their pop and timer families are
@@ -53,6 +55,7 @@ import ferry
 from services.broker.store import MessageStore
 
 if TYPE_CHECKING:
+    from services.broker.metadata_log import MetadataLog
     from services.broker.pop import PopService
     from services.broker.timer import TimerService
 
@@ -72,6 +75,13 @@ def _gauge(ids: list[str], name: str, doc: str, value: float) -> GaugeMetricFami
     return family
 
 
+def _counter(ids: list[str], name: str, doc: str, value: float) -> CounterMetricFamily:
+    """A counter with one sample, labelled with the broker's identity."""
+    family = CounterMetricFamily(name, doc, labels=_ID_LABELS)
+    family.add_metric(ids, value)
+    return family
+
+
 class _StoreCollector(Collector):
     def __init__(
         self,
@@ -82,7 +92,9 @@ class _StoreCollector(Collector):
         ha: Callable[[], tuple[object | None, object | None]],
         pop: PopService | None = None,
         timer: TimerService | None = None,
+        journal: MetadataLog | None = None,
     ) -> None:
+        self.journal = journal  # failover only
         self.store = store
         self.metadata = metadata
         self.permission = permission
@@ -136,6 +148,7 @@ class _StoreCollector(Collector):
         yield from self._ha(ids)
         yield from self._pop(ids)
         yield from self._timer(ids)
+        yield from self._metadata_log(ids)
         build = GaugeMetricFamily(
             "ferry_build_info", "ferry version.", labels=["version", "component"]
         )
@@ -207,19 +220,38 @@ class _StoreCollector(Collector):
             retries.add_metric(key, pending)
             dlq.add_metric(key, dead)
         yield from (inflight, retries, dlq)
-        redeliveries = CounterMetricFamily(
+        yield _counter(
+            ids,
             "ferry_pop_redeliveries",
             "Unacknowledged messages redelivered (copied to a retry topic, or re-queued in order).",
-            labels=_ID_LABELS,
+            pop.redeliveries,
         )
-        redeliveries.add_metric(ids, pop.redeliveries)
-        dead_letters = CounterMetricFamily(
+        yield _counter(
+            ids,
             "ferry_pop_dead_letters",
             "Messages moved to a %DLQ% topic after retry_max_times redeliveries.",
-            labels=_ID_LABELS,
+            pop.dead_letters,
         )
-        dead_letters.add_metric(ids, pop.dead_letters)
-        yield from (redeliveries, dead_letters)
+
+    def _metadata_log(self, ids: list[str]) -> Iterable[Metric]:
+        journal = self.journal
+        if journal is None:
+            return
+        applied = GaugeMetricFamily(
+            "ferry_metadata_log_applied_records",
+            "Records of the failover metadata log (queue topics or groups) this broker's "
+            "tables include: equal on a master and its caught-up slaves.",
+            labels=[*_ID_LABELS, "queue"],
+        )
+        for queue_id, name in ((0, "topics"), (1, "groups")):
+            applied.add_metric([*ids, name], journal.position(queue_id))
+        yield applied
+        yield _counter(
+            ids,
+            "ferry_metadata_log_skipped_records",
+            "Metadata-log records this broker could not read or decode, and skipped.",
+            journal.bad_records,
+        )
 
     def _timer(self, ids: list[str]) -> Iterable[Metric]:
         timer = self.timer
@@ -305,8 +337,11 @@ class BrokerMetrics:
         ha: Callable[[], tuple[object | None, object | None]] = lambda: (None, None),
         pop: PopService | None = None,
         timer: TimerService | None = None,
+        journal: MetadataLog | None = None,
     ) -> None:
-        registry.register(_StoreCollector(store, metadata, permission, config, ha, pop, timer))
+        registry.register(
+            _StoreCollector(store, metadata, permission, config, ha, pop, timer, journal)
+        )
         self.ids = [config.cluster_name, config.broker_name, str(config.broker_id)]
         self._puts = Counter(
             "ferry_broker_put_messages",

@@ -8,6 +8,7 @@ deleted by an operator stays deleted through the next failover."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,9 +22,9 @@ from ferry.v1 import (
     broker_pb2_grpc,
     common_pb2,
 )
-from tests.conftest import LoopThread, wait_for
+from tests.conftest import LoopThread, wait_equal, wait_for
 from tests.failover_support import TTL_S, FailoverGroup
-from tests.integration.support import PortRange, create_topic, pull_all
+from tests.integration.support import PortRange, create_topic, pull_all, scrape
 
 PORTS = PortRange(31500, 32000)
 NEW_TOPIC = "CreatedJustBefore"
@@ -34,7 +35,7 @@ QUEUES = 2
 @pytest.fixture
 def group(tmp_path: Path, etcd, loop_thread: LoopThread) -> Iterator[FailoverGroup]:
     g = FailoverGroup(tmp_path / "group", etcd.endpoint, PORTS, loop_thread, size=2,
-                      slaveSyncInterval=600_000)  # fmt: skip
+                      slaveSyncInterval=600_000, metricsPort=0)  # fmt: skip
     try:
         yield g.start()
     finally:
@@ -55,6 +56,14 @@ def _send(group: FailoverGroup, addr: str, n: int) -> dict[tuple[int, int], byte
         assert broker_pb2.SendStatus.Name(r.status) == "SEND_OK", r
         acked[(r.queue_id, r.queue_offset)] = body
     return acked
+
+
+def _applied(m) -> dict[str, float]:
+    """`m`'s ferry_metadata_log_applied_records by queue, from its /metrics."""
+    text = scrape(f"http://127.0.0.1:{m.server.metrics_port}/metrics")
+    found = re.findall(r'^ferry_metadata_log_applied_records\{[^}]*queue="(\w+)"[^}]*\} (\S+)$',
+                       text, re.MULTILINE)  # fmt: skip
+    return {queue: float(value) for queue, value in found}
 
 
 def _has(group: FailoverGroup, m, topic: str | None = None, grp: str | None = None) -> bool:
@@ -92,6 +101,9 @@ def test_a_topic_created_just_before_the_master_freezes_survives(group: Failover
     group.wait_isr([old.id, new.id], timeout_s=20)
     assert _has(group, old, NEW_TOPIC, NEW_GROUP), group.tables(old)
     assert group.routed(NEW_TOPIC)
+    # Both members' tables include the same records (Failover, NEW_TOPIC; NEW_GROUP).
+    wait_equal(lambda: [_applied(m) for m in (old, new)], [{"topics": 2, "groups": 1}] * 2, 10,
+               "the members' ferry_metadata_log_applied_records")  # fmt: skip
 
     # An operator's delete reaches the follower and survives the next failover.
     _admin(group, new.addr).DeleteTopic(
