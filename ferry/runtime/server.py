@@ -4,7 +4,9 @@
 explicit message-size limits, keepalive that notices dead peers), registers the
 health service and server reflection for every service, and owns the health
 state: NOT_SERVING until the process calls `set_serving()`, NOT_SERVING again
-as soon as `stop()` begins, then a graceful stop.
+as soon as `stop()` begins, then a graceful stop. It quiets grpc's ERROR for
+answers given after their caller stopped waiting, and counts them in the
+registry it is given (`ferry.runtime.late_answers`).
 
 `run_until_signalled` runs an app until SIGTERM or SIGINT.
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +24,9 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry
 
+from ferry.runtime import late_answers
 from ferry.runtime.tls import ServerTLS
 
 log = logging.getLogger(__name__)
@@ -66,7 +70,10 @@ class GrpcServer:
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
         tls: ServerTLS | None = None,
         health_port: int = -1,
+        registry: CollectorRegistry | None = None,
     ) -> None:
+        """`registry`: the process's metrics, where `ferry_grpc_late_answers_total`
+        is registered."""
         self._services = list(services)
         self._interceptors = list(interceptors)
         self._tls = tls
@@ -82,9 +89,12 @@ class GrpcServer:
         self._health = HealthServicer()
         self._conditions: set[str] = set()  # health names of the process's own, see set_health
         self.port = 0
+        if registry is not None:
+            registry.register(late_answers.LateAnswersCollector())
 
     async def start(self) -> int:
         """Bind and start; health stays NOT_SERVING. Returns the bound port."""
+        late_answers.install()
         server = grpc.aio.server(
             options=server_options(self._max_message_bytes), interceptors=self._interceptors
         )
@@ -138,8 +148,14 @@ class GrpcServer:
         self._health_server, self.health_port = health_only, port
         log.info("gRPC health (only) on %s:%d, plaintext", self._host, port)
 
-    async def set_serving(self) -> None:
+    async def set_serving(self, names: Collection[str] | None = None) -> None:
+        """SERVING for the process and its services; with `names`, only those
+        services (the others NOT_SERVING: not served by what runs now)."""
         await self._set_all(SERVING)
+        if names is not None:
+            for service in self._services:
+                if service.name not in names:
+                    await self._health.set(service.name, NOT_SERVING)
 
     async def set_not_serving(self) -> None:
         await self._set_all(NOT_SERVING)

@@ -8,7 +8,8 @@ scheduler (masters) and the offset persister → SERVING → register with every
 name server. Stop: NOT_SERVING → unregister from every name server → stop the
 gRPC server (grace) → close the local proxy's loopback channel → stop
 background tasks → close the store cleanly (flush, checkpoint, remove `abort`)
-→ persist metadata.
+→ persist metadata. A failover run (`incarnation`) binds no server: it mounts
+its servicers on the failover node's, and unmounts them where it would stop it.
 
 With `enableProxy=true` a master also serves `apache.rocketmq.v2.MessagingService`
 (RocketMQ's proxy in local mode) on its gRPC port: the proxy's own servicer,
@@ -29,8 +30,9 @@ import os
 import socket
 import ssl
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
@@ -77,6 +79,7 @@ from services.ha.slave import HASlave, HASlaveConfig
 from services.ha.sync import ReplicaAcks
 
 if TYPE_CHECKING:
+    from ferry.runtime.swap import Mount
     from services.broker.failover import Incarnation
     from services.proxy.routes import LocalRoutes
     from services.proxy.servicer import MessagingServicer
@@ -87,6 +90,58 @@ BROKER_SERVICE = broker_pb2.DESCRIPTOR.services_by_name["Broker"].full_name
 ADMIN_SERVICE = broker_admin_pb2.DESCRIPTOR.services_by_name["BrokerAdmin"].full_name
 SLAVE_SYNC_SERVICE = slave_sync_pb2.DESCRIPTOR.services_by_name["SlaveSync"].full_name
 HA_ADMIN_SERVICE = ha_admin_pb2.DESCRIPTOR.services_by_name["HAAdmin"].full_name
+_ADD = {  # how each service is added to a server
+    BROKER_SERVICE: broker_pb2_grpc.add_BrokerServicer_to_server,
+    ADMIN_SERVICE: broker_admin_pb2_grpc.add_BrokerAdminServicer_to_server,
+    SLAVE_SYNC_SERVICE: slave_sync_pb2_grpc.add_SlaveSyncServicer_to_server,
+    HA_ADMIN_SERVICE: ha_admin_pb2_grpc.add_HAAdminServicer_to_server,
+}
+
+
+def grpc_server(
+    cfg: BrokerConfig, services: Sequence[Service], registry: CollectorRegistry
+) -> GrpcServer:
+    """The broker's gRPC server for `services`: its options, admin-token
+    interceptors, TLS and plaintext health port. A `BrokerApp` builds its own;
+    a failover node builds one for all its runs (services.broker.failover)."""
+    return GrpcServer(
+        services,
+        cfg.bind_host,
+        cfg.listen_port,
+        cfg.grpc_max_message_size,
+        interceptors=auth.interceptors(cfg.admin_token, auth.BROKER_ADMIN_METHODS),
+        tls=(
+            ServerTLS.load(
+                cfg.tls_cert,
+                cfg.tls_key,
+                cfg.tls_client_ca or None,
+                keys=("tlsCert", "tlsKey", "tlsClientCa"),
+            )
+            if cfg.tls_cert
+            else None
+        ),
+        health_port=cfg.health_port,
+        registry=registry,
+    )
+
+
+def servable(cfg: BrokerConfig) -> dict[str, Callable[[Any, Any], None]]:
+    """Every service a broker with `cfg` may serve in some role, by name, with
+    how to add it to a server (a failover node's server holds them all)."""
+    services: dict[str, Callable[[Any, Any], None]] = dict(_ADD)
+    if cfg.enable_proxy:
+        services.update([_messaging_service()])
+    return services
+
+
+def _messaging_service() -> tuple[str, Callable[[Any, Any], None]]:
+    """apache.rocketmq.v2.MessagingService (enableProxy): its name and adder."""
+    from apache.rocketmq.v2 import service_pb2, service_pb2_grpc
+
+    return (
+        service_pb2.DESCRIPTOR.services_by_name["MessagingService"].full_name,
+        service_pb2_grpc.add_MessagingServiceServicer_to_server,
+    )
 
 
 def _ha_server_ssl(cfg: BrokerConfig) -> ssl.SSLContext:
@@ -123,7 +178,8 @@ class BrokerApp:
     ) -> None:
         """`incarnation`: this run's role in an automatic-failover group
         (services.broker.failover), which restarts the app on every role change;
-        None without failover."""
+        None without failover. With one, the app mounts its servicers on the
+        node's gRPC server, which outlives it, instead of running its own."""
         self.config = config
         self.incarnation = incarnation
         self.clock = clock or SystemClock()
@@ -139,6 +195,7 @@ class BrokerApp:
         self.metadata: BrokerMetadata | None = None
         self.registrar = None  # services.broker.registration.Registrar, with name servers
         self.server: GrpcServer | None = None
+        self._mount: Mount | None = None  # failover: this run's servicers on the node's server
         self.scheduler: DelayScheduler | None = None
         self.pop: PopService | None = None
         self.timer: TimerService | None = None
@@ -297,59 +354,44 @@ class BrokerApp:
             )
         elif cfg.enable_proxy:
             extra_services.append(self._local_proxy(metadata))
-        self.server = GrpcServer(
-            [
-                Service(
-                    BROKER_SERVICE,
-                    BrokerServicer(
-                        messaging,
-                        metadata.consumer_offsets,
-                        self.gate,
-                        store_config.store_host,
-                        pop=self.pop,
-                        broker_name=cfg.broker_name,
-                        send_stream_max_in_flight=cfg.send_stream_max_in_flight,
-                    ),
-                    broker_pb2_grpc.add_BrokerServicer_to_server,
+        services = [
+            Service(
+                BROKER_SERVICE,
+                BrokerServicer(
+                    messaging,
+                    metadata.consumer_offsets,
+                    self.gate,
+                    store_config.store_host,
+                    pop=self.pop,
+                    broker_name=cfg.broker_name,
+                    send_stream_max_in_flight=cfg.send_stream_max_in_flight,
                 ),
-                Service(
-                    ADMIN_SERVICE,
-                    BrokerAdminServicer(admin, self.gate, cfg.flush_disk_type),
-                    broker_admin_pb2_grpc.add_BrokerAdminServicer_to_server,
-                ),
-                Service(
-                    SLAVE_SYNC_SERVICE,
-                    SlaveSyncServicer(
-                        metadata,
-                        self.gate,
-                        log_position=self.journal.position if self.journal else None,
-                    ),
-                    slave_sync_pb2_grpc.add_SlaveSyncServicer_to_server,
-                ),
-                Service(
-                    HA_ADMIN_SERVICE,
-                    HAAdminServicer(self._ha_status),
-                    ha_admin_pb2_grpc.add_HAAdminServicer_to_server,
-                ),
-                *extra_services,
-            ],
-            cfg.bind_host,
-            cfg.listen_port,
-            cfg.grpc_max_message_size,
-            interceptors=auth.interceptors(cfg.admin_token, auth.BROKER_ADMIN_METHODS),
-            tls=(
-                ServerTLS.load(
-                    cfg.tls_cert,
-                    cfg.tls_key,
-                    cfg.tls_client_ca or None,
-                    keys=("tlsCert", "tlsKey", "tlsClientCa"),
-                )
-                if cfg.tls_cert
-                else None
+                _ADD[BROKER_SERVICE],
             ),
-            health_port=cfg.health_port,
-        )
-        await self.server.start()
+            Service(
+                ADMIN_SERVICE,
+                BrokerAdminServicer(admin, self.gate, cfg.flush_disk_type),
+                _ADD[ADMIN_SERVICE],
+            ),
+            Service(
+                SLAVE_SYNC_SERVICE,
+                SlaveSyncServicer(
+                    metadata,
+                    self.gate,
+                    log_position=self.journal.position if self.journal else None,
+                ),
+                _ADD[SLAVE_SYNC_SERVICE],
+            ),
+            Service(HA_ADMIN_SERVICE, HAAdminServicer(self._ha_status), _ADD[HA_ADMIN_SERVICE]),
+            *extra_services,
+        ]
+        if self.incarnation is not None and self.incarnation.switch is not None:
+            # Failover: the node's server outlives this run; serve on it.
+            self.server = self.incarnation.server
+            self._mount = self.incarnation.switch.mount({s.name: s.servicer for s in services})
+        else:
+            self.server = grpc_server(cfg, services, self.registry)
+            await self.server.start()
         # The store host in records is the advertised address with the real port.
         store.set_store_host((_ipv4_or_loopback(cfg.broker_ip1), self.port))
         if self.proxy is not None:
@@ -366,6 +408,7 @@ class BrokerApp:
             ha=lambda: (self.ha_master, self.ha_slave),
             pop=self.pop,
             timer=self.timer,
+            journal=self.journal,
         )
         messaging.on_sent = metrics.observe_send
         if self.incarnation is not None:
@@ -405,7 +448,7 @@ class BrokerApp:
         self._tasks.append(asyncio.create_task(self._persist_offsets(), name="offset-persister"))
         self._fault_watch = asyncio.create_task(self._stop_on_storage_fault(), name="fail-stop")
         self.gate.open = True
-        await self.server.set_serving()
+        await self.server.set_serving(None if self._mount is None else self._mount.servicers)
         if cfg.namesrv_addrs:
             from services.broker.registration import BrokerIdentity, Registrar
 
@@ -494,8 +537,12 @@ class BrokerApp:
             await self.ha_slave.stop()
         if self.ha_master is not None:
             await self.ha_master.stop()
-        if self.server is not None:
-            await self.server.stop(self.config.grace_s if grace_s is None else grace_s)
+        grace_s = self.config.grace_s if grace_s is None else grace_s
+        if self._mount is not None and self.incarnation is not None:
+            assert self.incarnation.switch is not None
+            await self.incarnation.switch.unmount(self._mount, grace_s)  # the server stays
+        elif self.server is not None:
+            await self.server.stop(grace_s)
         if self.proxy is not None:
             await self.proxy.close()
         if self.local_routes is not None:
@@ -524,7 +571,6 @@ class BrokerApp:
         """`apache.rocketmq.v2.MessagingService` backed by this broker alone
         (enableProxy): its routes come from the topic table and its broker calls
         go to this broker's own port, dialled over loopback once bound."""
-        from apache.rocketmq.v2 import service_pb2, service_pb2_grpc
         from services.proxy.routes import LocalRoutes
         from services.proxy.servicer import MessagingServicer, ProxyOptions
 
@@ -545,11 +591,8 @@ class BrokerApp:
             channel_options=options,
         )
         self.proxy = MessagingServicer(self.local_routes, ProxyOptions("", 0))
-        return Service(
-            service_pb2.DESCRIPTOR.services_by_name["MessagingService"].full_name,
-            self.proxy,
-            service_pb2_grpc.add_MessagingServiceServicer_to_server,
-        )
+        name, add = _messaging_service()
+        return Service(name, self.proxy, add)
 
     async def _start_ha(self, store: MessageStore, messaging: MessagingService) -> None:
         """The HA data plane: a master listens for slaves (and, as a SYNC_MASTER,

@@ -2,9 +2,14 @@
 master, and nothing a SYNC_MASTER acknowledged is lost on the way.
 
 A `FailoverNode` is the broker process of one group member. It runs the
-broker (`BrokerApp`) in the role etcd gives it and restarts it, on the same
-ports, on every role change (an *incarnation*: the store closes cleanly and
-reopens; a follower's clients and HA stream reconnect).
+broker (`BrokerApp`) in the role etcd gives it and restarts it on every role
+change (an *incarnation*: the store closes cleanly and reopens; a follower's
+HA stream reconnects). One gRPC server serves every incarnation: the node
+builds it once (ports, TLS, health, reflection) and each incarnation mounts
+its servicers on it (`ferry.runtime.swap`); between two, calls get
+UNAVAILABLE (retry), never CANCELLED. A master that steps down serves
+nothing until it knows its next role (the new leader is in etcd), or for
+one lease TTL at most: then it serves reads as a follower of nobody.
 
 - **Leadership.** Each member holds an etcd lease (`failoverLeaseTtl`, renewed
   every third of it). The leader holds `leader` under its lease: id,
@@ -57,6 +62,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from ferry.runtime.errors import Unavailable
 from ferry.runtime.metrics_http import MetricsEndpoint, start_metrics_endpoint
+from ferry.runtime.server import GrpcServer
+from ferry.runtime.swap import ServiceSwitch
 from services.broker import epochs
 from services.broker.config import BrokerConfig
 from services.broker.epochs import EpochHistory
@@ -81,6 +88,10 @@ class Incarnation:
     on_slave_timeout: Callable[[list[Hashable]], None]
     on_outsider_ack: Callable[[Hashable, int], None]
     metrics_port: int
+    # The node's gRPC server, which outlives the run, and where the run mounts
+    # its servicers (None: the app runs its own server).
+    server: GrpcServer | None = None
+    switch: ServiceSwitch | None = None
 
 
 def replica_key(member_id: int) -> tuple[str, int]:
@@ -130,7 +141,10 @@ class FailoverNode:
         self._isr_lock = asyncio.Lock()
         self._isr_pending: set[int] = set()
         self._disconnected_since: dict[int, float] = {}
-        self._port = config.listen_port  # 0 until the first run binds one, then kept
+        self._port = config.listen_port  # 0 until the server binds one, then kept
+        self.server: GrpcServer | None = None  # one for all incarnations
+        self.switch: ServiceSwitch | None = None
+        self._idle_since = 0.0  # monotonic: when a step-down left this member without a run
         self._tasks: list[asyncio.Task] = []
         self._app_watch: asyncio.Task | None = None
         self._metrics_endpoint: MetricsEndpoint | None = None
@@ -182,7 +196,16 @@ class FailoverNode:
         return self._port
 
     async def start(self) -> None:
+        from services.broker.app import grpc_server, servable
+
         cfg = self.config
+        self.switch = ServiceSwitch(
+            servable(cfg),
+            between=f"member {self.member_id} of {cfg.broker_name} is starting or changing its "
+            "role (automatic failover); retry",
+        )
+        self.server = grpc_server(cfg, self.switch.services, self.own_registry)
+        self._port = await self.server.start()
         if cfg.metrics_port >= 0:
             self._metrics_endpoint = start_metrics_endpoint(
                 cfg.bind_host, cfg.metrics_port, _Delegating(self),  # type: ignore[arg-type]
@@ -215,6 +238,8 @@ class FailoverNode:
         self._tasks = []
         if self.app is not None:
             await self.app.stop()
+        if self.server is not None:
+            await self.server.stop(SWITCH_GRACE_S)  # nothing is mounted by now
         if self.lease_id:
             # Leaving: let the others elect now instead of one TTL later.
             lease, self.lease_id = self.lease_id, 0
@@ -330,6 +355,7 @@ class FailoverNode:
                 state = await self.etcd.read_group(self.prefix)
             except (EtcdUnavailable, aetcd.exceptions.ClientError) as exc:
                 log.warning("cannot read the group's keys from etcd: %s; retrying", exc)
+                await self._serve_reads_if_idle()
                 await asyncio.sleep(self.poll_s * 4)
                 continue
             if state.leader is None:
@@ -340,6 +366,7 @@ class FailoverNode:
                         leaderless_since = None
                         await self._lead(epoch, state)
                         continue
+                await self._serve_reads_if_idle()
                 await asyncio.sleep(self.poll_s)
                 continue
             leaderless_since = None
@@ -352,9 +379,22 @@ class FailoverNode:
                     await self.etcd.call(lambda c, old=state.leader_lease: c.revoke_lease(old))
                 continue
             if not leader.get("ready"):
-                await asyncio.sleep(self.poll_s)
+                await asyncio.sleep(self.poll_s)  # elected, starting: its key is leased
                 continue
             await self._follow(leader, state.leader_raw)
+
+    async def _serve_reads_if_idle(self) -> None:
+        """A member that stepped down serves nothing until it knows its next
+        role, which normally takes well under a lease TTL; when no leader shows
+        up for a whole TTL (etcd away, no eligible member), it serves reads
+        again as a follower of nobody, as it does at start-up."""
+        if self.app is None and time.monotonic() - self._idle_since >= self.ttl_s:
+            log.warning(
+                "member %d: no leader for %.1f s after stepping down; serving reads meanwhile",
+                self.member_id,
+                time.monotonic() - self._idle_since,
+            )
+            await self._incarnate("follower", epoch=0, leader=None)
 
     def _eligible(self, state: GroupState, leaderless_s: float) -> bool:
         handover = state.handover
@@ -514,7 +554,18 @@ class FailoverNode:
             "member %d steps down as master of epoch %d: %s", self.member_id, self.epoch, why
         )
         self.handing_over = False
-        await self._incarnate("follower", epoch=0, leader=None)
+        await self._stop_app()
+        self._idle_since = time.monotonic()
+        # No interim run as a follower of nobody: the loop starts the next one
+        # once the role is known (a new leader in etcd, or this member elected),
+        # or after a lease TTL without a leader (_serve_reads_if_idle).
+        self.role, self.leader_id = "none", None
+        self.m_leader.set(0)
+        self.m_isr.set(0)
+        log.info("member %d serves nothing until its next role is known (UNAVAILABLE: retry)",
+                 self.member_id)  # fmt: skip
+        if self.lease_id:
+            await self._put_member()
 
     # ------------------------------------------------------------ in-sync set
 
@@ -731,19 +782,10 @@ class FailoverNode:
     # ------------------------------------------------------------ incarnations
 
     async def _incarnate(self, role: str, epoch: int, leader: dict | None) -> None:
-        """Stop the current broker app and start one in `role`, on the same ports."""
+        """Stop the current broker app and start one in `role`, on the node's server."""
         from services.broker.app import BrokerApp
 
-        old = self.app
-        if self._app_watch is not None:
-            self._app_watch.cancel()
-            self._app_watch = None
-        if old is not None:
-            self.app = None
-            await old.stop(grace_s=SWITCH_GRACE_S)
-            if old.store is not None and old.store.failstop.tripped:
-                self.failed.set()
-                raise asyncio.CancelledError
+        await self._stop_app()
         self.role, self.epoch = role, epoch
         self.leader_id = leader.get("id") if leader else None
         self.m_epoch.set(epoch)
@@ -778,6 +820,8 @@ class FailoverNode:
             on_slave_timeout=self._on_slave_timeout,
             on_outsider_ack=self._on_outsider_ack,
             metrics_port=self._metrics_endpoint.port if self._metrics_endpoint else -1,
+            server=self.server,
+            switch=self.switch,
         )
         app = BrokerApp(run_cfg, clock=self.clock, incarnation=incarnation)
         try:
@@ -799,6 +843,22 @@ class FailoverNode:
             epoch,
             f", leader {self.leader_id} at {leader.get('addr')}" if leader else "",
         )
+
+    async def _stop_app(self) -> None:
+        """Stop the running incarnation, if any: its servicers leave the server
+        at once (new calls get UNAVAILABLE), its calls in flight get
+        SWITCH_GRACE_S to finish."""
+        old = self.app
+        if self._app_watch is not None:
+            self._app_watch.cancel()
+            self._app_watch = None
+        if old is None:
+            return
+        self.app = None
+        await old.stop(grace_s=SWITCH_GRACE_S)
+        if old.store is not None and old.store.failstop.tripped:
+            self.failed.set()
+            raise asyncio.CancelledError
 
     async def _report_in_sync(self, in_sync: bool) -> None:
         """IN_SYNC_HEALTH of the running incarnation (NOT_SERVING until set)."""

@@ -73,6 +73,7 @@ class NamesrvApp:
             interceptors=auth.interceptors(config.admin_token, auth.NAMESRV_ADMIN_METHODS),
             tls=config.tls,
             health_port=config.health_port,
+            registry=self.registry,
         )
         self._metrics_endpoint: MetricsEndpoint | None = None
         self._housekeeping: asyncio.Task | None = None

@@ -62,6 +62,7 @@ class ProxyApp:
             config.port,
             MAX_MESSAGE_BYTES,
             interceptors=auth.interceptors(config.access_key, config.secret_key),
+            registry=self.registry,
         )
         self._metrics_endpoint: MetricsEndpoint | None = None
 

@@ -13,7 +13,7 @@ time, no delay level, no queue asked for); the others go alone, as before.
 A batch is appended whole or not at all, so a batch the broker refuses for
 what one message holds (too large, a bad property) is sent again one message
 at a time, each getting its own verdict; a batch lost to the connection
-(UNAVAILABLE, DEADLINE_EXCEEDED) fails each message with that error, and the
+(UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED) fails each message with that error, and the
 caller's own retry goes on as for a single send.
 """
 
@@ -31,8 +31,15 @@ from ferry.v1 import broker_pb2
 
 MAX_BATCH_MESSAGES = 64
 MAX_BATCH_BYTES = 1024 * 1024  # well below a broker's maxMessageSize (4 MiB)
-# Errors that speak of the connection, not of the messages: retried by the caller.
-_LINK_ERRORS = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# Errors that speak of the connection or the broker, not of the messages: retried
+# by the caller, on another broker. CANCELLED from a broker is its server
+# stopping under the call (a process going away), not the caller's cancellation
+# (which reaches the caller as asyncio.CancelledError).
+LINK_ERRORS = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.CANCELLED,
+)
 
 StubFor = Callable[[str], Any]  # an address -> its ferry.v1.Broker stub
 
@@ -142,7 +149,7 @@ class SendCoalescer:
                 timeout=self._timeout_s,
             )
         except grpc.aio.AioRpcError as exc:
-            if exc.code() in _LINK_ERRORS:
+            if exc.code() in LINK_ERRORS:
                 for _, future in live:
                     _settle(future, error=exc)
                 return

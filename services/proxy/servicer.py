@@ -30,7 +30,7 @@ from services.proxy import convert, metrics
 from services.proxy.convert import OK, Code, status
 from services.proxy.metrics import ProxyMetrics
 from services.proxy.routes import BrokerQueues, NameServersDown, RouteSource, TopicNotFound
-from services.proxy.sends import SendCoalescer
+from services.proxy.sends import LINK_ERRORS, SendCoalescer
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # the brokers' default maxMessageSize
 MAX_BATCH = 32  # the brokers' largest pop
@@ -268,7 +268,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 result = await self.sends.send(broker.addr, request)
             except grpc.aio.AioRpcError as exc:
                 code, last = convert.error_code(exc), f"{broker.broker_name}: {exc.details()}"
-                if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                if exc.code() in LINK_ERRORS:
                     continue  # another broker, with a fresh route
                 return failed(code, exc.details() or exc.code().name)
             code = convert.SEND_CODES.get(result.status, Code.INTERNAL_ERROR)

@@ -231,6 +231,38 @@ def test_graceful_handover_under_load_loses_nothing_and_stores_nothing_twice(rig
     print(*out.notes, out.failover_note(), result.summary(), sep="\n")
 
 
+def test_sends_to_members_changing_role_are_answered_never_cancelled(rig):
+    """Three members; besides producers following the master, three producers
+    pinned to each member send to it all along, through three handovers (the
+    real CLI): each time the old master steps down and follows, the new one
+    starts as master, and each member's gRPC server stays up across its runs
+    (ferry.runtime.swap). Every send is answered for real or UNAVAILABLE
+    (retry), never CANCELLED; the pinned producers saw the role change
+    itself as UNAVAILABLE; a master that steps down runs nothing until it
+    follows the new one (no run as a follower of nobody, as at start-up); the
+    history holds."""
+    group = rig.group(size=3)
+    producers = rig.start_producers(group)
+    pinned = [
+        Producers(group.master_addr, count=3, pinned=m.addr, name=f"m{m.id}-").start()
+        for m in group.members
+    ]
+    rig.producers.extend(pinned)
+    out = Outcome()
+    handover(group, producers, rounds=3, out=out, etcd_endpoint=rig.etcd_endpoint)
+    result = check_final(group, [producers, *pinned])
+    attempts = [a for p in (producers, *pinned) for a in p.snapshot()]
+    cancelled = [f"{a}: {a.detail!r}" for a in attempts if a.status == "CANCELLED"]
+    assert not cancelled, cancelled
+    switching = [a for a in attempts if "is starting or changing its role" in a.detail]
+    assert switching and all(a.status == "UNAVAILABLE" for a in switching), switching[:5]
+    for m in group.members:
+        runs = m.log().count(f"member {m.id} runs as slave (epoch 0)")
+        assert runs == 1, f"{m} ran {runs} times as a follower of no leader"
+    statuses = {f"member {m.id}": p.statuses() for m, p in zip(group.members, pinned, strict=True)}
+    print(*out.notes, statuses, f"{len(switching)} told a role change", result.summary(), sep="\n")
+
+
 def ha_metrics(m) -> dict[str, float]:
     """`m`'s ferry_ha_* failover series, from its /metrics endpoint."""
     text = scrape(f"http://127.0.0.1:{m.server.metrics_port}/metrics")
