@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from ferry import record
@@ -22,6 +23,7 @@ from services.broker.commitlog import segment_name
 from tests.conftest import LoopThread, wait_equal, wait_for
 from tests.failover_support import (
     FILE_SIZE,
+    QUEUES,
     SLAVE_TIMEOUT_S,
     TOPIC,
     TTL_S,
@@ -41,7 +43,7 @@ from tests.failover_support import (
     pause_follower,
     read_image,
 )
-from tests.integration.support import PortRange, run_ferry, sample, scrape
+from tests.integration.support import PortRange, pull_all, run_ferry, sample, scrape
 
 # Fixed ports for members that restart (see PortRange for the suites' ranges).
 PORTS = PortRange(32000, 32384)
@@ -261,6 +263,37 @@ def test_sends_to_members_changing_role_are_answered_never_cancelled(rig):
         assert runs == 1, f"{m} ran {runs} times as a follower of no leader"
     statuses = {f"member {m.id}": p.statuses() for m, p in zip(group.members, pinned, strict=True)}
     print(*out.notes, statuses, f"{len(switching)} told a role change", result.summary(), sep="\n")
+
+
+def test_a_master_cut_off_from_etcd_serves_reads_again_after_a_ttl(rig):
+    """A master that steps down runs nothing until it knows its next role;
+    cut off from etcd it cannot learn it, so after a lease TTL without a
+    leader it serves reads again (as a follower of nobody) while the other
+    member leads: every acknowledged message is read from it. Healed, it
+    follows the new master and is in sync."""
+    group = rig.group(size=2, etcd_proxies=True)
+    producers = rig.start_producers(group, count=1)
+    old = group.wait_leader()
+    producers.wait_acked(20)
+    group.blackhole_etcd(old)
+    new = group.wait_leader(exclude=[old.id])
+    producers.stop()
+    acked = {(a.queue_id, a.queue_offset): a.body for a in producers.acked() if a.addr == old.addr}
+    assert acked, "no SEND_OK from the master before the cut"
+
+    def reads() -> dict | None:
+        try:
+            return pull_all(group.channel(old.addr), TOPIC, QUEUES, group="after-step-down")
+        except grpc.RpcError:
+            return None  # UNAVAILABLE while it runs nothing
+
+    wait_for(lambda: "serves nothing until its next role" in old.log(), TTL_S + 10,
+             f"{old} to step down")  # fmt: skip
+    got = wait_for(reads, TTL_S + 15, f"{old} to serve reads while cut off from etcd")
+    assert {k: got.get(k) for k in acked} == acked
+    assert "serving reads meanwhile" in old.log()
+    group.heal_etcd(old)
+    group.wait_isr([old.id, new.id], timeout_s=20)
 
 
 def ha_metrics(m) -> dict[str, float]:
