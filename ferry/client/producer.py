@@ -409,19 +409,32 @@ class PipelinedProducer:
         _fail(item, exc)
 
     async def _shutdown(self) -> None:
+        """Everything on the loop ends before the loop closes: the router and
+        the lanes, then each stream and its channel, then whatever tasks grpc
+        itself left (a call's status handler, one step from done). A task or
+        gRPC operation outliving the loop prints "Task was destroyed but it is
+        pending!" or, through grpc's process-wide poller, "Event loop is
+        closed" tracebacks on some other loop of the process."""
         self._router.cancel()
         self._take_handoff()
         while not self._inbox.empty():
             _fail(self._inbox.get_nowait(), ProducerClosed("the producer closed"))
-        for lane in self._lanes.values():
-            if lane.task is not None:
-                lane.task.cancel()
+        lanes = [lane.task for lane in self._lanes.values() if lane.task is not None]
+        for task in lanes:
+            task.cancel()
+        await asyncio.gather(*lanes, return_exceptions=True)
         for lane in self._lanes.values():
             for item in lane.pending:
                 _fail(item, ProducerClosed("the producer closed before this message was sent"))
         for channel, sender, _ in self._senders.values():
             await sender.close()
             await channel.close()
+        others = asyncio.all_tasks() - {asyncio.current_task()}
+        if others:
+            _, stuck = await asyncio.wait(others, timeout=5.0)
+            for task in stuck:
+                task.cancel()
+            await asyncio.gather(*stuck, return_exceptions=True)
 
 
 def _queue(lane: _Lane, item: _Item) -> None:

@@ -32,6 +32,7 @@ from ferry.v1 import broker_pb2, broker_pb2_grpc
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_IN_FLIGHT = 1024  # as the broker's sendStreamMaxInFlight
+CLOSE_TIMEOUT_S = 5.0  # a cancelled call ends at once; this only bounds a wedged one
 
 
 class StreamSendError(Exception):
@@ -168,11 +169,17 @@ class StreamSender:
             stream.waiting.clear()
 
     async def close(self) -> None:
+        """Cancel the call and wait until its reader and writer have seen it
+        end. They are not cancelled mid-operation: a gRPC operation left
+        pending completes later through grpc's process-wide poller, and on a
+        loop closed by then that prints "Event loop is closed" tracebacks."""
         stream, self._stream = self._stream, None
         if stream is None:
             return
         stream.call.cancel()
-        for task in stream.tasks:
+        stream.wake.set()
+        _, stuck = await asyncio.wait(stream.tasks, timeout=CLOSE_TIMEOUT_S)
+        for task in stuck:
             task.cancel()
         for task in stream.tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
