@@ -17,19 +17,20 @@ Everything starts at once (podManagementPolicy: Parallel), so the brokers also
 show they wait for name servers that come up after them. Then the cluster must
 form: 4 brokers in GetBrokerClusterInfo on both name servers, routes for a new
 topic on both groups, both slaves replicating what their SYNC_MASTER
-acknowledged, the 3 etcd members one cluster with a leader (each healthy, each
-listing all three), health SERVING on every gRPC port, the RocketMQ 5 proxy
+acknowledged, health SERVING on every gRPC port, the RocketMQ 5 proxy
 routing the new topic to both groups (through the name servers its -n names),
 and the exporter writing rows for all four brokers. With 2m-2s-failover the
-masters are not known beforehand: each group (a StatefulSet of two pods, each
-running its own file of the group's ConfigMap) must elect one in the 3-member
-etcd, which both name servers route to as broker 0 with the other member as a
-SLAVE under its own brokerId, replicating over the HA address the master
-advertises (its pod's DNS name). A Deployment runs one pod here (the proxy's
-second replica would be the same process twice); the TLS component leaves the
-proxy out. The Spark Deployment is rendered but not started here
-(a JVM per test run is slow on 2 cores); its arguments are parsed by the job's
-own parser in test_k8s_manifests.py and the job runs in test_analytics_spark.py.
+masters are not known beforehand: the overlay alone deploys etcd, whose 3
+members must form one cluster with a leader (each healthy, each listing all
+three); each group (a StatefulSet of two pods, each running its own file of
+the group's ConfigMap) must elect a master in it, which both name servers
+route to as broker 0 with the other member as a SLAVE under its own brokerId,
+replicating over the HA address the master advertises (its pod's DNS name).
+A Deployment runs one pod here (the proxy's second replica would be the same
+process twice); the TLS component leaves the proxy out. The Spark Deployment
+is rendered but not started here (a JVM per test run is slow on 2 cores); its
+arguments are parsed by the job's own parser in test_k8s_manifests.py and
+the job runs in test_analytics_spark.py.
 """
 
 from __future__ import annotations
@@ -284,9 +285,9 @@ def test_rendered_overlay_forms_a_cluster(tmp_path, overlay, tls):
     names = sorted(p.name for p in pods)
     elects = overlay == "2m-2s-failover"
     brokers = sorted(n for pair in BROKERS[overlay].values() for n in pair)
-    assert names == sorted(brokers + ["etcd-0", "etcd-1", "etcd-2", "ferry-exporter-0",
-                                      "ferry-namesrv-0", "ferry-namesrv-1"] + (
-                                      [] if tls else ["ferry-proxy-0"]))  # fmt: skip
+    assert names == sorted(brokers + ["ferry-exporter-0", "ferry-namesrv-0", "ferry-namesrv-1"]
+                           + (["etcd-0", "etcd-1", "etcd-2"] if elects else [])
+                           + ([] if tls else ["ferry-proxy-0"]))  # fmt: skip
     root = tmp_path / "pods"
     root.mkdir()
     procs: dict[str, subprocess.Popen] = {}

@@ -31,6 +31,7 @@ OVERLAYS = sorted((K8S / "overlays").iterdir())
 KUSTOMIZATIONS = sorted(p.parent for p in K8S.rglob("kustomization.yaml")
                         if "components" not in p.relative_to(K8S).parts)  # fmt: skip
 TLS_COMPONENT = K8S / "components" / "tls"
+ETCD_COMPONENT = K8S / "components" / "etcd"
 SELECTOR_LABELS = {"app.kubernetes.io/name", "app.kubernetes.io/instance",
                    "app.kubernetes.io/component"}  # fmt: skip
 NAMESRV_ADDRS = ["ferry-namesrv-0.ferry-namesrv:9876", "ferry-namesrv-1.ferry-namesrv:9876"]
@@ -514,7 +515,10 @@ def test_make_run_starts_the_overlays_own_files(overlay, tls_variant, tmp_path):
     [grpc_port] = [p["port"] for p in svc["spec"]["ports"] if p["name"] == "grpc"]
     assert topology.proxy.dns == f"{svc['metadata']['name']}:{grpc_port}"
     assert (topology.proxy.port, topology.proxy.metrics_port) == (ports["grpc"], ports["metrics"])
-    # etcd: its client Service's name and port, its container's ports.
+    # etcd: its client Service's name and port, its container's ports. ferry dev
+    # starts one member for every topology; only the failover overlay deploys it.
+    if not topology.elects:
+        docs = [d for d in yaml.safe_load_all((ETCD_COMPONENT / "etcd.yaml").read_text()) if d]
     [etcd] = [s for s in by_kind(docs, "StatefulSet") if s["metadata"]["name"] == "etcd"]
     [client] = [s for s in by_kind(docs, "Service") if s["metadata"]["name"] == "etcd-client"]
     ports = {p["name"]: p["containerPort"]
@@ -779,15 +783,26 @@ def test_name_servers_and_brokers_share_the_admin_token(overlay):
 
 
 def test_etcd(overlay):
-    """The 3-member etcd for broker failover: a static cluster whose
-    --initial-cluster names each pod by its stable DNS name and peer port, each
-    pod advertising exactly its own entry; peers resolvable before anyone is
-    ready; a PDB keeping quorum; every flag one the etcd binary knows (the
-    Debian etcd-server here, 3.4, so the local run can start it too)."""
+    """The 3-member etcd for broker failover, in the failover overlay only (the
+    etcd component): a static cluster whose --initial-cluster names each pod by
+    its stable DNS name and peer port, each pod advertising exactly its own
+    entry; peers resolvable before anyone is ready; a PDB keeping quorum; every
+    flag one the etcd binary knows (the Debian etcd-server here, 3.4, so the
+    local run can start it too). The fixed-role overlays deploy no etcd."""
     from ferry.cli.dev import find_etcd
 
-    _, docs = overlay
+    name, docs = overlay
+    etcd_objects = [
+        f"{d['kind']}/{d['metadata']['name']}" for d in docs
+        if d["metadata"]["name"].startswith("etcd")
+        or d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "etcd"
+        or ETCD_IMAGE in json.dumps(d)
+    ]  # fmt: skip
+    if name != "2m-2s-failover":
+        assert etcd_objects == [], name
+        return
     named = [d for d in docs if d["metadata"]["name"] in ("etcd", "etcd-client", "etcd-peers")]
+    assert sorted(etcd_objects) == sorted(f"{d['kind']}/{d['metadata']['name']}" for d in named)
     assert sorted(f"{d['kind']}/{d['metadata']['name']}" for d in named) == [
         "NetworkPolicy/etcd-peers", "PodDisruptionBudget/etcd", "Service/etcd",
         "Service/etcd-client", "StatefulSet/etcd",
