@@ -75,6 +75,23 @@ def check_name(value: str, field: str) -> str:
     return value
 
 
+def check_pop_group(group: str, topic: str, field: str = "consumer_group") -> str:
+    """A consumer group that pops `topic`: a name (`check_name`) that also
+    names valid topics for its retry and dead-letter queues (`retry_topic`,
+    `dlq_topic`): the topic alphabet only, and `%RETRY%<group>_<topic>` in
+    TOPIC_MAX_LENGTH bytes. Acks and offsets need only `check_name`."""
+    check_name(group, field)
+    for name in (retry_topic(group, topic), dlq_topic(group)):
+        if len(name.encode()) > TOPIC_MAX_LENGTH or not TOPIC_PATTERN.fullmatch(name):
+            raise InvalidArgument(
+                field,
+                f"{group!r} cannot name its retry/dead-letter topic {name[:60]!r}: pop "
+                f"groups use [%|a-zA-Z0-9_-] only, and {name[:20]}... must fit in "
+                f"{TOPIC_MAX_LENGTH} bytes",
+            )
+    return group
+
+
 def check_addr(value: str, field: str, required: bool = True) -> str:
     """A `host:port` address (IPv6 hosts in brackets); empty allowed when not required."""
     if not value:

@@ -23,7 +23,14 @@ from apache.rocketmq.v2 import definition_pb2 as v2
 from apache.rocketmq.v2 import service_pb2 as s
 from apache.rocketmq.v2 import service_pb2_grpc
 from ferry.client.broker import group_broker
-from ferry.model import DEFAULT_RETRY_MAX_TIMES, DELAY_LEVELS_S, TOPIC_MAX_LENGTH, TOPIC_PATTERN
+from ferry.model import (
+    DEFAULT_RETRY_MAX_TIMES,
+    DELAY_LEVELS_S,
+    check_name,
+    check_pop_group,
+    check_topic,
+)
+from ferry.runtime.errors import InvalidArgument
 from ferry.v1 import broker_pb2
 from services.broker.popcodec import handle_broker
 from services.proxy import convert, metrics
@@ -102,7 +109,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         """A push consumer's share: one queue (id -1, any) per readable master,
         as RocketMQ's proxy answers for pop consumption."""
         topic = convert.topic_name(request.topic)
-        bad = _bad_topic(topic) or _bad_group(convert.topic_name(request.group))
+        bad = _bad_topic(topic) or _bad_pop_group(convert.topic_name(request.group), topic)
         if bad:
             return s.QueryAssignmentResponse(status=status(Code.BAD_REQUEST, bad))
         try:
@@ -288,7 +295,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         group = convert.topic_name(request.group)
         topic = convert.topic_name(request.message_queue.topic)
         broker_name = request.message_queue.broker.name
-        bad_topic, bad_group = _bad_topic(topic), _bad_group(group)
+        bad_topic = _bad_topic(topic)
+        bad_group = "" if bad_topic else _bad_pop_group(group, topic)
         if bad_topic or bad_group:
             code = Code.ILLEGAL_TOPIC if bad_topic else Code.ILLEGAL_CONSUMER_GROUP
             yield s.ReceiveMessageResponse(status=status(code, bad_topic or bad_group))
@@ -547,23 +555,31 @@ def _ack_entry(entry: s.AckMessageEntry, code: int, text: str) -> s.AckMessageRe
 
 
 def _bad_topic(topic: str) -> str:
-    if not topic:
-        return "the topic name is empty"
-    if len(topic.encode()) > TOPIC_MAX_LENGTH or not TOPIC_PATTERN.fullmatch(topic):
-        return (
-            f"{topic[:60]!r} is not a topic name: [%|a-zA-Z0-9_-], at most {TOPIC_MAX_LENGTH} bytes"
-        )
+    """Why `topic` is not a topic name, or "": the brokers' rule (ferry.model)."""
+    try:
+        check_topic(topic)
+    except InvalidArgument as exc:
+        return f"bad topic name: {exc.reason}"
     return ""
 
 
 def _bad_group(group: str) -> str:
-    if not group:
-        return "the consumer group name is empty"
-    if len(group.encode()) > TOPIC_MAX_LENGTH or not TOPIC_PATTERN.fullmatch(group):
-        return (
-            f"{group[:60]!r} is not a consumer group name: [%|a-zA-Z0-9_-], at most "
-            f"{TOPIC_MAX_LENGTH} bytes"
-        )
+    """Why `group` is not a consumer group name, or "": the brokers' rule
+    (ferry.model), for acks and invisibility changes."""
+    try:
+        check_name(group, "consumer group")
+    except InvalidArgument as exc:
+        return f"bad consumer group name: {exc.reason}"
+    return ""
+
+
+def _bad_pop_group(group: str, topic: str) -> str:
+    """Why `group` cannot pop `topic`, or "": the brokers' pop rule
+    (ferry.model), which its retry and dead-letter topic names bound."""
+    try:
+        check_pop_group(group, topic, "consumer group")
+    except InvalidArgument as exc:
+        return f"bad consumer group name: {exc.reason}"
     return ""
 
 
