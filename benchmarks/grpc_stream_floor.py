@@ -12,7 +12,7 @@ message on each side, for a grpc.aio server (asyncio and uvloop) and a
 synchronous grpcio server.
 
 Not part of `make bench`: a reference figure for the proxy section's
-analysis (README, "Using the RocketMQ 5 SDKs").
+analysis (docs/guides/rocketmq5-sdks.md).
 """
 
 from __future__ import annotations

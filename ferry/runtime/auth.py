@@ -70,8 +70,7 @@ def warn_if_placeholder(logger: logging.Logger, what: str, value: str, secret: s
     if value.startswith(PLACEHOLDER_PREFIX):
         logger.warning(
             "%s is the placeholder shipped in deploy/k8s (%s...): anyone who has read the "
-            "manifests knows it. Set the %s Secret to a random value (README, 'Deploy on "
-            "Kubernetes')",
+            "manifests knows it. Set the %s Secret to a random value (docs/guides/kubernetes.md)",
             what,
             PLACEHOLDER_PREFIX,
             secret,
