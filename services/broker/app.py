@@ -54,16 +54,7 @@ from ferry.v1 import (
     slave_sync_pb2,
     slave_sync_pb2_grpc,
 )
-from services.broker.admin import AdminService
-from services.broker.config import BrokerConfig
-from services.broker.messaging import MessagingService, SendStatus
-from services.broker.metadata import BrokerMetadata
-from services.broker.metadata_log import MetadataLog
-from services.broker.metrics import BrokerMetrics
-from services.broker.pop import PopConfig, PopService
-from services.broker.retention import RetentionConfig
-from services.broker.schedule import DelayScheduler
-from services.broker.servicer import (
+from services.broker.api.servicer import (
     BrokerAdminServicer,
     BrokerServicer,
     Gate,
@@ -71,16 +62,25 @@ from services.broker.servicer import (
     HAStatusView,
     SlaveSyncServicer,
 )
-from services.broker.slave_sync import SlaveSyncLoop
+from services.broker.cluster.slave_sync import SlaveSyncLoop
+from services.broker.config import BrokerConfig
+from services.broker.messaging.admin import AdminService
+from services.broker.messaging.service import MessagingService, SendStatus
+from services.broker.metadata.metadata_log import MetadataLog
+from services.broker.metadata.tables import BrokerMetadata
+from services.broker.metrics import BrokerMetrics
+from services.broker.pop.service import PopConfig, PopService
+from services.broker.schedule.delay import DelayScheduler
+from services.broker.schedule.timer import TimerService
 from services.broker.store import FlushDiskType, MessageStore, StoreConfig
-from services.broker.timer import TimerService
+from services.broker.store.retention import RetentionConfig
 from services.ha.master import HAMaster, HAMasterConfig
 from services.ha.slave import HASlave, HASlaveConfig
 from services.ha.sync import ReplicaAcks
 
 if TYPE_CHECKING:
     from ferry.runtime.swap import Mount
-    from services.broker.failover import Incarnation
+    from services.broker.failover.node import Incarnation
     from services.proxy.routes import LocalRoutes
     from services.proxy.servicer import MessagingServicer
 
@@ -103,7 +103,7 @@ def grpc_server(
 ) -> GrpcServer:
     """The broker's gRPC server for `services`: its options, admin-token
     interceptors, TLS and plaintext health port. A `BrokerApp` builds its own;
-    a failover node builds one for all its runs (services.broker.failover)."""
+    a failover node builds one for all its runs (services.broker.failover.node)."""
     return GrpcServer(
         services,
         cfg.bind_host,
@@ -177,7 +177,7 @@ class BrokerApp:
         incarnation: Incarnation | None = None,
     ) -> None:
         """`incarnation`: this run's role in an automatic-failover group
-        (services.broker.failover), which restarts the app on every role change;
+        (services.broker.failover.node), which restarts the app on every role change;
         None without failover. With one, the app mounts its servicers on the
         node's gRPC server, which outlives it, instead of running its own."""
         self.config = config
@@ -204,7 +204,7 @@ class BrokerApp:
         self.ha_slave: HASlave | None = None
         self.metrics: BrokerMetrics | None = None
         self.slave_sync: SlaveSyncLoop | None = None
-        self.journal: MetadataLog | None = None  # failover: services.broker.metadata_log
+        self.journal: MetadataLog | None = None  # failover: services.broker.metadata.metadata_log
         # enableProxy on a master: the SDKs' MessagingService and its routes.
         self.proxy: MessagingServicer | None = None
         self.local_routes: LocalRoutes | None = None
@@ -450,7 +450,7 @@ class BrokerApp:
         self.gate.open = True
         await self.server.set_serving(None if self._mount is None else self._mount.servicers)
         if cfg.namesrv_addrs:
-            from services.broker.registration import BrokerIdentity, Registrar
+            from services.broker.cluster.registration import BrokerIdentity, Registrar
 
             epoch = self.incarnation.epoch if self.incarnation is not None else 0
 

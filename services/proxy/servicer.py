@@ -24,8 +24,8 @@ from apache.rocketmq.v2 import service_pb2 as s
 from apache.rocketmq.v2 import service_pb2_grpc
 from ferry.client.broker import group_broker
 from ferry.model import DEFAULT_RETRY_MAX_TIMES, DELAY_LEVELS_S, TOPIC_MAX_LENGTH, TOPIC_PATTERN
+from ferry.receipt_handle import handle_broker
 from ferry.v1 import broker_pb2
-from services.broker.popcodec import handle_broker
 from services.proxy import convert, metrics
 from services.proxy.convert import OK, Code, status
 from services.proxy.metrics import ProxyMetrics

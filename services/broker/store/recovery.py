@@ -32,9 +32,9 @@ from pathlib import Path
 
 from ferry import record
 from ferry.runtime.files import atomic_write_bytes
-from services.broker.commitlog import CommitLog
-from services.broker.consumequeue import ConsumeQueues
-from services.broker.dispatcher import Dispatcher
+from services.broker.store.commitlog import CommitLog
+from services.broker.store.consumequeue import ConsumeQueues
+from services.broker.store.dispatcher import Dispatcher
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from services.broker.commitlog import CommitLog, CommitLogError
+from services.broker.store.commitlog import CommitLog, CommitLogError
 
 log = logging.getLogger(__name__)
 

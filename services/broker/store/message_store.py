@@ -46,18 +46,18 @@ from ferry.model import DELAY_LEVELS_S
 from ferry.runtime.clock import Clock, wait_event
 from ferry.runtime.errors import FerryError, ResourceExhausted, StorageFault, Unavailable
 from ferry.runtime.tasks import cancel_and_wait
-from services.broker.allocator import SegmentAllocator
-from services.broker.commitlog import CommitLog, CommitLogError
-from services.broker.consumequeue import ConsumeQueues
-from services.broker.dispatcher import Dispatcher
-from services.broker.failstop import FailStop, is_full_disk
-from services.broker.flush import Flusher
-from services.broker.longpoll import LongPolls
-from services.broker.reader import LogReader
-from services.broker.recovery import ABORT, CHECKPOINT, RecoveryReport, recover_store
-from services.broker.replica_log import StoreReplicaLog
-from services.broker.retention import Retention, RetentionConfig, disk_used_ratio
-from services.broker.storelock import StoreLock
+from services.broker.store.allocator import SegmentAllocator
+from services.broker.store.commitlog import CommitLog, CommitLogError
+from services.broker.store.consumequeue import ConsumeQueues
+from services.broker.store.dispatcher import Dispatcher
+from services.broker.store.failstop import FailStop, is_full_disk
+from services.broker.store.flush import Flusher
+from services.broker.store.longpoll import LongPolls
+from services.broker.store.reader import LogReader
+from services.broker.store.recovery import ABORT, CHECKPOINT, RecoveryReport, recover_store
+from services.broker.store.replica_log import StoreReplicaLog
+from services.broker.store.retention import Retention, RetentionConfig, disk_used_ratio
+from services.broker.store.storelock import StoreLock
 
 log = logging.getLogger(__name__)
 

@@ -432,7 +432,7 @@ class DelayOffsetTable(_Table):
 
 
 class MetadataLogTable(_Table):
-    """`metadataLog.json` (enableFailover, services.broker.metadata_log): how
+    """`metadataLog.json` (enableFailover, services.broker.metadata.metadata_log): how
     far this broker has applied the metadata log's two queues (topics,
     subscription groups), and the topics that log deleted (never restored
     from messages that recovery dispatched again). Written atomically after

@@ -50,8 +50,8 @@ from pathlib import Path
 
 from ferry.runtime.clock import Clock, wait_event
 from ferry.runtime.errors import ResourceExhausted
-from services.broker.commitlog import CommitLog
-from services.broker.consumequeue import ConsumeQueues
+from services.broker.store.commitlog import CommitLog
+from services.broker.store.consumequeue import ConsumeQueues
 
 log = logging.getLogger(__name__)
 

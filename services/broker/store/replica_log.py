@@ -13,10 +13,10 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from services.broker.commitlog import Region
+from services.broker.store.commitlog import Region
 
 if TYPE_CHECKING:
-    from services.broker.store import MessageStore
+    from services.broker.store.message_store import MessageStore
 
 BULK_BYTES = 1 << 20
 BULK_WINDOW_S = 0.05

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 from ferry.runtime import errors
 from ferry.v1 import broker_pb2
-from services.broker import convert
-from services.broker.messaging import MessagingService, Staged
+from services.broker.api import convert
+from services.broker.messaging.service import MessagingService, Staged
 
 
 @dataclass(frozen=True, slots=True)

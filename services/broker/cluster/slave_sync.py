@@ -6,7 +6,7 @@ is unknown (its address comes from the registration answer).
   differs, by swapping in the whole table (readers never see it half-empty)
   and adopting the master's version; with failover on, only when the
   master's table is at or past the metadata-log records this member applied
-  (services.broker.metadata_log);
+  (services.broker.metadata.metadata_log);
 - consumer offsets: merged, the highest offset winning per (topic@group,
   queue), so offsets committed on the slave while its master was away are
   not rewound;
@@ -26,7 +26,7 @@ from ferry.model import DataVersion
 from ferry.runtime.tasks import cancel_and_wait
 from ferry.runtime.tls import ClientTLS, aio_channel
 from ferry.v1 import common_pb2, slave_sync_pb2, slave_sync_pb2_grpc
-from services.broker import convert
+from services.broker.api import convert
 
 log = logging.getLogger(__name__)
 

@@ -57,7 +57,7 @@ from ferry.model import (
 )
 from ferry.runtime.clock import Clock
 from ferry.runtime.errors import NotFound, Unavailable
-from services.broker.metadata import (
+from services.broker.metadata.tables import (
     METADATA_LOG_FILE,
     MetadataLogTable,
     group_from_json,
@@ -138,7 +138,7 @@ class MetadataLog:
     ) -> None:
         """`replicate(result)`: True once the in-sync set has the record
         (None: nothing to wait for); `fence(accepting)`: raises when this
-        master must not take or acknowledge a change (services.broker.failover)."""
+        master must not take or acknowledge a change (services.broker.failover.node)."""
         self.store = store
         self.metadata = metadata
         self.replicate = replicate

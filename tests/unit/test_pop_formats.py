@@ -9,21 +9,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.broker.popcodec import (
-    Acks,
+from ferry.receipt_handle import (
     BadHandle,
-    Change,
-    Checkpoint,
     HandleReader,
     PopFormatError,
     ReceiptHandle,
     decode_handle,
-    decode_revive,
-    decode_timer_done,
-    encode_revive,
-    encode_timer_done,
     handle_broker,
 )
+from services.broker.pop.records import Acks, Change, Checkpoint, decode_revive, encode_revive
+from services.broker.schedule.timer_done import decode_timer_done, encode_timer_done
 
 names = st.text(alphabet="abcXYZ019_-%|", min_size=1, max_size=30)
 offsets = st.integers(0, 2**62)

@@ -26,7 +26,7 @@ from typing import Protocol
 from ferry import record
 from ferry.model import PROPERTY_DELAY, PROPERTY_REAL_TOPIC, SCHEDULE_TOPIC
 from ferry.runtime.clock import Clock
-from services.broker.messaging import TopicLookup, real_destination
+from services.broker.messaging.service import TopicLookup, real_destination
 from services.broker.store import MessageIn, MessageStore
 
 log = logging.getLogger(__name__)

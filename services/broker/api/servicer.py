@@ -31,11 +31,11 @@ from ferry.v1 import (
     slave_sync_pb2,
     slave_sync_pb2_grpc,
 )
-from services.broker import convert
-from services.broker.admin import AdminService
-from services.broker.messaging import MessagingService
-from services.broker.pop import PopService
-from services.broker.sendstream import SendStreamSession
+from services.broker.api import convert
+from services.broker.api.sendstream import SendStreamSession
+from services.broker.messaging.admin import AdminService
+from services.broker.messaging.service import MessagingService
+from services.broker.pop.service import PopService
 
 
 class Gate:

@@ -75,25 +75,26 @@ from ferry.model import (
     dlq_topic,
     retry_topic,
 )
-from ferry.runtime.clock import Clock
-from ferry.runtime.errors import FerryError, InvalidArgument, NotFound
-from ferry.runtime.tasks import run_rounds
-from services.broker.messaging import GroupLookup, OffsetTable, TopicLookup, parse_sub_expression
-from services.broker.popcodec import (
-    Acks,
+from ferry.receipt_handle import (
     BadHandle,
-    Change,
-    Checkpoint,
     HandleReader,
     PopFormatError,
     ReceiptHandle,
     decode_handle,
-    decode_revive,
-    encode_revive,
     handle_prefix,
     handle_suffix,
     join_handle,
 )
+from ferry.runtime.clock import Clock
+from ferry.runtime.errors import FerryError, InvalidArgument, NotFound
+from ferry.runtime.tasks import run_rounds
+from services.broker.messaging.service import (
+    GroupLookup,
+    OffsetTable,
+    TopicLookup,
+    parse_sub_expression,
+)
+from services.broker.pop.records import Acks, Change, Checkpoint, decode_revive, encode_revive
 from services.broker.store import MessageIn, MessageStore, copy_message
 
 log = logging.getLogger(__name__)

@@ -39,10 +39,11 @@ from ferry.model import (
     PROPERTY_TIMER_DELIVER_MS,
     TIMER_TOPIC,
 )
+from ferry.receipt_handle import PopFormatError
 from ferry.runtime.clock import Clock
 from ferry.runtime.tasks import run_rounds
-from services.broker.messaging import OffsetTable, TopicLookup, real_destination
-from services.broker.popcodec import PopFormatError, decode_timer_done, encode_timer_done
+from services.broker.messaging.service import OffsetTable, TopicLookup, real_destination
+from services.broker.schedule.timer_done import decode_timer_done, encode_timer_done
 from services.broker.store import MessageIn, MessageStore, copy_message
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from services.broker.commitlog import CommitLog, _Segment
+from services.broker.store.commitlog import CommitLog, _Segment
 
 
 class LogReader:

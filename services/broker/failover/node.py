@@ -64,10 +64,10 @@ from ferry.runtime.errors import Unavailable
 from ferry.runtime.metrics_http import MetricsEndpoint, start_metrics_endpoint
 from ferry.runtime.server import GrpcServer
 from ferry.runtime.swap import ServiceSwitch
-from services.broker import epochs
 from services.broker.config import BrokerConfig
-from services.broker.epochs import EpochHistory
-from services.broker.etcd import Etcd, EtcdUnavailable, GroupState, dumps, group_prefix
+from services.broker.failover import epochs
+from services.broker.failover.epochs import EpochHistory
+from services.broker.failover.etcd import Etcd, EtcdUnavailable, GroupState, dumps, group_prefix
 
 log = logging.getLogger(__name__)
 

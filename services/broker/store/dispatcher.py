@@ -23,9 +23,9 @@ from ferry.model import DELAY_LEVELS_S, SCHEDULE_TOPIC
 from ferry.record import RecordError
 from ferry.runtime.clock import wait_event
 from ferry.runtime.errors import StorageFault
-from services.broker.commitlog import CommitLog
-from services.broker.consumequeue import ConsumeQueues
-from services.broker.failstop import is_full_disk
+from services.broker.store.commitlog import CommitLog
+from services.broker.store.consumequeue import ConsumeQueues
+from services.broker.store.failstop import is_full_disk
 
 log = logging.getLogger(__name__)
 
