@@ -64,6 +64,7 @@ from services.broker.api.servicer import (
 )
 from services.broker.cluster.slave_sync import SlaveSyncLoop
 from services.broker.config import BrokerConfig
+from services.broker.incarnation import Incarnation
 from services.broker.messaging.admin import AdminService
 from services.broker.messaging.service import MessagingService, SendStatus
 from services.broker.metadata.metadata_log import MetadataLog
@@ -80,7 +81,6 @@ from services.ha.sync import ReplicaAcks
 
 if TYPE_CHECKING:
     from ferry.runtime.swap import Mount
-    from services.broker.failover.node import Incarnation
     from services.proxy.routes import LocalRoutes
     from services.proxy.servicer import MessagingServicer
 
@@ -193,7 +193,7 @@ class BrokerApp:
         )  # fmt: skip
         self.store: MessageStore | None = None
         self.metadata: BrokerMetadata | None = None
-        self.registrar = None  # services.broker.registration.Registrar, with name servers
+        self.registrar = None  # services.broker.cluster.registration.Registrar, with name servers
         self.server: GrpcServer | None = None
         self._mount: Mount | None = None  # failover: this run's servicers on the node's server
         self.scheduler: DelayScheduler | None = None

@@ -45,7 +45,7 @@ from services.broker.store import (
 )
 from services.broker.store import commitlog as commitlog_module
 from services.broker.store import flush as flush_module
-from services.broker.store.recovery import ABORT, CHECKPOINT, load_checkpoint
+from services.broker.store.checkpoint import ABORT, CHECKPOINT, load_checkpoint
 from tests.conftest import broker_options, wait_for, wait_for_async
 from tests.integration.support import BrokerServer, NamesrvProcess, create_topic, pull_all
 

@@ -14,7 +14,7 @@ import pytest
 
 from ferry.runtime.clock import FakeClock
 from services.broker.store import GetStatus, MessageIn, MessageStore, StoreConfig
-from services.broker.store.recovery import CHECKPOINT, load_checkpoint
+from services.broker.store.checkpoint import CHECKPOINT, load_checkpoint
 from services.broker.store.storelock import StoreLockedError
 from services.ha.replicated_log import ReplicatedLog
 

@@ -46,7 +46,7 @@ class SlaveSyncLoop:
         journal=None,
     ) -> None:
         """`journal`: the failover member's metadata log
-        (services.broker.metadata_log.MetadataLog), or None."""
+        (services.broker.metadata.metadata_log.MetadataLog), or None."""
         self.metadata = metadata
         self.journal = journal
         self.tls = tls

@@ -4,7 +4,8 @@ between master and slave incarnations of the broker.
 Owns: `node` (FailoverNode: campaign, step down, swap incarnations), `etcd` (the
 etcd client wrapper and the group's keys) and `epochs` (the epoch history file).
 
-Imports the app (it builds incarnations through `services.broker.app`). Nothing
-imports failover/ except the entry points (services/broker/cli.py, ferry/cli);
-the `Incarnation` contract it drives is declared by the app side.
+May import: the app (it builds a BrokerApp per incarnation) and the
+`Incarnation` contract the app side declares (services/broker/incarnation.py).
+Must never import: the entry points (services/broker/cli.py, __main__, ferry/cli),
+which are the only modules that import failover/.
 """

@@ -55,7 +55,6 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Hashable
-from dataclasses import dataclass
 
 import aetcd.exceptions
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -68,6 +67,7 @@ from services.broker.config import BrokerConfig
 from services.broker.failover import epochs
 from services.broker.failover.epochs import EpochHistory
 from services.broker.failover.etcd import Etcd, EtcdUnavailable, GroupState, dumps, group_prefix
+from services.broker.incarnation import Incarnation
 
 log = logging.getLogger(__name__)
 
@@ -76,22 +76,6 @@ SWITCH_GRACE_S = 0.5  # in-flight calls of an incarnation that hands over its ro
 # A slave this close to the confirmed offset is counted at once and published in
 # the in-sync set when it has caught up (it has every acknowledged message).
 JOIN_GAP = 4 << 20
-
-
-@dataclass
-class Incarnation:
-    """What one run of the broker app needs from the failover node."""
-
-    epoch: int  # the epoch led, or followed (0: no leader known)
-    on_store_open: Callable[[object], Awaitable[None]]
-    fence: Callable[[bool], None]
-    on_slave_timeout: Callable[[list[Hashable]], None]
-    on_outsider_ack: Callable[[Hashable, int], None]
-    metrics_port: int
-    # The node's gRPC server, which outlives the run, and where the run mounts
-    # its servicers (None: the app runs its own server).
-    server: GrpcServer | None = None
-    switch: ServiceSwitch | None = None
 
 
 def replica_key(member_id: int) -> tuple[str, int]:

@@ -13,7 +13,7 @@ State per (group, topic, queue), in memory:
   for an ordered group, waiting for redelivery) is resolved.
 
 Every change is first written to the commit log, as records of the revive
-topic (`popcodec.py`): a checkpoint per pop of a queue, an ack record per
+topic (`records.py`): a checkpoint per pop of a queue, an ack record per
 acknowledgement batch or revival, a change record per re-timing. HA therefore
 carries them to slaves, and a restart rebuilds the state by replaying the
 revive queue from a checkpoint kept with the consumer offsets (every
@@ -24,7 +24,7 @@ message comes back, and every unacknowledged one does.
 
 Redelivery. A message of a normal group still in flight at its deadline is
 copied to the group's retry topic `%RETRY%<group>_<topic>` through the timer
-(`timer.py`), due after the group's retry backoff — the broker's delay levels
+(`schedule/timer.py`), due after the group's retry backoff — the broker's delay levels
 (`messageDelayLevel`, 1s 5s 10s 30s 1m 2m ... 2h), by attempt — with
 reconsume times + 1, so its next delivery says `delivery_attempt + 1`. After
 `retry_max_times` redeliveries it is copied to `%DLQ%<group>` instead (one

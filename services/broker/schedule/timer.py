@@ -5,7 +5,7 @@ A send with a future delivery time is stored in queue 0 of the system topic
 `rmq_sys_wheel_timer`, its real topic and queue in REAL_TOPIC / REAL_QID. This
 service tails that queue into an in-memory heap ordered by delivery time and,
 when one is due, appends a copy to the real topic and queue (without the timer
-properties). The redelivery copies of pop consumption (`pop.py`) come through
+properties). The redelivery copies of pop consumption (`pop/service.py`) come through
 here too, their delivery time being the end of the group's retry backoff.
 
 Which timed messages were delivered is recorded in the commit log itself:

@@ -22,7 +22,7 @@ Segments are allocated ahead of need (RocketMQ's AllocateMappedFileService):
 under a hidden name beside the directory; the appender renames it into place
 when it rolls. Only when no spare is ready does it create a file itself.
 
-Recovery, flushing and dispatch live in `store.py`, `recovery.py` and
+Recovery, flushing and dispatch live in `message_store.py`, `recovery.py` and
 `dispatcher.py`; they drive this class.
 """
 

@@ -30,10 +30,10 @@ from pathlib import Path
 
 from ferry.runtime.clock import Clock, wait_event
 from ferry.runtime.errors import StorageFault
+from services.broker.store.checkpoint import Checkpoint, save_checkpoint
 from services.broker.store.commitlog import CommitLog
 from services.broker.store.consumequeue import ConsumeQueues, sync_fds
 from services.broker.store.failstop import FailStop, is_full_disk
-from services.broker.store.recovery import Checkpoint, save_checkpoint
 
 log = logging.getLogger(__name__)
 

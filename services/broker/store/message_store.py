@@ -24,7 +24,7 @@ nothing; any other failed write or sync trips `failstop` (`failstop.py`).
 The store holds `storePathRootDir/lock` while open (`storelock.py`).
 
 Topic configuration, permissions and queue choice are the caller's job
-(`messaging.py`); this module trusts its arguments.
+(`messaging/service.py`); this module trusts its arguments.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from ferry.runtime.clock import Clock, wait_event
 from ferry.runtime.errors import FerryError, ResourceExhausted, StorageFault, Unavailable
 from ferry.runtime.tasks import cancel_and_wait
 from services.broker.store.allocator import SegmentAllocator
+from services.broker.store.checkpoint import ABORT, CHECKPOINT
 from services.broker.store.commitlog import CommitLog, CommitLogError
 from services.broker.store.consumequeue import ConsumeQueues
 from services.broker.store.dispatcher import Dispatcher
@@ -54,7 +55,7 @@ from services.broker.store.failstop import FailStop, is_full_disk
 from services.broker.store.flush import Flusher
 from services.broker.store.longpoll import LongPolls
 from services.broker.store.reader import LogReader
-from services.broker.store.recovery import ABORT, CHECKPOINT, RecoveryReport, recover_store
+from services.broker.store.recovery import RecoveryReport, recover_store
 from services.broker.store.replica_log import StoreReplicaLog
 from services.broker.store.retention import Retention, RetentionConfig, disk_used_ratio
 from services.broker.store.storelock import StoreLock

@@ -1,5 +1,5 @@
-"""Store recovery (SPEC §4.4): the `checkpoint` file, the `abort` marker, and
-the scan that finds where the commit log's valid data ends.
+"""Store recovery (SPEC §4.4): reads the `checkpoint` file and the `abort`
+marker (their format is `checkpoint.py`), and runs the scan that finds where the commit log's valid data ends.
 
 The scan starts at a safe point — the file holding the checkpoint's flushed
 offset (everything before it was fsynced when the checkpoint was written; this
@@ -23,23 +23,20 @@ broker serves anything, on the thread that opens the store.
 
 from __future__ import annotations
 
-import json
 import logging
 import struct
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from ferry import record
-from ferry.runtime.files import atomic_write_bytes
+from services.broker.store.checkpoint import ABORT, CHECKPOINT, load_checkpoint
 from services.broker.store.commitlog import CommitLog
 from services.broker.store.consumequeue import ConsumeQueues
 from services.broker.store.dispatcher import Dispatcher
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT = "checkpoint"
-ABORT = "abort"
 SCAN_CHUNK = 8 << 20
 _ZERO_CHECK = 1 << 20
 _SIZE_MAGIC = struct.Struct(">iI")
@@ -47,31 +44,6 @@ _SIZE_MAGIC = struct.Struct(">iI")
 
 class RecoveryError(Exception):
     """The commit log cannot be recovered without losing more than a torn tail."""
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """What was durable at the last flush."""
-
-    flushed_offset: int = 0  # commit log fsynced below this
-    dispatched_offset: int = 0  # consume queues fsynced for records below this
-    physic_msg_timestamp: int = 0  # ms, wall clock of that flush (informational)
-    logics_msg_timestamp: int = 0
-
-
-def load_checkpoint(path: Path) -> Checkpoint | None:
-    try:
-        data = json.loads(Path(path).read_bytes())
-        return Checkpoint(**{k: int(data[k]) for k in Checkpoint.__dataclass_fields__})
-    except FileNotFoundError:
-        return None
-    except (ValueError, KeyError, TypeError) as exc:
-        log.warning("checkpoint %s is unreadable (%s); recovering from the first file", path, exc)
-        return None
-
-
-def save_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
-    atomic_write_bytes(Path(path), json.dumps(asdict(checkpoint), sort_keys=True).encode())
 
 
 @dataclass

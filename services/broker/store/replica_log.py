@@ -11,20 +11,40 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from services.broker.store.commitlog import Region
-
-if TYPE_CHECKING:
-    from services.broker.store.message_store import MessageStore
+from services.broker.store.commitlog import CommitLog, Region
+from services.broker.store.reader import LogReader
 
 BULK_BYTES = 1 << 20
 BULK_WINDOW_S = 0.05
 _PROBE = bytearray(1)  # page-cache probes land here (contents unused)
 
 
+class ReplicaSource(Protocol):
+    """What StoreReplicaLog uses of the message store (declared here, so this
+    module never imports the store that builds it)."""
+
+    commit_log: CommitLog
+    reader: LogReader
+
+    @property
+    def min_offset(self) -> int: ...
+
+    @property
+    def max_offset(self) -> int: ...
+
+    async def wait_for_growth(self, offset: int, timeout_s: float) -> bool: ...
+
+    def append_raw(self, commit_offset: int, data: bytes | memoryview) -> int: ...
+
+    def restart_at(self, start_offset: int) -> None: ...
+
+    async def truncate(self, offset: int) -> None: ...
+
+
 class StoreReplicaLog:
-    def __init__(self, store: MessageStore) -> None:
+    def __init__(self, store: ReplicaSource) -> None:
         self._store = store
         self._window_start = 0.0
         self._window_bytes = 0
