@@ -29,7 +29,6 @@ import logging
 import os
 import socket
 import ssl
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -62,6 +61,7 @@ from services.broker.api.servicer import (
     HAStatusView,
     SlaveSyncServicer,
 )
+from services.broker.cluster.replication import SyncReplication
 from services.broker.cluster.slave_sync import SlaveSyncLoop
 from services.broker.config import BrokerConfig
 from services.broker.incarnation import Incarnation
@@ -70,7 +70,7 @@ from services.broker.messaging.service import MessagingService, SendStatus
 from services.broker.metadata.metadata_log import MetadataLog
 from services.broker.metadata.tables import BrokerMetadata
 from services.broker.metrics import BrokerMetrics
-from services.broker.pop.service import PopConfig, PopService
+from services.broker.pop import PopConfig, PopService
 from services.broker.schedule.delay import DelayScheduler
 from services.broker.schedule.timer import TimerService
 from services.broker.store import FlushDiskType, MessageStore, StoreConfig
@@ -200,6 +200,7 @@ class BrokerApp:
         self.pop: PopService | None = None
         self.timer: TimerService | None = None
         self.acks: ReplicaAcks | None = None
+        self.replication: SyncReplication | None = None  # SYNC_MASTER: sends wait for a slave
         self.ha_master: HAMaster | None = None
         self.ha_slave: HASlave | None = None
         self.metrics: BrokerMetrics | None = None
@@ -631,32 +632,18 @@ class BrokerApp:
             if cfg.effective_visibility == "confirmed":
                 store.confirm_offset_fn = lambda: acks.confirmed
             if cfg.broker_role == "SYNC_MASTER":
-                timeout = cfg.slave_timeout_s
-
-                failover = self.incarnation is not None
-                min_isr = cfg.min_in_sync_replicas
-
-                async def wait_for_slave(result) -> SendStatus:
-                    started = time.perf_counter()
-                    if failover and 1 + len(acks.required or ()) < min_isr:
-                        status = SendStatus.SLAVE_NOT_AVAILABLE
-                    elif failover and not acks.required:
-                        # The in-sync set is this master alone (minInSyncReplicas=1).
-                        status = SendStatus.SEND_OK
-                        store.notify_confirmed()
-                    elif not acks.slave_ok(result.end_offset):
-                        status = SendStatus.SLAVE_NOT_AVAILABLE
-                    elif await acks.wait(result.end_offset, timeout):
-                        status = SendStatus.SEND_OK
-                    else:
-                        status = SendStatus.FLUSH_SLAVE_TIMEOUT
-                        if self.incarnation is not None:  # they leave the in-sync set
-                            self.incarnation.on_slave_timeout(acks.lagging(result.end_offset))
-                    if self.metrics is not None:
-                        self.metrics.observe_sync(status.value, time.perf_counter() - started)
-                    return status
-
-                messaging.replication_wait = wait_for_slave
+                incarnation = self.incarnation
+                metrics = self.metrics
+                self.replication = SyncReplication(
+                    acks,
+                    cfg.slave_timeout_s,
+                    store.notify_confirmed,
+                    failover=incarnation is not None,
+                    min_in_sync_replicas=cfg.min_in_sync_replicas,
+                    on_slave_timeout=incarnation.on_slave_timeout if incarnation else None,
+                    observe=metrics.observe_sync if metrics is not None else None,
+                )
+                messaging.replication_wait = self.replication.wait
         else:
             self.ha_slave = HASlave(
                 HASlaveConfig(

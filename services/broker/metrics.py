@@ -56,7 +56,7 @@ from services.broker.store import MessageStore
 
 if TYPE_CHECKING:
     from services.broker.metadata.metadata_log import MetadataLog
-    from services.broker.pop.service import PopService
+    from services.broker.pop import PopService
     from services.broker.schedule.timer import TimerService
 
 _ID_LABELS = ["cluster", "broker_name", "broker_id", "role"]

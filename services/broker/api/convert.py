@@ -11,7 +11,7 @@ from ferry.runtime.errors import FerryError, InvalidArgument
 from ferry.runtime.grpc_errors import status_of
 from ferry.v1 import broker_admin_pb2, broker_pb2, common_pb2
 from services.broker.messaging.service import OutgoingMessage, SendOutcome
-from services.broker.pop.service import AckResult, ChangeResult, GroupStatus, Popped
+from services.broker.pop import AckResult, ChangeResult, GroupStatus, Popped
 from services.broker.store import GetResult
 from services.broker.store.retention import CleanResult
 

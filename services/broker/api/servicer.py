@@ -35,7 +35,7 @@ from services.broker.api import convert
 from services.broker.api.sendstream import SendStreamSession
 from services.broker.messaging.admin import AdminService
 from services.broker.messaging.service import MessagingService
-from services.broker.pop.service import PopService
+from services.broker.pop import PopService
 
 
 class Gate:

@@ -34,7 +34,6 @@ from ferry.model import (
     PROPERTY_TIMER_DELIVER_MS,
     SCHEDULE_TOPIC,
     TIMER_TOPIC,
-    SubscriptionGroupConfig,
     TopicConfig,
     check_name,
     check_topic,
@@ -47,6 +46,13 @@ from ferry.runtime.errors import (
     NotFound,
     PermissionDenied,
     ResourceExhausted,
+)
+from services.broker.messaging.rules import (
+    GroupLookup,
+    OffsetTable,
+    TopicLookup,
+    parse_sub_expression,
+    real_destination,
 )
 from services.broker.store import (
     GetResult,
@@ -61,22 +67,6 @@ log = logging.getLogger(__name__)
 DEFAULT_PULL_NUMS = 32
 MAX_PULL_NUMS = 4096
 MAX_WAIT_MS = 60_000
-
-
-class TopicLookup(Protocol):
-    def get(self, topic: str) -> TopicConfig | None: ...
-
-
-class GroupLookup(Protocol):
-    def get(self, group: str) -> SubscriptionGroupConfig | None: ...
-
-
-class OffsetTable(Protocol):
-    """Committed offsets by (group, topic, queue): `consumerOffset.json`."""
-
-    def query(self, group: str, topic: str, queue_id: int) -> int | None: ...
-
-    def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None: ...
 
 
 def _ram_bytes() -> int:
@@ -601,25 +591,6 @@ class MessagingService:
         )
 
 
-def real_destination(properties: dict[str, str], topics: TopicLookup) -> tuple[str, int] | None:
-    """Take REAL_TOPIC / REAL_QID (where a delayed or timed message goes when
-    due) out of `properties`: the topic and a queue id within its write queues
-    (wrapped when the topic shrank meanwhile), or None when the topic is gone."""
-    topic = properties.pop(PROPERTY_REAL_TOPIC, "")
-    raw_queue = properties.pop(PROPERTY_REAL_QUEUE_ID, "0")
-    config = topics.get(topic)
-    if config is None:
-        return None
-    try:
-        queue_id = int(raw_queue)
-    except ValueError:
-        queue_id = 0
-    count = config.write_queue_nums
-    if count and not 0 <= queue_id < count:
-        queue_id %= count
-    return topic, queue_id
-
-
 def _message_group(messages: Sequence[MessageLike], batch: bool) -> str:
     """The message group (`__SHARDINGKEY`) of a send; a batch has one or none."""
     groups = {_group_of(m) for m in messages}
@@ -640,17 +611,6 @@ def _plain(text: str) -> bool:
     return "\x01" not in text and "\x02" not in text and len(text) < 8192
 
 
-def parse_sub_expression(expression: str) -> frozenset[int] | None:
-    """RocketMQ's tag expression `a || b`: the tag hashes to keep, None for all."""
-    text = expression.strip()
-    if not text or text == "*":
-        return None
-    tags = [t.strip() for t in text.split("||")]
-    if any(not t for t in tags):
-        raise InvalidArgument("sub_expression", f"{expression!r} is not `tag || tag ...` or `*`")
-    return frozenset(record.tags_hash(t) for t in tags)
-
-
 __all__ = [
     "GetStatus",
     "MessagingService",
@@ -658,5 +618,9 @@ __all__ = [
     "PullOutcome",
     "SendOutcome",
     "SendStatus",
+    "GroupLookup",
+    "OffsetTable",
+    "TopicLookup",
     "parse_sub_expression",
+    "real_destination",
 ]

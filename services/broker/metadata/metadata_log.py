@@ -172,7 +172,7 @@ class MetadataLog:
             self.table.set(clamped)
 
     def _queue_end(self, queue_id: int) -> int:
-        queue = self.store.queues.get(METADATA_TOPIC, queue_id)
+        queue = self.store.queue_view(METADATA_TOPIC, queue_id)
         return queue.max_offset if queue is not None else 0
 
     # ------------------------------------------------------------ master: changes
@@ -256,7 +256,7 @@ class MetadataLog:
         applied = 0
         for queue_id in QUEUES:
             while True:
-                queue = self.store.queues.get(METADATA_TOPIC, queue_id)
+                queue = self.store.queue_view(METADATA_TOPIC, queue_id)
                 before = self.position(queue_id)
                 if queue is None or before >= queue.max_offset:
                     break

@@ -26,7 +26,7 @@ from typing import Protocol
 from ferry import record
 from ferry.model import PROPERTY_DELAY, PROPERTY_REAL_TOPIC, SCHEDULE_TOPIC
 from ferry.runtime.clock import Clock
-from services.broker.messaging.service import TopicLookup, real_destination
+from services.broker.messaging.rules import TopicLookup, real_destination
 from services.broker.store import MessageIn, MessageStore
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ class DelayScheduler:
         )
 
     async def _deliver_level(self, level: int, now: int) -> int:
-        queue = self.store.queues.get(SCHEDULE_TOPIC, level - 1)
+        queue = self.store.queue_view(SCHEDULE_TOPIC, level - 1)
         if queue is None:
             return 0
         offset = max(self.offsets.get(level), queue.min_offset)
@@ -126,6 +126,6 @@ class DelayScheduler:
             born_host=record.pack_host(stored.born_host),
             reconsume_times=stored.reconsume_times,
         )
-        self.store._append(real_topic, queue_id, [message])
+        self.store.append_due(real_topic, queue_id, [message])
         self.delivered += 1
         log.debug("delayed message level=%d delivered to %s/%d", level, real_topic, queue_id)

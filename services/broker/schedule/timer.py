@@ -42,7 +42,7 @@ from ferry.model import (
 from ferry.receipt_handle import PopFormatError
 from ferry.runtime.clock import Clock
 from ferry.runtime.tasks import run_rounds
-from services.broker.messaging.service import OffsetTable, TopicLookup, real_destination
+from services.broker.messaging.rules import OffsetTable, TopicLookup, real_destination
 from services.broker.schedule.timer_done import decode_timer_done, encode_timer_done
 from services.broker.store import MessageIn, MessageStore, copy_message
 
@@ -90,8 +90,8 @@ class TimerService:
         from the low mark on that no done record lists. Returns how many are pending."""
         low = self.checkpoints.query(CHECKPOINT_GROUP, TIMER_TOPIC, PENDING_QUEUE) or 0
         done_from = self.checkpoints.query(CHECKPOINT_GROUP, TIMER_TOPIC, DONE_QUEUE) or 0
-        pending_q = self.store.queues.get(TIMER_TOPIC, PENDING_QUEUE)
-        done_q = self.store.queues.get(TIMER_TOPIC, DONE_QUEUE)
+        pending_q = self.store.queue_view(TIMER_TOPIC, PENDING_QUEUE)
+        done_q = self.store.queue_view(TIMER_TOPIC, DONE_QUEUE)
         if pending_q is not None and low < pending_q.min_offset:
             log.error(
                 "timer: %d timed messages were deleted by retention before delivery",
@@ -136,11 +136,11 @@ class TimerService:
         wait = 1.0
         if self._heap:
             wait = min(wait, max((self._heap[0][0] - self.clock.wall_ms()) / 1000, 0.005))
-        await self.store.long_polls.wait_any([(TIMER_TOPIC, PENDING_QUEUE)], wait)
+        await self.store.wait_for_any([(TIMER_TOPIC, PENDING_QUEUE)], wait)
 
     async def _scan(self, skip: set[int] | None = None) -> None:
         """Read timer-queue entries past `scanned` into the heap."""
-        queue = self.store.queues.get(TIMER_TOPIC, PENDING_QUEUE)
+        queue = self.store.queue_view(TIMER_TOPIC, PENDING_QUEUE)
         if queue is None:
             return
         self.scanned = max(self.scanned, queue.min_offset)
@@ -238,7 +238,7 @@ class TimerService:
     def held_from(self) -> int | None:
         """The lowest commit offset a pending timed message is stored at (what
         retention must keep), or None when nothing is pending."""
-        queue = self.store.queues.get(TIMER_TOPIC, PENDING_QUEUE)
+        queue = self.store.queue_view(TIMER_TOPIC, PENDING_QUEUE)
         low = self._lowest_pending()
         if queue is None or low >= queue.max_offset or low < queue.min_offset:
             return None
@@ -254,7 +254,7 @@ class TimerService:
         marks = self._done_marks
         while marks and marks[0][1] < low:
             marks.popleft()
-        done_q = self.store.queues.get(TIMER_TOPIC, DONE_QUEUE)
+        done_q = self.store.queue_view(TIMER_TOPIC, DONE_QUEUE)
         done_from = marks[0][0] if marks else (done_q.max_offset if done_q else 0)
         table = self.checkpoints
         # An absent entry means 0: a broker that never timed anything writes nothing.

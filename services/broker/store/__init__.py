@@ -23,6 +23,7 @@ from services.broker.store.message_store import (
     MessageStore,
     PutResult,
     PutStatus,
+    QueueView,
     StoreConfig,
     copy_message,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "MessageStore",
     "PutResult",
     "PutStatus",
+    "QueueView",
     "RecoveryReport",
     "StoreConfig",
     "copy_message",

@@ -36,10 +36,11 @@ import enum
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Protocol
 
 from ferry import record
 from ferry.model import DELAY_LEVELS_S
@@ -162,6 +163,23 @@ class GetResult:
     next_begin_offset: int
     min_offset: int
     max_offset: int
+
+
+class QueueView(Protocol):
+    """A consume queue as its readers see it: offsets and entries, never writes.
+    An entry is (commit offset, size, tag hash or due time)."""
+
+    @property
+    def min_offset(self) -> int: ...
+
+    @property
+    def max_offset(self) -> int: ...
+
+    def entry(self, queue_offset: int) -> tuple[int, int, int]: ...
+
+    def entries(
+        self, queue_offset: int, max_count: int, limit: int | None = None
+    ) -> list[tuple[int, int, int]]: ...
 
 
 class MessageStore:
@@ -348,6 +366,21 @@ class MessageStore:
         queue = self.queues.get(topic, queue_id)
         return queue.min_offset if queue else 0
 
+    def queue_view(self, topic: str, queue_id: int) -> QueueView | None:
+        """A queue's entries for the broker's own readers (pop, delay levels,
+        timers, the metadata log), or None while it has never been written."""
+        return self.queues.get(topic, queue_id)
+
+    async def wait_for_any(self, keys: Iterable[tuple[str, int]], timeout_s: float) -> None:
+        """Long polling over several queues: return when any of them may have
+        something new, or after `timeout_s`."""
+        await self.long_polls.wait_any(keys, timeout_s)
+
+    def wake(self, keys: Iterable[tuple[str, int]]) -> None:
+        """Wake the long polls of these queues to look again (something other
+        than an append changed what they may hand out: an ack, a redelivery)."""
+        self.long_polls.notify(keys)
+
     # ------------------------------------------------------------ writes
 
     async def put(
@@ -399,6 +432,16 @@ class MessageStore:
         """
         self.retention.check_writable()
         return self._append(topic, queue_id, messages, dispatch_now)
+
+    def append_due(self, topic: str, queue_id: int, messages: Sequence[MessageIn]) -> PutResult:
+        """Append messages the broker already accepted once (a delayed message
+        coming due), at once: unlike `append_internal` this does not refuse above
+        the disk warning ratio, since refusing would strand what was acknowledged.
+
+        Raises:
+            Unavailable: a storage fault.
+        """
+        return self._append(topic, queue_id, messages)
 
     async def wait_durable(self, end_offset: int) -> bool:
         """With SYNC_FLUSH, wait until the log is fsynced up to `end_offset`
