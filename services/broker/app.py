@@ -304,6 +304,7 @@ class BrokerApp:
             slave_read_enable=cfg.slave_read_enable,
             groups=metadata.subscription_groups,
             timer_max_delay_s=cfg.timer_max_delay_s,
+            fence=self.incarnation.fence if self.incarnation is not None else None,
         )
         if not cfg.is_slave:
             # Masters run timed delivery and pop consumption; slaves hold their
@@ -412,8 +413,6 @@ class BrokerApp:
             journal=self.journal,
         )
         messaging.on_sent = metrics.observe_send
-        if self.incarnation is not None:
-            messaging.fence = self.incarnation.fence
         if self.timer is not None:
             self.timer.on_delivered = metrics.observe_timer_delivery
         if cfg.metrics_port >= 0 and self.incarnation is None:

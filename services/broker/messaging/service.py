@@ -163,6 +163,7 @@ class MessagingService:
         groups: GroupLookup | None = None,
         hot_bytes: int | None = None,
         timer_max_delay_s: float = 3 * 86400,
+        fence: Callable[[bool], None] | None = None,
     ) -> None:
         self.timer_max_delay_ms = int(timer_max_delay_s * 1000)
         self.slave_read_enable = slave_read_enable
@@ -180,7 +181,7 @@ class MessagingService:
         # Automatic failover: raises Unavailable while this master may not take
         # sends (`accepting=True`, checked before an append) or acknowledge them
         # (False, checked before SEND_OK and the like are answered).
-        self.fence: Callable[[bool], None] | None = None
+        self.fence = fence
         # Metrics: (topic, status, messages, seconds) after each stored send.
         self.on_sent: Callable[[str, str, int, float], None] | None = None
         self._round_robin: dict[str, itertools.count] = {}
