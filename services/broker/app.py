@@ -73,8 +73,7 @@ from services.broker.metrics import BrokerMetrics
 from services.broker.pop import PopConfig, PopService
 from services.broker.schedule.delay import DelayScheduler
 from services.broker.schedule.timer import TimerService
-from services.broker.store import FlushDiskType, MessageStore, StoreConfig
-from services.broker.store.retention import RetentionConfig
+from services.broker.store import FlushDiskType, MessageStore, RetentionConfig, StoreConfig
 from services.ha.master import HAMaster, HAMasterConfig
 from services.ha.slave import HASlave, HASlaveConfig
 from services.ha.sync import ReplicaAcks

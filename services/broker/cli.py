@@ -17,10 +17,12 @@ from ferry.runtime.errors import ConfigError, CorruptFileError
 from ferry.runtime.logs import setup_logging
 from ferry.runtime.server import run_until_signalled
 from services.broker.config import describe_keys, load_config
-from services.broker.store.commitlog import CommitLogError
-from services.broker.store.consumequeue import ConsumeQueueError
-from services.broker.store.recovery import RecoveryError
-from services.broker.store.storelock import StoreLockedError
+from services.broker.store import (
+    CommitLogError,
+    ConsumeQueueError,
+    RecoveryError,
+    StoreLockedError,
+)
 
 log = logging.getLogger(__name__)
 

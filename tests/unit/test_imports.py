@@ -225,6 +225,11 @@ def forbidden_edges(edges: dict[str, set[str]]) -> list[str]:
                 allowed = any(_within(src, a) and _within(dst, b) for a, b in CROSS_SERVICE)
                 if s_svc != d_svc and not allowed:
                     bad.append(f"{src} -> {dst} (a service never imports another's modules)")
+            inside = f"{B}.store."
+            if dst.startswith(inside) and not _within(src, f"{B}.store"):
+                bad.append(
+                    f"{src} -> {dst} (outside store/, use the names services.broker.store exports)"
+                )
             library = _within(src, "ferry") and not _within(src, "ferry.cli")
             if library and _within(dst, "services"):
                 bad.append(f"{src} -> {dst} (ferry/ is a library: it never imports services/)")

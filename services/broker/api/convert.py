@@ -12,8 +12,7 @@ from ferry.runtime.grpc_errors import status_of
 from ferry.v1 import broker_admin_pb2, broker_pb2, common_pb2
 from services.broker.messaging.service import OutgoingMessage, SendOutcome
 from services.broker.pop import AckResult, ChangeResult, GroupStatus, Popped
-from services.broker.store import GetResult
-from services.broker.store.retention import CleanResult
+from services.broker.store import CleanResult, GetResult
 
 _FILTER_NAMES = {common_pb2.SINGLE_TAG: "SINGLE_TAG", common_pb2.MULTI_TAG: "MULTI_TAG"}
 _FILTER_VALUES = {v: k for k, v in _FILTER_NAMES.items()}

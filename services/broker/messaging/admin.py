@@ -29,8 +29,7 @@ from ferry.model import (
 from ferry.runtime.clock import Clock
 from ferry.runtime.errors import InvalidArgument, PermissionDenied
 from services.broker.metadata.metadata_log import MetadataLog
-from services.broker.store import MessageStore
-from services.broker.store.retention import CleanResult
+from services.broker.store import CleanResult, MessageStore
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,11 @@ read by recovery), `recovery`, `retention`, `failstop` (storage errors are fatal
 
 Must never import: messaging/, metadata/, pop/, schedule/, api/, cluster/,
 failover/, app, metrics, `grpc` or `ferry.v1`. Everything above the store reaches it
-through the names exported here.
+through the names exported here (tests may reach further in).
 """
 
+from services.broker.store.commitlog import CommitLogError
+from services.broker.store.consumequeue import ConsumeQueueError
 from services.broker.store.message_store import (
     FlushDiskType,
     GetResult,
@@ -27,9 +29,17 @@ from services.broker.store.message_store import (
     StoreConfig,
     copy_message,
 )
-from services.broker.store.recovery import RecoveryReport
+from services.broker.store.recovery import RecoveryError, RecoveryReport
+from services.broker.store.retention import CleanResult, RetentionConfig
+from services.broker.store.storelock import StoreLockedError
 
 __all__ = [
+    "CleanResult",
+    "CommitLogError",
+    "ConsumeQueueError",
+    "RecoveryError",
+    "RetentionConfig",
+    "StoreLockedError",
     "FlushDiskType",
     "GetResult",
     "GetStatus",
