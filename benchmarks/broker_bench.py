@@ -42,7 +42,7 @@ from ferry import record
 from ferry.model import TopicConfig
 from ferry.runtime.clock import SystemClock
 from ferry.v1 import broker_admin_pb2, broker_admin_pb2_grpc, broker_pb2, common_pb2
-from services.broker.metadata import BrokerMetadata
+from services.broker.metadata.tables import BrokerMetadata
 from services.broker.store import MessageIn, MessageStore, StoreConfig
 
 TITLE = "broker — commit-log store, producers and consumers"
@@ -360,7 +360,7 @@ def _write_log(store_dir: Path, log_bytes: int) -> int:
         queue += 1
         written += len(batch)
     snapshot = store.flusher.snapshot()
-    from services.broker.consumequeue import sync_fds
+    from services.broker.store.consumequeue import sync_fds
 
     sync_fds(snapshot[2])
     store.flusher.write_checkpoint_now(snapshot)

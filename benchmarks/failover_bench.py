@@ -112,7 +112,7 @@ class Member:
 
 
 def _group(etcd: str, name: str = "broker-a") -> dict:
-    from services.broker.etcd import Etcd, group_prefix
+    from services.broker.failover.etcd import Etcd, group_prefix
 
     async def read():
         client = Etcd((etcd,), 2.0)

@@ -65,7 +65,7 @@ from ferry.client.producer import PipelinedProducer
 from ferry.model import TopicConfig
 from ferry.runtime.clock import SystemClock
 from ferry.v1 import broker_admin_pb2, broker_admin_pb2_grpc, broker_pb2
-from services.broker.metadata import BrokerMetadata
+from services.broker.metadata.tables import BrokerMetadata
 from services.broker.store import MessageIn, MessageStore, StoreConfig
 
 TITLE = "ha — master→slave replication"

@@ -73,9 +73,9 @@ from ferry.v1 import (
     slave_sync_pb2,
     slave_sync_pb2_grpc,
 )
-from services.broker.commitlog import segment_name
-from services.broker.etcd import Etcd, group_prefix
-from services.broker.failover import IN_SYNC_HEALTH
+from services.broker.failover.etcd import Etcd, group_prefix
+from services.broker.failover.node import IN_SYNC_HEALTH
+from services.broker.store.commitlog import segment_name
 from tests.chaos.harness import read_log
 from tests.conftest import LoopThread, broker_options, wait_equal, wait_for
 from tests.faultproxy import FaultProxy
@@ -363,7 +363,7 @@ class FailoverGroup:
 
     def view(self) -> GroupView:
         """The group's keys, read from etcd in one range request (the
-        broker's own reader, services.broker.etcd)."""
+        broker's own reader, services.broker.failover.etcd)."""
         if self._etcd_client is None:
             self._etcd_client = Etcd((self.etcd_endpoint,), timeout_s=5)
         state = self.loop.run(self._etcd_client.read_group(PREFIX), timeout_s=10)

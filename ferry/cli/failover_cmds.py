@@ -1,6 +1,6 @@
 """`ferry ha-status` and `ferry failover`: automatic failover as an operator
 sees it, read from (and requested through) etcd, where the groups elect
-their masters (services.broker.failover).
+their masters (services.broker.failover.node).
 
 - `ferry ha-status [-c CLUSTER] [-g BROKER_NAME]` (without `-b HOST:PORT`): per group, the epoch, the
   leader (id, address, whether it is ready), the published in-sync set and
@@ -102,7 +102,7 @@ def _endpoints(text: str) -> tuple[str, ...]:
 
 
 def group_status(args: argparse.Namespace) -> int:
-    from services.broker.etcd import Etcd, EtcdUnavailable
+    from services.broker.failover.etcd import Etcd, EtcdUnavailable
 
     async def run() -> dict:
         etcd = Etcd(_endpoints(args.etcd), args.timeout)
@@ -157,7 +157,7 @@ def group_status(args: argparse.Namespace) -> int:
 
 
 def failover(args: argparse.Namespace) -> int:
-    from services.broker.etcd import Etcd, EtcdUnavailable, dumps, group_prefix
+    from services.broker.failover.etcd import Etcd, EtcdUnavailable, dumps, group_prefix
 
     prefix = group_prefix(args.cluster, args.broker)
 

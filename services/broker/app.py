@@ -29,7 +29,6 @@ import logging
 import os
 import socket
 import ssl
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,16 +53,7 @@ from ferry.v1 import (
     slave_sync_pb2,
     slave_sync_pb2_grpc,
 )
-from services.broker.admin import AdminService
-from services.broker.config import BrokerConfig
-from services.broker.messaging import MessagingService, SendStatus
-from services.broker.metadata import BrokerMetadata
-from services.broker.metadata_log import MetadataLog
-from services.broker.metrics import BrokerMetrics
-from services.broker.pop import PopConfig, PopService
-from services.broker.retention import RetentionConfig
-from services.broker.schedule import DelayScheduler
-from services.broker.servicer import (
+from services.broker.api.servicer import (
     BrokerAdminServicer,
     BrokerServicer,
     Gate,
@@ -71,16 +61,25 @@ from services.broker.servicer import (
     HAStatusView,
     SlaveSyncServicer,
 )
-from services.broker.slave_sync import SlaveSyncLoop
-from services.broker.store import FlushDiskType, MessageStore, StoreConfig
-from services.broker.timer import TimerService
+from services.broker.cluster.replication import SyncReplication
+from services.broker.cluster.slave_sync import SlaveSyncLoop
+from services.broker.config import BrokerConfig
+from services.broker.incarnation import Incarnation
+from services.broker.messaging.admin import AdminService
+from services.broker.messaging.service import MessagingService, SendStatus
+from services.broker.metadata.metadata_log import MetadataLog
+from services.broker.metadata.tables import BrokerMetadata
+from services.broker.metrics import BrokerMetrics
+from services.broker.pop import PopConfig, PopService
+from services.broker.schedule.delay import DelayScheduler
+from services.broker.schedule.timer import TimerService
+from services.broker.store import FlushDiskType, MessageStore, RetentionConfig, StoreConfig
 from services.ha.master import HAMaster, HAMasterConfig
 from services.ha.slave import HASlave, HASlaveConfig
 from services.ha.sync import ReplicaAcks
 
 if TYPE_CHECKING:
     from ferry.runtime.swap import Mount
-    from services.broker.failover import Incarnation
     from services.proxy.routes import LocalRoutes
     from services.proxy.servicer import MessagingServicer
 
@@ -103,7 +102,7 @@ def grpc_server(
 ) -> GrpcServer:
     """The broker's gRPC server for `services`: its options, admin-token
     interceptors, TLS and plaintext health port. A `BrokerApp` builds its own;
-    a failover node builds one for all its runs (services.broker.failover)."""
+    a failover node builds one for all its runs (services.broker.failover.node)."""
     return GrpcServer(
         services,
         cfg.bind_host,
@@ -177,7 +176,7 @@ class BrokerApp:
         incarnation: Incarnation | None = None,
     ) -> None:
         """`incarnation`: this run's role in an automatic-failover group
-        (services.broker.failover), which restarts the app on every role change;
+        (services.broker.failover.node), which restarts the app on every role change;
         None without failover. With one, the app mounts its servicers on the
         node's gRPC server, which outlives it, instead of running its own."""
         self.config = config
@@ -193,18 +192,19 @@ class BrokerApp:
         )  # fmt: skip
         self.store: MessageStore | None = None
         self.metadata: BrokerMetadata | None = None
-        self.registrar = None  # services.broker.registration.Registrar, with name servers
+        self.registrar = None  # services.broker.cluster.registration.Registrar, with name servers
         self.server: GrpcServer | None = None
         self._mount: Mount | None = None  # failover: this run's servicers on the node's server
         self.scheduler: DelayScheduler | None = None
         self.pop: PopService | None = None
         self.timer: TimerService | None = None
         self.acks: ReplicaAcks | None = None
+        self.replication: SyncReplication | None = None  # SYNC_MASTER: sends wait for a slave
         self.ha_master: HAMaster | None = None
         self.ha_slave: HASlave | None = None
         self.metrics: BrokerMetrics | None = None
         self.slave_sync: SlaveSyncLoop | None = None
-        self.journal: MetadataLog | None = None  # failover: services.broker.metadata_log
+        self.journal: MetadataLog | None = None  # failover: services.broker.metadata.metadata_log
         # enableProxy on a master: the SDKs' MessagingService and its routes.
         self.proxy: MessagingServicer | None = None
         self.local_routes: LocalRoutes | None = None
@@ -303,6 +303,7 @@ class BrokerApp:
             slave_read_enable=cfg.slave_read_enable,
             groups=metadata.subscription_groups,
             timer_max_delay_s=cfg.timer_max_delay_s,
+            fence=self.incarnation.fence if self.incarnation is not None else None,
         )
         if not cfg.is_slave:
             # Masters run timed delivery and pop consumption; slaves hold their
@@ -411,8 +412,6 @@ class BrokerApp:
             journal=self.journal,
         )
         messaging.on_sent = metrics.observe_send
-        if self.incarnation is not None:
-            messaging.fence = self.incarnation.fence
         if self.timer is not None:
             self.timer.on_delivered = metrics.observe_timer_delivery
         if cfg.metrics_port >= 0 and self.incarnation is None:
@@ -450,7 +449,7 @@ class BrokerApp:
         self.gate.open = True
         await self.server.set_serving(None if self._mount is None else self._mount.servicers)
         if cfg.namesrv_addrs:
-            from services.broker.registration import BrokerIdentity, Registrar
+            from services.broker.cluster.registration import BrokerIdentity, Registrar
 
             epoch = self.incarnation.epoch if self.incarnation is not None else 0
 
@@ -631,32 +630,18 @@ class BrokerApp:
             if cfg.effective_visibility == "confirmed":
                 store.confirm_offset_fn = lambda: acks.confirmed
             if cfg.broker_role == "SYNC_MASTER":
-                timeout = cfg.slave_timeout_s
-
-                failover = self.incarnation is not None
-                min_isr = cfg.min_in_sync_replicas
-
-                async def wait_for_slave(result) -> SendStatus:
-                    started = time.perf_counter()
-                    if failover and 1 + len(acks.required or ()) < min_isr:
-                        status = SendStatus.SLAVE_NOT_AVAILABLE
-                    elif failover and not acks.required:
-                        # The in-sync set is this master alone (minInSyncReplicas=1).
-                        status = SendStatus.SEND_OK
-                        store.notify_confirmed()
-                    elif not acks.slave_ok(result.end_offset):
-                        status = SendStatus.SLAVE_NOT_AVAILABLE
-                    elif await acks.wait(result.end_offset, timeout):
-                        status = SendStatus.SEND_OK
-                    else:
-                        status = SendStatus.FLUSH_SLAVE_TIMEOUT
-                        if self.incarnation is not None:  # they leave the in-sync set
-                            self.incarnation.on_slave_timeout(acks.lagging(result.end_offset))
-                    if self.metrics is not None:
-                        self.metrics.observe_sync(status.value, time.perf_counter() - started)
-                    return status
-
-                messaging.replication_wait = wait_for_slave
+                incarnation = self.incarnation
+                metrics = self.metrics
+                self.replication = SyncReplication(
+                    acks,
+                    cfg.slave_timeout_s,
+                    store.notify_confirmed,
+                    failover=incarnation is not None,
+                    min_in_sync_replicas=cfg.min_in_sync_replicas,
+                    on_slave_timeout=incarnation.on_slave_timeout if incarnation else None,
+                    observe=metrics.observe_sync if metrics is not None else None,
+                )
+                messaging.replication_wait = self.replication.wait
         else:
             self.ha_slave = HASlave(
                 HASlaveConfig(

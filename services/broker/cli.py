@@ -16,11 +16,13 @@ from ferry.runtime import auth, eventloop
 from ferry.runtime.errors import ConfigError, CorruptFileError
 from ferry.runtime.logs import setup_logging
 from ferry.runtime.server import run_until_signalled
-from services.broker.commitlog import CommitLogError
 from services.broker.config import describe_keys, load_config
-from services.broker.consumequeue import ConsumeQueueError
-from services.broker.recovery import RecoveryError
-from services.broker.storelock import StoreLockedError
+from services.broker.store import (
+    CommitLogError,
+    ConsumeQueueError,
+    RecoveryError,
+    StoreLockedError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     async def main() -> None:
         nonlocal started
         if config.enable_failover:
-            from services.broker.failover import FailoverNode
+            from services.broker.failover.node import FailoverNode
 
             app = FailoverNode(config)  # runs a BrokerApp in the role etcd gives it
         else:

@@ -55,9 +55,9 @@ import ferry
 from services.broker.store import MessageStore
 
 if TYPE_CHECKING:
-    from services.broker.metadata_log import MetadataLog
+    from services.broker.metadata.metadata_log import MetadataLog
     from services.broker.pop import PopService
-    from services.broker.timer import TimerService
+    from services.broker.schedule.timer import TimerService
 
 _ID_LABELS = ["cluster", "broker_name", "broker_id", "role"]
 # Sends answer in well under a millisecond, or wait for an fsync or a slave (up

@@ -4,7 +4,7 @@ The master streams regions of its log to slaves; a slave appends what it
 receives at its log's end, or starts over at an offset the master names.
 Failover (a later step) cuts a divergent tail with `truncate`. HA depends on
 this protocol only; the broker's store implements it
-(`services.broker.replica_log.StoreReplicaLog`), so `services/ha` never opens
+(`services.broker.store.replica_log.StoreReplicaLog`), so `services/ha` never opens
 a segment file, computes a file boundary or touches the consume queues.
 
 Offsets are commit offsets (bytes). Every method runs on the event loop.

@@ -30,9 +30,9 @@ from ferry.model import (
     check_pop_group,
     check_topic,
 )
+from ferry.receipt_handle import handle_broker
 from ferry.runtime.errors import InvalidArgument
 from ferry.v1 import broker_pb2
-from services.broker.popcodec import handle_broker
 from services.proxy import convert, metrics
 from services.proxy.convert import OK, Code, status
 from services.proxy.metrics import ProxyMetrics

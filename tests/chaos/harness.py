@@ -20,7 +20,7 @@ import grpc
 
 from ferry import record
 from ferry.v1 import broker_pb2, broker_pb2_grpc, ha_admin_pb2, ha_admin_pb2_grpc
-from services.broker.commitlog import segment_name
+from services.broker.store.commitlog import segment_name
 from tests.conftest import broker_options, wait_for
 from tests.integration.support import BrokerServer, PortRange, create_topic
 

@@ -13,7 +13,7 @@ import grpc
 from ferry.model import revive_topic
 from ferry.runtime.clock import SystemClock
 from ferry.v1 import broker_admin_pb2, broker_admin_pb2_grpc, broker_pb2, broker_pb2_grpc
-from services.broker.metadata import BrokerMetadata
+from services.broker.metadata.tables import BrokerMetadata
 from services.broker.pop import PopConfig, PopService
 from services.broker.store import MessageStore, StoreConfig
 from tests.conftest import broker_options, wait_for

@@ -34,10 +34,7 @@ import pytest
 from ferry.runtime.clock import FakeClock
 from ferry.runtime.errors import ResourceExhausted, StorageFault, Unavailable
 from ferry.v1 import broker_pb2, broker_pb2_grpc, namesrv_pb2, namesrv_pb2_grpc
-from services.broker import commitlog as commitlog_module
-from services.broker import flush as flush_module
 from services.broker.cli import EXIT_STORAGE
-from services.broker.recovery import ABORT, CHECKPOINT, load_checkpoint
 from services.broker.store import (
     FlushDiskType,
     MessageIn,
@@ -46,6 +43,9 @@ from services.broker.store import (
     RecoveryReport,
     StoreConfig,
 )
+from services.broker.store import commitlog as commitlog_module
+from services.broker.store import flush as flush_module
+from services.broker.store.checkpoint import ABORT, CHECKPOINT, load_checkpoint
 from tests.conftest import broker_options, wait_for, wait_for_async
 from tests.integration.support import BrokerServer, NamesrvProcess, create_topic, pull_all
 

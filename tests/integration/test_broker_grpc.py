@@ -263,7 +263,7 @@ def test_a_full_disk_refuses_sends_clearly_and_resumes_when_space_returns(
     import errno
     import os
 
-    from services.broker import commitlog
+    from services.broker.store import commitlog
 
     b = start_broker(
         loop_thread, tmp_path / "store", mappedFileSizeCommitLog=64 * 1024, maxMessageSize=8192

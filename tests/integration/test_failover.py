@@ -19,7 +19,7 @@ import grpc
 import pytest
 
 from ferry import record
-from services.broker.commitlog import segment_name
+from services.broker.store.commitlog import segment_name
 from tests.conftest import LoopThread, wait_equal, wait_for
 from tests.failover_support import (
     FILE_SIZE,

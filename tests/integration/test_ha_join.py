@@ -219,7 +219,7 @@ def test_slave_started_before_its_master_finds_it_without_waiting_a_period(
 ):
     """Pods start in parallel: a slave whose master had not registered yet asks
     the name server again within seconds, not after registerNameServerPeriod."""
-    from services.broker import registration
+    from services.broker.cluster import registration
 
     common = {"mappedFileSizeCommitLog": FILE, "haListenPort": 0, "brokerName": "broker-p"}
     slave = start_broker(

@@ -15,7 +15,7 @@ import pytest
 from ferry.model import DataVersion, TopicConfig
 from ferry.runtime.clock import SystemClock
 from ferry.v1 import namesrv_pb2
-from services.broker.registration import BrokerIdentity, Registrar
+from services.broker.cluster.registration import BrokerIdentity, Registrar
 from tests.conftest import LoopThread, RunningNamesrv, wait_for
 from tests.helpers import register_request
 
@@ -315,7 +315,8 @@ def test_a_fenced_registrar_calls_on_fenced_and_can_rejoin_as_a_slave(
         assert group_addrs(ns) == {0: B}
         assert A not in cluster_info(ns).broker_live_table
         assert any(
-            rec.name == "services.broker.registration" and "stale master" in rec.getMessage()
+            rec.name == "services.broker.cluster.registration"
+            and "stale master" in rec.getMessage()
             for rec in caplog.records
         )
         # Its KeepAlive task does not ask again before the period (30 s) is up.

@@ -512,7 +512,7 @@ def test_order_topic_config_on_the_name_server_makes_an_ordered_topic(
 
 
 def test_deadline_heap_is_compacted_but_in_flight_messages_still_expire(broker):
-    from services.broker import pop as pop_module
+    from services.broker.pop import state as pop_module
 
     service = broker.app.pop
     support.create_topic(broker.channel, "Heap", 1)

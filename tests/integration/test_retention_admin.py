@@ -26,7 +26,7 @@ from ferry.client.broker import BrokerClient, Consumer
 from ferry.client.namesrv import NamesrvClient
 from ferry.runtime import auth
 from ferry.v1 import broker_admin_pb2, broker_pb2, common_pb2
-from services.broker.retention import disk_used_ratio
+from services.broker.store.retention import disk_used_ratio
 from tests.conftest import start_broker, wait_for
 from tests.integration.support import has_route, run_ferry
 
@@ -299,7 +299,7 @@ def test_a_slave_cleans_its_own_files_and_keeps_replicating(loop_thread, tmp_pat
 def test_expired_files_holding_pending_timers_or_pop_checkpoints_are_kept(
     loop_thread, tmp_path, caplog
 ):
-    caplog.set_level(logging.INFO, logger="services.broker.retention")
+    caplog.set_level(logging.INFO, logger="services.broker.store.retention")
     broker = start_broker(
         loop_thread, tmp_path / "store", brokerName="broker-h", **retention_keys()
     )

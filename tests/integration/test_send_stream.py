@@ -13,7 +13,7 @@ import pytest
 
 from ferry.client.sendstream import StreamSender, StreamSendError
 from ferry.v1 import broker_pb2, broker_pb2_grpc
-from services.broker.sendstream import SendStreamSession
+from services.broker.api.sendstream import SendStreamSession
 from tests.conftest import wait_for
 from tests.faultproxy import FaultProxy
 from tests.integration import support

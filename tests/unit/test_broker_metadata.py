@@ -10,7 +10,7 @@ import pytest
 
 from ferry.model import DataVersion, SubscriptionGroupConfig, TopicConfig
 from ferry.runtime.errors import CorruptFileError, InvalidArgument, NotFound
-from services.broker.metadata import BrokerMetadata
+from services.broker.metadata.tables import BrokerMetadata
 
 
 @pytest.fixture

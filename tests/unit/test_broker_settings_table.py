@@ -15,9 +15,9 @@ import pytest
 
 from ferry.model import TopicConfig
 from ferry.runtime.errors import CorruptFileError, InvalidArgument, ResourceExhausted, StorageFault
-from services.broker import metadata as metadata_module
-from services.broker.admin import AdminService
-from services.broker.metadata import BrokerMetadata
+from services.broker.messaging.admin import AdminService
+from services.broker.metadata import tables as metadata_module
+from services.broker.metadata.tables import BrokerMetadata
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import pytest
 
 from ferry import record
 from ferry.record import Blank, Record, RecordError
-from services.broker.commitlog import CommitLog, CommitLogError
+from services.broker.store.commitlog import CommitLog, CommitLogError
 
 FILE_SIZE = 1024
 

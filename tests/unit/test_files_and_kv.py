@@ -125,7 +125,7 @@ def test_short_writes_are_completed_or_raise(tmp_path, monkeypatch):
     import errno
 
     from ferry.runtime import files
-    from services.broker.consumequeue import ConsumeQueues
+    from services.broker.store.consumequeue import ConsumeQueues
 
     real = os.pwrite
     calls = {"n": 0}

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.broker.failover import IN_SYNC_HEALTH
+from services.broker.failover.node import IN_SYNC_HEALTH
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"

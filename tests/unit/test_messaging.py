@@ -11,14 +11,14 @@ import pytest
 from ferry.model import SCHEDULE_TOPIC, TopicConfig
 from ferry.runtime.clock import FakeClock
 from ferry.runtime.errors import InvalidArgument, NotFound, PermissionDenied, ResourceExhausted
-from services.broker.messaging import (
+from services.broker.messaging.service import (
     PROPERTY_REAL_TOPIC,
     MessagingService,
     OutgoingMessage,
     SendStatus,
     parse_sub_expression,
 )
-from services.broker.schedule import DelayScheduler
+from services.broker.schedule.delay import DelayScheduler
 from services.broker.store import GetStatus, MessageStore, StoreConfig
 
 
@@ -200,7 +200,7 @@ def test_delay_levels_are_clamped_and_zero_means_now(env):
 
 
 def test_delayed_delivery_resumes_after_a_restart_without_repeats(tmp_path):
-    from services.broker.metadata import BrokerMetadata
+    from services.broker.metadata.tables import BrokerMetadata
 
     clock = FakeClock()
     env = Env(tmp_path / "store", clock)

@@ -17,8 +17,7 @@ from hypothesis import strategies as st
 from ferry.model import SubscriptionGroupConfig, TopicConfig
 from ferry.runtime.clock import FakeClock
 from ferry.runtime.errors import NotFound, Unavailable
-from services.broker.metadata import BrokerMetadata
-from services.broker.metadata_log import (
+from services.broker.metadata.metadata_log import (
     GROUPS_QUEUE,
     METADATA_TOPIC,
     TOPICS_QUEUE,
@@ -27,6 +26,7 @@ from services.broker.metadata_log import (
     decode_change,
     encode_change,
 )
+from services.broker.metadata.tables import BrokerMetadata
 from services.broker.store import MessageIn, MessageStore, StoreConfig
 
 

@@ -15,10 +15,10 @@ import pytest
 
 from ferry.runtime.clock import FakeClock
 from ferry.runtime.errors import ConfigError, ResourceExhausted
-from services.broker import retention as retention_module
 from services.broker.config import load_config
-from services.broker.retention import RetentionConfig
 from services.broker.store import GetStatus, MessageIn, MessageStore, StoreConfig
+from services.broker.store import retention as retention_module
+from services.broker.store.retention import RetentionConfig
 
 FILE_SIZE = 4096
 HOUR = 3600.0

@@ -12,9 +12,6 @@ import pytest
 
 from ferry import record
 from ferry.runtime.clock import FakeClock
-from services.broker import flush as flush_module
-from services.broker.consumequeue import ENTRY_SIZE
-from services.broker.recovery import RecoveryError
 from services.broker.store import (
     FlushDiskType,
     GetStatus,
@@ -23,6 +20,9 @@ from services.broker.store import (
     PutStatus,
     StoreConfig,
 )
+from services.broker.store import flush as flush_module
+from services.broker.store.consumequeue import ENTRY_SIZE
+from services.broker.store.recovery import RecoveryError
 
 FILE_SIZE = 4096
 

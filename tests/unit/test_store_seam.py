@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from ferry.runtime.clock import FakeClock
-from services.broker.recovery import CHECKPOINT, load_checkpoint
 from services.broker.store import GetStatus, MessageIn, MessageStore, StoreConfig
-from services.broker.storelock import StoreLockedError
+from services.broker.store.checkpoint import CHECKPOINT, load_checkpoint
+from services.broker.store.storelock import StoreLockedError
 from services.ha.replicated_log import ReplicatedLog
 
 FILE_SIZE = 2048

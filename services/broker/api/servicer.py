@@ -1,0 +1,414 @@
+"""The broker's gRPC servicers: `Broker`, `BrokerAdmin` and `SlaveSync`.
+
+They only adapt: convert the request, call one use case, convert the result.
+Domain errors become status codes through `ferry.runtime.grpc_errors`. While
+the broker is starting or stopping every call is UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import grpc
+
+from ferry.model import check_name, check_topic
+from ferry.runtime.errors import (
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    Unavailable,
+)
+from ferry.runtime.grpc_errors import grpc_method, grpc_stream_method
+from ferry.v1 import (
+    broker_admin_pb2,
+    broker_admin_pb2_grpc,
+    broker_pb2,
+    broker_pb2_grpc,
+    common_pb2,
+    ha_admin_pb2,
+    ha_admin_pb2_grpc,
+    slave_sync_pb2,
+    slave_sync_pb2_grpc,
+)
+from services.broker.api import convert
+from services.broker.api.sendstream import SendStreamSession
+from services.broker.messaging.admin import AdminService
+from services.broker.messaging.service import MessagingService
+from services.broker.pop import PopService
+
+
+class Gate:
+    """Open while the broker serves; closed while starting and stopping."""
+
+    def __init__(self) -> None:
+        self.open = False
+
+    def check(self) -> None:
+        if not self.open:
+            raise Unavailable("the broker is starting up or shutting down; try again shortly")
+
+
+class BrokerServicer(broker_pb2_grpc.BrokerServicer):
+    def __init__(
+        self,
+        messaging: MessagingService,
+        offsets,  # services.broker.metadata.ConsumerOffsetTable
+        gate: Gate,
+        store_host: tuple[str, int],
+        pop: PopService | None = None,
+        broker_name: str = "",
+        send_stream_max_in_flight: int = 1024,
+    ) -> None:
+        self.send_stream_max_in_flight = send_stream_max_in_flight
+        self.pop = pop
+        self.broker_name = broker_name
+        self.messaging = messaging
+        self.offsets = offsets
+        self.gate = gate
+        self.store_host = store_host
+
+    @grpc_method
+    async def SendMessage(
+        self, request: broker_pb2.SendMessageRequest, context: grpc.aio.ServicerContext
+    ) -> broker_pb2.SendResult:
+        self.gate.check()
+        outcome = await self.messaging.send(
+            request.topic,
+            convert.queue_id_of(request),
+            (request,),  # a SendMessageRequest has every field a message needs
+            convert.wait_of(request),
+        )
+        return convert.send_result_pb(outcome)
+
+    @grpc_method
+    async def SendMessages(
+        self, request: broker_pb2.SendMessagesRequest, context: grpc.aio.ServicerContext
+    ) -> broker_pb2.SendResult:
+        self.gate.check()
+        outcome = await self.messaging.send(
+            request.topic,
+            convert.queue_id_of(request),
+            request.messages,
+            convert.wait_of(request),
+            batch=True,
+        )
+        return convert.send_result_pb(outcome)
+
+    @grpc_stream_method
+    async def SendStream(
+        self,
+        request_iterator: AsyncIterator[broker_pb2.SendStreamRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[broker_pb2.SendStreamResponse]:
+        self.gate.check()
+        session = SendStreamSession(self.messaging, self.gate.check, self.send_stream_max_in_flight)
+        async for response in session.run(request_iterator):
+            yield response
+
+    @grpc_method
+    async def PullMessage(
+        self, request: broker_pb2.PullMessageRequest, context: grpc.aio.ServicerContext
+    ) -> broker_pb2.PullMessageResponse:
+        self.gate.check()
+        outcome = await self.messaging.pull(
+            request.consumer_group,
+            request.topic,
+            request.queue_id,
+            request.queue_offset,
+            request.max_msg_nums,
+            request.max_wait_ms,
+            request.sub_expression,
+        )
+        return convert.pull_response_pb(
+            outcome.result, outcome.suggest_which_broker_id, self.store_host
+        )
+
+    @grpc_method
+    async def QueryConsumerOffset(
+        self, request: broker_pb2.QueryConsumerOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> broker_pb2.QueryConsumerOffsetResponse:
+        self.gate.check()
+        self._check_queue(request.consumer_group, request.topic, request.queue_id)
+        offset = self.offsets.query(request.consumer_group, request.topic, request.queue_id)
+        if offset is None:
+            raise NotFound(
+                f"consumer group {request.consumer_group!r} has no committed offset for "
+                f"{request.topic}/{request.queue_id}"
+            )
+        return broker_pb2.QueryConsumerOffsetResponse(offset=offset)
+
+    @grpc_method
+    async def UpdateConsumerOffset(
+        self, request: broker_pb2.UpdateConsumerOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> broker_pb2.UpdateConsumerOffsetResponse:
+        self.gate.check()
+        self._check_queue(request.consumer_group, request.topic, request.queue_id)
+        if request.offset < 0:
+            raise InvalidArgument("offset", f"{request.offset} is negative")
+        self.offsets.commit(request.consumer_group, request.topic, request.queue_id, request.offset)
+        return broker_pb2.UpdateConsumerOffsetResponse()
+
+    @grpc_method
+    async def GetMaxOffset(
+        self, request: broker_pb2.GetMaxOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> broker_pb2.GetOffsetResponse:
+        self.gate.check()
+        _, high = self.messaging.queue_offsets(request.topic, request.queue_id)
+        return broker_pb2.GetOffsetResponse(offset=high)
+
+    @grpc_method
+    async def GetMinOffset(
+        self, request: broker_pb2.GetMinOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> broker_pb2.GetOffsetResponse:
+        self.gate.check()
+        low, _ = self.messaging.queue_offsets(request.topic, request.queue_id)
+        return broker_pb2.GetOffsetResponse(offset=low)
+
+    def _check_queue(self, group: str, topic: str, queue_id: int) -> None:
+        check_name(group, "consumer_group")
+        self.messaging.queue_offsets(topic, queue_id)
+
+    # ------------------------------------------------------------ pop
+
+    def _pop(self) -> PopService:
+        if self.pop is None:
+            raise PermissionDenied(
+                f"broker {self.broker_name} is a SLAVE: pop consumption (PopMessage, AckMessage, "
+                "ChangeInvisibleTime) is served by its master"
+            )
+        return self.pop
+
+    @grpc_method
+    async def PopMessage(
+        self, request: broker_pb2.PopMessageRequest, context: grpc.aio.ServicerContext
+    ) -> broker_pb2.PopMessageResponse:
+        self.gate.check()
+        popped = await self._pop().pop(
+            request.consumer_group,
+            request.topic,
+            request.queue_id if request.HasField("queue_id") else None,
+            request.max_msg_nums,
+            request.invisible_ms,
+            request.max_wait_ms,
+            request.sub_expression,
+        )
+        return convert.pop_response_pb(popped)
+
+    @grpc_method
+    async def AckMessage(
+        self, request: broker_pb2.AckMessageRequest, context: grpc.aio.ServicerContext
+    ) -> broker_pb2.AckMessageResponse:
+        self.gate.check()
+        results = await self._pop().ack(
+            request.consumer_group, request.topic, list(request.receipt_handles)
+        )
+        return convert.ack_response_pb(results)
+
+    @grpc_method
+    async def ChangeInvisibleTime(
+        self, request: broker_pb2.ChangeInvisibleTimeRequest, context: grpc.aio.ServicerContext
+    ) -> broker_pb2.ChangeInvisibleTimeResponse:
+        self.gate.check()
+        result = await self._pop().change_invisible_time(
+            request.consumer_group, request.topic, request.receipt_handle, request.invisible_ms
+        )
+        return convert.change_response_pb(result)
+
+    @grpc_method
+    async def ForwardToDeadLetterQueue(
+        self, request: broker_pb2.ForwardToDeadLetterQueueRequest, context: grpc.aio.ServicerContext
+    ) -> broker_pb2.ForwardToDeadLetterQueueResponse:
+        self.gate.check()
+        result = await self._pop().forward_to_dlq(
+            request.consumer_group, request.topic, request.receipt_handle
+        )
+        return convert.forward_response_pb(result, request.consumer_group)
+
+    @grpc_method
+    async def GetGroupStatus(
+        self, request: broker_pb2.GetGroupStatusRequest, context: grpc.aio.ServicerContext
+    ) -> broker_pb2.GetGroupStatusResponse:
+        self.gate.check()
+        return convert.group_status_pb(self._pop().status(request.consumer_group, request.topic))
+
+
+class BrokerAdminServicer(broker_admin_pb2_grpc.BrokerAdminServicer):
+    def __init__(self, admin: AdminService, gate: Gate, flush_disk_type: str) -> None:
+        self.admin = admin
+        self.gate = gate
+        self.flush_disk_type = flush_disk_type
+
+    @grpc_method
+    async def UpdateAndCreateTopic(
+        self, request: broker_admin_pb2.UpdateAndCreateTopicRequest, context
+    ) -> broker_admin_pb2.TableChangeResponse:
+        self.gate.check()
+        if not request.HasField("topic_config"):
+            raise InvalidArgument("topic_config", "is required")
+        version = await self.admin.update_topic(convert.topic_config(request.topic_config))
+        return broker_admin_pb2.TableChangeResponse(data_version=convert.data_version_pb(version))
+
+    @grpc_method
+    async def DeleteTopic(
+        self, request: broker_admin_pb2.DeleteTopicRequest, context
+    ) -> broker_admin_pb2.TableChangeResponse:
+        self.gate.check()
+        check_topic(request.topic)
+        version = await self.admin.delete_topic(request.topic)
+        return broker_admin_pb2.TableChangeResponse(data_version=convert.data_version_pb(version))
+
+    @grpc_method
+    async def UpdateAndCreateSubscriptionGroup(
+        self, request: broker_admin_pb2.UpdateAndCreateSubscriptionGroupRequest, context
+    ) -> broker_admin_pb2.TableChangeResponse:
+        self.gate.check()
+        if not request.HasField("config"):
+            raise InvalidArgument("config", "is required")
+        version = await self.admin.update_group(convert.subscription_group(request.config))
+        return broker_admin_pb2.TableChangeResponse(data_version=convert.data_version_pb(version))
+
+    @grpc_method
+    async def DeleteSubscriptionGroup(
+        self, request: broker_admin_pb2.DeleteSubscriptionGroupRequest, context
+    ) -> broker_admin_pb2.TableChangeResponse:
+        self.gate.check()
+        check_name(request.group_name, "group_name")
+        version = await self.admin.delete_group(request.group_name)
+        return broker_admin_pb2.TableChangeResponse(data_version=convert.data_version_pb(version))
+
+    @grpc_method
+    async def GetBrokerRuntimeInfo(
+        self, request: broker_admin_pb2.GetBrokerRuntimeInfoRequest, context
+    ) -> broker_admin_pb2.BrokerRuntimeInfo:
+        info = self.admin.runtime_info(self.flush_disk_type)
+        return broker_admin_pb2.BrokerRuntimeInfo(**info.__dict__)
+
+    @grpc_method
+    async def UpdateBrokerPermission(
+        self, request: broker_admin_pb2.UpdateBrokerPermissionRequest, context
+    ) -> broker_admin_pb2.UpdateBrokerPermissionResponse:
+        self.gate.check()
+        previous, current = await self.admin.update_permission(request.broker_permission)
+        return broker_admin_pb2.UpdateBrokerPermissionResponse(
+            previous_permission=previous, broker_permission=current
+        )
+
+    @grpc_method
+    async def DeleteExpiredCommitLog(
+        self, request: broker_admin_pb2.DeleteExpiredCommitLogRequest, context
+    ) -> broker_admin_pb2.DeleteExpiredCommitLogResponse:
+        self.gate.check()
+        return convert.clean_report_pb(await self.admin.delete_expired_commit_log())
+
+
+class SlaveSyncServicer(slave_sync_pb2_grpc.SlaveSyncServicer):
+    def __init__(self, metadata, gate: Gate, log_position=None) -> None:
+        """`log_position(queue_id)`: how far the metadata log's topics (0) or
+        groups (1) queue is applied in the tables answered (failover), or None."""
+        self.metadata = metadata
+        self.gate = gate
+        self.log_position = log_position
+
+    @grpc_method
+    async def GetAllTopicConfig(self, request, context) -> common_pb2.TopicConfigSerializeWrapper:
+        self.gate.check()
+        table, version = self.metadata.topics.snapshot()
+        wrapper = convert.topic_wrapper_pb(table, version)
+        if self.log_position is not None:
+            wrapper.metadata_log_offset = self.log_position(0)
+        return wrapper
+
+    @grpc_method
+    async def GetAllConsumerOffset(
+        self, request, context
+    ) -> slave_sync_pb2.ConsumerOffsetSerializeWrapper:
+        self.gate.check()
+        table, version = self.metadata.consumer_offsets.snapshot()
+        wrapper = slave_sync_pb2.ConsumerOffsetSerializeWrapper(
+            data_version=convert.data_version_pb(version)
+        )
+        for key, offsets in table.items():
+            wrapper.offset_table[key].offsets.update(offsets)
+        return wrapper
+
+    @grpc_method
+    async def GetAllDelayOffset(
+        self, request, context
+    ) -> slave_sync_pb2.DelayOffsetSerializeWrapper:
+        self.gate.check()
+        table, version = self.metadata.delay_offsets.snapshot()
+        return slave_sync_pb2.DelayOffsetSerializeWrapper(
+            offset_table=table, data_version=convert.data_version_pb(version)
+        )
+
+    @grpc_method
+    async def GetAllSubscriptionGroupConfig(
+        self, request, context
+    ) -> slave_sync_pb2.SubscriptionGroupWrapper:
+        self.gate.check()
+        table, version = self.metadata.subscription_groups.snapshot()
+        wrapper = slave_sync_pb2.SubscriptionGroupWrapper(
+            data_version=convert.data_version_pb(version)
+        )
+        for name, config in table.items():
+            wrapper.subscription_group_table[name].CopyFrom(convert.subscription_group_pb(config))
+        if self.log_position is not None:
+            wrapper.metadata_log_offset = self.log_position(1)
+        return wrapper
+
+
+@dataclass
+class HAStatusView:
+    """What GetHAStatus reads: the store, and the master or slave side of HA."""
+
+    role: str
+    store: object  # services.broker.store.MessageStore
+    acks: object | None  # services.ha.sync.ReplicaAcks on a master
+    master: object | None  # services.ha.master.HAMaster
+    slave: object | None  # services.ha.slave.HASlave
+
+
+class HAAdminServicer(ha_admin_pb2_grpc.HAAdminServicer):
+    def __init__(self, status: Callable[[], HAStatusView]) -> None:
+        self.status = status
+
+    @grpc_method
+    async def GetHAStatus(self, request, context) -> ha_admin_pb2.HAStatus:
+        view = self.status()
+        store = view.store
+        top = store.max_offset  # type: ignore[attr-defined]
+        answer = ha_admin_pb2.HAStatus(
+            broker_role=view.role,
+            master_max_offset=top,
+            confirm_offset=store.confirm_offset,  # type: ignore[attr-defined]
+        )
+        if view.master is not None:
+            states = view.master.replica_states()  # type: ignore[attr-defined]
+            for state in states:
+                conn = state.conn
+                answer.connections.add(
+                    addr=conn.addr,
+                    replica_id=conn.replica_id,
+                    ack_offset=conn.ack_offset,
+                    diff=state.lag,
+                    in_sync=state.in_sync,
+                    transferred_bytes_per_second=conn.bytes_per_second(),
+                    transfer_from=conn.transfer_from,
+                    last_ack_timestamp=conn.last_ack_ms,
+                )
+            answer.in_sync_slave_nums = sum(state.in_sync for state in states)
+        if view.slave is not None:
+            slave = view.slave
+            answer.master_max_offset = slave.master_max_offset  # type: ignore[attr-defined]
+            answer.slave.CopyFrom(
+                ha_admin_pb2.HASlaveStatus(
+                    master_addr=slave.master_addr,  # type: ignore[attr-defined]
+                    max_offset=top,
+                    last_read_timestamp=slave.last_read_ms,  # type: ignore[attr-defined]
+                    last_write_timestamp=slave.last_write_ms,  # type: ignore[attr-defined]
+                    connected=slave.connected,  # type: ignore[attr-defined]
+                    master_max_offset=slave.master_max_offset,  # type: ignore[attr-defined]
+                )
+            )
+        return answer

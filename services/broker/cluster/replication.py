@@ -1,0 +1,72 @@
+"""The replication policy of a SYNC_MASTER: a send is acknowledged once a slave
+has its bytes (or, under automatic failover, every member of the in-sync set).
+
+`SyncReplication.wait` is what messaging awaits after a send is stored (its
+`replication_wait`). It waits on the HA master's `ReplicaAcks` (an offset waiter,
+never a sleep loop) with the configured `slave_timeout_s`, and answers with a
+`SendStatus`, never an exception. Runs on the event loop; holds no state of its
+own beyond its collaborators.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable
+
+from services.broker.messaging.service import SendStatus
+from services.broker.store import PutResult
+from services.ha.sync import ReplicaAcks
+
+
+class SyncReplication:
+    def __init__(
+        self,
+        acks: ReplicaAcks,
+        timeout_s: float,
+        notify_confirmed: Callable[[], None],
+        *,
+        failover: bool = False,
+        min_in_sync_replicas: int = 1,
+        on_slave_timeout: Callable[[list[Hashable]], None] | None = None,
+        observe: Callable[[str, float], None] | None = None,
+    ) -> None:
+        """
+        Args:
+            acks: the HA master's replica acknowledgements.
+            timeout_s: how long a send waits for a slave (slaveTimeout).
+            notify_confirmed: wakes long polls when the confirm offset moves
+                without a slave (an in-sync set of this master alone).
+            failover: the in-sync set (`acks.required`) decides, and
+                `min_in_sync_replicas` members (this master included) must exist.
+            on_slave_timeout: told which replicas lagged past the timeout (under
+                failover they leave the in-sync set).
+            observe: (status, seconds) of each wait, for metrics.
+        """
+        self.acks = acks
+        self.timeout_s = timeout_s
+        self.notify_confirmed = notify_confirmed
+        self.failover = failover
+        self.min_in_sync_replicas = min_in_sync_replicas
+        self.on_slave_timeout = on_slave_timeout
+        self.observe = observe
+
+    async def wait(self, result: PutResult) -> SendStatus:
+        acks = self.acks
+        started = time.perf_counter()
+        if self.failover and 1 + len(acks.required or ()) < self.min_in_sync_replicas:
+            status = SendStatus.SLAVE_NOT_AVAILABLE
+        elif self.failover and not acks.required:
+            # The in-sync set is this master alone (minInSyncReplicas=1).
+            status = SendStatus.SEND_OK
+            self.notify_confirmed()
+        elif not acks.slave_ok(result.end_offset):
+            status = SendStatus.SLAVE_NOT_AVAILABLE
+        elif await acks.wait(result.end_offset, self.timeout_s):
+            status = SendStatus.SEND_OK
+        else:
+            status = SendStatus.FLUSH_SLAVE_TIMEOUT
+            if self.on_slave_timeout is not None:
+                self.on_slave_timeout(acks.lagging(result.end_offset))
+        if self.observe is not None:
+            self.observe(status.value, time.perf_counter() - started)
+        return status

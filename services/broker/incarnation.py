@@ -1,0 +1,32 @@
+"""The `Incarnation` contract: what one run of the broker app (`app.BrokerApp`)
+needs from whoever runs it as a member of an automatic-failover group.
+
+Declared on the app side, so the app never imports `failover/`: the failover node
+(`services/broker/failover/node.py`) builds an Incarnation per role and hands it
+to a new BrokerApp. Must never import anything of the broker but this contract's
+own types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
+
+from ferry.runtime.server import GrpcServer
+from ferry.runtime.swap import ServiceSwitch
+
+
+@dataclass
+class Incarnation:
+    """What one run of the broker app needs from the failover node."""
+
+    epoch: int  # the epoch led, or followed (0: no leader known)
+    on_store_open: Callable[[object], Awaitable[None]]
+    fence: Callable[[bool], None]
+    on_slave_timeout: Callable[[list[Hashable]], None]
+    on_outsider_ack: Callable[[Hashable, int], None]
+    metrics_port: int
+    # The node's gRPC server, which outlives the run, and where the run mounts
+    # its servicers (None: the app runs its own server).
+    server: GrpcServer | None = None
+    switch: ServiceSwitch | None = None

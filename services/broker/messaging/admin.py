@@ -1,0 +1,254 @@
+"""The broker's administration use cases: topics, subscription groups, the
+broker's permission, an on-demand retention pass, runtime figures.
+
+Every change is persisted (by the metadata table) before the call returns,
+and topic changes are registered with the name servers at once through the
+`announce` callbacks (the registrar's), so a producer can use a topic as soon
+as `ferry topic create` returns. A slave mirrors its master's tables and
+refuses changes. With failover on, topic and group changes go through the
+metadata log (metadata_log.py): recorded in the commit log and answered once
+the in-sync set has them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from ferry import __version__
+from ferry.model import (
+    SCHEDULE_TOPIC,
+    DataVersion,
+    SubscriptionGroupConfig,
+    TopicConfig,
+    check_perm,
+    check_topic,
+)
+from ferry.runtime.clock import Clock
+from ferry.runtime.errors import InvalidArgument, PermissionDenied
+from services.broker.metadata.metadata_log import MetadataLog
+from services.broker.store import CleanResult, MessageStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RuntimeInfo:
+    broker_role: str
+    cluster_name: str
+    broker_name: str
+    broker_id: int
+    commit_log_min_offset: int
+    commit_log_max_offset: int
+    confirm_offset: int
+    dispatch_behind_bytes: int
+    put_tps: float
+    get_tps: float
+    topic_count: int
+    flush_disk_type: str
+    broker_permission: int
+    start_timestamp: int
+    version: str
+    master_addr: str
+    table: dict[str, str]
+
+
+class _Rate:
+    """Per-second rate of a growing counter, over the last sampling window."""
+
+    def __init__(self) -> None:
+        self._last = (time.monotonic(), 0)
+        self.value = 0.0
+
+    def update(self, count: int) -> float:
+        now = time.monotonic()
+        then, before = self._last
+        if now - then >= 1.0:
+            self.value = (count - before) / (now - then)
+            self._last = (now, count)
+        return self.value
+
+
+class AdminService:
+    def __init__(
+        self,
+        identity: tuple[str, str, int, str],  # cluster, broker name, broker id, role
+        metadata,  # services.broker.metadata.BrokerMetadata
+        store: MessageStore,
+        clock: Clock,
+        permission: list[int],
+        announce_topics: Callable[[Sequence[TopicConfig]], Awaitable[None]] | None = None,
+        announce_all: Callable[[], Awaitable[None]] | None = None,
+        journal: MetadataLog | None = None,
+    ) -> None:
+        """`journal`: a failover master's metadata log, through which topic and
+        group changes go (replicated before they are acknowledged); None
+        changes the tables directly."""
+        self.journal = journal
+        self.cluster_name, self.broker_name, self.broker_id, self.role = identity
+        self.metadata = metadata
+        self.store = store
+        self.clock = clock
+        self._permission = permission  # one mutable cell shared with the messaging service
+        self.announce_topics = announce_topics
+        self.announce_all = announce_all
+        self.started_ms = clock.wall_ms()
+        self.master_addr = ""
+        self._put_rate = _Rate()
+        self._get_rate = _Rate()
+
+    @property
+    def permission(self) -> int:
+        return self._permission[0]
+
+    def _writable_tables(self) -> None:
+        if self.role == "SLAVE":
+            raise PermissionDenied(
+                f"broker {self.broker_name} here is a SLAVE: its topics and groups mirror its "
+                "master's; change them on the master"
+            )
+
+    async def update_topic(self, config: TopicConfig) -> DataVersion:
+        self._writable_tables()
+        check_topic(config.topic_name, "topic_config.topic_name")
+        if config.topic_name == SCHEDULE_TOPIC:
+            raise InvalidArgument("topic_config.topic_name", f"{SCHEDULE_TOPIC} is a system topic")
+        if self.journal is not None:
+            version = await self.journal.put_topic(config)
+        else:
+            version = self.metadata.topics.put(config)
+        log.info(
+            "topic updated topic=%s read=%d write=%d perm=%d",
+            config.topic_name,
+            config.read_queue_nums,
+            config.write_queue_nums,
+            config.perm,
+        )
+        if self.announce_topics is not None:
+            await self.announce_topics([self.metadata.topics.get(config.topic_name) or config])
+        return version
+
+    async def delete_topic(self, topic: str) -> DataVersion:
+        self._writable_tables()
+        check_topic(topic)
+        if topic == SCHEDULE_TOPIC:
+            raise InvalidArgument("topic", f"{SCHEDULE_TOPIC} is a system topic")
+        if self.journal is not None:
+            version = await self.journal.delete_topic(topic)
+        else:
+            version = self.metadata.topics.delete(topic)
+            self.store.delete_topic(topic)
+            self.metadata.consumer_offsets.remove_topic(topic)
+        log.info("topic deleted topic=%s", topic)
+        if self.announce_all is not None:
+            await self.announce_all()
+        return version
+
+    async def update_group(self, config: SubscriptionGroupConfig) -> DataVersion:
+        self._writable_tables()
+        if self.journal is not None:
+            return await self.journal.put_group(config)
+        return self.metadata.subscription_groups.put(config)
+
+    async def delete_group(self, group: str) -> DataVersion:
+        self._writable_tables()
+        if self.journal is not None:
+            return await self.journal.delete_group(group)
+        version = self.metadata.subscription_groups.delete(group)
+        self.metadata.consumer_offsets.remove_group(group)
+        return version
+
+    async def update_permission(self, perm: int) -> tuple[int, int]:
+        """Set brokerPermission, on a master or a slave (each keeps its own).
+
+        The new value is persisted in `config/broker.json` (fsynced) before it
+        takes effect and before this returns, and wins over broker.conf at the
+        next start. A bad value or a failed write (of `broker.json`, or of the
+        topics' DataVersion bump that comes first) leaves the permission as it
+        was. Then, on a broker with name servers, every topic is registered
+        again with `perm & brokerPermission`.
+
+        Returns:
+            (previous permission, new permission).
+        """
+        check_perm(perm, "broker_permission")
+        previous = self._permission[0]
+        self.metadata.topics.touch()
+        self.metadata.settings.set_broker_permission(perm)
+        self._permission[0] = perm
+        log.warning(
+            "brokerPermission changed from %d to %d, persisted in %s",
+            previous,
+            perm,
+            self.metadata.settings.path,
+        )
+        if self.announce_all is not None:
+            await self.announce_all()
+        return previous, perm
+
+    async def delete_expired_commit_log(self) -> CleanResult:
+        """One retention pass now, whatever the hour (RocketMQ's
+        `deleteExpiredCommitLog`): expired commit-log files go, and the oldest
+        ones even unexpired while the disk is above diskSpaceCleanForciblyRatio.
+        Allowed on a slave too: each broker cleans its own files."""
+        report = await self.store.retention.clean_now()
+        log.info(
+            "deleteExpiredCommitLog deleted=%d consume_queue_files=%d min_offset=%d "
+            "disk_used=%.1f%%",
+            report.deleted_files,
+            report.consume_queue_files,
+            report.min_offset,
+            report.disk_used_ratio * 100,
+        )
+        return report
+
+    def runtime_info(self, flush_disk_type: str) -> RuntimeInfo:
+        store = self.store
+        topics, _ = self.metadata.topics.snapshot()
+        return RuntimeInfo(
+            broker_role=self.role,
+            cluster_name=self.cluster_name,
+            broker_name=self.broker_name,
+            broker_id=self.broker_id,
+            commit_log_min_offset=store.min_offset,
+            commit_log_max_offset=store.max_offset,
+            confirm_offset=store.confirm_offset,
+            dispatch_behind_bytes=store.dispatcher.behind_bytes,
+            put_tps=self._put_rate.update(store.put_message_count),
+            get_tps=self._get_rate.update(store.get_message_count),
+            topic_count=len(topics),
+            flush_disk_type=flush_disk_type,
+            broker_permission=self.permission,
+            start_timestamp=self.started_ms,
+            version=__version__,
+            master_addr=self.master_addr,
+            table={
+                "flushedOffset": str(store.flushed_offset),
+                "dispatchedOffset": str(store.dispatcher.offset),
+                "putMessageTotal": str(store.put_message_count),
+                "getMessageTotal": str(store.get_message_count),
+                "commitLogFiles": str(len(store.commit_log.segment_starts())),
+                "consumeQueues": str(len(store.queues.all())),
+                **self._retention_table(),
+            },
+        )
+
+    def _retention_table(self) -> dict[str, str]:
+        """Disk use and the retention settings, as broker.conf writes them
+        (fileReservedTime in hours, ratios in percent)."""
+        retention = self.store.retention
+        cfg = retention.config
+        return {
+            "diskUsedRatio": f"{retention.disk_ratio() * 100:.1f}%",
+            "fileReservedTime": f"{cfg.file_reserved_time_s / 3600:g}h",
+            "deleteWhen": ";".join(f"{h:02d}" for h in cfg.delete_when_hours),
+            "diskMaxUsedSpaceRatio": f"{cfg.disk_max_used_space_ratio * 100:g}%",
+            "diskSpaceCleanForciblyRatio": f"{cfg.disk_space_clean_forcibly_ratio * 100:g}%",
+            "diskSpaceWarningLevelRatio": f"{cfg.disk_space_warning_level_ratio * 100:g}%",
+            "cleanFileForciblyEnable": str(cfg.clean_file_forcibly_enable).lower(),
+            "deletedCommitLogFiles": str(retention.deleted_files_total),
+            "deletedConsumeQueueFiles": str(retention.deleted_queue_files_total),
+            "sendsRefusedDiskFull": str(retention.disk_full).lower(),
+        }

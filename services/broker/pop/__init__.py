@@ -1,0 +1,35 @@
+"""Pop consumption: pop, ack and change-invisible-time, the in-flight state they
+share, and revival (an expired message goes to the retry topic or the DLQ).
+
+Owns: (lowest first; each imports only the ones before it) `records` (the
+revive-record format: the journal pop writes to and replays from the revive
+queue), `state` (PopState: offsets, in-flight messages, open checkpoints, the
+journal and its replay), `revive` (Reviver: expiry -> retry topic or DLQ) and
+`service` (PopService: pop, ack, change-invisible-time, status). Exported here:
+PopService, PopConfig and the result types. The receipt-handle format lives in
+`ferry/receipt_handle.py`, because the proxy reads it too.
+
+May import: store/ (through its public surface), messaging/ (the shared rules),
+`ferry.receipt_handle`. Must never import: schedule/, api/, cluster/, failover/, app,
+`grpc` or `ferry.v1`.
+"""
+
+from services.broker.pop.service import PopService
+from services.broker.pop.state import (
+    AckResult,
+    ChangeResult,
+    GroupStatus,
+    PopConfig,
+    Popped,
+    QueueStatus,
+)
+
+__all__ = [
+    "AckResult",
+    "ChangeResult",
+    "GroupStatus",
+    "PopConfig",
+    "PopService",
+    "Popped",
+    "QueueStatus",
+]

@@ -1,0 +1,515 @@
+"""Pop consumption (RocketMQ 5): consumer groups that share work, with
+invisibility, acknowledgements, redelivery with backoff, dead letters and
+ordered (FIFO) groups.
+
+State per (group, topic, queue), in memory:
+- `committed`: every queue offset below it is resolved (acknowledged, or moved
+  to the retry or dead-letter topic). It is the group's consumer offset
+  (`consumerOffset.json`), and it only moves past resolved messages.
+- `pop_offset`: the next offset never handed out.
+- `inflight`: offsets handed out and not resolved, each with the checkpoint
+  that issued it (its receipt handle names that checkpoint), a deadline and an
+  attempt number. Every offset in [committed, pop_offset) not in flight (nor,
+  for an ordered group, waiting for redelivery) is resolved.
+
+Every change is first written to the commit log, as records of the revive
+topic (`records.py`): a checkpoint per pop of a queue, an ack record per
+acknowledgement batch or revival, a change record per re-timing. HA therefore
+carries them to slaves, and a restart rebuilds the state by replaying the
+revive queue from a checkpoint kept with the consumer offsets (every
+checkpoint before it is resolved, and the committed offsets beside it cover
+what those resolved). An acknowledgement is answered only once its record is
+written (and, with SYNC_FLUSH, flushed): after a crash no acknowledged
+message comes back, and every unacknowledged one does.
+
+Redelivery. A message of a normal group still in flight at its deadline is
+copied to the group's retry topic `%RETRY%<group>_<topic>` through the timer
+(`schedule/timer.py`), due after the group's retry backoff — the broker's delay levels
+(`messageDelayLevel`, 1s 5s 10s 30s 1m 2m ... 2h), by attempt — with
+reconsume times + 1, so its next delivery says `delivery_attempt + 1`. After
+`retry_max_times` redeliveries it is copied to `%DLQ%<group>` instead (one
+queue, readable, with DLQ_ORIGIN_TOPIC, DLQ_ORIGIN_MESSAGE_ID and
+DLQ_DELIVERY_ATTEMPTS). Pops read the retry topic before the topic itself.
+
+Ordered groups (`consume_message_orderly`, or any group on a topic marked
+ordered): a queue with a message in flight hands out nothing; an expired
+message stays where it is and is handed out again, before anything after it,
+once its backoff has passed — or goes to the dead-letter topic after
+`retry_max_times`, letting the queue move on.
+
+Runs on the event loop thread, on masters only; state changes happen between
+awaits, never across one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from ferry.model import (
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_RETRY_TOPIC,
+    RETRY_TOPIC_PREFIX,
+    SubscriptionGroupConfig,
+    check_name,
+    check_topic,
+    dlq_topic,
+    retry_topic,
+)
+from ferry.receipt_handle import (
+    BadHandle,
+    HandleReader,
+    PopFormatError,
+    ReceiptHandle,
+    decode_handle,
+    handle_prefix,
+    handle_suffix,
+    join_handle,
+)
+from ferry.runtime.errors import FerryError, InvalidArgument, NotFound
+from services.broker.messaging.rules import (
+    parse_sub_expression,
+)
+from services.broker.pop.records import Acks, Change, Checkpoint
+from services.broker.pop.revive import Reviver
+from services.broker.pop.state import (
+    MAX_POP_NUMS,
+    MAX_WAIT_MS,
+    SCAN_ENTRIES,
+    AckResult,
+    ChangeResult,
+    GroupStatus,
+    InFlight,
+    Key,
+    Popped,
+    QueueState,
+    QueueStatus,
+    check_invisible,
+    delivery_attempt,
+    stale_reason,
+)
+
+log = logging.getLogger(__name__)
+
+
+class _Taken(NamedTuple):
+    """Messages of one queue handed out under one in-flight record, in order."""
+
+    key: Key
+    inflight: InFlight
+    offsets: Sequence[int]
+    entries: list[tuple[int, int, int]]  # their consume-queue entries
+
+
+class PopService(Reviver):
+    """Pop, ack, change-invisible-time and status over the pop state (`state.py`),
+    with revival (`revive.py`)."""
+
+    # ------------------------------------------------------------ pop
+
+    async def pop(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int | None,
+        max_nums: int,
+        invisible_ms: int,
+        max_wait_ms: int,
+        sub_expression: str = "",
+    ) -> list[Popped]:
+        config = self.readable(topic)
+        self._check_group_name(group, topic)
+        if queue_id is not None and queue_id != -1 and not 0 <= queue_id < config.read_queue_nums:
+            raise InvalidArgument(
+                "queue_id",
+                f"{queue_id} is out of range: topic {topic!r} has {config.read_queue_nums} "
+                f"readable queues (0..{config.read_queue_nums - 1}); -1 pops from any",
+            )
+        if not 1 <= max_nums <= MAX_POP_NUMS:
+            raise InvalidArgument("max_msg_nums", f"{max_nums} is outside 1..{MAX_POP_NUMS}")
+        check_invisible(invisible_ms)
+        if max_wait_ms < 0:
+            raise InvalidArgument("max_wait_ms", f"{max_wait_ms} is negative")
+        tag_hashes = parse_sub_expression(sub_expression)
+        group_config = self._group(group)
+        orderly = group_config.consume_message_orderly or config.order
+        if queue_id is None or queue_id == -1:
+            count = config.read_queue_nums
+            start = self._next_queue.get((group, topic), 0) % max(count, 1)
+            self._next_queue[(group, topic)] = start + 1
+            queue_ids = [(start + i) % count for i in range(count)]
+        else:
+            queue_ids = [queue_id]
+        keys = [(topic, q) for q in queue_ids]
+        retry = retry_topic(group, topic)
+        if not orderly:
+            keys.insert(0, (retry, 0))
+        deadline = time.monotonic() + min(max_wait_ms, MAX_WAIT_MS) / 1000
+        while True:
+            taken = self._take(group, keys, max_nums, invisible_ms, tag_hashes, orderly)
+            if taken:
+                return await self._read(group, topic, taken)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            await self.store.wait_for_any(keys, min(remaining, 1.0))
+
+    def _take(
+        self,
+        group: str,
+        keys: Sequence[tuple[str, int]],
+        max_nums: int,
+        invisible_ms: int,
+        tag_hashes: frozenset[int] | None,
+        orderly: bool,
+    ) -> list[_Taken]:
+        """Reserve up to `max_nums` messages (synchronously: no other pop can
+        take them) and write one checkpoint per queue they came from."""
+        now = self.clock.wall_ms()
+        until = now + invisible_ms
+        confirm = self.store.confirm_offset
+        budget = self.store.config.max_pull_bytes
+        out: list[_Taken] = []
+        count = 0
+        for topic, queue_id in keys:
+            if count >= max_nums or budget <= 0:
+                break
+            cq = self.store.queue_view(topic, queue_id)
+            if cq is None:
+                continue
+            state = self._queue(group, topic, queue_id)
+            if state.pop_offset < cq.min_offset:
+                self._skip_deleted(state, cq.min_offset)
+            want = max_nums - count
+            # An ordered queue's expired messages, handed out again: (offset, entry, attempt).
+            again: list[tuple[int, tuple[int, int, int], int]] = []
+            if orderly:
+                if state.inflight:
+                    continue  # locked: nothing after an in-flight message goes out
+                if state.redeliver:
+                    ready = sorted(state.redeliver)
+                    if state.redeliver[ready[0]].visible_ms > now:
+                        continue  # the head waits for its backoff; so does the queue
+                    for offset in ready[:want]:
+                        if cq.min_offset <= offset < cq.max_offset:
+                            again.append(
+                                (offset, cq.entry(offset), state.redeliver[offset].attempt)
+                            )
+                    want = 0 if len(ready) > want else want - len(ready)
+            # Offsets from pop_offset on were never handed out: all fresh.
+            fresh: list[int] = []
+            fresh_entries: list[tuple[int, int, int]] = []
+            scan_end = scan_from = state.pop_offset
+            if want > 0:
+                scan = want if tag_hashes is None else max(SCAN_ENTRIES, want)
+                for entry in cq.entries(scan_from, scan):
+                    commit_offset, size, code = entry
+                    if commit_offset + size > confirm:
+                        break  # a SYNC_MASTER hands out only what a slave has
+                    if (fresh or again) and size > budget:
+                        break
+                    scan_end += 1
+                    if tag_hashes is not None and code not in tag_hashes:
+                        continue  # filtered out: resolved for this group
+                    fresh.append(scan_end - 1)
+                    fresh_entries.append(entry)
+                    budget -= size
+                    want -= 1
+                    if want <= 0 or budget <= 0:
+                        break
+            if not fresh and not again:
+                if scan_end > state.pop_offset:
+                    state.pop_offset = scan_end
+                    self._advance(state)
+                continue
+            offsets = [offset for offset, _, _ in again] + fresh
+            fresh_attempt = 1 if orderly else 0
+            ck = Checkpoint(
+                group,
+                topic,
+                queue_id,
+                min(offsets),
+                max(scan_end, max(offsets) + 1),
+                tuple(offsets),
+                tuple([attempt for _, _, attempt in again] + [fresh_attempt] * len(fresh)),
+                until,
+            )
+            try:
+                checkpoint = self._journal(ck)
+            except FerryError:
+                if out:
+                    break  # hand out what is already checkpointed
+                raise
+            state.pop_offset = max(state.pop_offset, scan_end)
+            self._new_checkpoint(checkpoint, state.key, ck.offsets, until)
+            # One record for every message of the checkpoint (per attempt):
+            # none is ever changed in place, a re-timing replaces it.
+            shared: dict[int, InFlight] = {}
+            for offset, entry, attempt in again:
+                inflight = shared.get(attempt)
+                if inflight is None:
+                    inflight = shared[attempt] = InFlight(checkpoint, until, attempt)
+                self._set_inflight(state, offset, inflight)
+                out.append(_Taken(state.key, inflight, (offset,), [entry]))
+            if fresh:
+                inflight = InFlight(checkpoint, until, fresh_attempt)
+                state.inflight.update(dict.fromkeys(fresh, inflight))
+                self._cks[checkpoint].live += len(fresh)
+                out.append(_Taken(state.key, inflight, fresh, fresh_entries))
+            count += len(offsets)
+            self._advance(state)
+        if out:
+            self._deadline_added(until)
+        return out
+
+    async def _read(self, group: str, topic: str, taken: list[_Taken]) -> list[Popped]:
+        stored = iter(await self.store.read_entries([entry for t in taken for entry in t.entries]))
+        out = []
+        broker = self.config.broker_name
+        for key, inflight, offsets, _ in taken:
+            prefix = handle_prefix(broker, *key)
+            suffix = handle_suffix(inflight.checkpoint, inflight.until_ms)
+            until = inflight.until_ms
+            own = key[1] == topic
+            for offset in offsets:
+                message = next(stored)
+                if message is None:
+                    continue  # deleted meanwhile: it expires and is resolved by the reviver
+                handle = join_handle(prefix, offset, suffix)
+                if own:
+                    out.append(Popped(message, topic, None, handle, inflight.attempt or 1, until))
+                    continue
+                # A retry copy: shown as the message it copies, its attempt from
+                # its reconsume times.
+                props = message.properties
+                out.append(
+                    Popped(
+                        message,
+                        props.get(PROPERTY_RETRY_TOPIC, topic),
+                        props.get(PROPERTY_ORIGIN_MESSAGE_ID),
+                        handle,
+                        inflight.attempt or delivery_attempt(key[1], message),
+                        until,
+                    )
+                )
+        return out
+
+    # ------------------------------------------------------------ ack / change
+
+    async def ack(self, group: str, topic: str, handles: Sequence[str]) -> list[AckResult]:
+        check_name(group, "consumer_group")
+        check_topic(topic)
+        if not handles:
+            raise InvalidArgument("receipt_handles", "name at least one handle")
+        # Nothing changes until every handle has parsed (a bad one fails the call).
+        try:
+            parsed = HandleReader().read_all(handles)
+        except BadHandle as exc:
+            raise InvalidArgument(
+                f"receipt_handles[{exc.index}]", f"does not parse: {exc}"
+            ) from None
+        results: list[AckResult] = []
+        # Per queue named (the fields its handles share): why its handles are
+        # foreign, or its state and what this request resolves in it.
+        queues: dict[tuple[str, str, str, int], tuple[str, QueueState | None, dict[int, int]]] = {}
+        for text, (head, offset, checkpoint) in zip(handles, parsed, strict=True):
+            slot = queues.get(head)
+            if slot is None:
+                foreign = self._foreign(head[0], head[1], head[2], group, topic)
+                state = None if foreign else self._queues.get((group, head[2], head[3]))
+                slot = queues[head] = (foreign, state, {})
+            foreign, state, resolved = slot
+            if foreign:
+                results.append(AckResult(text, "FOREIGN", foreign))
+                continue
+            inflight = state.inflight.get(offset) if state is not None else None
+            if inflight is None or inflight.checkpoint != checkpoint:
+                results.append(AckResult(text, "STALE", stale_reason(state, offset)))
+            elif offset in resolved:
+                results.append(AckResult(text, "STALE", "named twice in this request"))
+            else:
+                resolved[offset] = checkpoint
+                results.append(AckResult(text, "OK"))
+        end = 0
+        for _, state, resolved in queues.values():
+            if not resolved or state is None:
+                continue
+            key = state.key
+            end = self._journal(Acks(*key, tuple(resolved.items())), end_only=True)
+            inflight_of = state.inflight
+            for offset in resolved:
+                del inflight_of[offset]
+            for checkpoint, count in Counter(resolved.values()).items():
+                self._unref(checkpoint, count)
+            self._advance(state)
+            self.store.wake([(key[1], key[2])])
+        if end:
+            await self.store.wait_durable(end)
+        return results
+
+    async def change_invisible_time(
+        self, group: str, topic: str, handle_text: str, invisible_ms: int
+    ) -> ChangeResult:
+        check_invisible(invisible_ms)
+        found = self._one_in_flight(group, topic, handle_text)
+        if isinstance(found, AckResult):
+            return ChangeResult("", found.status, found.reason)
+        handle, key, state, inflight = found
+        until = self.clock.wall_ms() + invisible_ms
+        checkpoint = self._journal(
+            Change(
+                group,
+                handle.topic,
+                handle.queue_id,
+                handle.queue_offset,
+                handle.checkpoint,
+                until,
+                inflight.attempt,
+            )
+        )
+        self._new_checkpoint(checkpoint, key, (handle.queue_offset,), until)
+        self._set_inflight(
+            state, handle.queue_offset, InFlight(checkpoint, until, inflight.attempt)
+        )
+        self._deadline_added(until)
+        new = ReceiptHandle(
+            self.config.broker_name,
+            group,
+            handle.topic,
+            handle.queue_id,
+            handle.queue_offset,
+            checkpoint,
+            until,
+        )
+        return ChangeResult(new.encode(), "OK", "", until)
+
+    async def forward_to_dlq(self, group: str, topic: str, handle_text: str) -> AckResult:
+        """Move one in-flight message to the group's dead-letter topic now and
+        resolve it (a consumer giving up on it), as an expiry past
+        retry_max_times would."""
+        found = self._one_in_flight(group, topic, handle_text)
+        if isinstance(found, AckResult):
+            return found
+        handle, key, state, inflight = found
+        offset = handle.queue_offset
+        (message,) = await self._records_of(key, [(offset, inflight)])
+        if state.inflight.get(offset) is not inflight:  # acknowledged or re-timed meanwhile
+            return AckResult(handle_text, "STALE", stale_reason(state, offset))
+        group_config = self._group(group)
+        if message is not None:
+            origin = message.properties.get(PROPERTY_RETRY_TOPIC, topic)
+            attempts = inflight.attempt or delivery_attempt(handle.topic, message)
+            self._send_to_dlq(
+                group, [self._dlq_copy(message, origin, attempts)], group_config.retry_max_times
+            )
+        end = self._journal(Acks(*key, ((offset, inflight.checkpoint),), "dlq"), end_only=True)
+        self._resolve(state, offset)
+        self._advance(state)
+        self.store.wake([(key[1], key[2])])
+        await self.store.wait_durable(end)
+        return AckResult(handle_text, "OK")
+
+    def _one_in_flight(
+        self, group: str, topic: str, handle_text: str
+    ) -> tuple[ReceiptHandle, Key, QueueState, InFlight] | AckResult:
+        """The message one handle names, if it is in flight under that handle;
+        otherwise why not (FOREIGN or STALE).
+
+        Raises:
+            InvalidArgument: a bad group or topic name, or a handle that does not parse.
+        """
+        check_name(group, "consumer_group")
+        check_topic(topic)
+        try:
+            handle = decode_handle(handle_text)
+        except PopFormatError as exc:
+            raise InvalidArgument("receipt_handle", f"does not parse: {exc}") from None
+        verdict = self._foreign(handle.broker_name, handle.group, handle.topic, group, topic)
+        if verdict:
+            return AckResult(handle_text, "FOREIGN", verdict)
+        key = (group, handle.topic, handle.queue_id)
+        state = self._queues.get(key)
+        inflight = state.inflight.get(handle.queue_offset) if state else None
+        if state is None or inflight is None or inflight.checkpoint != handle.checkpoint:
+            return AckResult(handle_text, "STALE", stale_reason(state, handle.queue_offset))
+        return handle, key, state, inflight
+
+    def _foreign(
+        self, handle_broker: str, handle_group: str, handle_topic: str, group: str, topic: str
+    ) -> str:
+        """Why a handle with these fields is not this broker's for (group, topic); "" if it is."""
+        if handle_broker != self.config.broker_name:
+            return (
+                f"issued by broker {handle_broker}, this is {self.config.broker_name}: "
+                "acknowledge on the broker the message came from"
+            )
+        if handle_group != group:
+            return f"issued to group {handle_group}, not {group}"
+        if handle_topic not in (topic, retry_topic(group, topic)):
+            return f"issued for topic {handle_topic}, not {topic}"
+        return ""
+
+    # ------------------------------------------------------------ status
+
+    def status(self, group: str, topic: str) -> GroupStatus:
+        config = self.topics.get(check_topic(topic))
+        if config is None:
+            raise NotFound(f"topic {topic!r} does not exist on broker {self.config.broker_name}")
+        check_name(group, "consumer_group")
+        group_config = self.groups.get(group) or SubscriptionGroupConfig(group)
+        queues = []
+        for queue_id in range(config.read_queue_nums):
+            state = self._queues.get((group, topic, queue_id))
+            max_offset = self.store.queue_max_offset(topic, queue_id)
+            if state is None:
+                committed = self.offsets.query(group, topic, queue_id)
+                committed = committed if committed is not None else -1
+                queues.append(QueueStatus(queue_id, committed, committed, max_offset, 0, 0))
+                continue
+            queues.append(
+                QueueStatus(
+                    queue_id,
+                    state.committed,
+                    state.pop_offset,
+                    max_offset,
+                    len(state.inflight),
+                    len(state.redeliver),
+                )
+            )
+        return GroupStatus(
+            queues,
+            self.retries_pending(group, topic),
+            self._dlq_size(group),
+            group_config.consume_message_orderly or config.order,
+            group_config.retry_max_times,
+            retry_topic(group, topic),
+            dlq_topic(group),
+        )
+
+    def retries_pending(self, group: str, topic: str) -> int:
+        """Retry copies waiting for their backoff or for a consumer."""
+        retry = retry_topic(group, topic)
+        waiting = self.timer_pending(retry)
+        state = self._queues.get((group, retry, 0))
+        backlog = self.store.queue_max_offset(retry, 0) - (state.committed if state else 0)
+        return waiting + max(0, backlog)
+
+    def _dlq_size(self, group: str) -> int:
+        topic = dlq_topic(group)
+        return self.store.queue_max_offset(topic, 0) - self.store.queue_min_offset(topic, 0)
+
+    def snapshot(self) -> dict[str, tuple[int, int, int]]:
+        """Per group: (in flight, retries pending, dead letters), for metrics."""
+        inflight: Counter[str] = Counter()
+        retries: Counter[str] = Counter()
+        topics: set[tuple[str, str]] = set()
+        for (group, topic, _), state in self._queues.items():
+            inflight[group] += len(state.inflight) + len(state.redeliver)
+            if not topic.startswith(RETRY_TOPIC_PREFIX):
+                topics.add((group, topic))
+        for group, topic in topics:
+            retries[group] += self.retries_pending(group, topic)
+        return {g: (inflight[g], retries[g], self._dlq_size(g)) for g in {g for g, _ in topics}}

@@ -1,0 +1,474 @@
+"""Pop consumption's state and its durability: per (group, topic, queue) the
+committed and pop offsets and the messages in flight, the open checkpoints and
+their deadlines, the revive-record journal and its replay.
+
+The layering of the pop room (each module imports only the ones before it):
+`state.py` (this: state, journal, replay) -> `revive.py` (expiry: retry or
+DLQ) -> `service.py` (pop, ack, change-invisible-time, status). What the state
+means is in `service.py`'s docstring.
+
+Runs on the event loop thread, on masters only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol
+
+from ferry import record
+from ferry.model import (
+    RETRY_TOPIC_PREFIX,
+    SubscriptionGroupConfig,
+    TopicConfig,
+    check_pop_group,
+)
+from ferry.receipt_handle import (
+    PopFormatError,
+)
+from ferry.runtime.clock import Clock
+from ferry.runtime.errors import InvalidArgument, NotFound
+from services.broker.messaging.rules import (
+    GroupLookup,
+    OffsetTable,
+    TopicLookup,
+)
+from services.broker.pop.records import Acks, Change, Checkpoint, decode_revive, encode_revive
+from services.broker.store import MessageIn, MessageStore
+
+log = logging.getLogger(__name__)
+
+REVIVE_GROUP = "CID_RMQ_SYS_REVIVE"
+MIN_INVISIBLE_MS = 1_000
+MAX_INVISIBLE_MS = 12 * 3600 * 1000
+MAX_POP_NUMS = 32
+MAX_WAIT_MS = 60_000
+SCAN_ENTRIES = 256  # consume-queue entries looked at per queue per pop (tag filters)
+REVIVE_BATCH = 512
+COMPACT_AT = 10_000  # checkpoint deadlines kept before the resolved ones are dropped
+
+
+class GroupTable(GroupLookup, Protocol):
+    def put(self, config: SubscriptionGroupConfig): ...
+
+
+@dataclass(frozen=True)
+class PopConfig:
+    broker_name: str
+    revive_topic: str
+    backoff_s: tuple[float, ...]  # by attempt: the wait before redelivery n+1
+    auto_create_group: bool = True
+
+
+class Popped(NamedTuple):
+    """One message handed out: the record and how the consumer sees it."""
+
+    message: record.StoredMessage
+    topic: str  # the topic the consumer asked for (a retry copy shows its origin)
+    msg_id: str | None  # stable across redeliveries; None: the record's own
+    receipt_handle: str
+    delivery_attempt: int
+    invisible_until_ms: int
+
+
+class AckResult(NamedTuple):
+    receipt_handle: str
+    status: str  # OK, STALE, FOREIGN
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class ChangeResult:
+    receipt_handle: str
+    status: str
+    reason: str = ""
+    invisible_until_ms: int = 0
+
+
+@dataclass(frozen=True)
+class QueueStatus:
+    queue_id: int
+    committed_offset: int
+    pop_offset: int
+    max_offset: int
+    in_flight: int
+    redeliveries_pending: int
+
+
+@dataclass(frozen=True)
+class GroupStatus:
+    queues: list[QueueStatus]
+    retries_pending: int
+    dlq_messages: int
+    orderly: bool
+    retry_max_times: int
+    retry_topic: str
+    dlq_topic: str
+
+
+class InFlight(NamedTuple):
+    """Shared by the messages of one checkpoint; never changed in place."""
+
+    checkpoint: int
+    until_ms: int
+    attempt: int  # ordered groups; 0 for normal groups (the record's reconsume times say)
+
+
+@dataclass(slots=True)
+class Redelivery:
+    """An ordered group's expired message, handed out again from `visible_ms`."""
+
+    checkpoint: int
+    attempt: int
+    visible_ms: int
+
+
+Key = tuple[str, str, int]  # (group, topic, queue id)
+
+
+@dataclass(slots=True)
+class OpenCheckpoint:
+    """A checkpoint (one pop of one queue, or one re-timing) with messages unresolved."""
+
+    key: Key
+    offsets: tuple[int, ...]
+    until_ms: int
+    live: int = 0  # its offsets still in flight or waiting for redelivery
+
+
+@dataclass
+class QueueState:
+    key: Key
+    committed: int
+    pop_offset: int
+    # Offsets enter `inflight` in increasing order (a queue is handed out
+    # front to back; re-timing replaces a value in place; an ordered queue
+    # re-delivers only while nothing else of it is in flight), so its first
+    # key is its lowest.
+    inflight: dict[int, InFlight] = field(default_factory=dict)
+    redeliver: dict[int, Redelivery] = field(default_factory=dict)
+
+    def low(self) -> int:
+        """The lowest unresolved offset (the committed offset to be)."""
+        low = next(iter(self.inflight), self.pop_offset)
+        if self.redeliver:
+            low = min(low, min(self.redeliver))
+        return low
+
+
+class PopState:
+    """The pop state of one broker and its journal (revive records)."""
+
+    def __init__(
+        self,
+        store: MessageStore,
+        topics: TopicLookup,
+        groups: GroupTable,
+        offsets: OffsetTable,
+        clock: Clock,
+        config: PopConfig,
+        readable: Callable[[str], TopicConfig],
+        create_topic: Callable[[TopicConfig], None],
+        timer_pending: Callable[[str], int] = lambda topic: 0,
+    ) -> None:
+        self.store = store
+        self.topics = topics
+        self.groups = groups
+        self.offsets = offsets
+        self.clock = clock
+        self.config = config
+        self.readable = readable  # the topic, if consumers may read it here (messaging's rule)
+        self.create_topic = create_topic  # persist + announce a retry or DLQ topic
+        self.timer_pending = timer_pending  # timed copies waiting, by target topic
+        self._queues: dict[Key, QueueState] = {}
+        self._cks: dict[int, OpenCheckpoint] = {}  # checkpoint -> its unresolved messages
+        self._expiry: list[tuple[int, int]] = []  # (until, checkpoint); stale ones skipped
+        self._wakeups: list[tuple[int, Key]] = []  # (visible, ordered queue) redeliveries
+        self._compact_at = COMPACT_AT
+        self._wake = asyncio.Event()
+        # While the reviver sleeps: the wall ms it wakes at by itself (0: awake,
+        # it looks at the heaps before it sleeps again). Only an earlier
+        # deadline needs to wake it.
+        self._sleeping_until = 0
+        self._next_queue: dict[tuple[str, str], int] = {}
+        self._names_ok: set[tuple[str, str]] = set()  # (group, topic) pairs that name valid topics
+        self.redeliveries = 0  # copies to a retry topic, and ordered re-deliveries
+        self.dead_letters = 0
+
+    # ------------------------------------------------------------ durability
+
+    def _journal(self, item: Checkpoint | Acks | Change, end_only: bool = False) -> int:
+        """Append one revive record; returns its revive-queue offset (the
+        checkpoint id), or with `end_only` the commit offset just past it."""
+        result = self.store.append_internal(
+            self.config.revive_topic, 0, [MessageIn(encode_revive(item), b"")], dispatch_now=False
+        )
+        return result.end_offset if end_only else result.queue_offset
+
+    async def load(self) -> int:
+        """Replay the revive queue from the checkpoint (before serving)."""
+        start = self.offsets.query(REVIVE_GROUP, self.config.revive_topic, 0) or 0
+        cq = self.store.queue_view(self.config.revive_topic, 0)
+        if cq is None:
+            return 0
+        if start < cq.min_offset:
+            log.error(
+                "pop: revive records %d..%d were deleted by retention; messages in flight "
+                "then count as resolved",
+                start,
+                cq.min_offset,
+            )
+            start = cq.min_offset
+        offset = start
+        replayed = 0
+        while offset < cq.max_offset:
+            entries = cq.entries(offset, 4096)
+            if not entries:
+                break
+            for i, message in enumerate(await self.store.read_entries(entries)):
+                if message is None:
+                    continue
+                try:
+                    item = decode_revive(message.body)
+                except PopFormatError as exc:
+                    log.error("pop: revive record %d unreadable (%s); skipped", offset + i, exc)
+                    continue
+                self.apply(offset + i, item)
+                replayed += 1
+            offset += len(entries)
+        for state in self._queues.values():
+            self._advance(state)
+        inflight = sum(len(s.inflight) for s in self._queues.values())
+        log.info(
+            "pop: replayed %d revive records from %d: %d messages in flight in %d queues",
+            replayed,
+            start,
+            inflight,
+            len(self._queues),
+        )
+        return replayed
+
+    def apply(self, checkpoint_offset: int, item: Checkpoint | Acks | Change) -> None:
+        """One revive record, replayed."""
+        if isinstance(item, Checkpoint):
+            state = self._queue(item.group, item.topic, item.queue_id, base=item.start)
+            state.pop_offset = max(state.pop_offset, item.end)
+            ck = self._new_checkpoint(
+                checkpoint_offset, state.key, item.offsets, item.invisible_until_ms
+            )
+            for offset, attempt in zip(item.offsets, item.attempts, strict=True):
+                if offset >= state.committed:
+                    self._set_inflight(
+                        state,
+                        offset,
+                        InFlight(checkpoint_offset, item.invisible_until_ms, attempt),
+                    )
+            if not ck.live:
+                del self._cks[checkpoint_offset]
+        elif isinstance(item, Acks):
+            state = self._queues.get((item.group, item.topic, item.queue_id))
+            if state is None:
+                return
+            for offset, checkpoint in item.resolved:
+                inflight = state.inflight.get(offset)
+                if inflight is not None and inflight.checkpoint == checkpoint:
+                    self._resolve(state, offset)
+        else:
+            state = self._queues.get((item.group, item.topic, item.queue_id))
+            inflight = state.inflight.get(item.queue_offset) if state else None
+            if (
+                state is not None
+                and inflight is not None
+                and inflight.checkpoint == item.old_checkpoint
+            ):
+                self._new_checkpoint(
+                    checkpoint_offset, state.key, (item.queue_offset,), item.invisible_until_ms
+                )
+                self._set_inflight(
+                    state,
+                    item.queue_offset,
+                    InFlight(checkpoint_offset, item.invisible_until_ms, item.attempt),
+                )
+
+    def checkpoint(self) -> int:
+        """Record where a restart replays from: the oldest checkpoint with an
+        unresolved message (stored with the committed offsets it matches)."""
+        cq = self.store.queue_view(self.config.revive_topic, 0)
+        start = min(self._cks) if self._cks else (cq.max_offset if cq else 0)
+        if (self.offsets.query(REVIVE_GROUP, self.config.revive_topic, 0) or 0) != start:
+            self.offsets.commit(REVIVE_GROUP, self.config.revive_topic, 0, start)
+        return start
+
+    def held_from(self) -> int | None:
+        """The commit offset of the oldest revive record a restart would replay
+        (what retention must keep), or None when nothing is unresolved."""
+        if not self._cks:
+            return None
+        cq = self.store.queue_view(self.config.revive_topic, 0)
+        oldest = min(self._cks)
+        if cq is None or not cq.min_offset <= oldest < cq.max_offset:
+            return None
+        return cq.entry(oldest)[0]
+
+    def inflight_state(self) -> dict[Key, dict[int, tuple[int, int]]]:
+        """(checkpoint, attempt) of every unresolved offset, per queue: what a
+        replay of the same revive records on a slave must reproduce."""
+        out = {}
+        for key, state in self._queues.items():
+            items = {o: (i.checkpoint, i.attempt) for o, i in state.inflight.items()}
+            items.update({o: (r.checkpoint, r.attempt - 1) for o, r in state.redeliver.items()})
+            if items:
+                out[key] = items
+        return out
+
+    # ------------------------------------------------------------ internals
+
+    def _queue(self, group: str, topic: str, queue_id: int, base: int | None = None) -> QueueState:
+        key = (group, topic, queue_id)
+        state = self._queues.get(key)
+        if state is None:
+            committed = self.offsets.query(group, topic, queue_id)
+            if committed is None:
+                if base is not None:
+                    committed = base
+                else:
+                    group_config = self.groups.get(group)
+                    from_min = group_config.consume_from_min_enable if group_config else True
+                    committed = (
+                        self.store.queue_min_offset(topic, queue_id)
+                        if from_min
+                        else self.store.queue_max_offset(topic, queue_id)
+                    )
+                self.offsets.commit(group, topic, queue_id, committed)
+            state = self._queues[key] = QueueState(key, committed, committed)
+        return state
+
+    def _new_checkpoint(
+        self, checkpoint: int, key: Key, offsets: tuple[int, ...], until_ms: int
+    ) -> OpenCheckpoint:
+        ck = self._cks[checkpoint] = OpenCheckpoint(key, offsets, until_ms)
+        heapq.heappush(self._expiry, (until_ms, checkpoint))
+        if len(self._expiry) > self._compact_at:
+            self._compact_expiry()
+        return ck
+
+    def _set_inflight(self, state: QueueState, offset: int, inflight: InFlight) -> None:
+        """`offset` in flight under `inflight.checkpoint` (made by `_new_checkpoint`)."""
+        old = state.inflight.get(offset)
+        if old is not None:
+            self._unref(old.checkpoint)
+        redelivery = state.redeliver.pop(offset, None)
+        if redelivery is not None:
+            self._unref(redelivery.checkpoint)
+        state.inflight[offset] = inflight
+        self._cks[inflight.checkpoint].live += 1
+
+    def _compact_expiry(self) -> None:
+        """Drop the deadlines of checkpoints already resolved (they stay in the
+        heap when that happens): with long invisibility times and fast acks, the
+        heap would otherwise hold every pop of the last hours."""
+        live = [(ck.until_ms, checkpoint) for checkpoint, ck in self._cks.items()]
+        heapq.heapify(live)
+        self._expiry = live
+        self._compact_at = max(COMPACT_AT, 4 * len(live))
+
+    def _resolve(self, state: QueueState, offset: int) -> None:
+        inflight = state.inflight.pop(offset, None)
+        if inflight is not None:
+            self._unref(inflight.checkpoint)
+        redelivery = state.redeliver.pop(offset, None)
+        if redelivery is not None:
+            self._unref(redelivery.checkpoint)
+
+    def _unref(self, checkpoint: int, count: int = 1) -> None:
+        ck = self._cks[checkpoint]
+        ck.live -= count
+        if ck.live <= 0:
+            del self._cks[checkpoint]
+
+    def _advance(self, state: QueueState) -> None:
+        low = state.low()
+        if low > state.committed:
+            state.committed = low
+            group, topic, queue_id = state.key
+            self.offsets.commit(group, topic, queue_id, low)
+
+    def _skip_deleted(self, state: QueueState, new_min: int) -> None:
+        log.warning(
+            "pop: group %s skips %d messages of %s/%d that retention deleted before they "
+            "were consumed",
+            state.key[0],
+            new_min - state.pop_offset,
+            state.key[1],
+            state.key[2],
+        )
+        for offset in [o for o in state.inflight if o < new_min]:
+            self._resolve(state, offset)
+        for offset in [o for o in state.redeliver if o < new_min]:
+            self._resolve(state, offset)
+        state.pop_offset = new_min
+        self._advance(state)
+
+    def _check_group_name(self, group: str, topic: str) -> None:
+        if (group, topic) in self._names_ok:
+            return
+        check_pop_group(group, topic)  # one rule, shared with the proxy
+        if len(self._names_ok) >= 65536:
+            self._names_ok.clear()
+        self._names_ok.add((group, topic))
+
+    def _group(self, group: str) -> SubscriptionGroupConfig:
+        config = self.groups.get(group)
+        if config is not None:
+            return config
+        if not self.config.auto_create_group:
+            raise NotFound(
+                f"consumer group {group!r} does not exist on broker {self.config.broker_name} "
+                "and autoCreateSubscriptionGroup is off; create it with "
+                "BrokerAdmin/UpdateAndCreateSubscriptionGroup"
+            )
+        config = SubscriptionGroupConfig(group)
+        self.groups.put(config)
+        log.info("pop: consumer group %s created on first use", group)
+        return config
+
+    def _ensure_topic(self, topic: str) -> None:
+        if self.topics.get(topic) is None:
+            self.create_topic(TopicConfig(topic, read_queue_nums=1, write_queue_nums=1, perm=6))
+
+
+def delivery_attempt(queue_topic: str, message: record.StoredMessage) -> int:
+    """Which delivery of a normal group this is: a retry copy counts the
+    deliveries before it in its reconsume times; any other message (including
+    a dead letter read back by another group) is on its first."""
+    if queue_topic.startswith(RETRY_TOPIC_PREFIX):
+        return message.reconsume_times + 1
+    return 1
+
+
+def check_invisible(invisible_ms: int) -> None:
+    if not MIN_INVISIBLE_MS <= invisible_ms <= MAX_INVISIBLE_MS:
+        raise InvalidArgument(
+            "invisible_ms",
+            f"{invisible_ms} is outside {MIN_INVISIBLE_MS}..{MAX_INVISIBLE_MS} (1 s .. 12 h)",
+        )
+
+
+def stale_reason(state: QueueState | None, queue_offset: int) -> str:
+    if state is not None and queue_offset < state.committed:
+        return "already resolved: acknowledged, or redelivered after its invisibility ended"
+    if state is not None and queue_offset in state.redeliver:
+        return "its invisibility ended; it will be delivered again with a new handle"
+    return (
+        "not in flight under this handle: acknowledged, redelivered, or replaced by "
+        "ChangeInvisibleTime"
+    )
+
+
+def message_group_queue(message_group: str, queue_count: int) -> int:
+    """The queue a message group's messages share: a stable hash (CRC32)."""
+    return zlib.crc32(message_group.encode()) % queue_count

@@ -1,0 +1,54 @@
+"""The storage engine: the commit log, its consume queues and everything that keeps
+them durable, recovered and bounded.
+
+Owns: `message_store` (MessageStore, the one entry point: append, read, queue
+offsets, long polls), `commitlog` (segment files, the single appender), `allocator`
+(pre-allocated segments), `reader` (cold reads off the loop), `consumequeue`,
+`dispatcher` (commit log -> consume queues), `longpoll`, `flush` (fsync and the
+checkpoint writer), `checkpoint` (the checkpoint/abort file format: written by flush,
+read by recovery), `recovery`, `retention`, `failstop` (storage errors are fatal),
+`storelock` (one process per store) and `replica_log` (the `ReplicatedLog` that
+`services/ha` declares, implemented over the store).
+
+Must never import: messaging/, metadata/, pop/, schedule/, api/, cluster/,
+failover/, app, metrics, `grpc` or `ferry.v1`. Everything above the store reaches it
+through the names exported here (tests may reach further in).
+"""
+
+from services.broker.store.commitlog import CommitLogError
+from services.broker.store.consumequeue import ConsumeQueueError
+from services.broker.store.message_store import (
+    FlushDiskType,
+    GetResult,
+    GetStatus,
+    MessageIn,
+    MessageStore,
+    PutResult,
+    PutStatus,
+    QueueView,
+    StoreConfig,
+    copy_message,
+)
+from services.broker.store.recovery import RecoveryError, RecoveryReport
+from services.broker.store.retention import CleanResult, RetentionConfig
+from services.broker.store.storelock import StoreLockedError
+
+__all__ = [
+    "CleanResult",
+    "CommitLogError",
+    "ConsumeQueueError",
+    "RecoveryError",
+    "RetentionConfig",
+    "StoreLockedError",
+    "FlushDiskType",
+    "GetResult",
+    "GetStatus",
+    "MessageIn",
+    "MessageStore",
+    "PutResult",
+    "PutStatus",
+    "QueueView",
+    "RecoveryReport",
+    "StoreConfig",
+    "copy_message",
+]

@@ -1,0 +1,795 @@
+"""The message store: the commit log, its consume queues, recovery, appends
+and reads — RocketMQ's DefaultMessageStore, without the broker around it.
+
+Data flow: `put` (the appender) encodes records and writes them to the commit
+log; the dispatcher tails the commit log into the consume queues and wakes
+long-polling readers (`longpoll.py`); the flusher makes both durable and writes
+the checkpoint (`flush.py`); retention deletes old files (`retention.py`);
+`get_messages` reads a queue's entries and then their records. The HA data
+plane sees the store only through `replica_log` (`replica_log.py`).
+
+Ownership and concurrency: everything here runs on the event loop thread.
+Work that may wait on the disk does not: fdatasync (the flusher), commit-log
+reads that are not in the page cache (`get_messages` tries a non-blocking
+read first and falls back to a reader thread), allocating the next commit-log
+file (ahead of need, in a thread) and unlinking deleted files. A file read in
+a thread is pinned so retention cannot close it under the read. The appender
+is `_append`: it assigns commit offsets and queue offsets and writes without
+awaiting in between, so appends are serialised and each batch is contiguous.
+No other code writes the commit log (on a slave, the HA client appends raw
+bytes through `replica_log`).
+
+Storage errors: a full disk refuses the write (RESOURCE_EXHAUSTED) and loses
+nothing; any other failed write or sync trips `failstop` (`failstop.py`).
+The store holds `storePathRootDir/lock` while open (`storelock.py`).
+
+Topic configuration, permissions and queue choice are the caller's job
+(`messaging/service.py`); this module trusts its arguments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import enum
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Protocol
+
+from ferry import record
+from ferry.model import DELAY_LEVELS_S
+from ferry.runtime.clock import Clock, wait_event
+from ferry.runtime.errors import FerryError, ResourceExhausted, StorageFault, Unavailable
+from ferry.runtime.tasks import cancel_and_wait
+from services.broker.store.allocator import SegmentAllocator
+from services.broker.store.checkpoint import ABORT, CHECKPOINT
+from services.broker.store.commitlog import CommitLog, CommitLogError
+from services.broker.store.consumequeue import ConsumeQueues
+from services.broker.store.dispatcher import Dispatcher
+from services.broker.store.failstop import FailStop, is_full_disk
+from services.broker.store.flush import Flusher
+from services.broker.store.longpoll import LongPolls
+from services.broker.store.reader import LogReader
+from services.broker.store.recovery import RecoveryReport, recover_store
+from services.broker.store.replica_log import StoreReplicaLog
+from services.broker.store.retention import Retention, RetentionConfig, disk_used_ratio
+from services.broker.store.storelock import StoreLock
+
+log = logging.getLogger(__name__)
+
+
+class FlushDiskType(enum.Enum):
+    ASYNC_FLUSH = "ASYNC_FLUSH"
+    SYNC_FLUSH = "SYNC_FLUSH"
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    root: Path
+    commit_log_file_size: int = 1 << 30
+    consume_queue_entries_per_file: int = 300_000
+    flush_disk_type: FlushDiskType = FlushDiskType.ASYNC_FLUSH
+    flush_interval_s: float = 0.5
+    sync_flush_timeout_s: float = 5.0
+    store_host: tuple[str, int] = ("127.0.0.1", 10911)
+    delay_levels_s: tuple[float, ...] = DELAY_LEVELS_S
+    preallocate: bool = True
+    # Bytes of messages one pull returns at most (RocketMQ's
+    # maxTransferBytesOnMessageInMemory): an answer is built and serialised on
+    # the event loop, so a large one stalls every send meanwhile.
+    max_pull_bytes: int = 256 << 10
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
+    reader_threads: int = 4  # commit-log reads that would wait on the disk
+
+    @property
+    def commit_log_dir(self) -> Path:
+        return self.root / "commitlog"
+
+    @property
+    def consume_queue_dir(self) -> Path:
+        return self.root / "consumequeue"
+
+
+@dataclass(frozen=True, slots=True)
+class MessageIn:
+    """One message to append (already validated)."""
+
+    body: bytes
+    properties: bytes  # encoded with `record.encode_properties`
+    flag: int = 0
+    born_timestamp: int = 0
+    born_host: bytes = record.pack_host(("127.0.0.1", 0))
+    sys_flag: int = 0
+    reconsume_times: int = 0
+
+
+def copy_message(
+    message: record.StoredMessage,
+    properties: Mapping[str, str],
+    reconsume_times: int | None = None,
+) -> MessageIn:
+    """A stored message appended again (a timed delivery, a retry or a dead
+    letter): its body, flag, birth and reconsume times, with new properties."""
+    host, _, port = message.born_host.rpartition(":")
+    try:
+        born_host = record.pack_host((host or "127.0.0.1", int(port)))
+    except (ValueError, OSError):
+        born_host = record.pack_host(("127.0.0.1", 0))
+    return MessageIn(
+        body=message.body,
+        properties=record.encode_properties(properties),
+        flag=message.flag,
+        born_timestamp=message.born_timestamp,
+        born_host=born_host,
+        reconsume_times=message.reconsume_times if reconsume_times is None else reconsume_times,
+    )
+
+
+class PutStatus(enum.Enum):
+    PUT_OK = "PUT_OK"
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+
+
+@dataclass(frozen=True)
+class PutResult:
+    status: PutStatus
+    topic: str
+    queue_id: int
+    queue_offset: int  # of the first message
+    commit_offsets: list[int]
+    msg_ids: list[str]
+    end_offset: int  # commit offset just past the last record
+    store_timestamp: int
+
+
+class GetStatus(enum.Enum):
+    FOUND = "FOUND"
+    NO_NEW_MSG = "NO_NEW_MSG"  # queue_offset == max (nothing yet)
+    NO_MATCHED_MSG = "NO_MATCHED_MSG"  # entries exist, none matched the tags
+    OFFSET_ILLEGAL = "OFFSET_ILLEGAL"  # past the max offset
+    OFFSET_MOVED = "OFFSET_MOVED"  # below the min offset
+
+
+@dataclass(frozen=True)
+class GetResult:
+    status: GetStatus
+    records: list[record.StoredMessage]
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+
+
+class QueueView(Protocol):
+    """A consume queue as its readers see it: offsets and entries, never writes.
+    An entry is (commit offset, size, tag hash or due time)."""
+
+    @property
+    def min_offset(self) -> int: ...
+
+    @property
+    def max_offset(self) -> int: ...
+
+    def entry(self, queue_offset: int) -> tuple[int, int, int]: ...
+
+    def entries(
+        self, queue_offset: int, max_count: int, limit: int | None = None
+    ) -> list[tuple[int, int, int]]: ...
+
+
+class MessageStore:
+    """One broker's store. Constructing it takes `storePathRootDir/lock`
+    (StoreLockedError when another process holds it); `stop` or `abandon`
+    releases it."""
+
+    def __init__(
+        self,
+        config: StoreConfig,
+        clock: Clock,
+        disk_ratio: Callable[[], float] | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.failstop = FailStop()
+        # The lock first: a second broker on this store stops before it reads
+        # or writes anything in it (the commit log lists and opens its files).
+        self._lock: StoreLock | None = StoreLock.acquire(config.root)
+        try:
+            self.commit_log = CommitLog(
+                config.commit_log_dir, config.commit_log_file_size, preallocate=config.preallocate
+            )
+        except BaseException:
+            self._lock.release()
+            raise
+        self.queues = ConsumeQueues(config.consume_queue_dir, config.consume_queue_entries_per_file)
+        self.long_polls = LongPolls(self._visible_max)
+        self.replica_log = StoreReplicaLog(self)
+        self.dispatcher = Dispatcher(
+            self.commit_log,
+            self.queues,
+            0,
+            on_dispatch=self.long_polls.notify,
+            delay_levels_s=config.delay_levels_s,
+            busy=self.replica_log.receiving_bulk,
+            on_fault=self.failstop.trip,
+        )
+        self.flusher = Flusher(
+            self.commit_log,
+            self.queues,
+            lambda: self.dispatcher.offset,
+            config.root / CHECKPOINT,
+            clock,
+            config.flush_interval_s,
+            self.failstop,
+        )
+        self.retention = Retention(
+            config.retention,
+            self.commit_log,
+            self.queues,
+            lambda: self.dispatcher.offset,
+            clock,
+            disk_ratio or partial(disk_used_ratio, config.root),
+        )
+        self._store_host = record.pack_host(config.store_host)
+        self._msg_id_prefix = record.message_id(config.store_host, 0)[:16]
+        # Next queue offset per (topic, queue id): assigned by the appender.
+        self._next_queue_offset: dict[tuple[str, int], int] = {}
+        self.reader = LogReader(self.commit_log, config.reader_threads)
+        self.allocator = SegmentAllocator(self.commit_log, config.preallocate, lambda: self._opened)
+        self._grown = asyncio.Event()  # replaced after each append: wait_for_growth
+        self._tasks: list[asyncio.Task] = []
+        self._opened = False
+        self.confirm_offset_fn: Callable[[], int] | None = None  # set by HA on a SYNC_MASTER
+        self.put_message_count = 0
+        self.get_message_count = 0
+
+    # ------------------------------------------------------------ lifecycle
+
+    def open(self) -> RecoveryReport:
+        """Recover the store (SPEC §4.4) and create the abort marker. Blocking:
+        call it before serving (in a thread if a loop is running)."""
+        started = time.monotonic()
+        try:
+            return self._recover(started)
+        except BaseException:
+            self.commit_log.close()
+            self.queues.close()
+            if self._lock is not None:
+                self._lock.release()
+            raise
+
+    def _recover(self, started: float) -> RecoveryReport:
+        report = recover_store(
+            self.config.root, self.commit_log, self.queues, self.dispatcher, started
+        )
+        for queue in self.queues.all():
+            self._next_queue_offset[(queue.topic, queue.queue_id)] = queue.max_offset
+        self.flusher.flushed_offset = report.end_offset
+        self.flusher.write_checkpoint_now(self.flusher.snapshot())
+        (self.config.root / ABORT).write_bytes(str(os.getpid()).encode())
+        self._opened = True
+        return report
+
+    async def start(self) -> None:
+        """Start the dispatcher, flusher, allocator and retention tasks."""
+        self.reader.start()
+        self._grown = asyncio.Event()
+        self._tasks = [
+            asyncio.create_task(self.dispatcher.run(), name="dispatcher"),
+            asyncio.create_task(self.flusher.run(), name="flusher"),
+            asyncio.create_task(self.allocator.run(), name="commitlog-allocator"),
+            asyncio.create_task(self.retention.run(), name="retention"),
+        ]
+
+    async def stop(self) -> None:
+        """Stop background tasks, make everything durable, write the checkpoint
+        and remove the abort marker (a clean shutdown). After a storage fault,
+        nothing is flushed and the abort marker stays: recovery runs next time."""
+        await cancel_and_wait(*self._tasks)
+        self._tasks = []
+        if not self._opened:
+            return
+        if self.failstop.tripped:
+            self.abandon()
+            return
+        self.dispatcher.dispatch_all()
+        try:
+            await self.flusher.flush_now()
+        except StorageFault as fault:
+            self.failstop.trip(fault)
+            self.abandon()
+            return
+        self.long_polls.close()
+        self._close_files()
+        with contextlib.suppress(FileNotFoundError):
+            (self.config.root / ABORT).unlink()
+        log.info("store closed cleanly at commit offset %d", self.flusher.flushed_offset)
+
+    def abandon(self) -> None:
+        """Close the files and release the lock without flushing or touching
+        the checkpoint and abort marker — what a crash leaves behind (after a
+        storage fault; tests simulate crashes with it)."""
+        for task in self._tasks:
+            task.cancel()
+        self._tasks = []
+        self.long_polls.close()
+        if self._opened:
+            self._close_files()
+            log.warning("store abandoned without a clean close: recovery runs at the next start")
+
+    def _close_files(self) -> None:
+        self._opened = False
+        self.reader.close()
+        self.commit_log.close()
+        self.queues.close()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def set_store_host(self, host: tuple[str, int]) -> None:
+        """The advertised address stored in records and message ids (known once
+        the gRPC server has bound its port)."""
+        self._store_host = record.pack_host(host)
+        self._msg_id_prefix = record.message_id(host, 0)[:16]
+
+    # ------------------------------------------------------------ state
+
+    @property
+    def min_offset(self) -> int:
+        return self.commit_log.min_offset
+
+    @property
+    def max_offset(self) -> int:
+        return self.commit_log.max_offset
+
+    @property
+    def flushed_offset(self) -> int:
+        return self.flusher.flushed_offset
+
+    @property
+    def confirm_offset(self) -> int:
+        """The highest commit offset consumers may see (SPEC §3.4)."""
+        if self.confirm_offset_fn is not None:
+            return min(self.confirm_offset_fn(), self.max_offset)
+        return self.max_offset
+
+    def queue_max_offset(self, topic: str, queue_id: int) -> int:
+        queue = self.queues.get(topic, queue_id)
+        return queue.max_offset if queue else 0
+
+    def queue_min_offset(self, topic: str, queue_id: int) -> int:
+        queue = self.queues.get(topic, queue_id)
+        return queue.min_offset if queue else 0
+
+    def queue_view(self, topic: str, queue_id: int) -> QueueView | None:
+        """A queue's entries for the broker's own readers (pop, delay levels,
+        timers, the metadata log), or None while it has never been written."""
+        return self.queues.get(topic, queue_id)
+
+    async def wait_for_any(self, keys: Iterable[tuple[str, int]], timeout_s: float) -> None:
+        """Long polling over several queues: return when any of them may have
+        something new, or after `timeout_s`."""
+        await self.long_polls.wait_any(keys, timeout_s)
+
+    def wake(self, keys: Iterable[tuple[str, int]]) -> None:
+        """Wake the long polls of these queues to look again (something other
+        than an append changed what they may hand out: an ack, a redelivery)."""
+        self.long_polls.notify(keys)
+
+    # ------------------------------------------------------------ writes
+
+    async def put(
+        self, topic: str, queue_id: int, messages: Sequence[MessageIn], wait_flush: bool = True
+    ) -> PutResult:
+        """Append messages to one queue as one contiguous unit. With SYNC_FLUSH
+        and `wait_flush`, return once their bytes are fsynced (group commit),
+        or with FLUSH_DISK_TIMEOUT after `sync_flush_timeout_s`.
+
+        Raises:
+            ResourceExhausted: the disk is full or above the warning ratio.
+            Unavailable: a storage fault; nothing more is acknowledged.
+        """
+        result = self.append_internal(topic, queue_id, messages)
+        if not await self.wait_stored(result.end_offset, wait_flush):
+            result = dataclasses.replace(result, status=PutStatus.FLUSH_DISK_TIMEOUT)
+        return result
+
+    async def wait_stored(self, end_offset: int, wait_flush: bool = True) -> bool:
+        """What an acknowledgement of appends up to `end_offset` waits for:
+        with `wait_flush`, their flush (SYNC_FLUSH; False if it timed out);
+        without, only that no storage fault has happened.
+
+        Raises:
+            Unavailable: a storage fault; nothing more is acknowledged.
+        """
+        if not wait_flush:
+            self.failstop.check()
+            return True
+        return await self.wait_durable(end_offset)
+
+    def append_internal(
+        self, topic: str, queue_id: int, messages: Sequence[MessageIn], dispatch_now: bool = True
+    ) -> PutResult:
+        """Append at once, without waiting for a flush: the caller decides what
+        to wait for (`wait_durable`). Sends go through `put`; the broker's own
+        records (pop checkpoints and acks, timer deliveries, retry and
+        dead-letter copies) come here directly.
+
+        `dispatch_now=False` is for records no consumer waits for (the pop
+        journal, read back only by a restart): their consume-queue entries are
+        written at the dispatcher's next pass — with the next append that
+        wakes it, or within its idle wait (0.2 s) — not in a turn of their own.
+        The bytes are in the log, and go to slaves, at once either way.
+
+        Raises:
+            ResourceExhausted: the disk is full or above the warning ratio.
+            Unavailable: a storage fault.
+        """
+        self.retention.check_writable()
+        return self._append(topic, queue_id, messages, dispatch_now)
+
+    def append_due(self, topic: str, queue_id: int, messages: Sequence[MessageIn]) -> PutResult:
+        """Append messages the broker already accepted once (a delayed message
+        coming due), at once: unlike `append_internal` this does not refuse above
+        the disk warning ratio, since refusing would strand what was acknowledged.
+
+        Raises:
+            Unavailable: a storage fault.
+        """
+        return self._append(topic, queue_id, messages)
+
+    async def wait_durable(self, end_offset: int) -> bool:
+        """With SYNC_FLUSH, wait until the log is fsynced up to `end_offset`
+        (False after `sync_flush_timeout_s`); at once otherwise.
+
+        Raises:
+            Unavailable: a storage fault.
+        """
+        ok = True
+        if self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH:
+            ok = await self.flusher.wait_flushed(end_offset, self.config.sync_flush_timeout_s)
+        self.failstop.check()
+        return ok
+
+    def _append(
+        self, topic: str, queue_id: int, messages: Sequence[MessageIn], dispatch_now: bool = True
+    ) -> PutResult:
+        if not self._opened:
+            raise Unavailable("the store is not open")
+        self.failstop.check()
+        key = (topic, queue_id)
+        first_queue_offset = self._next_queue_offset.get(key, 0)
+        topic_bytes = topic.encode()
+        store_ts = self.clock.wall_ms()
+        store_host = self._store_host
+        items = []
+        for i, m in enumerate(messages):
+            size = record.encoded_size(len(topic_bytes), len(m.body), len(m.properties))
+            items.append(
+                (
+                    size,
+                    _encoder(
+                        topic_bytes, queue_id, first_queue_offset + i, m, store_ts, store_host
+                    ),
+                )
+            )
+        files_before = self.commit_log.files_end
+        try:
+            offsets = self.commit_log.append_many(items)
+        except OSError as exc:
+            raise self._write_failure(exc) from exc
+        self._next_queue_offset[key] = first_queue_offset + len(messages)
+        end = self.commit_log.max_offset
+        self.put_message_count += len(messages)
+        self._appended(files_before, dispatch_now)
+        prefix = self._msg_id_prefix
+        return PutResult(
+            PutStatus.PUT_OK,
+            topic,
+            queue_id,
+            first_queue_offset,
+            offsets,
+            [f"{prefix}{o:016X}" for o in offsets],
+            end,
+            store_ts,
+        )
+
+    def append_raw(self, commit_offset: int, data: bytes | memoryview) -> int:
+        """A slave's replicated bytes, appended as they are at `commit_offset`,
+        which must be the log's end — or, for an empty log, the start of a file
+        (the master's choice). Returns the new end.
+
+        Raises:
+            ValueError: the offset is not where the bytes can go.
+            OSError: not written (a full disk; any other error also trips fail-stop).
+        """
+        if not self._opened:
+            raise ValueError("the store is not open")
+        self.failstop.check()
+        log_ = self.commit_log
+        if commit_offset != log_.max_offset:
+            if log_.segment_starts() or self.queues.all():
+                raise ValueError(f"bytes at {commit_offset}, but the log ends at {log_.max_offset}")
+            try:
+                log_.start_at(commit_offset)
+            except CommitLogError as exc:
+                raise ValueError(str(exc)) from None
+            self.dispatcher.offset = commit_offset
+        files_before = log_.files_end
+        try:
+            end = log_.append_raw(data)
+        except CommitLogError as exc:
+            raise ValueError(str(exc)) from None
+        except OSError as exc:
+            if not is_full_disk(exc):
+                self.failstop.trip(StorageFault("pwrite", str(exc.filename or log_.directory), exc))
+            raise
+        self._appended(files_before)
+        return end
+
+    def _appended(self, files_before: int, dispatch_now: bool = True) -> None:
+        if dispatch_now:
+            self.dispatcher.wake()
+        grown, self._grown = self._grown, asyncio.Event()
+        grown.set()
+        if self.commit_log.files_end != files_before:
+            self.allocator.wake()  # a new file: allocate the next, run retention
+            self.retention.wake()
+
+    async def wait_for_growth(self, offset: int, timeout_s: float) -> bool:
+        """True once the log ends past `offset`; False after `timeout_s`."""
+        if self.max_offset > offset:
+            return True
+        grown = self._grown
+        await wait_event(grown, timeout_s)
+        return self.max_offset > offset
+
+    def restart_at(self, start_offset: int) -> None:
+        """Drop the whole log and every consume queue and start empty at
+        `start_offset`, a file start (a slave whose offset fell out of its
+        master's retention, or an empty slave starting where its master says)."""
+        if self.commit_log.segment_starts() or self.queues.all():
+            log.warning("store discarded: empty, starting at commit offset %d", start_offset)
+        self.commit_log.discard_all()
+        for queue in self.queues.all():
+            self.queues.delete_topic(queue.topic)
+        self._next_queue_offset.clear()
+        self.commit_log.start_at(start_offset)
+        self.dispatcher.offset = start_offset
+        # Nothing is left to flush: everything up to the new start counts as
+        # flushed (reset alone only ever moves the flushed offset back).
+        self.flusher.flushed_offset = start_offset
+        self.flusher.reset(start_offset, start_offset)
+
+    async def truncate(self, offset: int) -> None:
+        """Cut the log at `offset`, a record boundary in [min_offset, max_offset]:
+        the commit log ends there (later bytes zeroed, later files deleted), the
+        consume-queue entries pointing past it go, the next queue offsets follow,
+        and the checkpoint never claims more than what is left. Durable before
+        it returns (failover cuts a divergent tail with it).
+
+        Raises:
+            ValueError: `offset` is outside the log or not a record boundary.
+        """
+        log_ = self.commit_log
+        if not log_.min_offset <= offset <= log_.max_offset:
+            raise ValueError(
+                f"cannot truncate at {offset}: the log holds [{log_.min_offset}, {log_.max_offset}]"
+            )
+        if offset < log_.max_offset:
+            head = log_.read(offset, min(record.BLANK_SIZE, log_.max_offset - offset))
+            try:
+                record.peek(head)
+            except record.RecordError as exc:
+                raise ValueError(
+                    f"cannot truncate at {offset}: not a record boundary ({exc})"
+                ) from None
+        async with self.flusher.paused():  # no sync in flight while the log is cut
+            # Queues first up to the cut, so their ends are exact for what stays.
+            self.dispatcher.dispatch_all(limit=offset)
+            dropped = self.queues.truncate_commit_end(offset)
+            log_.set_write_offset(offset)
+            for queue in self.queues.all():
+                self._next_queue_offset[(queue.topic, queue.queue_id)] = queue.max_offset
+            self.dispatcher.offset = min(self.dispatcher.offset, offset)
+            # The flushed offset and checkpoint go back to the cut at once, then
+            # forward again only with a sync that covers the cut (zeroed bytes).
+            self.flusher.reset(offset, self.dispatcher.offset)
+        try:
+            await self.flusher.flush_now()
+        except StorageFault as fault:
+            self.failstop.trip(fault)
+            raise
+        self.allocator.wake()
+        log.warning(
+            "commit log truncated at %d (%d consume-queue entries dropped)", offset, dropped
+        )
+
+    def _write_failure(self, exc: OSError) -> FerryError:
+        """What a producer is told when the commit log cannot take its messages.
+        Nothing already stored is touched: the log's end did not move, and the
+        next append writes over whatever part of this one reached the file."""
+        root = self.config.root
+        if is_full_disk(exc):
+            log.error("commit log write refused, the disk is full: %s", exc)
+            return ResourceExhausted(
+                f"the broker's disk is full ({exc.strerror}: {exc.filename or root}); the "
+                "message was not stored and nothing stored before is affected; free space "
+                f"under {root} (storePathRootDir) and send again"
+            )
+        self.failstop.trip(
+            StorageFault("pwrite", str(exc.filename or self.commit_log.directory), exc)
+        )
+        return self.failstop.refusal()
+
+    # ------------------------------------------------------------ reads
+
+    async def get_messages(
+        self,
+        topic: str,
+        queue_id: int,
+        queue_offset: int,
+        max_count: int,
+        tag_hashes: frozenset[int] | None = None,
+    ) -> GetResult:
+        """Up to `max_count` records from a queue, starting at `queue_offset`,
+        only those below the confirm offset; `tag_hashes` filters by tags."""
+        queue = self.queues.get(topic, queue_id)
+        if queue is None:
+            status = GetStatus.NO_NEW_MSG if queue_offset == 0 else GetStatus.OFFSET_ILLEGAL
+            return GetResult(status, [], 0, 0, 0)
+        low, high = queue.min_offset, queue.max_offset
+        if queue_offset < low:
+            return GetResult(GetStatus.OFFSET_MOVED, [], low, low, high)
+        if queue_offset > high:
+            return GetResult(GetStatus.OFFSET_ILLEGAL, [], high, low, high)
+        if queue_offset == high:
+            return GetResult(GetStatus.NO_NEW_MSG, [], queue_offset, low, high)
+        confirm = self.confirm_offset
+        entries = queue.entries(queue_offset, max_count)
+        found: list[record.StoredMessage] = []
+        decode = record.decode_stored
+        next_offset = queue_offset
+        budget = self.config.max_pull_bytes
+        spans = _spans(entries, self.commit_log.file_size, max_span=budget)
+        for span_start, span_end, span_entries in spans:
+            if span_entries[0][0] + span_entries[0][1] > confirm:
+                break
+            if span_start < self.commit_log.min_offset:
+                break  # deleted by retention meanwhile: the next pull is told OFFSET_MOVED
+            if found and span_entries[0][1] > budget:
+                break  # full: not one more record fits
+            data = await self.reader.read(span_start, span_end - span_start)
+            stop = False
+            for commit_offset, size, code in span_entries:
+                if commit_offset + size > confirm or (budget < size and found):
+                    stop = True
+                    break
+                next_offset += 1
+                if tag_hashes is not None and code not in tag_hashes:
+                    continue
+                found.append(decode(data, commit_offset - span_start, size))
+                budget -= size
+            if stop:
+                break
+        self.get_message_count += len(found)
+        if found:
+            # One event-loop turn between reading the records and building the
+            # answer from them: a send waiting meanwhile goes first.
+            await asyncio.sleep(0)
+            return GetResult(GetStatus.FOUND, found, next_offset, low, high)
+        if next_offset > queue_offset:
+            return GetResult(GetStatus.NO_MATCHED_MSG, [], next_offset, low, high)
+        return GetResult(GetStatus.NO_NEW_MSG, [], queue_offset, low, high)
+
+    async def read_entries(
+        self, entries: Sequence[tuple[int, int, int]]
+    ) -> list[record.StoredMessage | None]:
+        """The records consume-queue entries point at, in order (off the loop when
+        cold); None for one that retention deleted meanwhile or that is unreadable."""
+        out: list[record.StoredMessage | None] = []
+        spans = _spans(
+            list(entries), self.commit_log.file_size, max_span=self.config.max_pull_bytes
+        )
+        for span_start, span_end, span_entries in spans:
+            if span_start < self.commit_log.min_offset:
+                out.extend(None for _ in span_entries)
+                continue
+            data = await self.reader.read(span_start, span_end - span_start)
+            for commit_offset, size, _ in span_entries:
+                try:
+                    out.append(record.decode_stored(data, commit_offset - span_start, size))
+                except record.RecordError:
+                    log.error(
+                        "no readable record at commit offset %d (%d bytes)", commit_offset, size
+                    )
+                    out.append(None)
+        return out
+
+    def read_record(self, commit_offset: int, size: int) -> record.Record:
+        decoded = record.decode(self.commit_log.read(commit_offset, size), 0)
+        if not isinstance(decoded, record.Record):
+            raise record.RecordError(f"commit offset {commit_offset} holds a BLANK marker")
+        return decoded
+
+    async def wait_for_messages(
+        self, topic: str, queue_id: int, queue_offset: int, timeout_s: float
+    ) -> None:
+        """Long polling: return when the queue has a message at `queue_offset`
+        that consumers may see, or after `timeout_s`."""
+        if self._opened:
+            await self.long_polls.wait(topic, queue_id, queue_offset, timeout_s)
+
+    def notify_confirmed(self) -> None:
+        """The confirm offset moved (HA): wake every long poll to re-check."""
+        self.long_polls.notify_all()
+
+    def _visible_max(self, topic: str, queue_id: int) -> int:
+        queue = self.queues.get(topic, queue_id)
+        if queue is None or queue.max_offset == queue.min_offset:
+            return queue.max_offset if queue else 0
+        if self.confirm_offset_fn is None:
+            return queue.max_offset
+        confirm = self.confirm_offset
+        offset, size, _ = queue.entry(queue.max_offset - 1)
+        if offset + size <= confirm:
+            return queue.max_offset
+        return queue.max_offset - 1  # not all visible: let the reader re-check
+
+    # ------------------------------------------------------------ topics
+
+    def delete_topic(self, topic: str) -> None:
+        """Drop a topic's consume queues (its records stay in the commit log)."""
+        self.queues.delete_topic(topic)
+        for key in [k for k in self._next_queue_offset if k[0] == topic]:
+            del self._next_queue_offset[key]
+
+    def queue_offsets_of(self, topic: str) -> Mapping[int, tuple[int, int]]:
+        return {q.queue_id: (q.min_offset, q.max_offset) for q in self.queues.of_topic(topic)}
+
+
+def _encoder(
+    topic: bytes, queue_id: int, queue_offset: int, m: MessageIn, store_ts: int, store_host: bytes
+) -> Callable[[int], bytes]:
+    def encode(commit_offset: int) -> bytes:
+        return record.encode_raw(
+            topic, queue_id, m.flag, queue_offset, commit_offset, m.sys_flag, m.born_timestamp,
+            m.born_host, store_ts, store_host, m.body, m.properties, m.reconsume_times,
+        )  # fmt: skip
+
+    return encode
+
+
+def _spans(
+    entries: list[tuple[int, int, int]],
+    file_size: int,
+    max_span: int,
+    max_gap: int = 64 << 10,
+) -> Iterator[tuple[int, int, list[tuple[int, int, int]]]]:
+    """Group consume-queue entries into commit-log ranges read with one pread
+    each: entries close together (and in one file) share a read of at most
+    `max_span` bytes (a single larger record is a span of its own). Lazy: a
+    pull that has its fill stops asking, and nothing more is grouped or read."""
+    start = end = 0
+    group: list[tuple[int, int, int]] = []
+    for entry in entries:
+        offset, size, _ = entry
+        if (
+            group
+            and 0 <= offset - end <= max_gap
+            and offset + size - start <= max_span
+            and offset // file_size == start // file_size
+        ):
+            end = offset + size
+            group.append(entry)
+            continue
+        if group:
+            yield start, end, group
+        start, end, group = offset, offset + size, [entry]
+    if group:
+        yield start, end, group
