@@ -165,7 +165,9 @@ def cli_commands() -> dict[str, list[str]]:
                 for name, sub in action.choices.items():
                     command = [*path, name]
                     found[" ".join(command)] = [
-                        next((o for o in a.option_strings if o.startswith("--")), a.option_strings[0])
+                        next(
+                            (o for o in a.option_strings if o.startswith("--")), a.option_strings[0]
+                        )
                         for a in sub._actions
                         if a.option_strings
                         and "--help" not in a.option_strings
@@ -200,8 +202,16 @@ def cli_problems(text: str, commands: dict[str, list[str]]) -> list[str]:
 
 def test_the_parser_walk_finds_commands_subcommands_and_options():
     commands = cli_commands()
-    for expected in ("ferry send", "ferry topic create", "ferry kv put", "ferry store clean",
-                     "ferry analytics run", "ferry dev", "ferry namesrv", "ferry proxy"):
+    for expected in (
+        "ferry send",
+        "ferry topic create",
+        "ferry kv put",
+        "ferry store clean",
+        "ferry analytics run",
+        "ferry dev",
+        "ferry namesrv",
+        "ferry proxy",
+    ):
         assert expected in commands
     assert "--delay-ms" in commands["ferry send"]
     assert "--help" not in commands["ferry send"]
