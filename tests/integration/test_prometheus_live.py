@@ -111,7 +111,7 @@ def test_prometheus_sees_the_lag_ha_status_reports_and_the_dashboard_works(loop_
     ns = start_namesrv(loop_thread, tmp_path / "ns")
     master = start_broker(
         loop_thread, tmp_path / "m", ns.addr, brokerName="broker-p",
-        brokerRole="SYNC_MASTER", mappedFileSizeCommitLog=256 * 1024, slaveTimeout=500,
+        brokerRole="SYNC_MASTER", mappedFileSizeCommitLog=256 * 1024, slaveTimeout=3000,
         metricsPort=0,
     )  # fmt: skip
     proxy = FaultProxy("127.0.0.1", master.app.ha_master.port)
