@@ -146,7 +146,6 @@ class MetadataLog:
         self.table = MetadataLogTable(
             Path(config_dir) / METADATA_LOG_FILE, clock, on_fault=store.failstop.trip
         )
-        self.applied_total = 0
         self.bad_records = 0
 
     def position(self, queue_id: int) -> int:
@@ -289,7 +288,6 @@ class MetadataLog:
                     self._apply(queue_id, op, value, deleted)
                     applied += 1
                 self.table.set({queue_id: start + len(entries)}, frozenset(deleted))
-        self.applied_total += applied
         return applied
 
     def _apply(self, queue_id: int, op: str, value, deleted: set[str]) -> None:
