@@ -193,7 +193,7 @@ class AdminService:
         `deleteExpiredCommitLog`): expired commit-log files go, and the oldest
         ones even unexpired while the disk is above diskSpaceCleanForciblyRatio.
         Allowed on a slave too: each broker cleans its own files."""
-        report = await self.store.retention.clean_now()
+        report = await self.store.clean_now()
         log.info(
             "deleteExpiredCommitLog deleted=%d consume_queue_files=%d min_offset=%d "
             "disk_used=%.1f%%",
@@ -215,7 +215,7 @@ class AdminService:
             commit_log_min_offset=store.min_offset,
             commit_log_max_offset=store.max_offset,
             confirm_offset=store.confirm_offset,
-            dispatch_behind_bytes=store.dispatcher.behind_bytes,
+            dispatch_behind_bytes=store.dispatch_behind_bytes,
             put_tps=self._put_rate.update(store.put_message_count),
             get_tps=self._get_rate.update(store.get_message_count),
             topic_count=len(topics),
@@ -226,11 +226,11 @@ class AdminService:
             master_addr=self.master_addr,
             table={
                 "flushedOffset": str(store.flushed_offset),
-                "dispatchedOffset": str(store.dispatcher.offset),
+                "dispatchedOffset": str(store.dispatched_offset),
                 "putMessageTotal": str(store.put_message_count),
                 "getMessageTotal": str(store.get_message_count),
-                "commitLogFiles": str(len(store.commit_log.segment_starts())),
-                "consumeQueues": str(len(store.queues.all())),
+                "commitLogFiles": str(store.commit_log_files),
+                "consumeQueues": str(len(store.queue_ends())),
                 **self._retention_table(),
             },
         )
@@ -238,10 +238,10 @@ class AdminService:
     def _retention_table(self) -> dict[str, str]:
         """Disk use and the retention settings, as broker.conf writes them
         (fileReservedTime in hours, ratios in percent)."""
-        retention = self.store.retention
+        retention = self.store.retention_status()
         cfg = retention.config
         return {
-            "diskUsedRatio": f"{retention.disk_ratio() * 100:.1f}%",
+            "diskUsedRatio": f"{retention.disk_used_ratio * 100:.1f}%",
             "fileReservedTime": f"{cfg.file_reserved_time_s / 3600:g}h",
             "deleteWhen": ";".join(f"{h:02d}" for h in cfg.delete_when_hours),
             "diskMaxUsedSpaceRatio": f"{cfg.disk_max_used_space_ratio * 100:g}%",

@@ -329,10 +329,7 @@ class MetadataLog:
     async def take_over(self) -> None:
         """A member elected master, before it takes a send: apply what its
         log has, then restore the topics it has messages for."""
-        while self.store.dispatcher.behind_bytes > 0:  # recovery may leave a tail
-            self.store.failstop.check()  # a stuck dispatcher is a storage fault
-            self.store.dispatcher.wake()
-            await asyncio.sleep(0.005)
+        await self.store.wait_dispatched()  # recovery may leave a tail
         count = await self.catch_up()
         if count:
             log.warning("metadata log: applied %d change(s) before taking sends", count)
@@ -344,9 +341,9 @@ class MetadataLog:
         topics = self.metadata.topics
         deleted = self.table.deleted_topics
         queues: dict[str, set[int]] = {}
-        for queue in self.store.queues.all():
-            if queue.max_offset > 0:
-                queues.setdefault(queue.topic, set()).add(queue.queue_id)
+        for topic, queue_id, max_offset in self.store.queue_ends():
+            if max_offset > 0:
+                queues.setdefault(topic, set()).add(queue_id)
         restored = []
         for topic, ids in sorted(queues.items()):
             if (

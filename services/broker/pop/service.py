@@ -171,7 +171,7 @@ class PopService(Reviver):
         now = self.clock.wall_ms()
         until = now + invisible_ms
         confirm = self.store.confirm_offset
-        budget = self.store.config.max_pull_bytes
+        budget = self.store.max_pull_bytes
         out: list[_Taken] = []
         count = 0
         for topic, queue_id in keys:

@@ -59,7 +59,7 @@ class DelayScheduler:
 
     @property
     def levels(self) -> int:
-        return len(self.store.config.delay_levels_s)
+        return len(self.store.delay_levels_s)
 
     async def run(self) -> None:
         while True:

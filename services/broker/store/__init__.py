@@ -12,7 +12,10 @@ read by recovery), `recovery`, `retention`, `failstop` (storage errors are fatal
 
 Must never import: messaging/, metadata/, pop/, schedule/, api/, cluster/,
 failover/, app, metrics, `grpc` or `ferry.v1`. Everything above the store reaches it
-through the names exported here (tests may reach further in).
+through the names exported here, and a MessageStore through its own methods and
+properties, never its parts (`store.queues`, `store.dispatcher`…): its public fail-stop
+signal `store.failstop` aside, tests/unit/test_wiring.py fails on such a reach (tests
+may reach further in).
 """
 
 from services.broker.store.commitlog import CommitLogError
@@ -30,7 +33,7 @@ from services.broker.store.message_store import (
     copy_message,
 )
 from services.broker.store.recovery import RecoveryError, RecoveryReport
-from services.broker.store.retention import CleanResult, RetentionConfig
+from services.broker.store.retention import CleanResult, RetentionConfig, RetentionStatus
 from services.broker.store.storelock import StoreLockedError
 
 __all__ = [
@@ -39,6 +42,7 @@ __all__ = [
     "ConsumeQueueError",
     "RecoveryError",
     "RetentionConfig",
+    "RetentionStatus",
     "StoreLockedError",
     "FlushDiskType",
     "GetResult",

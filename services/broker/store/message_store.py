@@ -58,7 +58,13 @@ from services.broker.store.longpoll import LongPolls
 from services.broker.store.reader import LogReader
 from services.broker.store.recovery import RecoveryReport, recover_store
 from services.broker.store.replica_log import StoreReplicaLog
-from services.broker.store.retention import Retention, RetentionConfig, disk_used_ratio
+from services.broker.store.retention import (
+    CleanResult,
+    Retention,
+    RetentionConfig,
+    RetentionStatus,
+    disk_used_ratio,
+)
 from services.broker.store.storelock import StoreLock
 
 log = logging.getLogger(__name__)
@@ -192,7 +198,10 @@ class MessageStore:
         config: StoreConfig,
         clock: Clock,
         disk_ratio: Callable[[], float] | None = None,
+        confirmed: Callable[[], int] | None = None,
     ) -> None:
+        """`confirmed`: the offset replicas confirmed, when consumers may see
+        only that far (a master with visibility `confirmed`; HA's ReplicaAcks)."""
         self.config = config
         self.clock = clock
         self.failstop = FailStop()
@@ -244,7 +253,7 @@ class MessageStore:
         self._grown = asyncio.Event()  # replaced after each append: wait_for_growth
         self._tasks: list[asyncio.Task] = []
         self._opened = False
-        self.confirm_offset_fn: Callable[[], int] | None = None  # set by HA on a SYNC_MASTER
+        self._confirmed = confirmed
         self.put_message_count = 0
         self.get_message_count = 0
 
@@ -354,8 +363,8 @@ class MessageStore:
     @property
     def confirm_offset(self) -> int:
         """The highest commit offset consumers may see (SPEC §3.4)."""
-        if self.confirm_offset_fn is not None:
-            return min(self.confirm_offset_fn(), self.max_offset)
+        if self._confirmed is not None:
+            return min(self._confirmed(), self.max_offset)
         return self.max_offset
 
     def queue_max_offset(self, topic: str, queue_id: int) -> int:
@@ -733,13 +742,66 @@ class MessageStore:
         queue = self.queues.get(topic, queue_id)
         if queue is None or queue.max_offset == queue.min_offset:
             return queue.max_offset if queue else 0
-        if self.confirm_offset_fn is None:
+        if self._confirmed is None:
             return queue.max_offset
         confirm = self.confirm_offset
         offset, size, _ = queue.entry(queue.max_offset - 1)
         if offset + size <= confirm:
             return queue.max_offset
         return queue.max_offset - 1  # not all visible: let the reader re-check
+
+    # ------------------------------------------------------------ for the layers above
+    # What messaging, metadata, metrics and the app read of the store's parts:
+    # none of them reaches into a part (tests/unit/test_imports.py checks).
+
+    @property
+    def delay_levels_s(self) -> tuple[float, ...]:
+        return self.config.delay_levels_s
+
+    @property
+    def max_pull_bytes(self) -> int:
+        return self.config.max_pull_bytes
+
+    @property
+    def dispatched_offset(self) -> int:
+        """Commit offset up to which records are in their consume queues."""
+        return self.dispatcher.offset
+
+    @property
+    def dispatch_behind_bytes(self) -> int:
+        return self.dispatcher.behind_bytes
+
+    async def wait_dispatched(self) -> None:
+        """Return once every record written is in its consume queue (a
+        recovered store may have a tail to dispatch).
+
+        Raises:
+            Unavailable: a storage fault (a dispatcher that cannot move).
+        """
+        while self.dispatcher.behind_bytes > 0:
+            self.failstop.check()
+            self.dispatcher.wake()
+            await asyncio.sleep(0.005)
+
+    def queue_ends(self) -> list[tuple[str, int, int]]:
+        """(topic, queue id, max queue offset) of every consume queue."""
+        return [(q.topic, q.queue_id, q.max_offset) for q in self.queues.all()]
+
+    @property
+    def commit_log_files(self) -> int:
+        return len(self.commit_log.segment_starts())
+
+    def retention_status(self) -> RetentionStatus:
+        return self.retention.status()
+
+    async def clean_now(self) -> CleanResult:
+        """One retention pass now, whatever the hour (deleteExpiredCommitLog)."""
+        return await self.retention.clean_now()
+
+    def hold_files(self, reason: str, lowest: Callable[[], int | None]) -> None:
+        """Retention keeps every file from `lowest()` on (None: holds nothing);
+        `reason` names the hold in the log when it keeps a file past its time."""
+        self.retention.holds[reason] = lowest
 
     # ------------------------------------------------------------ topics
 

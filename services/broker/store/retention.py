@@ -79,6 +79,17 @@ class CleanResult:
     disk_used_ratio: float = 0.0  # after the pass, 0..1
 
 
+@dataclass(frozen=True)
+class RetentionStatus:
+    """Retention's figures for metrics and runtime info, read in one go."""
+
+    config: RetentionConfig
+    disk_used_ratio: float  # 0..1, read now
+    disk_full: bool  # above the warning ratio: sends refused
+    deleted_files_total: int  # commit-log files since the broker started
+    deleted_queue_files_total: int  # consume-queue files since the broker started
+
+
 def disk_used_ratio(path: Path) -> float:
     """How full the file system holding `path` is, as `df` counts it
     (blocks reserved for root count as unavailable)."""
@@ -113,6 +124,15 @@ class Retention:
         self._held_logged: int | None = None
         self._pass_lock = asyncio.Lock()
         self._wake: asyncio.Event | None = None
+
+    def status(self) -> RetentionStatus:
+        return RetentionStatus(
+            self.config,
+            self.disk_ratio(),
+            self.disk_full,
+            self.deleted_files_total,
+            self.deleted_queue_files_total,
+        )
 
     # ------------------------------------------------------------ the appender's check
 
