@@ -69,7 +69,7 @@ from services.broker.messaging.admin import AdminService
 from services.broker.messaging.service import MessagingService, SendStatus
 from services.broker.metadata.metadata_log import MetadataLog
 from services.broker.metadata.tables import BrokerMetadata
-from services.broker.metrics import BrokerMetrics
+from services.broker.metrics import BrokerMetrics, BrokerStateCollector
 from services.broker.pop import PopConfig, PopService
 from services.broker.schedule.delay import DelayScheduler
 from services.broker.schedule.timer import TimerService
@@ -264,7 +264,25 @@ class BrokerApp:
                 check_interval_s=cfg.clean_resource_interval_s,
             ),
         )
-        self.store = store = MessageStore(store_config, self.clock)
+        incarnation = self.incarnation
+        # Every part gets its collaborators through its constructor, so the
+        # order below is the dependency order. A master's ReplicaAcks (the HA
+        # in-sync set) comes first: the store reads its confirmed offset, and
+        # it tells the store when that moves.
+        acks = None
+        if cfg.is_master:
+            acks = ReplicaAcks(
+                cfg.ha_max_gap_not_in_sync,
+                on_confirmed=lambda _: store.notify_confirmed(),
+                # Failover: what a new leader's log holds is its epoch's start.
+                local_end=(lambda: store.max_offset) if incarnation is not None else None,
+                on_outsider_ack=incarnation.on_outsider_ack if incarnation is not None else None,
+            )
+        self.acks = acks
+        confirmed = None
+        if acks is not None and cfg.effective_visibility == "confirmed":
+            confirmed = lambda: acks.confirmed  # noqa: E731 - read at each check
+        self.store = store = MessageStore(store_config, self.clock, confirmed=confirmed)
         self.recovery = await asyncio.to_thread(store.open)
         self.metadata = metadata = BrokerMetadata.open(
             cfg.config_dir, self.clock, on_fault=store.failstop.trip
@@ -293,6 +311,18 @@ class BrokerApp:
                 schedule_topic_config(len(cfg.message_delay_levels_s))
             )
         identity = (cfg.cluster_name, cfg.broker_name, cfg.broker_id, cfg.broker_role)
+        self.metrics = metrics = BrokerMetrics(self.registry, cfg, timed=not cfg.is_slave)
+        if acks is not None and cfg.broker_role == "SYNC_MASTER":
+            # The acknowledgement policy: a send waits for the in-sync set.
+            self.replication = SyncReplication(
+                acks,
+                cfg.slave_timeout_s,
+                store.notify_confirmed,
+                failover=incarnation is not None,
+                min_in_sync_replicas=cfg.min_in_sync_replicas,
+                on_slave_timeout=incarnation.on_slave_timeout if incarnation else None,
+                observe=metrics.observe_sync,
+            )
         messaging = MessagingService(
             store,
             metadata.topics,
@@ -303,12 +333,20 @@ class BrokerApp:
             slave_read_enable=cfg.slave_read_enable,
             groups=metadata.subscription_groups,
             timer_max_delay_s=cfg.timer_max_delay_s,
-            fence=self.incarnation.fence if self.incarnation is not None else None,
+            fence=incarnation.fence if incarnation is not None else None,
+            replication_wait=self.replication.wait if self.replication is not None else None,
+            on_sent=metrics.observe_send,
         )
         if not cfg.is_slave:
             # Masters run timed delivery and pop consumption; slaves hold their
             # records (HA copies them) and run neither.
-            self.timer = TimerService(store, metadata.topics, metadata.consumer_offsets, self.clock)
+            self.timer = TimerService(
+                store,
+                metadata.topics,
+                metadata.consumer_offsets,
+                self.clock,
+                on_delivered=metrics.observe_timer_delivery,
+            )
             self.pop = PopService(
                 store,
                 metadata.topics,
@@ -345,6 +383,8 @@ class BrokerApp:
             self.clock,
             self.permission,
             journal=None if cfg.is_slave else self.journal,
+            announce_topics=self._announce_topics,
+            announce_all=self._register_all,
         )
         self.messaging = messaging
         extra_services = []
@@ -395,25 +435,18 @@ class BrokerApp:
             await self.server.start()
         # The store host in records is the advertised address with the real port.
         store.set_store_host((_ipv4_or_loopback(cfg.broker_ip1), self.port))
-        if self.proxy is not None:
-            from services.proxy.servicer import ProxyOptions
-
-            # Routes name this broker's advertised address when an SDK does not say.
-            self.proxy.options = ProxyOptions(cfg.broker_ip1, self.port, cfg.max_message_size)
-        self.metrics = metrics = BrokerMetrics(
-            self.registry,
-            store,
-            metadata,
-            lambda: self.permission[0],
-            cfg,
-            ha=lambda: (self.ha_master, self.ha_slave),
-            pop=self.pop,
-            timer=self.timer,
-            journal=self.journal,
+        self.registry.register(
+            BrokerStateCollector(
+                store,
+                metadata,
+                lambda: self.permission[0],
+                cfg,
+                ha=lambda: (self.ha_master, self.ha_slave),
+                pop=self.pop,
+                timer=self.timer,
+                journal=self.journal,
+            )
         )
-        messaging.on_sent = metrics.observe_send
-        if self.timer is not None:
-            self.timer.on_delivered = metrics.observe_timer_delivery
         if cfg.metrics_port >= 0 and self.incarnation is None:
             self._metrics_endpoint = start_metrics_endpoint(
                 cfg.bind_host, cfg.metrics_port, self.registry, loop=asyncio.get_running_loop()
@@ -425,7 +458,7 @@ class BrokerApp:
             await self.incarnation.on_store_open(store)
         if self.journal is not None:
             self.journal.open()
-        await self._start_ha(store, messaging)
+        await self._start_ha(store)
         if self.journal is not None and cfg.is_slave:
             self._tasks.append(asyncio.create_task(self.journal.follow(), name="metadata-log"))
         elif self.journal is not None:
@@ -440,8 +473,8 @@ class BrokerApp:
             await self.timer.load()
             await self.pop.load()
             # Retention keeps the files their pending state is in.
-            store.retention.holds["timed messages not yet delivered"] = self.timer.held_from
-            store.retention.holds["unresolved pop checkpoints"] = self.pop.held_from
+            store.hold_files("timed messages not yet delivered", self.timer.held_from)
+            store.hold_files("unresolved pop checkpoints", self.pop.held_from)
             self._tasks.append(asyncio.create_task(self.timer.run(), name="timer"))
             self._tasks.append(asyncio.create_task(self.pop.run(), name="pop-revive"))
         self._tasks.append(asyncio.create_task(self._persist_offsets(), name="offset-persister"))
@@ -478,8 +511,6 @@ class BrokerApp:
                 admin_token=cfg.admin_token,
                 tls=self.client_tls,
             )
-            admin.announce_topics = self.registrar.register_topics
-            admin.announce_all = self._register_all
             await self.registrar.start()
         else:
             log.warning("no name server configured (namesrvAddr): running standalone")
@@ -589,20 +620,23 @@ class BrokerApp:
             tls=self.client_tls if cfg.tls_cert else None,
             channel_options=options,
         )
-        self.proxy = MessagingServicer(self.local_routes, ProxyOptions("", 0))
+        # Routes name this broker's advertised address when an SDK does not say.
+        self.proxy = MessagingServicer(
+            self.local_routes,
+            ProxyOptions(lambda: (cfg.broker_ip1, self.port), cfg.max_message_size),
+        )
         name, add = _messaging_service()
         return Service(name, self.proxy, add)
 
-    async def _start_ha(self, store: MessageStore, messaging: MessagingService) -> None:
-        """The HA data plane: a master listens for slaves (and, as a SYNC_MASTER,
-        makes sends wait for one); a slave follows its master."""
+    async def _start_ha(self, store: MessageStore) -> None:
+        """The HA data plane: a master listens for slaves (whose acks its
+        ReplicaAcks counts); a slave follows its master."""
         cfg = self.config
         secret = cfg.ha_secret.encode()
         epoch = self.incarnation.epoch if self.incarnation is not None else None
         if cfg.is_master:
-            self.acks = acks = ReplicaAcks(
-                cfg.ha_max_gap_not_in_sync, on_confirmed=lambda _: store.notify_confirmed()
-            )
+            acks = self.acks
+            assert acks is not None
             self.ha_master = HAMaster(
                 HAMasterConfig(
                     host=cfg.bind_host,
@@ -623,25 +657,8 @@ class BrokerApp:
             if self.incarnation is not None:
                 # A new leader: only its published in-sync slaves' acks count
                 # (none yet), and what its log holds is its epoch's start.
-                acks.local_end = lambda: store.max_offset
                 acks.require(frozenset(), floor=store.max_offset)
-                acks.on_outsider_ack = self.incarnation.on_outsider_ack
             await self.ha_master.start()
-            if cfg.effective_visibility == "confirmed":
-                store.confirm_offset_fn = lambda: acks.confirmed
-            if cfg.broker_role == "SYNC_MASTER":
-                incarnation = self.incarnation
-                metrics = self.metrics
-                self.replication = SyncReplication(
-                    acks,
-                    cfg.slave_timeout_s,
-                    store.notify_confirmed,
-                    failover=incarnation is not None,
-                    min_in_sync_replicas=cfg.min_in_sync_replicas,
-                    on_slave_timeout=incarnation.on_slave_timeout if incarnation else None,
-                    observe=metrics.observe_sync if metrics is not None else None,
-                )
-                messaging.replication_wait = self.replication.wait
         else:
             self.ha_slave = HASlave(
                 HASlaveConfig(
@@ -715,6 +732,11 @@ class BrokerApp:
             master=self.ha_master,
             slave=self.ha_slave,
         )
+
+    async def _announce_topics(self, configs: Sequence[TopicConfig]) -> None:
+        """New or changed topics to the name servers (none before registration starts)."""
+        if self.registrar is not None:
+            await self.registrar.register_topics(configs)
 
     async def _register_all(self) -> None:
         if self.registrar is not None:

@@ -82,7 +82,10 @@ def _counter(ids: list[str], name: str, doc: str, value: float) -> CounterMetric
     return family
 
 
-class _StoreCollector(Collector):
+class BrokerStateCollector(Collector):
+    """The store, metadata, HA, pop and timer figures, read at scrape time.
+    Registered once every part it reads exists (the app's last step)."""
+
     def __init__(
         self,
         store: MessageStore,
@@ -129,7 +132,7 @@ class _StoreCollector(Collector):
         yield gauge(
             "ferry_dispatch_behind_bytes",
             "Commit-log bytes not yet in consume queues.",
-            store.dispatcher.behind_bytes,
+            store.dispatch_behind_bytes,
         )
         gets = CounterMetricFamily(
             "ferry_broker_get_messages", "Messages returned to consumers.", labels=_ID_LABELS
@@ -174,12 +177,12 @@ class _StoreCollector(Collector):
         return family
 
     def _retention(self, ids: list[str]) -> Iterable[Metric]:
-        retention = self.store.retention
+        retention = self.store.retention_status()
         yield _gauge(
             ids,
             "ferry_store_disk_used_ratio",
             "Used fraction of the file system holding the store (0..1, as df counts it).",
-            retention.disk_ratio(),
+            retention.disk_used_ratio,
         )
         yield _gauge(
             ids,
@@ -327,21 +330,13 @@ class _StoreCollector(Collector):
 
 
 class BrokerMetrics:
-    def __init__(
-        self,
-        registry: CollectorRegistry,
-        store: MessageStore,
-        metadata,
-        permission: Callable[[], int],
-        config,
-        ha: Callable[[], tuple[object | None, object | None]] = lambda: (None, None),
-        pop: PopService | None = None,
-        timer: TimerService | None = None,
-        journal: MetadataLog | None = None,
-    ) -> None:
-        registry.register(
-            _StoreCollector(store, metadata, permission, config, ha, pop, timer, journal)
-        )
+    """The events the services report as they happen (`observe_*`), built
+    before the services so that each gets its observer through its
+    constructor."""
+
+    def __init__(self, registry: CollectorRegistry, config, timed: bool = False) -> None:
+        """`timed`: this broker runs timed delivery (a master): its lateness
+        histogram has a series from the start (empty on slaves)."""
         self.ids = [config.cluster_name, config.broker_name, str(config.broker_id)]
         self._puts = Counter(
             "ferry_broker_put_messages",
@@ -378,7 +373,7 @@ class BrokerMetrics:
             buckets=_LATENESS_BUCKETS,
             registry=registry,
         )
-        if timer is not None:  # a series from the start on masters, empty on slaves
+        if timed:  # a series from the start on masters, empty on slaves
             self._timer_lateness.labels(*self.ids)
 
     def observe_send(self, topic: str, status: str, messages: int, seconds: float) -> None:

@@ -34,7 +34,16 @@ from collections.abc import Callable, Hashable
 
 
 class ReplicaAcks:
-    def __init__(self, max_gap: int, on_confirmed: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self,
+        max_gap: int,
+        on_confirmed: Callable[[int], None] | None = None,
+        local_end: Callable[[], int] | None = None,
+        on_outsider_ack: Callable[[Hashable, int], None] | None = None,
+    ) -> None:
+        """`local_end` (failover): the master's log end, what it confirms alone
+        while its in-sync set is empty; `on_outsider_ack` (failover): a slave
+        outside the in-sync set acked an offset."""
         self.max_gap = max_gap
         self.on_confirmed = on_confirmed
         self._acks: dict[Hashable, int] = {}  # connected replicas only
@@ -43,8 +52,8 @@ class ReplicaAcks:
         self._seq = itertools.count()
         # Failover: the replica keys whose acks count (None: any replica's).
         self._required: frozenset[Hashable] | None = None
-        self.local_end: Callable[[], int] | None = None  # the master's log end (failover)
-        self.on_outsider_ack: Callable[[Hashable, int], None] | None = None
+        self.local_end = local_end
+        self.on_outsider_ack = on_outsider_ack
 
     # ------------------------------------------------------------ replicas
 

@@ -49,7 +49,7 @@ class ProxyApp:
         self.registry = registry or CollectorRegistry()
         self.routes = Routes(config.namesrv_addrs, max_message_bytes=MAX_MESSAGE_BYTES)
         self.metrics = ProxyMetrics(self.registry)
-        self.servicer = MessagingServicer(self.routes, ProxyOptions("", 0), self.metrics)
+        self.servicer = MessagingServicer(self.routes, ProxyOptions(self._endpoint), self.metrics)
         self.server = GrpcServer(
             [
                 Service(
@@ -70,12 +70,15 @@ class ProxyApp:
     def port(self) -> int:
         return self.server.port
 
-    async def start(self) -> None:
-        await self.server.start()
+    def _endpoint(self) -> tuple[str, int]:
+        """Where routes send SDKs that did not say: this proxy's advertised address."""
         host = self.config.advertise_host or self.config.host
         if host in ("0.0.0.0", "::", ""):
             host = "127.0.0.1"
-        self.servicer.options = ProxyOptions(host, self.port)
+        return host, self.port
+
+    async def start(self) -> None:
+        await self.server.start()
         if self.config.metrics_port >= 0:
             self._metrics_endpoint = start_metrics_endpoint(
                 self.config.host,

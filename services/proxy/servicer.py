@@ -54,8 +54,9 @@ RETRY_BACKOFF_S = DELAY_LEVELS_S[:16]
 
 @dataclass(frozen=True)
 class ProxyOptions:
-    endpoint_host: str  # the address to hand SDKs in routes when they do not say
-    endpoint_port: int
+    # The (host, port) to hand SDKs in routes when they do not say: read per
+    # route, as the port is known only once the server has bound it.
+    endpoint: Callable[[], tuple[str, int]]
     max_body_bytes: int = MAX_BODY_BYTES
 
 
@@ -138,12 +139,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         """Routes point SDKs back at this proxy: at the address they used."""
         if asked.addresses:
             return asked
-        return v2.Endpoints(
-            scheme=v2.IPv4,
-            addresses=[
-                v2.Address(host=self.options.endpoint_host, port=self.options.endpoint_port)
-            ],
-        )
+        host, port = self.options.endpoint()
+        return v2.Endpoints(scheme=v2.IPv4, addresses=[v2.Address(host=host, port=port)])
 
     # ------------------------------------------------------------ clients
 

@@ -164,7 +164,13 @@ class MessagingService:
         hot_bytes: int | None = None,
         timer_max_delay_s: float = 3 * 86400,
         fence: Callable[[bool], None] | None = None,
+        replication_wait: ReplicationWait | None = None,
+        on_sent: Callable[[str, str, int, float], None] | None = None,
     ) -> None:
+        """`replication_wait` (SYNC_MASTER): what a send waits for after its
+        store, before SEND_OK (services.broker.cluster.replication);
+        `on_sent` (metrics): (topic, status, messages, seconds) after each
+        stored send."""
         self.timer_max_delay_ms = int(timer_max_delay_s * 1000)
         self.slave_read_enable = slave_read_enable
         self.groups = groups
@@ -177,13 +183,12 @@ class MessagingService:
         self.is_slave = is_slave
         self.max_message_size = max_message_size
         self.broker_name = broker_name
-        self.replication_wait: ReplicationWait | None = None
+        self.replication_wait = replication_wait
         # Automatic failover: raises Unavailable while this master may not take
         # sends (`accepting=True`, checked before an append) or acknowledge them
         # (False, checked before SEND_OK and the like are answered).
         self.fence = fence
-        # Metrics: (topic, status, messages, seconds) after each stored send.
-        self.on_sent: Callable[[str, str, int, float], None] | None = None
+        self.on_sent = on_sent
         self._round_robin: dict[str, itertools.count] = {}
         self._born_host = record.pack_host(born_host)
 
@@ -449,7 +454,7 @@ class MessagingService:
                 raise InvalidArgument(
                     f"{where}.properties", f"DELAY {raw_delay[:20]!r} is not a level 1..18"
                 ) from None
-            levels = len(self.store.config.delay_levels_s)
+            levels = len(self.store.delay_levels_s)
             if delay_level <= 0:
                 properties.pop(PROPERTY_DELAY)
                 delay_level = 0
