@@ -443,7 +443,7 @@ KNOWN_KEYS: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
     "timerMaxDelaySec": (
         "timer_max_delay_s",
         _int(1),
-        "seconds ahead a TIMER_DELIVER_MS may be (default 259200, 3 days)",
+        "seconds ahead a TIMER_DELIVER_MS may be (3 days)",
     ),
     "autoCreateSubscriptionGroup": (
         "auto_create_subscription_group",
@@ -669,30 +669,36 @@ def _check_failover(config: BrokerConfig) -> None:
         )
 
 
+def shown_default(key: str) -> str:
+    """A key's default as broker.conf writes it (hours, percent, ms, bytes…):
+    parsing it back gives the default (tests/unit/test_broker_config checks)."""
+    name = KNOWN_KEYS[key][0]
+    value = getattr(BrokerConfig(), name)
+    if name == "file_reserved_time_s":
+        return f"{value / 3600:g}"
+    if name == "delete_when_hours":
+        return ";".join(f"{h:02d}" for h in value)
+    if name == "consume_queue_entries_per_file":
+        return str(value * 20)  # the key is in bytes, 20 per entry
+    if name.endswith("_ratio"):
+        return f"{value * 100:g}"
+    if key.endswith(("Sec", "Seconds")) and isinstance(value, float):
+        return f"{value:g}"
+    if name.endswith("_s") and isinstance(value, float):
+        return str(int(value * 1000))
+    if isinstance(value, tuple):
+        if name == "namesrv_addrs":
+            return ";".join(map(str, value))
+        return " ".join(f"{v:g}s" for v in value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    return "" if value is None else str(value)
+
+
 def describe_keys() -> str:
-    defaults = BrokerConfig()
-    rows = []
-    for key, (name, _, meaning) in KNOWN_KEYS.items():
-        value = getattr(defaults, name)
-        if name == "file_reserved_time_s":
-            shown = f"{value / 3600:g}"
-        elif name == "delete_when_hours":
-            shown = ";".join(f"{h:02d}" for h in value)
-        elif name.endswith("_ratio"):
-            shown = f"{value * 100:g}"
-        elif name.endswith("_s") and isinstance(value, float) and name != "grace_s":
-            shown = str(int(value * 1000))
-        elif isinstance(value, tuple):
-            shown = (
-                ";".join(map(str, value))
-                if name == "namesrv_addrs"
-                else " ".join(f"{v:g}s" for v in value)
-            )
-        elif isinstance(value, bool):
-            shown = str(value).lower()
-        else:
-            shown = str(value)
-        rows.append((key, shown or '""', meaning))
+    rows = [
+        (key, shown_default(key) or '""', meaning) for key, (_, _, meaning) in KNOWN_KEYS.items()
+    ]
     width = max(len(r[0]) for r in rows)
     dwidth = min(max(len(r[1]) for r in rows), 28)
     lines = [f"{'key'.ljust(width)}  {'default'.ljust(dwidth)}  meaning"]
@@ -700,4 +706,11 @@ def describe_keys() -> str:
     return "\n".join(lines)
 
 
-__all__ = ["KNOWN_KEYS", "BrokerConfig", "describe_keys", "load_config", "parse_properties"]
+__all__ = [
+    "KNOWN_KEYS",
+    "BrokerConfig",
+    "describe_keys",
+    "load_config",
+    "parse_properties",
+    "shown_default",
+]

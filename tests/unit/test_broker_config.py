@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from ferry.runtime.errors import ConfigError
-from services.broker.config import BrokerConfig, describe_keys, load_config, parse_properties
+from services.broker.config import (
+    KNOWN_KEYS,
+    BrokerConfig,
+    describe_keys,
+    load_config,
+    parse_properties,
+    shown_default,
+)
 
 CONF = """\
 # broker-a master, as RocketMQ ships it
@@ -139,3 +146,17 @@ def test_describe_keys_lists_every_key_with_its_default():
     text = describe_keys()
     assert "mappedFileSizeCommitLog" in text and "1073741824" in text
     assert "registerNameServerPeriod" in text and "30000" in text
+
+
+@pytest.mark.parametrize("key", sorted(KNOWN_KEYS))
+def test_the_default_shown_for_each_key_parses_back_to_the_default(key: str) -> None:
+    """`ferry broker --help-keys` and docs/reference/broker-config.md show each
+    default in the key's own unit (timerMaxDelaySec in seconds, the consume-queue
+    file size in bytes): written into broker.conf, it means the default."""
+    name, parse, _ = KNOWN_KEYS[key]
+    shown = shown_default(key)
+    default = getattr(BrokerConfig(), name)
+    if shown == "":
+        assert default in ("", (), None), f"{key}: shown empty, default {default!r}"
+        return
+    assert parse(key, shown) == default, f"{key}: {shown!r} parses to another value"
