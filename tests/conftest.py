@@ -13,11 +13,17 @@ from typing import Any
 
 import grpc
 import pytest
+from hypothesis import settings
 from prometheus_client import CollectorRegistry
 
 from ferry.runtime.clock import FakeClock
 from ferry.v1 import namesrv_pb2_grpc
 from services.namesrv.app import NamesrvApp, NamesrvConfig
+
+# Property tests judge what code does, never how fast one example ran: Hypothesis's
+# default 200 ms deadline per example failed decoder tests on a loaded 2-core machine.
+settings.register_profile("ferry", deadline=None)
+settings.load_profile("ferry")
 
 
 def wait_for(
