@@ -1,5 +1,6 @@
-"""The commit-log record layout (RocketMQ v1, SPEC §4.2): the one module that
-knows byte positions inside a record. No file I/O, sockets, logging or config.
+"""The commit-log record layout (RocketMQ v1; docs/reference/contract.md, "The
+commit-log record"): the one module that knows byte positions inside a record.
+No file I/O, sockets, logging or config.
 
 All integers big-endian.
 

@@ -1,5 +1,5 @@
 """`ferry analytics`: a PySpark structured-streaming job over the exporter's
-spool (SPEC §6, the metrics pipeline).
+spool (docs/guides/monitoring.md, "The metrics pipeline: exporter and Spark job").
 
 It reads the spool directory with a fixed schema (`SCHEMA`, the exporter's row
 fields), parses the ISO-8601 UTC `ts` into event time, and writes three

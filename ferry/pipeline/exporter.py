@@ -1,5 +1,6 @@
 """`ferry exporter`: brokers' metrics, snapshotted into a spool directory for
-the Spark job (SPEC §6, the metrics pipeline).
+the Spark job (docs/guides/monitoring.md, "The metrics pipeline: exporter and
+Spark job").
 
 Every round the exporter asks a name server for the live brokers
 (`GetBrokerClusterInfo`; each broker registers the address of its /metrics),

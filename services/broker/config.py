@@ -1,5 +1,6 @@
-"""A broker's configuration: RocketMQ's `broker.conf` keys (SPEC §1) plus
-ferry's own, parsed and validated once at startup into a frozen `BrokerConfig`.
+"""A broker's configuration: RocketMQ's `broker.conf` keys plus ferry's own (every
+one in docs/reference/broker-config.md), parsed and validated once at startup
+into a frozen `BrokerConfig`.
 
 Sources, later ones winning: the defaults, the properties file (`-c`), then
 `-o key=value` overrides. Unknown keys are warned about (with the nearest
@@ -112,7 +113,8 @@ class BrokerConfig:
 
     @property
     def effective_visibility(self) -> str:
-        """SPEC §3.4: consumers of a SYNC_MASTER see what a slave confirmed."""
+        """Consumers of a SYNC_MASTER see what a slave confirmed
+        (docs/guides/replication.md, "SYNC_MASTER")."""
         if self.visibility:
             return self.visibility
         return "confirmed" if self.broker_role == "SYNC_MASTER" else "appended"

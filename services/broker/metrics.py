@@ -1,4 +1,4 @@
-"""The broker's Prometheus metrics, named as SPEC §6 says.
+"""The broker's Prometheus metrics, named as docs/reference/metrics.md lists them.
 
 Figures owned by the store, the metadata and the HA connections are read at
 scrape time by a custom collector (nothing sets gauges on a timer); per-replica

@@ -1,5 +1,5 @@
-"""The master side of the HA data plane (SPEC §3.1–§3.2): a TCP server on
-`haListenPort` streaming commit-log bytes to slaves.
+"""The master side of the HA data plane: a TCP server on `haListenPort` streaming
+commit-log bytes to slaves (docs/reference/contract.md, "The HA protocol").
 
 Per connection, one reader task (the slave's reports: acks) and one writer
 task (transfer frames and heartbeats), as RocketMQ's HAConnection:

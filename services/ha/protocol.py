@@ -1,6 +1,6 @@
-"""The HA wire format (SPEC §3.1, §3.2): byte-exact with RocketMQ 4.x, plus
-ferry's optional authenticated handshake. Encode/decode only: no sockets,
-logging or config. All integers big-endian.
+"""The HA wire format (docs/reference/contract.md, "The HA protocol"): byte-exact
+with RocketMQ 4.x, plus ferry's optional authenticated handshake. Encode/decode
+only: no sockets, logging or config. All integers big-endian.
 
 Legacy frames (RocketMQ 4.x):
 

@@ -1,5 +1,6 @@
-"""The slave side of the HA data plane (SPEC §3.1–§3.2): connect to the
-master's HA address, report this log's end, append what the master streams.
+"""The slave side of the HA data plane: connect to the master's HA address, report
+this log's end, append what the master streams (docs/reference/contract.md, "The HA
+protocol").
 
 - The master's HA address comes from the name server's registration answer
   (`set_master`), or from `haMasterAddress`; while it is unknown the slave waits.

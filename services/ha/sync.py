@@ -1,5 +1,5 @@
-"""Synchronous replication bookkeeping (SPEC §3.3, §3.4): acks per replica, the
-confirmed offset, and the sends waiting for it.
+"""Synchronous replication bookkeeping (docs/guides/replication.md, "SYNC_MASTER"):
+acks per replica, the confirmed offset, and the sends waiting for it.
 
 - `slave_ok(end)`: a SYNC_MASTER send may wait for a slave only if one is
   connected and `end - best_ack < max_gap` (strict `<`, RocketMQ's

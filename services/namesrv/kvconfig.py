@@ -1,4 +1,5 @@
-"""Namespaced key/value configuration (RocketMQ KVConfigManager), SPEC §2.1.
+"""Namespaced key/value configuration (RocketMQ KVConfigManager): the KV RPCs of
+docs/reference/contract.md, "`ferry.v1.NameServer`".
 
 Persisted to `kvConfig.json` as `{"configTable": {namespace: {key: value}}}`
 after every change, atomically with the previous version kept as `.bak`. On

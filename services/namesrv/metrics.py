@@ -1,5 +1,6 @@
-"""The name server's Prometheus metrics (SPEC §6). Values read from the route
-table are collected at scrape time; events are counted as they happen.
+"""The name server's Prometheus metrics (docs/reference/metrics.md, "Name server").
+Values read from the route table are collected at scrape time; events are counted
+as they happen.
 
 The route collector runs on the event loop, which owns the route table
 (`ferry.runtime.metrics_http` hands each scrape's collection to the loop), so it

@@ -1,4 +1,5 @@
-"""The name server's route tables (RocketMQ's RouteInfoManager), SPEC §5.
+"""The name server's route tables (RocketMQ's RouteInfoManager), following the rules
+of docs/reference/contract.md, "Name server rules".
 
 Tables:
   topic_queue_table   topic -> broker_name -> TopicQueues (a route answer adds the
@@ -231,7 +232,8 @@ class RouteTable:
     # ------------------------------------------------------------------ writes
 
     def register(self, reg: Registration) -> RegisterResult:
-        """Apply a RegisterBroker (SPEC §5.2). Validates everything before changing anything."""
+        """Apply a RegisterBroker (docs/reference/contract.md, "Name server rules").
+        Validates everything before changing anything."""
         self._validate(reg)
         now_mono = self._clock.monotonic()
         addr = reg.broker_addr
@@ -346,7 +348,8 @@ class RouteTable:
         broker_id: int,
         instance_id: str = "",
     ) -> Removal | None:
-        """Remove a broker (SPEC §5.3). With `instance_id`, only that instance's registration."""
+        """Remove a broker (docs/reference/contract.md, "Name server rules"). With
+        `instance_id`, only that instance's registration."""
         check_name(cluster_name, "cluster_name")
         check_addr(broker_addr, "broker_addr")
         check_name(broker_name, "broker_name")

@@ -1,6 +1,6 @@
-"""The broker's /metrics (SPEC §6): names and types on a fresh registry, and
-replication lag that agrees with GetHAStatus while a slave's link is
-blackholed."""
+"""The broker's /metrics (docs/reference/metrics.md): names and types on a fresh
+registry, and replication lag that agrees with GetHAStatus while a slave's link
+is blackholed."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """HA under faults and from foreign peers: a blackholed link gives
 FLUSH_SLAVE_TIMEOUT within slaveTimeout and heals by itself; consumers of a
 SYNC_MASTER see only what a slave holds; a minimal RocketMQ-style slave written
-from SPEC §3.1 replicates; a wrong secret gets no byte; garbage on the HA port
-closes only that connection."""
+from the legacy frames of docs/reference/contract.md, "The HA protocol",
+replicates; a wrong secret gets no byte; garbage on the HA port closes only that
+connection."""
 
 from __future__ import annotations
 
@@ -117,7 +118,8 @@ def test_minimal_legacy_slave_replicates_from_a_master_without_secret(loop_threa
         for i in range(50):
             master.broker.SendMessage(broker_pb2.SendMessageRequest(topic="L", body=b"m%d" % i))
         end = master.app.store.max_offset
-        # A slave straight from SPEC §3.1: report 0, read 12-byte headers and bodies.
+        # A slave straight from the legacy frames (docs/reference/contract.md, "The HA
+        # protocol"): report 0, read 12-byte headers and bodies.
         got = bytearray()
         with socket.create_connection(("127.0.0.1", master.app.ha_master.port), timeout=5) as s:
             s.sendall(struct.pack(">q", 0))
@@ -208,8 +210,9 @@ def test_garbage_on_the_ha_port_closes_only_that_connection(loop_thread, tmp_pat
 
 
 class FakeMaster:
-    """A master from SPEC §3.1 written in the test: accepts slave connections
-    one at a time and hands each to the test, which plays the master's side."""
+    """A master from the legacy frames (docs/reference/contract.md, "The HA
+    protocol") written in the test: accepts slave connections one at a time and
+    hands each to the test, which plays the master's side."""
 
     def __init__(self) -> None:
         self.server = socket.create_server(("127.0.0.1", 0))

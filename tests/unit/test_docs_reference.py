@@ -1,7 +1,8 @@
 """The reference pages under docs/reference/ stay complete: every broker.conf
 key (with the default the broker really uses), every metric the code declares
-and every `ferry` command, subcommand and option is documented, and the
-README and docs/ link only to files that exist in the repository.
+and every `ferry` command, subcommand and option is documented, the
+README and docs/ link only to files that exist in the repository, and the
+code cites those docs rather than a spec file kept outside it.
 
 Each check is a function that returns what is missing, so the last tests can
 show that it does fail when an entry is taken out. Nothing here imports the
@@ -221,6 +222,42 @@ def test_every_cli_command_subcommand_and_option_is_documented():
     assert cli_problems(CLI_MD.read_text(), cli_commands()) == []
 
 
+# ---------------------------------------------------------------- citations
+
+
+SPEC_CITATION = "SPEC §"  # a section of the product spec, which is not in the repository
+CITING_DIRS = ("services", "ferry", "proto", "benchmarks", "deploy")
+
+
+def spec_citations(root: Path) -> list[str]:
+    """`path:line` of every "SPEC §x.y" under `root`'s code, protos, benchmarks
+    and deployment files (generated code and bytecode aside). The spec is not in
+    the repository, so such a citation points nowhere a reader can open: cite
+    the page under docs/ (and its heading) that says the same thing."""
+    generated = {root / g.relative_to(ROOT) for g in GENERATED}
+    found = []
+    for base in CITING_DIRS:
+        for path in sorted((root / base).rglob("*")):
+            if not path.is_file() or "__pycache__" in path.parts:
+                continue
+            if any(g in path.parents for g in generated):
+                continue
+            try:
+                text = path.read_text(encoding="utf-8")
+            except UnicodeDecodeError:
+                continue  # not text
+            found += [
+                f"{path.relative_to(root)}:{number}"
+                for number, line in enumerate(text.splitlines(), 1)
+                if SPEC_CITATION in line
+            ]
+    return found
+
+
+def test_the_code_cites_docs_not_the_spec_file():
+    assert spec_citations(ROOT) == []
+
+
 # ---------------------------------------------------------------- the checks can fail
 
 
@@ -260,6 +297,20 @@ def test_a_missing_command_or_option_is_caught():
     assert cli_problems(_drop_lines(text, "`--delay-ms`"), commands) == [
         "ferry send --delay-ms: not documented"
     ]
+
+
+def test_a_spec_citation_is_caught_outside_generated_code(tmp_path):
+    for name, text in {
+        "services/ha/master.py": '"""The HA master (SPEC §3.1)."""\n',
+        "deploy/rules.yml": "# groups:\n# over the metrics (SPEC §6)\n",
+        "ferry/v1/ha_pb2.py": "# HA (SPEC §3)\n",  # generated: regenerated from proto/
+        "ferry/__pycache__/record.cpython-311.pyc": "SPEC §4.2",
+        "benchmarks/drains.py": "consume SPEC_JSON\n",  # not a citation
+        "tests/unit/test_x.py": "# SPEC §1\n",  # tests are not scanned
+    }.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert spec_citations(tmp_path) == ["services/ha/master.py:1", "deploy/rules.yml:2"]
 
 
 # ---------------------------------------------------------------- links

@@ -1,4 +1,5 @@
-"""The name server's metric names and types (SPEC §6) on a fresh registry."""
+"""The name server's metric names and types (docs/reference/metrics.md, "Name
+server") on a fresh registry."""
 
 from __future__ import annotations
 

@@ -30,7 +30,8 @@ GOLDEN = Record(
 
 
 def golden_bytes() -> bytes:
-    """The same record assembled field by field from the SPEC §4.2 table."""
+    """The same record assembled field by field from the table in
+    docs/reference/contract.md, "The commit-log record"."""
     body, topic, props = b"hello", b"TopicTest", b"TAGS\x01tagA\x02"
     total = (
         4

@@ -1,4 +1,5 @@
-"""The broker side of name-server registration (SPEC §5.5).
+"""The broker side of name-server registration (docs/guides/broker.md,
+"Registration").
 
 At start the broker registers with every name server in parallel, then every
 period (`clamp(registerNameServerPeriod, 10 s, 60 s)`, done by the caller);

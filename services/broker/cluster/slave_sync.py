@@ -1,6 +1,7 @@
-"""A slave's metadata sync (SPEC §3.5): `syncAll` from its master's `SlaveSync`
-service `delay_s` after start and every `interval_s`, paused while the master
-is unknown (its address comes from the registration answer).
+"""A slave's metadata sync (docs/guides/replication.md, "Metadata"): `syncAll` from
+its master's `SlaveSync` service `delay_s` after start and every `interval_s`,
+paused while the master is unknown (its address comes from the registration
+answer).
 
 - topics and subscription groups: applied only when the master's DataVersion
   differs, by swapping in the whole table (readers never see it half-empty)

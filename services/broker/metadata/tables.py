@@ -1,5 +1,5 @@
-"""The broker's versioned metadata tables (SPEC §4.5), each a JSON file under
-`config/` in RocketMQ's own shape:
+"""The broker's versioned metadata tables (docs/reference/contract.md, "Store
+files"), each a JSON file under `config/` in RocketMQ's own shape:
 
 - `topics.json`            {"dataVersion": {...}, "topicConfigTable": {name: {...}}}
 - `subscriptionGroup.json` {"dataVersion": {...}, "subscriptionGroupTable": {name: {...}}}

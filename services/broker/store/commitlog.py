@@ -1,5 +1,6 @@
-"""The commit log's files (SPEC §4.1): fixed-size segments named by their start
-commit offset as 20 zero-padded digits, preallocated, written append-only.
+"""The commit log's files (docs/reference/contract.md, "Store files"): fixed-size
+segments named by their start commit offset as 20 zero-padded digits,
+preallocated, written append-only.
 
 Rolling: a record goes into the current file only if it leaves at least 8
 bytes behind it (room for a BLANK marker); otherwise a BLANK marker fills the

@@ -1,5 +1,5 @@
-"""Consume queues (SPEC §4.3): per (topic, queue id), an index of the queue's
-messages in the commit log.
+"""Consume queues (docs/reference/contract.md, "Store files"): per (topic, queue id),
+an index of the queue's messages in the commit log.
 
 `consumequeue/<topic>/<queueId>/` holds files of `entries_per_file` 20-byte
 entries `int64 commit_offset | int32 size | int64 tags_code`, named by the

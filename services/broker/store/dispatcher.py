@@ -1,4 +1,5 @@
-"""The dispatcher: tails the commit log and builds the consume queues (SPEC §4.3).
+"""The dispatcher: tails the commit log and builds the consume queues
+(docs/reference/contract.md, "Store files").
 
 It is the one writer of consume queues, on masters and slaves alike: it reads
 records from `offset` up to the commit log's write position and appends one

@@ -1,5 +1,7 @@
 """Flushing and the checkpoint: what makes the commit log and the consume
-queues durable, and what records how far they are (SPEC §4.4).
+queues durable, and what records how far they are (docs/guides/broker.md,
+"Durability" and "Recovery"; the `checkpoint` file: docs/reference/contract.md,
+"Store files").
 
 - ASYNC_FLUSH: every `flush_interval_s`, fdatasync the files written since the
   last flush, then write the checkpoint.

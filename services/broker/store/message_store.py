@@ -260,8 +260,9 @@ class MessageStore:
     # ------------------------------------------------------------ lifecycle
 
     def open(self) -> RecoveryReport:
-        """Recover the store (SPEC §4.4) and create the abort marker. Blocking:
-        call it before serving (in a thread if a loop is running)."""
+        """Recover the store (docs/guides/broker.md, "Recovery") and create the
+        abort marker. Blocking: call it before serving (in a thread if a loop is
+        running)."""
         started = time.monotonic()
         try:
             return self._recover(started)
@@ -362,7 +363,8 @@ class MessageStore:
 
     @property
     def confirm_offset(self) -> int:
-        """The highest commit offset consumers may see (SPEC §3.4)."""
+        """The highest commit offset consumers may see (docs/guides/replication.md,
+        "SYNC_MASTER")."""
         if self._confirmed is not None:
             return min(self._confirmed(), self.max_offset)
         return self.max_offset

@@ -1,5 +1,6 @@
-"""Store recovery (SPEC §4.4): reads the `checkpoint` file and the `abort`
-marker (their format is `checkpoint.py`), and runs the scan that finds where the commit log's valid data ends.
+"""Store recovery (docs/guides/broker.md, "Recovery"): reads the `checkpoint` file
+and the `abort` marker (their format is `checkpoint.py`), and runs the scan that
+finds where the commit log's valid data ends.
 
 The scan starts at a safe point — the file holding the checkpoint's flushed
 offset (everything before it was fsynced when the checkpoint was written; this
