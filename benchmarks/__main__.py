@@ -16,6 +16,7 @@ import tempfile
 import traceback
 from pathlib import Path
 
+from benchmarks.procs import settle_disk
 from benchmarks.report import BenchResult, cpu_snapshot, render_section
 
 BENCHMARKS: dict[str, str] = {
@@ -74,7 +75,13 @@ def main(argv: list[str] | None = None) -> int:
     results: list[BenchResult] = []
     failures: list[str] = []
     for name in args.only or list(BENCHMARKS):
-        print(f"running {name} ...", file=sys.stderr, flush=True)
+        found, waited = settle_disk()
+        print(
+            f"running {name} ... (first wrote back {found >> 20} MiB of dirty pages "
+            f"in {waited:.1f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
         module = importlib.import_module(BENCHMARKS[name])
         try:
             with tempfile.TemporaryDirectory(prefix=f"ferry-bench-{name}-") as workdir:

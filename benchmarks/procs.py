@@ -160,6 +160,30 @@ class ServerProcess:
         self.stop()
 
 
+def dirty_bytes() -> int:
+    """Page-cache bytes not yet on disk (Dirty + Writeback of /proc/meminfo; 0
+    where there is no such file)."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            if key in ("Dirty", "Writeback"):
+                total += int(rest.split()[0]) * 1024
+    return total
+
+
+def settle_disk(limit_bytes: int = 32 << 20, timeout_s: float = 120.0) -> tuple[int, float]:
+    """Before a benchmark: write back what earlier ones left dirty, so that
+    none of them pays for another's writeback. Returns (dirty bytes found,
+    seconds waited)."""
+    found = dirty_bytes()
+    start = time.monotonic()
+    os.sync()
+    while dirty_bytes() > limit_bytes and time.monotonic() - start < timeout_s:
+        time.sleep(0.2)
+    return found, time.monotonic() - start
+
+
 def free_port() -> int:
     """A loopback port free now (for a server that must be told its port)."""
     with socket.socket() as s:
