@@ -175,7 +175,9 @@ def dirty_bytes() -> int:
 def settle_disk(limit_bytes: int = 32 << 20, timeout_s: float = 120.0) -> tuple[int, float]:
     """Before a benchmark: write back what earlier ones left dirty, so that
     none of them pays for another's writeback. Returns (dirty bytes found,
-    seconds waited)."""
+    seconds waited), which the progress line reports. (In the full run of
+    2026-11-26 every benchmark found 0 MiB: the order effect seen in the pop
+    benchmark that day did not come from writeback.)"""
     found = dirty_bytes()
     start = time.monotonic()
     os.sync()
