@@ -11,6 +11,7 @@ import argparse
 import importlib
 import logging
 import shlex
+import signal
 import sys
 import tempfile
 import traceback
@@ -51,6 +52,10 @@ def _append(path: Path, section: str) -> None:
         out.write(prefix + section)
 
 
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks", description="Run ferry's benchmarks."
@@ -70,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(sorted(BENCHMARKS)))
         return 0
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C: each benchmark's `with`
+    # blocks stop the servers it started instead of leaving them running.
+    signal.signal(signal.SIGTERM, _terminated)
 
     cpu_before = cpu_snapshot()
     results: list[BenchResult] = []
