@@ -522,7 +522,7 @@ def test_deadline_heap_is_compacted_but_in_flight_messages_still_expire(broker):
         popped.extend(pop(broker, "heap", "Heap", n=1, invisible_ms=600_000).messages)
     ack(broker, "heap", "Heap", [m.receipt_handle for m in popped[:299]])
     last = popped[299]
-    service._compact_at = 50  # the broker's own threshold is 100,000
+    service.state.compact_at = 50  # the broker's own threshold is 10,000 (COMPACT_AT)
     change = broker.broker.ChangeInvisibleTime(
         broker_pb2.ChangeInvisibleTimeRequest(
             consumer_group="heap", topic="Heap", receipt_handle=last.receipt_handle,
@@ -530,8 +530,8 @@ def test_deadline_heap_is_compacted_but_in_flight_messages_still_expire(broker):
         )
     )  # fmt: skip
     assert change.status == broker_pb2.OK
-    assert len(service._expiry) < 300, "resolved checkpoints' deadlines were dropped"
-    assert service._compact_at >= pop_module.COMPACT_AT
+    assert len(service.state.expiry) < 300, "resolved checkpoints' deadlines were dropped"
+    assert service.state.compact_at >= pop_module.COMPACT_AT
     back = wait_for(
         lambda: pop(broker, "heap", "Heap", wait_ms=500).messages, 30, "the re-timed message"
     )

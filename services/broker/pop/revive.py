@@ -2,8 +2,10 @@
 (through the timer, after the backoff) or, past `retry_max_times`, to its dead-letter
 topic; an ordered group's expired message is handed out again in place.
 
-Runs as one task on the event loop (`run`), on masters only. Imports `state.py`;
-must never import `service.py`.
+The `Reviver` is given the `PopState` it revives from (and the store, topics,
+clock and config it needs); the service tells it of each new deadline
+(`deadline_added`). Runs as one task on the event loop (`run`), on masters
+only. Imports `state.py`; must never import `service.py`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import asyncio
 import contextlib
 import heapq
 import logging
+from collections.abc import Callable
 
 from ferry import record
 from ferry.model import (
@@ -26,25 +29,56 @@ from ferry.model import (
     RETRY_TOPIC_PREFIX,
     TIMER_TOPIC,
     SubscriptionGroupConfig,
+    TopicConfig,
     dlq_topic,
     retry_topic,
 )
+from ferry.runtime.clock import Clock
 from ferry.runtime.tasks import run_rounds
+from services.broker.messaging.rules import TopicLookup
 from services.broker.pop.records import Acks
 from services.broker.pop.state import (
     REVIVE_BATCH,
     InFlight,
     Key,
+    PopConfig,
     PopState,
     Redelivery,
     delivery_attempt,
 )
-from services.broker.store import MessageIn, copy_message
+from services.broker.store import MessageIn, MessageStore, copy_message
 
 log = logging.getLogger(__name__)
 
 
-class Reviver(PopState):
+class Reviver:
+    """Expires the in-flight messages of a `PopState`: to the retry topic, the
+    DLQ, or (ordered groups) back in place after the backoff."""
+
+    def __init__(
+        self,
+        state: PopState,
+        store: MessageStore,
+        topics: TopicLookup,
+        clock: Clock,
+        config: PopConfig,
+        create_topic: Callable[[TopicConfig], None],
+    ) -> None:
+        self.state = state
+        self.store = store
+        self.topics = topics
+        self.clock = clock
+        self.config = config
+        self.create_topic = create_topic  # persist + announce a retry or DLQ topic
+        self._wakeups: list[tuple[int, Key]] = []  # (visible, ordered queue) redeliveries
+        self._wake = asyncio.Event()
+        # While the reviver sleeps: the wall ms it wakes at by itself (0: awake,
+        # it looks at the heaps before it sleeps again). Only an earlier
+        # deadline needs to wake it.
+        self._sleeping_until = 0
+        self.redeliveries = 0  # copies to a retry topic, and ordered re-deliveries
+        self.dead_letters = 0
+
     # ------------------------------------------------------------ revive
 
     async def run(self) -> None:
@@ -57,7 +91,7 @@ class Reviver(PopState):
             return
         now = self.clock.wall_ms()
         wait = 1.0
-        for heap in (self._expiry, self._wakeups):
+        for heap in (self.state.expiry, self._wakeups):
             if heap:
                 wait = min(wait, max((heap[0][0] - now) / 1000, 0.005))
         self._wake.clear()
@@ -69,7 +103,7 @@ class Reviver(PopState):
         finally:
             self._sleeping_until = 0
 
-    def _deadline_added(self, until_ms: int) -> None:
+    def deadline_added(self, until_ms: int) -> None:
         """A new deadline: wake the reviver if it would sleep past it."""
         if until_ms < self._sleeping_until:
             self._wake.set()
@@ -81,39 +115,24 @@ class Reviver(PopState):
         while wakeups and wakeups[0][0] <= now:  # an ordered queue may hand out again
             _, key = heapq.heappop(wakeups)
             self.store.wake([(key[1], key[2])])
-        expired: dict[Key, list[tuple[int, InFlight]]] = {}
-        heap = self._expiry
-        taken: list[tuple[int, int]] = []
-        count = 0
-        while heap and heap[0][0] <= now and count < REVIVE_BATCH:
-            until, checkpoint = heapq.heappop(heap)
-            ck = self._cks.get(checkpoint)
-            state = self._queues.get(ck.key) if ck is not None else None
-            if ck is None or state is None:
-                continue
-            taken.append((until, checkpoint))
-            for offset in ck.offsets:
-                inflight = state.inflight.get(offset)
-                if inflight is not None and inflight.checkpoint == checkpoint:
-                    expired.setdefault(ck.key, []).append((offset, inflight))
-                    count += 1
+        expired, taken = self.state.take_expired(now, REVIVE_BATCH)
         try:
             for key, items in expired.items():
                 await self._expire(key, items)
         except BaseException:
-            for entry in taken:  # not all handled: due again (handled ones are skipped)
-                heapq.heappush(self._expiry, entry)
+            self.state.put_back(taken)
             raise
-        return count
+        return sum(len(items) for items in expired.values())
 
     async def _expire(self, key: Key, items: list[tuple[int, InFlight]]) -> None:
         group, topic, queue_id = key
-        group_config = self._group(group)
+        pop_state = self.state
+        group_config = pop_state.group(group)
         config = self.topics.get(topic)
         orderly = not topic.startswith(RETRY_TOPIC_PREFIX) and (
             group_config.consume_message_orderly or (config is not None and config.order)
         )
-        state = self._queues[key]
+        state = pop_state.queues[key]
         now = self.clock.wall_ms()
         if orderly:
             dead = []
@@ -122,6 +141,7 @@ class Reviver(PopState):
                     dead.append((offset, inflight))
                     continue
                 visible = inflight.until_ms + self._backoff_ms(inflight.attempt)
+                # Still referenced by its checkpoint, now as a redelivery.
                 state.inflight.pop(offset)
                 state.redeliver[offset] = Redelivery(
                     inflight.checkpoint, inflight.attempt + 1, visible
@@ -130,10 +150,10 @@ class Reviver(PopState):
                 heapq.heappush(self._wakeups, (visible, key))
             if dead:
                 await self._dead_letter(key, dead, group_config)
-            self._advance(state)
+            pop_state.advance(state)
             self.store.wake([(topic, queue_id)])
             return
-        messages = await self._records_of(key, items)
+        messages = await pop_state.records_of(key, items)
         retries: list[MessageIn] = []
         dead_letters: list[MessageIn] = []
         resolved: list[tuple[int, int]] = []
@@ -147,7 +167,7 @@ class Reviver(PopState):
             origin = message.properties.get(PROPERTY_RETRY_TOPIC, topic)
             reconsumed = delivery_attempt(topic, message) - 1
             if reconsumed >= group_config.retry_max_times:
-                dead_letters.append(self._dlq_copy(message, origin, reconsumed + 1))
+                dead_letters.append(dlq_copy(message, origin, reconsumed + 1))
             else:
                 retries.append(self._retry_copy(group, message, origin, reconsumed, now))
         if not resolved:
@@ -156,45 +176,35 @@ class Reviver(PopState):
             self._ensure_topic(retry_topic(group, origin))
             self.store.append_internal(TIMER_TOPIC, 0, retries)
             self.redeliveries += len(retries)
-        self._send_to_dlq(group, dead_letters, group_config.retry_max_times)
-        self._journal(Acks(group, topic, queue_id, tuple(resolved), "revive"))
+        self.send_to_dlq(group, dead_letters, group_config.retry_max_times)
+        pop_state.journal(Acks(group, topic, queue_id, tuple(resolved), "revive"))
         for offset, _ in resolved:
-            self._resolve(state, offset)
-        self._advance(state)
+            pop_state.resolve(state, offset)
+        pop_state.advance(state)
 
     async def _dead_letter(
         self, key: Key, items: list[tuple[int, InFlight]], group_config: SubscriptionGroupConfig
     ) -> None:
         """An ordered group's messages past retry_max_times: to the DLQ."""
         group, topic, queue_id = key
-        state = self._queues[key]
-        messages = await self._records_of(key, items)
+        pop_state = self.state
+        state = pop_state.queues[key]
+        messages = await pop_state.records_of(key, items)
         # Acknowledged while the records were read: done, not dead.
         live = [
             (offset, inflight, message)
             for (offset, inflight), message in zip(items, messages, strict=True)
             if state.inflight.get(offset) is inflight
         ]
-        copies = [self._dlq_copy(m, topic, i.attempt) for _, i, m in live if m is not None]
-        self._send_to_dlq(group, copies, group_config.retry_max_times)
+        copies = [dlq_copy(m, topic, i.attempt) for _, i, m in live if m is not None]
+        self.send_to_dlq(group, copies, group_config.retry_max_times)
         resolved = [(offset, inflight.checkpoint) for offset, inflight, _ in live]
-        self._journal(Acks(group, topic, queue_id, tuple(resolved), "dlq"))
+        pop_state.journal(Acks(group, topic, queue_id, tuple(resolved), "dlq"))
         for offset, _ in resolved:
-            self._resolve(state, offset)
+            pop_state.resolve(state, offset)
 
-    async def _records_of(
-        self, key: Key, items: list[tuple[int, InFlight]]
-    ) -> list[record.StoredMessage | None]:
-        """The stored message of each item (None: deleted by retention, or unreadable)."""
-        cq = self.store.queue_view(key[1], key[2])
-        entries = [
-            cq.entry(offset) if cq is not None and offset >= cq.min_offset else None
-            for offset, _ in items
-        ]
-        stored = iter(await self.store.read_entries([e for e in entries if e is not None]))
-        return [next(stored) if e is not None else None for e in entries]
-
-    def _send_to_dlq(self, group: str, copies: list[MessageIn], retry_max_times: int) -> None:
+    def send_to_dlq(self, group: str, copies: list[MessageIn], retry_max_times: int) -> None:
+        """Append dead-letter copies (`dlq_copy`) to the group's DLQ topic, created if needed."""
         if not copies:
             return
         topic = dlq_topic(group)
@@ -209,6 +219,10 @@ class Reviver(PopState):
             retry_max_times,
         )
 
+    def _ensure_topic(self, topic: str) -> None:
+        if self.topics.get(topic) is None:
+            self.create_topic(TopicConfig(topic, read_queue_nums=1, write_queue_nums=1, perm=6))
+
     def _retry_copy(
         self, group: str, message: record.StoredMessage, origin: str, reconsumed: int, now: int
     ) -> MessageIn:
@@ -220,16 +234,18 @@ class Reviver(PopState):
         properties[PROPERTY_TIMER_DELIVER_MS] = str(now + self._backoff_ms(reconsumed + 1))
         return copy_message(message, properties, reconsumed + 1)
 
-    def _dlq_copy(self, message: record.StoredMessage, origin: str, attempts: int) -> MessageIn:
-        properties = dict(message.properties)
-        properties.pop(PROPERTY_RETRY_TOPIC, None)
-        origin_id = properties.pop(PROPERTY_ORIGIN_MESSAGE_ID, None) or message.msg_id
-        properties[PROPERTY_DLQ_ORIGIN_TOPIC] = origin
-        properties[PROPERTY_DLQ_ORIGIN_MESSAGE_ID] = origin_id
-        properties[PROPERTY_DLQ_DELIVERY_ATTEMPTS] = str(attempts)
-        return copy_message(message, properties, attempts)
-
     def _backoff_ms(self, attempt: int) -> int:
         """The wait after delivery `attempt` failed, before the next one."""
         levels = self.config.backoff_s
         return int(levels[min(max(attempt, 1), len(levels)) - 1] * 1000)
+
+
+def dlq_copy(message: record.StoredMessage, origin: str, attempts: int) -> MessageIn:
+    """The dead-letter copy of a message from topic `origin`, after `attempts` deliveries."""
+    properties = dict(message.properties)
+    properties.pop(PROPERTY_RETRY_TOPIC, None)
+    origin_id = properties.pop(PROPERTY_ORIGIN_MESSAGE_ID, None) or message.msg_id
+    properties[PROPERTY_DLQ_ORIGIN_TOPIC] = origin
+    properties[PROPERTY_DLQ_ORIGIN_MESSAGE_ID] = origin_id
+    properties[PROPERTY_DLQ_DELIVERY_ATTEMPTS] = str(attempts)
+    return copy_message(message, properties, attempts)

@@ -46,7 +46,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from ferry.model import (
@@ -54,7 +54,9 @@ from ferry.model import (
     PROPERTY_RETRY_TOPIC,
     RETRY_TOPIC_PREFIX,
     SubscriptionGroupConfig,
+    TopicConfig,
     check_name,
+    check_pop_group,
     check_topic,
     dlq_topic,
     retry_topic,
@@ -69,12 +71,15 @@ from ferry.receipt_handle import (
     handle_suffix,
     join_handle,
 )
+from ferry.runtime.clock import Clock
 from ferry.runtime.errors import FerryError, InvalidArgument, NotFound
 from services.broker.messaging.rules import (
+    OffsetTable,
+    TopicLookup,
     parse_sub_expression,
 )
 from services.broker.pop.records import Acks, Change, Checkpoint
-from services.broker.pop.revive import Reviver
+from services.broker.pop.revive import Reviver, dlq_copy
 from services.broker.pop.state import (
     MAX_POP_NUMS,
     MAX_WAIT_MS,
@@ -82,15 +87,19 @@ from services.broker.pop.state import (
     AckResult,
     ChangeResult,
     GroupStatus,
+    GroupTable,
     InFlight,
     Key,
+    PopConfig,
     Popped,
+    PopState,
     QueueState,
     QueueStatus,
     check_invisible,
     delivery_attempt,
     stale_reason,
 )
+from services.broker.store import MessageStore
 
 log = logging.getLogger(__name__)
 
@@ -104,9 +113,73 @@ class _Taken(NamedTuple):
     entries: list[tuple[int, int, int]]  # their consume-queue entries
 
 
-class PopService(Reviver):
-    """Pop, ack, change-invisible-time and status over the pop state (`state.py`),
-    with revival (`revive.py`)."""
+class PopService:
+    """Pop, ack, change-invisible-time and status: builds the pop state
+    (`PopState`, `state.py`) and its revival (`Reviver`, `revive.py`), works on
+    the state through its public methods and tells the reviver of each new
+    deadline."""
+
+    def __init__(
+        self,
+        store: MessageStore,
+        topics: TopicLookup,
+        groups: GroupTable,
+        offsets: OffsetTable,
+        clock: Clock,
+        config: PopConfig,
+        readable: Callable[[str], TopicConfig],
+        create_topic: Callable[[TopicConfig], None],
+        timer_pending: Callable[[str], int] = lambda topic: 0,
+    ) -> None:
+        self.store = store
+        self.topics = topics
+        self.groups = groups
+        self.offsets = offsets
+        self.clock = clock
+        self.config = config
+        self.readable = readable  # the topic, if consumers may read it here (messaging's rule)
+        self.timer_pending = timer_pending  # timed copies waiting, by target topic
+        self.state = PopState(store, groups, offsets, config)
+        # create_topic: persist + announce a retry or DLQ topic (the reviver makes them).
+        self.reviver = Reviver(self.state, store, topics, clock, config, create_topic)
+        self._next_queue: dict[tuple[str, str], int] = {}
+        self._names_ok: set[tuple[str, str]] = set()  # (group, topic) pairs that name valid topics
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def load(self) -> int:
+        """Replay the revive queue from the checkpoint (before serving)."""
+        return await self.state.load()
+
+    async def run(self) -> None:
+        """Expire what was not acknowledged in time: redeliver or dead-letter it."""
+        await self.reviver.run()
+
+    async def revive_due(self) -> int:
+        """Handle every in-flight message past its deadline (up to a batch)."""
+        return await self.reviver.revive_due()
+
+    def checkpoint(self) -> int:
+        """Record where a restart replays from (see `PopState.checkpoint`)."""
+        return self.state.checkpoint()
+
+    def held_from(self) -> int | None:
+        """The commit offset of the oldest revive record a restart would replay."""
+        return self.state.held_from()
+
+    def inflight_state(self) -> dict[Key, dict[int, tuple[int, int]]]:
+        """(checkpoint, attempt) of every unresolved offset, per queue."""
+        return self.state.inflight_state()
+
+    @property
+    def redeliveries(self) -> int:
+        """Copies to a retry topic, and ordered re-deliveries, since the start."""
+        return self.reviver.redeliveries
+
+    @property
+    def dead_letters(self) -> int:
+        """Messages moved to a dead-letter topic since the start."""
+        return self.reviver.dead_letters
 
     # ------------------------------------------------------------ pop
 
@@ -134,7 +207,7 @@ class PopService(Reviver):
         if max_wait_ms < 0:
             raise InvalidArgument("max_wait_ms", f"{max_wait_ms} is negative")
         tag_hashes = parse_sub_expression(sub_expression)
-        group_config = self._group(group)
+        group_config = self.state.group(group)
         orderly = group_config.consume_message_orderly or config.order
         if queue_id is None or queue_id == -1:
             count = config.read_queue_nums
@@ -168,6 +241,7 @@ class PopService(Reviver):
     ) -> list[_Taken]:
         """Reserve up to `max_nums` messages (synchronously: no other pop can
         take them) and write one checkpoint per queue they came from."""
+        pop_state = self.state
         now = self.clock.wall_ms()
         until = now + invisible_ms
         confirm = self.store.confirm_offset
@@ -180,9 +254,9 @@ class PopService(Reviver):
             cq = self.store.queue_view(topic, queue_id)
             if cq is None:
                 continue
-            state = self._queue(group, topic, queue_id)
+            state = pop_state.queue(group, topic, queue_id)
             if state.pop_offset < cq.min_offset:
-                self._skip_deleted(state, cq.min_offset)
+                pop_state.skip_deleted(state, cq.min_offset)
             want = max_nums - count
             # An ordered queue's expired messages, handed out again: (offset, entry, attempt).
             again: list[tuple[int, tuple[int, int, int], int]] = []
@@ -223,7 +297,7 @@ class PopService(Reviver):
             if not fresh and not again:
                 if scan_end > state.pop_offset:
                     state.pop_offset = scan_end
-                    self._advance(state)
+                    pop_state.advance(state)
                 continue
             offsets = [offset for offset, _, _ in again] + fresh
             fresh_attempt = 1 if orderly else 0
@@ -238,13 +312,13 @@ class PopService(Reviver):
                 until,
             )
             try:
-                checkpoint = self._journal(ck)
+                checkpoint = pop_state.journal(ck)
             except FerryError:
                 if out:
                     break  # hand out what is already checkpointed
                 raise
             state.pop_offset = max(state.pop_offset, scan_end)
-            self._new_checkpoint(checkpoint, state.key, ck.offsets, until)
+            pop_state.new_checkpoint(checkpoint, state.key, ck.offsets, until)
             # One record for every message of the checkpoint (per attempt):
             # none is ever changed in place, a re-timing replaces it.
             shared: dict[int, InFlight] = {}
@@ -252,17 +326,16 @@ class PopService(Reviver):
                 inflight = shared.get(attempt)
                 if inflight is None:
                     inflight = shared[attempt] = InFlight(checkpoint, until, attempt)
-                self._set_inflight(state, offset, inflight)
+                pop_state.set_inflight(state, offset, inflight)
                 out.append(_Taken(state.key, inflight, (offset,), [entry]))
             if fresh:
                 inflight = InFlight(checkpoint, until, fresh_attempt)
-                state.inflight.update(dict.fromkeys(fresh, inflight))
-                self._cks[checkpoint].live += len(fresh)
+                pop_state.add_inflight(state, fresh, inflight)
                 out.append(_Taken(state.key, inflight, fresh, fresh_entries))
             count += len(offsets)
-            self._advance(state)
+            pop_state.advance(state)
         if out:
-            self._deadline_added(until)
+            self.reviver.deadline_added(until)
         return out
 
     async def _read(self, group: str, topic: str, taken: list[_Taken]) -> list[Popped]:
@@ -311,6 +384,7 @@ class PopService(Reviver):
             raise InvalidArgument(
                 f"receipt_handles[{exc.index}]", f"does not parse: {exc}"
             ) from None
+        pop_state = self.state
         results: list[AckResult] = []
         # Per queue named (the fields its handles share): why its handles are
         # foreign, or its state and what this request resolves in it.
@@ -319,7 +393,7 @@ class PopService(Reviver):
             slot = queues.get(head)
             if slot is None:
                 foreign = self._foreign(head[0], head[1], head[2], group, topic)
-                state = None if foreign else self._queues.get((group, head[2], head[3]))
+                state = None if foreign else pop_state.queues.get((group, head[2], head[3]))
                 slot = queues[head] = (foreign, state, {})
             foreign, state, resolved = slot
             if foreign:
@@ -338,13 +412,13 @@ class PopService(Reviver):
             if not resolved or state is None:
                 continue
             key = state.key
-            end = self._journal(Acks(*key, tuple(resolved.items())), end_only=True)
+            end = pop_state.journal(Acks(*key, tuple(resolved.items())), end_only=True)
             inflight_of = state.inflight
             for offset in resolved:
                 del inflight_of[offset]
             for checkpoint, count in Counter(resolved.values()).items():
-                self._unref(checkpoint, count)
-            self._advance(state)
+                pop_state.unref(checkpoint, count)
+            pop_state.advance(state)
             self.store.wake([(key[1], key[2])])
         if end:
             await self.store.wait_durable(end)
@@ -359,7 +433,8 @@ class PopService(Reviver):
             return ChangeResult("", found.status, found.reason)
         handle, key, state, inflight = found
         until = self.clock.wall_ms() + invisible_ms
-        checkpoint = self._journal(
+        pop_state = self.state
+        checkpoint = pop_state.journal(
             Change(
                 group,
                 handle.topic,
@@ -370,11 +445,11 @@ class PopService(Reviver):
                 inflight.attempt,
             )
         )
-        self._new_checkpoint(checkpoint, key, (handle.queue_offset,), until)
-        self._set_inflight(
+        pop_state.new_checkpoint(checkpoint, key, (handle.queue_offset,), until)
+        pop_state.set_inflight(
             state, handle.queue_offset, InFlight(checkpoint, until, inflight.attempt)
         )
-        self._deadline_added(until)
+        self.reviver.deadline_added(until)
         new = ReceiptHandle(
             self.config.broker_name,
             group,
@@ -395,19 +470,20 @@ class PopService(Reviver):
             return found
         handle, key, state, inflight = found
         offset = handle.queue_offset
-        (message,) = await self._records_of(key, [(offset, inflight)])
+        pop_state = self.state
+        (message,) = await pop_state.records_of(key, [(offset, inflight)])
         if state.inflight.get(offset) is not inflight:  # acknowledged or re-timed meanwhile
             return AckResult(handle_text, "STALE", stale_reason(state, offset))
-        group_config = self._group(group)
+        group_config = pop_state.group(group)
         if message is not None:
             origin = message.properties.get(PROPERTY_RETRY_TOPIC, topic)
             attempts = inflight.attempt or delivery_attempt(handle.topic, message)
-            self._send_to_dlq(
-                group, [self._dlq_copy(message, origin, attempts)], group_config.retry_max_times
+            self.reviver.send_to_dlq(
+                group, [dlq_copy(message, origin, attempts)], group_config.retry_max_times
             )
-        end = self._journal(Acks(*key, ((offset, inflight.checkpoint),), "dlq"), end_only=True)
-        self._resolve(state, offset)
-        self._advance(state)
+        end = pop_state.journal(Acks(*key, ((offset, inflight.checkpoint),), "dlq"), end_only=True)
+        pop_state.resolve(state, offset)
+        pop_state.advance(state)
         self.store.wake([(key[1], key[2])])
         await self.store.wait_durable(end)
         return AckResult(handle_text, "OK")
@@ -431,11 +507,19 @@ class PopService(Reviver):
         if verdict:
             return AckResult(handle_text, "FOREIGN", verdict)
         key = (group, handle.topic, handle.queue_id)
-        state = self._queues.get(key)
+        state = self.state.queues.get(key)
         inflight = state.inflight.get(handle.queue_offset) if state else None
         if state is None or inflight is None or inflight.checkpoint != handle.checkpoint:
             return AckResult(handle_text, "STALE", stale_reason(state, handle.queue_offset))
         return handle, key, state, inflight
+
+    def _check_group_name(self, group: str, topic: str) -> None:
+        if (group, topic) in self._names_ok:
+            return
+        check_pop_group(group, topic)  # one rule, shared with the proxy
+        if len(self._names_ok) >= 65536:
+            self._names_ok.clear()
+        self._names_ok.add((group, topic))
 
     def _foreign(
         self, handle_broker: str, handle_group: str, handle_topic: str, group: str, topic: str
@@ -462,7 +546,7 @@ class PopService(Reviver):
         group_config = self.groups.get(group) or SubscriptionGroupConfig(group)
         queues = []
         for queue_id in range(config.read_queue_nums):
-            state = self._queues.get((group, topic, queue_id))
+            state = self.state.queues.get((group, topic, queue_id))
             max_offset = self.store.queue_max_offset(topic, queue_id)
             if state is None:
                 committed = self.offsets.query(group, topic, queue_id)
@@ -493,7 +577,7 @@ class PopService(Reviver):
         """Retry copies waiting for their backoff or for a consumer."""
         retry = retry_topic(group, topic)
         waiting = self.timer_pending(retry)
-        state = self._queues.get((group, retry, 0))
+        state = self.state.queues.get((group, retry, 0))
         backlog = self.store.queue_max_offset(retry, 0) - (state.committed if state else 0)
         return waiting + max(0, backlog)
 
@@ -506,7 +590,7 @@ class PopService(Reviver):
         inflight: Counter[str] = Counter()
         retries: Counter[str] = Counter()
         topics: set[tuple[str, str]] = set()
-        for (group, topic, _), state in self._queues.items():
+        for (group, topic, _), state in self.state.queues.items():
             inflight[group] += len(state.inflight) + len(state.redeliver)
             if not topic.startswith(RETRY_TOPIC_PREFIX):
                 topics.add((group, topic))

@@ -2,21 +2,23 @@
 committed and pop offsets and the messages in flight, the open checkpoints and
 their deadlines, the revive-record journal and its replay.
 
-The layering of the pop room (each module imports only the ones before it):
-`state.py` (this: state, journal, replay) -> `revive.py` (expiry: retry or
-DLQ) -> `service.py` (pop, ack, change-invisible-time, status). What the state
-means is in `service.py`'s docstring.
+The pop room is three parts, put together by composition (each module imports
+only the ones before it): `PopState` (this: state, journal, replay), the
+`Reviver` (`revive.py`: expiry, retry or DLQ) that is given it, and the
+`PopService` (`service.py`: pop, ack, change-invisible-time, status) that builds
+both. The other two write revive records and open, reference and close
+checkpoints only through PopState's public methods; they update a queue's own
+fields (`QueueState`) in place. What the state means is in `service.py`'s
+docstring.
 
 Runs on the event loop thread, on masters only.
 """
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import logging
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -24,18 +26,14 @@ from ferry import record
 from ferry.model import (
     RETRY_TOPIC_PREFIX,
     SubscriptionGroupConfig,
-    TopicConfig,
-    check_pop_group,
 )
 from ferry.receipt_handle import (
     PopFormatError,
 )
-from ferry.runtime.clock import Clock
 from ferry.runtime.errors import InvalidArgument, NotFound
 from services.broker.messaging.rules import (
     GroupLookup,
     OffsetTable,
-    TopicLookup,
 )
 from services.broker.pop.records import Acks, Change, Checkpoint, decode_revive, encode_revive
 from services.broker.store import MessageIn, MessageStore
@@ -161,47 +159,33 @@ class QueueState:
 
 
 class PopState:
-    """The pop state of one broker and its journal (revive records)."""
+    """The pop state of one broker and its journal (revive records).
+
+    Its public methods are the operations the reviver and the service build on;
+    every change to the checkpoints' reference counts and deadlines goes through
+    them. `queues` (per (group, topic, queue id)) and `expiry` (the deadline
+    heap) are read by both.
+    """
 
     def __init__(
         self,
         store: MessageStore,
-        topics: TopicLookup,
         groups: GroupTable,
         offsets: OffsetTable,
-        clock: Clock,
         config: PopConfig,
-        readable: Callable[[str], TopicConfig],
-        create_topic: Callable[[TopicConfig], None],
-        timer_pending: Callable[[str], int] = lambda topic: 0,
     ) -> None:
         self.store = store
-        self.topics = topics
         self.groups = groups
         self.offsets = offsets
-        self.clock = clock
         self.config = config
-        self.readable = readable  # the topic, if consumers may read it here (messaging's rule)
-        self.create_topic = create_topic  # persist + announce a retry or DLQ topic
-        self.timer_pending = timer_pending  # timed copies waiting, by target topic
-        self._queues: dict[Key, QueueState] = {}
+        self.queues: dict[Key, QueueState] = {}
         self._cks: dict[int, OpenCheckpoint] = {}  # checkpoint -> its unresolved messages
-        self._expiry: list[tuple[int, int]] = []  # (until, checkpoint); stale ones skipped
-        self._wakeups: list[tuple[int, Key]] = []  # (visible, ordered queue) redeliveries
-        self._compact_at = COMPACT_AT
-        self._wake = asyncio.Event()
-        # While the reviver sleeps: the wall ms it wakes at by itself (0: awake,
-        # it looks at the heaps before it sleeps again). Only an earlier
-        # deadline needs to wake it.
-        self._sleeping_until = 0
-        self._next_queue: dict[tuple[str, str], int] = {}
-        self._names_ok: set[tuple[str, str]] = set()  # (group, topic) pairs that name valid topics
-        self.redeliveries = 0  # copies to a retry topic, and ordered re-deliveries
-        self.dead_letters = 0
+        self.expiry: list[tuple[int, int]] = []  # (until, checkpoint); stale ones skipped
+        self.compact_at = COMPACT_AT  # heap size that triggers dropping resolved deadlines
 
     # ------------------------------------------------------------ durability
 
-    def _journal(self, item: Checkpoint | Acks | Change, end_only: bool = False) -> int:
+    def journal(self, item: Checkpoint | Acks | Change, end_only: bool = False) -> int:
         """Append one revive record; returns its revive-queue offset (the
         checkpoint id), or with `end_only` the commit offset just past it."""
         result = self.store.append_internal(
@@ -240,29 +224,29 @@ class PopState:
                 self.apply(offset + i, item)
                 replayed += 1
             offset += len(entries)
-        for state in self._queues.values():
-            self._advance(state)
-        inflight = sum(len(s.inflight) for s in self._queues.values())
+        for state in self.queues.values():
+            self.advance(state)
+        inflight = sum(len(s.inflight) for s in self.queues.values())
         log.info(
             "pop: replayed %d revive records from %d: %d messages in flight in %d queues",
             replayed,
             start,
             inflight,
-            len(self._queues),
+            len(self.queues),
         )
         return replayed
 
     def apply(self, checkpoint_offset: int, item: Checkpoint | Acks | Change) -> None:
         """One revive record, replayed."""
         if isinstance(item, Checkpoint):
-            state = self._queue(item.group, item.topic, item.queue_id, base=item.start)
+            state = self.queue(item.group, item.topic, item.queue_id, base=item.start)
             state.pop_offset = max(state.pop_offset, item.end)
-            ck = self._new_checkpoint(
+            ck = self.new_checkpoint(
                 checkpoint_offset, state.key, item.offsets, item.invisible_until_ms
             )
             for offset, attempt in zip(item.offsets, item.attempts, strict=True):
                 if offset >= state.committed:
-                    self._set_inflight(
+                    self.set_inflight(
                         state,
                         offset,
                         InFlight(checkpoint_offset, item.invisible_until_ms, attempt),
@@ -270,25 +254,25 @@ class PopState:
             if not ck.live:
                 del self._cks[checkpoint_offset]
         elif isinstance(item, Acks):
-            state = self._queues.get((item.group, item.topic, item.queue_id))
+            state = self.queues.get((item.group, item.topic, item.queue_id))
             if state is None:
                 return
             for offset, checkpoint in item.resolved:
                 inflight = state.inflight.get(offset)
                 if inflight is not None and inflight.checkpoint == checkpoint:
-                    self._resolve(state, offset)
+                    self.resolve(state, offset)
         else:
-            state = self._queues.get((item.group, item.topic, item.queue_id))
+            state = self.queues.get((item.group, item.topic, item.queue_id))
             inflight = state.inflight.get(item.queue_offset) if state else None
             if (
                 state is not None
                 and inflight is not None
                 and inflight.checkpoint == item.old_checkpoint
             ):
-                self._new_checkpoint(
+                self.new_checkpoint(
                     checkpoint_offset, state.key, (item.queue_offset,), item.invisible_until_ms
                 )
-                self._set_inflight(
+                self.set_inflight(
                     state,
                     item.queue_offset,
                     InFlight(checkpoint_offset, item.invisible_until_ms, item.attempt),
@@ -318,18 +302,19 @@ class PopState:
         """(checkpoint, attempt) of every unresolved offset, per queue: what a
         replay of the same revive records on a slave must reproduce."""
         out = {}
-        for key, state in self._queues.items():
+        for key, state in self.queues.items():
             items = {o: (i.checkpoint, i.attempt) for o, i in state.inflight.items()}
             items.update({o: (r.checkpoint, r.attempt - 1) for o, r in state.redeliver.items()})
             if items:
                 out[key] = items
         return out
 
-    # ------------------------------------------------------------ internals
+    # ------------------------------------------------------------ operations
 
-    def _queue(self, group: str, topic: str, queue_id: int, base: int | None = None) -> QueueState:
+    def queue(self, group: str, topic: str, queue_id: int, base: int | None = None) -> QueueState:
+        """The state of a group's queue, created (from its committed offset) on first use."""
         key = (group, topic, queue_id)
-        state = self._queues.get(key)
+        state = self.queues.get(key)
         if state is None:
             committed = self.offsets.query(group, topic, queue_id)
             if committed is None:
@@ -344,28 +329,34 @@ class PopState:
                         else self.store.queue_max_offset(topic, queue_id)
                     )
                 self.offsets.commit(group, topic, queue_id, committed)
-            state = self._queues[key] = QueueState(key, committed, committed)
+            state = self.queues[key] = QueueState(key, committed, committed)
         return state
 
-    def _new_checkpoint(
+    def new_checkpoint(
         self, checkpoint: int, key: Key, offsets: tuple[int, ...], until_ms: int
     ) -> OpenCheckpoint:
+        """Open a checkpoint (no messages yet) and push its deadline."""
         ck = self._cks[checkpoint] = OpenCheckpoint(key, offsets, until_ms)
-        heapq.heappush(self._expiry, (until_ms, checkpoint))
-        if len(self._expiry) > self._compact_at:
+        heapq.heappush(self.expiry, (until_ms, checkpoint))
+        if len(self.expiry) > self.compact_at:
             self._compact_expiry()
         return ck
 
-    def _set_inflight(self, state: QueueState, offset: int, inflight: InFlight) -> None:
-        """`offset` in flight under `inflight.checkpoint` (made by `_new_checkpoint`)."""
+    def set_inflight(self, state: QueueState, offset: int, inflight: InFlight) -> None:
+        """`offset` in flight under `inflight.checkpoint` (made by `new_checkpoint`)."""
         old = state.inflight.get(offset)
         if old is not None:
-            self._unref(old.checkpoint)
+            self.unref(old.checkpoint)
         redelivery = state.redeliver.pop(offset, None)
         if redelivery is not None:
-            self._unref(redelivery.checkpoint)
+            self.unref(redelivery.checkpoint)
         state.inflight[offset] = inflight
         self._cks[inflight.checkpoint].live += 1
+
+    def add_inflight(self, state: QueueState, offsets: list[int], inflight: InFlight) -> None:
+        """Offsets never handed out, in flight under `inflight.checkpoint` at once."""
+        state.inflight.update(dict.fromkeys(offsets, inflight))
+        self._cks[inflight.checkpoint].live += len(offsets)
 
     def _compact_expiry(self) -> None:
         """Drop the deadlines of checkpoints already resolved (they stay in the
@@ -373,31 +364,62 @@ class PopState:
         heap would otherwise hold every pop of the last hours."""
         live = [(ck.until_ms, checkpoint) for checkpoint, ck in self._cks.items()]
         heapq.heapify(live)
-        self._expiry = live
-        self._compact_at = max(COMPACT_AT, 4 * len(live))
+        self.expiry = live
+        self.compact_at = max(COMPACT_AT, 4 * len(live))
 
-    def _resolve(self, state: QueueState, offset: int) -> None:
+    def take_expired(
+        self, now: int, limit: int
+    ) -> tuple[dict[Key, list[tuple[int, InFlight]]], list[tuple[int, int]]]:
+        """The messages due by `now` (up to `limit`), per queue, and the deadlines popped."""
+        expired: dict[Key, list[tuple[int, InFlight]]] = {}
+        heap = self.expiry
+        taken: list[tuple[int, int]] = []
+        count = 0
+        while heap and heap[0][0] <= now and count < limit:
+            until, checkpoint = heapq.heappop(heap)
+            ck = self._cks.get(checkpoint)
+            state = self.queues.get(ck.key) if ck is not None else None
+            if ck is None or state is None:
+                continue
+            taken.append((until, checkpoint))
+            for offset in ck.offsets:
+                inflight = state.inflight.get(offset)
+                if inflight is not None and inflight.checkpoint == checkpoint:
+                    expired.setdefault(ck.key, []).append((offset, inflight))
+                    count += 1
+        return expired, taken
+
+    def put_back(self, deadlines: list[tuple[int, int]]) -> None:
+        """Deadlines taken but not all handled: due again (handled ones are skipped)."""
+        for entry in deadlines:
+            heapq.heappush(self.expiry, entry)
+
+    def resolve(self, state: QueueState, offset: int) -> None:
+        """`offset` resolved: no longer in flight nor waiting for redelivery."""
         inflight = state.inflight.pop(offset, None)
         if inflight is not None:
-            self._unref(inflight.checkpoint)
+            self.unref(inflight.checkpoint)
         redelivery = state.redeliver.pop(offset, None)
         if redelivery is not None:
-            self._unref(redelivery.checkpoint)
+            self.unref(redelivery.checkpoint)
 
-    def _unref(self, checkpoint: int, count: int = 1) -> None:
+    def unref(self, checkpoint: int, count: int = 1) -> None:
+        """`count` messages of `checkpoint` resolved or re-timed; closed at none left."""
         ck = self._cks[checkpoint]
         ck.live -= count
         if ck.live <= 0:
             del self._cks[checkpoint]
 
-    def _advance(self, state: QueueState) -> None:
+    def advance(self, state: QueueState) -> None:
+        """Move the committed offset up to the lowest unresolved one, and commit it."""
         low = state.low()
         if low > state.committed:
             state.committed = low
             group, topic, queue_id = state.key
             self.offsets.commit(group, topic, queue_id, low)
 
-    def _skip_deleted(self, state: QueueState, new_min: int) -> None:
+    def skip_deleted(self, state: QueueState, new_min: int) -> None:
+        """Resolve what retention deleted below `new_min` before it was consumed."""
         log.warning(
             "pop: group %s skips %d messages of %s/%d that retention deleted before they "
             "were consumed",
@@ -407,21 +429,14 @@ class PopState:
             state.key[2],
         )
         for offset in [o for o in state.inflight if o < new_min]:
-            self._resolve(state, offset)
+            self.resolve(state, offset)
         for offset in [o for o in state.redeliver if o < new_min]:
-            self._resolve(state, offset)
+            self.resolve(state, offset)
         state.pop_offset = new_min
-        self._advance(state)
+        self.advance(state)
 
-    def _check_group_name(self, group: str, topic: str) -> None:
-        if (group, topic) in self._names_ok:
-            return
-        check_pop_group(group, topic)  # one rule, shared with the proxy
-        if len(self._names_ok) >= 65536:
-            self._names_ok.clear()
-        self._names_ok.add((group, topic))
-
-    def _group(self, group: str) -> SubscriptionGroupConfig:
+    def group(self, group: str) -> SubscriptionGroupConfig:
+        """The group's config, created on first use when auto-creation is on."""
         config = self.groups.get(group)
         if config is not None:
             return config
@@ -436,9 +451,17 @@ class PopState:
         log.info("pop: consumer group %s created on first use", group)
         return config
 
-    def _ensure_topic(self, topic: str) -> None:
-        if self.topics.get(topic) is None:
-            self.create_topic(TopicConfig(topic, read_queue_nums=1, write_queue_nums=1, perm=6))
+    async def records_of(
+        self, key: Key, items: list[tuple[int, InFlight]]
+    ) -> list[record.StoredMessage | None]:
+        """The stored message of each item (None: deleted by retention, or unreadable)."""
+        cq = self.store.queue_view(key[1], key[2])
+        entries = [
+            cq.entry(offset) if cq is not None and offset >= cq.min_offset else None
+            for offset, _ in items
+        ]
+        stored = iter(await self.store.read_entries([e for e in entries if e is not None]))
+        return [next(stored) if e is not None else None for e in entries]
 
 
 def delivery_attempt(queue_topic: str, message: record.StoredMessage) -> int:
