@@ -15,6 +15,7 @@ from pathlib import Path
 from ferry.runtime import auth, eventloop
 from ferry.runtime.errors import ConfigError, CorruptFileError
 from ferry.runtime.logs import setup_logging
+from ferry.runtime.memory import retain_freed_memory
 from ferry.runtime.server import run_until_signalled
 from services.broker.config import describe_keys, load_config
 from services.broker.store import (
@@ -93,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         config = dataclasses.replace(config, port_file=args.port_file)
     auth.warn_if_placeholder(log, "haSecret", config.ha_secret, "ferry-ha")
     auth.warn_if_placeholder(log, "adminToken", config.admin_token, "ferry-admin")
+    log.info("%s", retain_freed_memory())
 
     from services.broker.app import BrokerApp  # imported here: `ferry --help` stays fast
 
