@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import heapq
 import logging
-import zlib
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -490,8 +489,3 @@ def stale_reason(state: QueueState | None, queue_offset: int) -> str:
         "not in flight under this handle: acknowledged, redelivered, or replaced by "
         "ChangeInvisibleTime"
     )
-
-
-def message_group_queue(message_group: str, queue_count: int) -> int:
-    """The queue a message group's messages share: a stable hash (CRC32)."""
-    return zlib.crc32(message_group.encode()) % queue_count

@@ -754,7 +754,7 @@ class MessageStore:
 
     # ------------------------------------------------------------ for the layers above
     # What messaging, metadata, metrics and the app read of the store's parts:
-    # none of them reaches into a part (tests/unit/test_imports.py checks).
+    # none of them reaches into a part (tests/unit/test_wiring.py checks).
 
     @property
     def delay_levels_s(self) -> tuple[float, ...]:
@@ -812,9 +812,6 @@ class MessageStore:
         self.queues.delete_topic(topic)
         for key in [k for k in self._next_queue_offset if k[0] == topic]:
             del self._next_queue_offset[key]
-
-    def queue_offsets_of(self, topic: str) -> Mapping[int, tuple[int, int]]:
-        return {q.queue_id: (q.min_offset, q.max_offset) for q in self.queues.of_topic(topic)}
 
 
 def _encoder(
