@@ -63,11 +63,11 @@ def _is_self(node: ast.expr) -> bool:
     return isinstance(node, ast.Name) and node.id == "self"
 
 
-def late_wiring(path: Path, root: bool) -> list[str]:
+def late_wiring(path: Path, root: bool, base: Path = ROOT) -> list[str]:
     """Assignments to another object's attributes: any of them in a composition
     root (unless allowed), a lambda anywhere."""
     bad = []
-    rel = path.relative_to(ROOT)
+    rel = path.relative_to(base)
     for line, target, value in _assigned_attributes(ast.parse(path.read_text(), str(path))):
         if _is_self(target.value):
             continue  # an object's own state
@@ -86,9 +86,9 @@ def _is_store(node: ast.expr) -> bool:
     return isinstance(node, ast.Attribute) and node.attr == "store"
 
 
-def store_reaches(path: Path) -> list[str]:
+def store_reaches(path: Path, base: Path = ROOT) -> list[str]:
     bad: list[tuple[int, str]] = []
-    rel = path.relative_to(ROOT)
+    rel = path.relative_to(base)
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if not isinstance(node, ast.Attribute) or not _is_store(node.value):
             continue
@@ -115,26 +115,23 @@ def test_nothing_outside_the_store_reaches_into_its_parts() -> None:
 
 
 def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
-    global ROOT
-    saved = ROOT
-    ROOT = tmp_path
-    try:
-        src = tmp_path / "m.py"
-        src.write_text(
-            "def wire(messaging, metrics, store, self):\n"
-            "    messaging.on_sent = metrics.observe_send\n"
-            "    store.hook = lambda: 0\n"
-            "    self.gate.open = True\n"
-            "    self.x = 1\n"
-            "    n = store.queues.all()\n"
-            "    self.store._append()\n"
-            "    m = store.max_offset\n"
-        )
-        assert late_wiring(src, root=True) == [
-            "m.py:2: messaging.on_sent = metrics.observe_send",
-            "m.py:3: store.hook = lambda: 0",
-        ]
-        assert late_wiring(src, root=False) == ["m.py:3: store.hook = a lambda"]
-        assert store_reaches(src) == ["m.py:6: store.queues", "m.py:7: self.store._append"]
-    finally:
-        ROOT = saved
+    src = tmp_path / "m.py"
+    src.write_text(
+        "def wire(messaging, metrics, store, self):\n"
+        "    messaging.on_sent = metrics.observe_send\n"
+        "    store.hook = lambda: 0\n"
+        "    self.gate.open = True\n"
+        "    self.x = 1\n"
+        "    n = store.queues.all()\n"
+        "    self.store._append()\n"
+        "    m = store.max_offset\n"
+    )
+    assert late_wiring(src, root=True, base=tmp_path) == [
+        "m.py:2: messaging.on_sent = metrics.observe_send",
+        "m.py:3: store.hook = lambda: 0",
+    ]
+    assert late_wiring(src, root=False, base=tmp_path) == ["m.py:3: store.hook = a lambda"]
+    assert store_reaches(src, base=tmp_path) == [
+        "m.py:6: store.queues",
+        "m.py:7: self.store._append",
+    ]
