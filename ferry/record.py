@@ -354,7 +354,10 @@ def scan_valid(buf: bytes | memoryview, pos: int, end: int) -> tuple[int, str | 
         (props_len,) = unpack_u16(buf, at + 1 + topic_len)
         if at + 3 + topic_len + props_len != record_end:
             return pos, "field lengths do not add up to TOTALSIZE"
-        if not buf[at + topic_len] or (props_len and buf[record_end - 1] != 2):
+        # A torn write leaves zeros at the end; a whole record's topic and properties end
+        # in a non-zero byte. (ferry ends properties with \x02; Apache 4.9 leaves the
+        # last separator out, so the last byte is any non-zero byte of a value.)
+        if not buf[at + topic_len] or (props_len and not buf[record_end - 1]):
             return pos, "topic or properties end in zeros (a torn write)"
         (crc,) = unpack_i(buf, pos + 8)
         if crc32(view[pos + HEAD_SIZE : at]) & 0x7FFFFFFF != crc:
@@ -404,12 +407,40 @@ class StoredMessage:
         return (self.store_host_raw + self.commit_offset.to_bytes(8, "big")).hex().upper()
 
 
-_PULL_HEAD = struct.Struct(">iI4xiiqq4xq8sq8si8xi")
+_PULL_HEAD = struct.Struct(">iI4xiiqqiq8sq8si8xi")
+
+# SYSFLAG bits of a compressed body (RocketMQ's MessageSysFlag): bit 0 says compressed;
+# bits 8-10 name the codec in 5.x (LZ4 1, ZSTD 2, ZLIB 3), 0 is 4.x's zlib.
+COMPRESSED_FLAG = 0x1
+COMPRESSION_TYPE_MASK = 0x700
+_ZLIB_TYPES = (0, 3 << 8)
+# A body inflates to at most this many bytes (RocketMQ bodies are ≤ 4 MiB before the
+# client compresses them; a larger result is a decompression bomb, served as stored).
+MAX_INFLATED_BODY = 64 * 1024 * 1024
+
+
+def inflate_body(body: bytes, sys_flag: int) -> bytes:
+    """The body a consumer sees: a compressed body (a 4.x or 5.x client compressed it, as
+    Apache's clients do over 4 KiB) inflated, as Apache's consumers and proxy do. A body
+    that does not inflate whole within MAX_INFLATED_BODY, or uses a codec ferry lacks
+    (LZ4, ZSTD: 5.x clients use zlib unless told otherwise), is returned as stored: the
+    consumer gets the bytes the producer's client wrote rather than nothing."""
+    if not sys_flag & COMPRESSED_FLAG or sys_flag & COMPRESSION_TYPE_MASK not in _ZLIB_TYPES:
+        return body
+    inflater = zlib.decompressobj()
+    try:
+        out = inflater.decompress(body, MAX_INFLATED_BODY)
+    except zlib.error:
+        return body
+    if not inflater.eof or inflater.unconsumed_tail:
+        return body
+    return out
 
 
 def decode_stored(buf: bytes | bytearray | memoryview, pos: int, size: int) -> StoredMessage:
     """Decode the record of `size` bytes at `pos` (located by a consume-queue
-    entry) for a consumer: the fields a pull returns, without the body CRC.
+    entry) for a consumer: the fields a pull returns, without the body CRC, the body
+    inflated when a client compressed it (`inflate_body`).
 
     Raises:
         RecordError: the bytes there are not a whole valid record.
@@ -418,8 +449,8 @@ def decode_stored(buf: bytes | bytearray | memoryview, pos: int, size: int) -> S
         raise RecordError(f"no record of {size} bytes at {pos}")
     try:
         (
-            total, magic, queue_id, flag, queue_offset, commit_offset, born_ts, born_host,
-            store_ts, store_host, reconsume, body_len,
+            total, magic, queue_id, flag, queue_offset, commit_offset, sys_flag, born_ts,
+            born_host, store_ts, store_host, reconsume, body_len,
         ) = _PULL_HEAD.unpack_from(buf, pos)  # fmt: skip
     except struct.error as exc:
         raise RecordError(f"record at {pos}: {exc}") from None
@@ -432,6 +463,8 @@ def decode_stored(buf: bytes | bytearray | memoryview, pos: int, size: int) -> S
     if body_len < 0 or at + body_len + 3 > end:
         raise RecordError(f"record at {pos}: body length {body_len} does not fit")
     body = bytes(buf[at : at + body_len])
+    if sys_flag & COMPRESSED_FLAG:
+        body = inflate_body(body, sys_flag)
     at += body_len
     topic_len = buf[at]
     at += 1

@@ -164,3 +164,47 @@ def test_mutated_golden_only_raises_record_error(index, value):
     data[index] = value
     with contextlib.suppress(RecordError):
         record.decode(bytes(data))
+
+
+def _raw(properties: bytes) -> bytes:
+    host = record.pack_host(("127.0.0.1", 10911))
+    return record.encode_raw(
+        b"T", 0, 0, 0, 0, 0, 1, host, 2, host, b"body", properties
+    )  # fmt: skip
+
+
+def test_recovery_takes_properties_without_a_trailing_separator_as_apache_4_9_writes_them():
+    # Apache 4.9's broker writes `k\x01v\x02k\x01v`: no separator after the last value
+    # (seen in its commit log, tests/compat). ferry writes one. Both are whole records.
+    for props in (b"TAGS\x01a\x02KEYS\x01k", b"TAGS\x01a\x02KEYS\x01k\x02"):
+        buf = _raw(props) * 2
+        assert record.scan_valid(buf, 0, len(buf)) == (len(buf), None)
+        decoded = record.decode(buf[: len(buf) // 2])
+        assert decoded.tags == "a" and decoded.keys == "k"
+
+
+def test_recovery_still_cuts_properties_that_end_in_zeros():
+    buf = _raw(b"TAGS\x01a\x02KEYS\x01\x00\x00")
+    assert record.scan_valid(buf, 0, len(buf)) == (
+        0,
+        "topic or properties end in zeros (a torn write)",
+    )
+
+
+def test_a_consumer_reads_a_compressed_body_inflated_and_a_bad_one_as_stored():
+    # Apache's 4.x producer deflates bodies over 4 KiB and sets SYSFLAG bit 0; its consumers
+    # (and its 5.x proxy) inflate them. ferry's reads for consumers do the same.
+    host = record.pack_host(("127.0.0.1", 10911))
+    plain = b"order 4711 " * 1000
+    for sys_flag, body, want in (
+        (0x1, zlib.compress(plain), plain),  # 4.x: zlib, no codec bits
+        (0x1 | 3 << 8, zlib.compress(plain), plain),  # 5.x: ZLIB named
+        (0x0, zlib.compress(plain), zlib.compress(plain)),  # not flagged: as stored
+        (0x1, b"not zlib at all", b"not zlib at all"),  # corrupt: as stored
+        (0x1 | 1 << 8, b"lz4 frame", b"lz4 frame"),  # LZ4: as stored
+    ):
+        raw = record.encode_raw(b"T", 0, 0, 0, 0, sys_flag, 1, host, 2, host, body, b"")
+        assert record.decode_stored(raw, 0, len(raw)).body == want
+    bomb = zlib.compress(b"\0" * (record.MAX_INFLATED_BODY + 1))
+    raw = record.encode_raw(b"T", 0, 0, 0, 0, 0x1, 1, host, 2, host, bomb, b"")
+    assert record.decode_stored(raw, 0, len(raw)).body == bomb
