@@ -25,7 +25,11 @@ TOPOLOGY ?= 2m-2s-failover
 # Extra `ferry dev` arguments, e.g. make run ARGS="--port-offset 1000"
 ARGS ?=
 
-.PHONY: help venv proto tools etcd bench-tools test run lint bench bench-quick chaos fuzz clean
+# Apache RocketMQ's jars (tests/compat/pom.xml), resolved from Maven Central into .cache/rocketmq.
+APACHE_STAMP := .cache/rocketmq/.stamp
+COMPAT_SOURCES := $(shell find tests/compat -name pom.xml -o -name '*.java' 2>/dev/null)
+
+.PHONY: help venv proto tools etcd apache bench-tools test run lint bench bench-quick chaos fuzz clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -63,8 +67,17 @@ apt_tool = @command -v $(1) >/dev/null 2>&1 || { \
 	    exit 1; \
 	  fi; }
 
-tools: etcd  ## system tools the tests use: promtool (Debian package prometheus) and etcd, via apt-get when missing
+tools: etcd apache  ## what the tests use besides Python: promtool (Debian package prometheus), etcd, Apache RocketMQ's jars
 	$(call apt_tool,promtool,prometheus,for promtool,make test)
+
+apache: $(APACHE_STAMP)  ## Apache RocketMQ 4.9 and 5.x and the RocketMQ 5 Java SDK from Maven Central (tests/compat), the test oracle and benchmark peer
+
+$(APACHE_STAMP): $(COMPAT_SOURCES)
+	$(call apt_tool,java,openjdk-17-jdk-headless,Java 17 to run Apache RocketMQ,make apache)
+	$(call apt_tool,mvn,maven,Maven to fetch Apache RocketMQ's jars,make apache)
+	@echo "resolving Apache RocketMQ's jars from Maven Central into .cache/rocketmq (the first time takes a few minutes)"
+	mvn -q -B -f tests/compat/pom.xml package
+	@mkdir -p $(dir $@) && touch $@
 
 etcd:  ## etcd (Debian package etcd-server: failover's consensus store), via apt-get when missing
 	$(call apt_tool,etcd,etcd-server,automatic failover's etcd,ferry)
@@ -110,4 +123,4 @@ bench-quick: $(PROTO_STAMP) bench-tools  ## every benchmark as a short smoke run
 	$(PY) -m benchmarks --quick
 
 clean:  ## remove the venv, generated code and caches (not ./var)
-	rm -rf $(VENV) ferry/v1/*_pb2*.py ferry/v1/*_pb2*.pyi $(RMQ_OUT)/*_pb2*.py $(RMQ_OUT)/*_pb2*.pyi $(PROTO_STAMP) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .cache/rocketmq tests/compat/*/target ferry/v1/*_pb2*.py ferry/v1/*_pb2*.pyi $(RMQ_OUT)/*_pb2*.py $(RMQ_OUT)/*_pb2*.pyi $(PROTO_STAMP) .pytest_cache .ruff_cache *.egg-info

@@ -1,0 +1,549 @@
+"""Apache RocketMQ for tests and benchmarks: its published jars, run as child JVMs on loopback.
+
+The jars come from Maven Central through ferry's own Maven project (tests/compat/pom.xml,
+`make apache`), which copies three class paths under `.cache/rocketmq/` (outside git):
+
+- `rocketmq4`: Apache RocketMQ 4.9 (name server, broker, mqadmin, the remoting client, the
+  benchmark tools) and ferry's 4.x test programs (tests/compat/rocketmq4/src);
+- `rocketmq5`: Apache RocketMQ 5.x (name server, broker, the proxy in local mode);
+- `sdk5`: the RocketMQ 5 Java SDK and ferry's parity programs (tests/compat/sdk5/src).
+
+`ApacheNamesrv`, `ApacheBroker` and `ApacheProxy` each own one JVM: free loopback ports,
+small heaps, `ROCKETMQ_HOME` and `user.home` inside the process's own directory (logs,
+store and configuration all live there: nothing is written outside it), the `--add-opens`
+Java 17 needs, `brokerIP1=127.0.0.1`. `start()` waits for the JVM's own "boot success" line
+and a listening port, and fails with the JVM's last log lines when it does not come; `stop()`
+sends SIGTERM by PID, then SIGKILL, and always reaps. `run_java()` runs a short-lived program
+(mqadmin, a test program) with a timeout and returns what it printed.
+
+A machine without Java or Maven, or without the jars, gets an error naming what to install or
+run, never a skip: CI installs them (.ci/run → make tools → make apache).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / ".cache" / "rocketmq"
+CONF = Path(__file__).resolve().parent / "compat" / "conf"
+# What the Maven project resolved (tests/compat/pom.xml: rocketmq4.version, rocketmq5.version).
+ROCKETMQ4_VERSION = "4.9.7"
+ROCKETMQ5_VERSION = "5.5.0"
+
+START_TIMEOUT_S = 90.0
+STOP_TIMEOUT_S = 20.0
+RUN_TIMEOUT_S = 120.0
+
+# Java 17 closes the JDK internals RocketMQ reaches into: MappedFile's unmapping
+# (DirectByteBuffer.cleaner), the 5.x controller's reflection, sun.nio.ch for read-ahead.
+JAVA17_OPENS = (
+    "--add-opens=java.base/java.nio=ALL-UNNAMED",
+    "--add-opens=java.base/sun.nio.ch=ALL-UNNAMED",
+    "--add-opens=java.base/java.lang=ALL-UNNAMED",
+    "--add-opens=java.base/java.util=ALL-UNNAMED",
+    "--add-exports=java.base/jdk.internal.ref=ALL-UNNAMED",
+    "--add-exports=java.base/sun.nio.ch=ALL-UNNAMED",
+)
+# The 90 % disk guard refuses sends on a full CI disk; tests keep their stores small.
+DISK_GUARD = (
+    "-Drocketmq.broker.diskSpaceWarningLevelRatio=0.98",
+    "-Drocketmq.broker.diskSpaceCleanForciblyRatio=0.97",
+)
+
+
+class ApacheUnavailable(RuntimeError):
+    """Java, Maven or the jars are missing: the message says what to install or run."""
+
+
+def java_binary() -> str:
+    java = shutil.which("java")
+    if java is None:
+        raise ApacheUnavailable(
+            "Apache RocketMQ runs on Java 17, and `java` is not on PATH: install it "
+            "(sudo apt-get install -y openjdk-17-jdk-headless maven), then run `make apache`"
+        )
+    return java
+
+
+def classpath(kit: str) -> str:
+    """The class path of one kit ("rocketmq4", "rocketmq5" or "sdk5"), checked to exist."""
+    lib = CACHE / kit / "lib"
+    if not (lib / "ferry-compat-programs.jar").exists():
+        hint = "" if shutil.which("mvn") else " (Maven is missing: sudo apt-get install -y maven)"
+        raise ApacheUnavailable(
+            f"Apache RocketMQ's jars are not in {lib}: run `make apache`, which resolves them "
+            f"from Maven Central with tests/compat/pom.xml{hint}"
+        )
+    return f"{lib}/*"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def free_port_pair() -> int:
+    """A free port p with p+1 free too (RocketMQ puts HA or the remoting port beside it),
+    and p-2 free (a 4.x broker's VIP channel)."""
+    for _ in range(50):
+        port = free_port()
+        if port < 1026 or port > 65000:
+            continue
+        if all(_port_free(p) for p in (port - 2, port + 1)):
+            return port
+    raise RuntimeError("no free loopback port with its neighbours free after 50 tries")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _properties(values: dict[str, object]) -> str:
+    return "".join(f"{key}={_prop(value)}\n" for key, value in values.items())
+
+
+def _prop(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+class JavaProcess:
+    """One long-running JVM with its own directory (home, logs, store); see the module doc."""
+
+    kit = "rocketmq4"
+    main_class = ""
+    ready_line = ""
+    heap = "256m"
+
+    def __init__(self, directory: Path, name: str) -> None:
+        self.directory = Path(directory)
+        self.name = name
+        self.home = self.directory / "home"
+        self.stdout_path = self.directory / "stdout.log"
+        self._proc: subprocess.Popen | None = None
+
+    # --------------------------------------------------------------- subclass hooks
+    def arguments(self) -> list[str]:
+        return []
+
+    def system_properties(self) -> list[str]:
+        return []
+
+    def ports(self) -> list[int]:
+        """Ports that must accept connections before the process counts as started."""
+        return []
+
+    def prepare(self) -> None:
+        """Write the configuration files the arguments name."""
+
+    # --------------------------------------------------------------- lifecycle
+    @property
+    def pid(self) -> int:
+        if self._proc is None:
+            raise RuntimeError(f"{self.name} is not running")
+        return self._proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def command(self) -> list[str]:
+        heap = self.heap
+        return [
+            java_binary(),
+            f"-Xms{heap}",
+            f"-Xmx{heap}",
+            "-XX:MaxDirectMemorySize=512m",
+            "-XX:+UseG1GC",
+            "-XX:-OmitStackTraceInFastThrow",
+            "-Djava.net.preferIPv4Stack=true",
+            *JAVA17_OPENS,
+            f"-Duser.home={self.home}",
+            f"-Drocketmq.home.dir={self.home}",
+            "-Drocketmq.client.logUseSlf4j=true",
+            *DISK_GUARD,
+            *self.system_properties(),
+            "-cp",
+            classpath(self.kit),
+            self.main_class,
+            *self.arguments(),
+        ]
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["ROCKETMQ_HOME"] = str(self.home)
+        env["RMQ_PROXY_HOME"] = str(self.home)
+        env.pop("NAMESRV_ADDR", None)
+        return env
+
+    def start(self, timeout_s: float = START_TIMEOUT_S):
+        if self._proc is not None:
+            raise RuntimeError(f"{self.name} already started")
+        self.home.mkdir(parents=True, exist_ok=True)
+        _install_conf(self.home)
+        self.prepare()
+        command = self.command()
+        with open(self.stdout_path, "ab") as out:
+            self._proc = subprocess.Popen(
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.directory,
+                env=self.environment(),
+            )
+        try:
+            self._wait_ready(timeout_s)
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """SIGTERM by PID (RocketMQ's shutdown hook flushes and closes), SIGKILL after
+        `timeout_s`; always reaps."""
+        self._signal_and_reap(signal.SIGTERM, timeout_s)
+
+    def kill(self) -> None:
+        self._signal_and_reap(signal.SIGKILL, STOP_TIMEOUT_S)
+
+    def __enter__(self):
+        return self.start() if self._proc is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def log_tail(self, chars: int = 4000) -> str:
+        """The JVM's stdout and its RocketMQ log files, last lines of each."""
+        parts = []
+        for path in [self.stdout_path, *sorted(self.log_dir().glob("*.log"))]:
+            try:
+                text = path.read_text(errors="replace")
+            except FileNotFoundError:
+                continue
+            if text.strip():
+                parts.append(f"--- {path}:\n{text[-chars:]}")
+        return "\n".join(parts) or "(no log)"
+
+    def log_dir(self) -> Path:
+        return self.home / "logs" / "rocketmqlogs"
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} (Apache RocketMQ, {self.main_class}) exited with status "
+                    f"{self._proc.returncode} while starting; its logs end:\n{self.log_tail()}"
+                )
+            said = not self.ready_line or self.ready_line in self.stdout_path.read_text(
+                errors="replace"
+            )
+            if said and all(port_open(port) for port in self.ports()):
+                return
+            time.sleep(0.1)
+        raise RuntimeError(
+            f"{self.name} (Apache RocketMQ, {self.main_class}) was not ready within "
+            f"{timeout_s:.0f}s (waiting for {self.ready_line!r} and ports {self.ports()}); "
+            f"its logs end:\n{self.log_tail()}"
+        )
+
+    def _signal_and_reap(self, sig: int, timeout_s: float) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        try:
+            if proc.poll() is None:
+                proc.send_signal(sig)
+                try:
+                    proc.wait(timeout_s)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout_s)
+        finally:
+            self._proc = None
+
+    def __repr__(self) -> str:
+        state = f"pid {self._proc.pid}" if self.running and self._proc else "stopped"
+        return f"{type(self).__name__}({self.name}, {state}, {self.directory})"
+
+
+def _install_conf(home: Path) -> None:
+    """ROCKETMQ_HOME/conf with ferry's logback files (4.9 refuses to start without them;
+    they exist only in Apache's binary zip, which is not on Maven Central)."""
+    conf = home / "conf"
+    conf.mkdir(parents=True, exist_ok=True)
+    for source in CONF.glob("*.xml"):
+        shutil.copyfile(source, conf / source.name)
+
+
+class ApacheNamesrv(JavaProcess):
+    """An Apache name server (4.9 with kit "rocketmq4", 5.x with "rocketmq5")."""
+
+    main_class = "org.apache.rocketmq.namesrv.NamesrvStartup"
+    ready_line = "The Name Server boot success"
+    heap = "128m"
+
+    def __init__(self, directory: Path, kit: str = "rocketmq4", name: str = "apache-namesrv"):
+        super().__init__(directory, name)
+        self.kit = kit
+        self.port = 0
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def prepare(self) -> None:
+        if not self.port:
+            self.port = free_port()
+        (self.home / "namesrv.properties").write_text(_properties({"listenPort": self.port}))
+
+    def arguments(self) -> list[str]:
+        return ["-c", str(self.home / "namesrv.properties")]
+
+    def ports(self) -> list[int]:
+        return [self.port]
+
+
+class ApacheBroker(JavaProcess):
+    """An Apache broker of any role. `settings` are broker.conf keys (Apache's names), on
+    top of the loopback defaults below; the store lives in `directory/store`."""
+
+    main_class = "org.apache.rocketmq.broker.BrokerStartup"
+    ready_line = "boot success"
+    heap = "512m"
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        kit: str = "rocketmq4",
+        name: str = "apache-broker",
+        broker_name: str = "broker-a",
+        broker_id: int = 0,
+        role: str = "ASYNC_MASTER",
+        namesrv: str = "",
+        settings: dict[str, object] | None = None,
+    ) -> None:
+        super().__init__(directory, name)
+        self.kit = kit
+        self.broker_name = broker_name
+        self.broker_id = broker_id
+        self.role = role
+        self.namesrv = namesrv
+        self.settings = dict(settings or {})
+        self.port = 0
+        self.ha_port = 0
+        self.store_dir = self.directory / "store"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def ha_address(self) -> str:
+        return f"127.0.0.1:{self.ha_port}"
+
+    @property
+    def commit_log_dir(self) -> Path:
+        return self.store_dir / "commitlog"
+
+    def prepare(self) -> None:
+        if not self.port:
+            self.port = free_port_pair()
+            self.ha_port = self.port + 1
+        values: dict[str, object] = {
+            "brokerClusterName": "ApacheCluster",
+            "brokerName": self.broker_name,
+            "brokerId": self.broker_id,
+            "brokerRole": self.role,
+            "brokerIP1": "127.0.0.1",
+            "brokerIP2": "127.0.0.1",
+            "listenPort": self.port,
+            "haListenPort": self.ha_port,
+            "storePathRootDir": self.store_dir,
+            "storePathCommitLog": self.commit_log_dir,
+            "flushDiskType": "ASYNC_FLUSH",
+            "mappedFileSizeCommitLog": 64 * 1024 * 1024,
+            "autoCreateTopicEnable": True,
+            "deleteWhen": "04",
+            "fileReservedTime": 48,
+        }
+        if self.namesrv:
+            values["namesrvAddr"] = self.namesrv
+        values.update(self.settings)
+        (self.home / "broker.conf").write_text(_properties(values))
+
+    def arguments(self) -> list[str]:
+        return ["-c", str(self.home / "broker.conf")]
+
+    def ports(self) -> list[int]:
+        return [self.port]
+
+
+class ApacheProxy(JavaProcess):
+    """Apache's 5.x proxy in local mode: the proxy and a broker in one JVM (what
+    `mqbroker --enable-proxy` runs). gRPC (the v5 SDKs) on `grpc_port`, remoting on
+    `remoting_port`, the embedded broker on `broker_port`."""
+
+    kit = "rocketmq5"
+    main_class = "org.apache.rocketmq.proxy.ProxyStartup"
+    ready_line = "boot success"
+    heap = "768m"
+
+    def __init__(
+        self,
+        directory: Path,
+        namesrv: str,
+        *,
+        name: str = "apache-proxy",
+        broker_name: str = "broker-a",
+        broker_settings: dict[str, object] | None = None,
+        proxy_settings: dict[str, object] | None = None,
+    ) -> None:
+        super().__init__(directory, name)
+        self.namesrv = namesrv
+        self.broker_name = broker_name
+        self.broker_settings = dict(broker_settings or {})
+        self.proxy_settings = dict(proxy_settings or {})
+        self.grpc_port = 0
+        self.remoting_port = 0
+        self.broker_port = 0
+        self.store_dir = self.directory / "store"
+
+    @property
+    def endpoint(self) -> str:
+        """host:port of the gRPC endpoint, as a v5 SDK takes it."""
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def prepare(self) -> None:
+        if not self.grpc_port:
+            self.grpc_port = free_port()
+            self.remoting_port = free_port()
+            self.broker_port = free_port_pair()
+        broker: dict[str, object] = {
+            "brokerClusterName": "ApacheCluster",
+            "brokerName": self.broker_name,
+            "brokerId": 0,
+            "brokerRole": "ASYNC_MASTER",
+            "brokerIP1": "127.0.0.1",
+            "listenPort": self.broker_port,
+            "haListenPort": self.broker_port + 1,
+            "namesrvAddr": self.namesrv,
+            "storePathRootDir": self.store_dir,
+            "storePathCommitLog": self.store_dir / "commitlog",
+            "flushDiskType": "ASYNC_FLUSH",
+            "mappedFileSizeCommitLog": 64 * 1024 * 1024,
+            "autoCreateTopicEnable": True,
+            "autoCreateSubscriptionGroup": True,
+            "enablePropertyFilter": True,
+        }
+        broker.update(self.broker_settings)
+        (self.home / "broker.conf").write_text(_properties(broker))
+        proxy: dict[str, object] = {
+            "rocketMQClusterName": "ApacheCluster",
+            "namesrvAddr": self.namesrv,
+            "proxyMode": "local",
+            "grpcServerPort": self.grpc_port,
+            "remotingListenPort": self.remoting_port,
+            "localServeAddr": "127.0.0.1",
+        }
+        proxy.update(self.proxy_settings)
+        (self.home / "rmq-proxy.json").write_text(json.dumps(proxy, indent=2))
+
+    def arguments(self) -> list[str]:
+        return [
+            "-pm",
+            "local",
+            "-bc",
+            str(self.home / "broker.conf"),
+            "-pc",
+            str(self.home / "rmq-proxy.json"),
+        ]
+
+    def ports(self) -> list[int]:
+        return [self.grpc_port, self.broker_port]
+
+
+def run_java(
+    kit: str,
+    main_class: str,
+    args: Sequence[str],
+    *,
+    directory: Path,
+    timeout_s: float = RUN_TIMEOUT_S,
+    system_properties: Sequence[str] = (),
+    heap: str = "256m",
+    check: bool = True,
+) -> subprocess.CompletedProcess:
+    """Run a short-lived Java program of one kit (mqadmin, a test program) and return its
+    output; `check` fails on a non-zero exit with what it printed. Killed (by PID, with its
+    process group) when it overruns `timeout_s`."""
+    home = Path(directory) / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    _install_conf(home)
+    command = [
+        java_binary(),
+        f"-Xmx{heap}",
+        "-XX:+UseSerialGC",
+        "-Djava.net.preferIPv4Stack=true",
+        *JAVA17_OPENS,
+        f"-Duser.home={home}",
+        f"-Drocketmq.home.dir={home}",
+        "-Drocketmq.client.logUseSlf4j=true",
+        *system_properties,
+        "-cp",
+        classpath(kit),
+        main_class,
+        *args,
+    ]
+    env = dict(os.environ, ROCKETMQ_HOME=str(home))
+    env.pop("NAMESRV_ADDR", None)
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        cwd=directory,
+        env=env,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise RuntimeError(
+            f"{main_class} {' '.join(args)} did not finish within {timeout_s:.0f}s; "
+            f"it printed:\n{out[-3000:]}\n{err[-3000:]}"
+        ) from None
+    result = subprocess.CompletedProcess(command, proc.returncode, out, err)
+    if check and proc.returncode != 0:
+        raise RuntimeError(
+            f"{main_class} {' '.join(args)} exited with status {proc.returncode}; "
+            f"it printed:\n{out[-3000:]}\n{err[-3000:]}"
+        )
+    return result
