@@ -276,9 +276,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                     continue  # another broker, with a fresh route
                 return failed(code, exc.details() or exc.code().name)
             code = convert.SEND_CODES.get(result.status, Code.INTERNAL_ERROR)
+            sent_id = message_id or result.msg_id
             return s.SendResultEntry(
                 status=status(code, convert.SEND_TEXT.get(result.status, "unknown result")),
-                message_id=message_id or result.msg_id,
+                message_id=sent_id,
+                # RocketMQ's broker answers a stored message with its UNIQ_KEY as its
+                # transaction id, transactional or not; its proxy passes it on for SEND_OK.
+                transaction_id=sent_id if result.status == broker_pb2.SEND_OK else "",
                 offset=result.queue_offset,
             )
         return failed(code, f"not sent after {SEND_ATTEMPTS} attempts: {last}")

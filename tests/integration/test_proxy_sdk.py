@@ -159,6 +159,8 @@ def test_send_with_tags_keys_and_properties_then_receive_and_ack(cluster):
                 _message(TOPIC, f"basic {i}".encode(), tag="TagA", keys=f"key-{i}", color="blue")
             )
             sent[receipt.message_id] = i
+            # RocketMQ's proxy returns the message id as the transaction id of every send.
+            assert receipt.transaction_id == receipt.message_id
         got = _receive_until(consumer, 20, 60)
         assert sorted(sent) == sorted(m.message_id for m in got)  # the client's ids, kept
         for m in got:
