@@ -13,7 +13,11 @@ properties, under the names RocketMQ's own proxy uses for them:
     | born_timestamp       | `born_timestamp` (ms)                   |
 
 A received message shows the client's id when it has one (`UNIQ_KEY`),
-ferry's offset id otherwise.
+ferry's offset id otherwise. Its user properties are every property but the
+system ones (`SYSTEM_PROPERTIES`, from RocketMQ's `MessageConst.STRING_HASH_SET`);
+`__SHARDINGKEY` is not one of them, so a FIFO message shows its group both as
+`message_group` and as a user property, as RocketMQ's proxy shows it
+(`GrpcConverter.buildUserAttributes`).
 """
 
 from __future__ import annotations
@@ -39,11 +43,11 @@ from ferry.v1 import broker_pb2
 
 Code = v2.Code
 PROPERTY_UNIQ_KEY = "UNIQ_KEY"
-# Properties the broker or this proxy set: never shown as user properties.
+# Properties the broker or this proxy set: never shown as user properties (all of
+# them in RocketMQ's STRING_HASH_SET, which __SHARDINGKEY is not).
 SYSTEM_PROPERTIES = frozenset(
     {
         PROPERTY_UNIQ_KEY,
-        PROPERTY_SHARDING_KEY,
         PROPERTY_TIMER_DELIVER_MS,
         PROPERTY_DELAY,
         PROPERTY_REAL_TOPIC,

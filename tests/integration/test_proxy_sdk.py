@@ -213,6 +213,8 @@ def test_fifo_messages_keep_their_group_order(cluster):
             g, i = m.body.decode().split(":")
             seen[g].append(int(i))
             assert m.message_group == f"group-{g}"
+            # RocketMQ's proxy shows __SHARDINGKEY among the user properties too.
+            assert m.properties == {"__SHARDINGKEY": f"group-{g}"}
         assert {g: v for g, v in seen.items()} == {str(g): list(range(10)) for g in range(5)}
     finally:
         consumer.shutdown()
