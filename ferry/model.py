@@ -174,6 +174,10 @@ TOPIC_FILTER_TYPES = ("SINGLE_TAG", "MULTI_TAG")
 # service has delivered.
 TIMER_TOPIC = "rmq_sys_wheel_timer"
 PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+# When the timer delivers an entry, if not at its TIMER_DELIVER_MS (RocketMQ's wheel
+# time): pop's retry copies, due after the group's backoff, carry it, so that the
+# user's own TIMER_DELIVER_MS travels with them unchanged.
+PROPERTY_TIMER_OUT_MS = "TIMER_OUT_MS"
 # A message's message group (FIFO): it picks the queue by a stable hash.
 PROPERTY_SHARDING_KEY = "__SHARDINGKEY"
 PROPERTY_REAL_TOPIC = "REAL_TOPIC"

@@ -10,6 +10,8 @@ properties, under the names RocketMQ's own proxy uses for them:
     | message_id           | property `UNIQ_KEY` (the client's id)   |
     | message_group        | property `__SHARDINGKEY`                |
     | delivery_timestamp   | property `TIMER_DELIVER_MS` (epoch ms)  |
+    |                      | (both ways: a received timed message    |
+    |                      | shows when it was due)                  |
     | born_timestamp       | `born_timestamp` (ms)                   |
 
 A received message shows the client's id when it has one (`UNIQ_KEY`),
@@ -38,6 +40,7 @@ from ferry.model import (
     PROPERTY_RETRY_TOPIC,
     PROPERTY_SHARDING_KEY,
     PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_TIMER_OUT_MS,
 )
 from ferry.v1 import broker_pb2
 
@@ -49,6 +52,7 @@ SYSTEM_PROPERTIES = frozenset(
     {
         PROPERTY_UNIQ_KEY,
         PROPERTY_TIMER_DELIVER_MS,
+        PROPERTY_TIMER_OUT_MS,
         PROPERTY_DELAY,
         PROPERTY_REAL_TOPIC,
         PROPERTY_REAL_QUEUE_ID,
@@ -172,10 +176,13 @@ def send_request(message: v2.Message, topic: str) -> broker_pb2.SendMessageReque
 
 
 def message_type(properties: Mapping[str, str]) -> int:
+    """A stored message's type, as RocketMQ reads it from the properties
+    (`TopicMessageType.parseFromMessageProperty`): a delay level or delivery
+    time makes it DELAY before a message group makes it FIFO."""
+    if PROPERTY_DELAY in properties or PROPERTY_TIMER_DELIVER_MS in properties:
+        return v2.DELAY
     if PROPERTY_SHARDING_KEY in properties:
         return v2.FIFO
-    if PROPERTY_TIMER_DELIVER_MS in properties:
-        return v2.DELAY
     return v2.NORMAL
 
 
@@ -193,6 +200,9 @@ def received_message(m: broker_pb2.MessageExt, invisible_ms: int) -> v2.Message:
     sp.body_digest.checksum = format(zlib.crc32(m.body) & 0xFFFFFFFF, "08X")
     sp.body_encoding = v2.IDENTITY
     sp.message_type = message_type(props)
+    deliver_ms = props.get(PROPERTY_TIMER_DELIVER_MS)
+    if deliver_ms is not None and deliver_ms.isdigit():  # as RocketMQ's GrpcConverter
+        sp.delivery_timestamp.FromMilliseconds(int(deliver_ms))
     sp.born_timestamp.FromMilliseconds(m.born_timestamp)
     sp.born_host = m.born_host
     sp.store_timestamp.FromMilliseconds(m.store_timestamp)

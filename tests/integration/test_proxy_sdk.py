@@ -23,6 +23,7 @@ from rocketmq import (
     PushConsumer,
     SimpleConsumer,
 )
+from rocketmq.grpc_protocol import MessageType
 from rocketmq.v5.exception import PayloadTooLargeException
 
 from ferry.client.broker import Producer as FerryProducer
@@ -190,6 +191,9 @@ def test_delay_message_is_not_delivered_early(cluster):
         received = time.time()
         assert [x.body for x in got] == [b"later"]
         assert received >= due_s
+        # As RocketMQ's proxy: a delay message, with its delivery time (ms).
+        assert got[0].message_type == MessageType.DELAY
+        assert got[0].delivery_timestamp == due_s * 1000
     finally:
         consumer.shutdown()
         producer.shutdown()
@@ -248,6 +252,9 @@ def test_no_ack_means_delivered_again_with_a_higher_attempt(cluster):
         assert [(m.message_id, m.delivery_attempt, m.body) for m in second] == [
             (message_id, 2, b"again")
         ]
+        # The retry copy came through the timer, after the backoff: still a normal
+        # message, with no delivery time (the SDK reads an unset one as 0).
+        assert (second[0].message_type, second[0].delivery_timestamp) == (MessageType.NORMAL, 0)
     finally:
         consumer.shutdown()
         producer.shutdown()
