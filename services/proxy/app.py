@@ -61,7 +61,7 @@ class ProxyApp:
             config.host,
             config.port,
             MAX_MESSAGE_BYTES,
-            interceptors=auth.interceptors(config.access_key, config.secret_key),
+            interceptors=auth.interceptors(config.access_key, config.secret_key, self.metrics),
             registry=self.registry,
         )
         self._metrics_endpoint: MetricsEndpoint | None = None
