@@ -83,6 +83,23 @@ def status(code: int, message: str = "OK") -> v2.Status:
 
 OK = status(Code.OK)
 
+# What RocketMQ's 5.x proxy answers for a topic with no route, word for word: its
+# route cache raises MQClientException(ResponseCode.TOPIC_NOT_EXIST (17), "No topic
+# route info in name server for the topic: " + topic)
+# (TopicRouteService.getCacheMessageQueueWrapper), whose message is "CODE: 17  DESC: "
+# + that + FAQUrl.attachDefaultURL's tail, and ResponseBuilder answers
+# TOPIC_NOT_FOUND with that message, in cluster and local mode alike.
+_NO_ROUTE = (
+    "CODE: 17  DESC: No topic route info in name server for the topic: {topic}\n"
+    "For more information, please visit the url, "
+    "https://rocketmq.apache.org/docs/bestPractice/06FAQ"
+)
+
+
+def topic_not_found(topic: str) -> v2.Status:
+    """A topic without a route, answered as RocketMQ's proxy answers it."""
+    return status(Code.TOPIC_NOT_FOUND, _NO_ROUTE.format(topic=topic))
+
 
 def error_code(exc: grpc.aio.AioRpcError) -> int:
     """A broker's gRPC error as the v2 code an SDK understands."""

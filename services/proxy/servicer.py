@@ -85,7 +85,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         try:
             route = await self.routes.get(topic, refresh=True)
         except TopicNotFound as exc:
-            return s.QueryRouteResponse(status=status(Code.TOPIC_NOT_FOUND, str(exc)))
+            return s.QueryRouteResponse(status=convert.topic_not_found(exc.topic))
         except NameServersDown as exc:
             return s.QueryRouteResponse(status=status(Code.INTERNAL_SERVER_ERROR, str(exc)))
         endpoints = self._endpoints(request.endpoints)
@@ -116,7 +116,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         try:
             route = await self.routes.get(topic)
         except TopicNotFound as exc:
-            return s.QueryAssignmentResponse(status=status(Code.TOPIC_NOT_FOUND, str(exc)))
+            return s.QueryAssignmentResponse(status=convert.topic_not_found(exc.topic))
         except NameServersDown as exc:
             return s.QueryAssignmentResponse(status=status(Code.INTERNAL_SERVER_ERROR, str(exc)))
         endpoints = self._endpoints(request.endpoints)
@@ -257,7 +257,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             try:
                 route = await self.routes.get(topic, refresh=attempt > 0)
             except TopicNotFound as exc:
-                return failed(Code.TOPIC_NOT_FOUND, str(exc))
+                return failed(Code.TOPIC_NOT_FOUND, convert.topic_not_found(exc.topic).message)
             except NameServersDown as exc:
                 return failed(Code.INTERNAL_SERVER_ERROR, str(exc))
             writable = [b for b in route.brokers if b.writable]
@@ -323,7 +323,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         try:
             route = await self.routes.get(topic)
         except TopicNotFound as exc:
-            yield s.ReceiveMessageResponse(status=status(Code.TOPIC_NOT_FOUND, str(exc)))
+            yield s.ReceiveMessageResponse(status=convert.topic_not_found(exc.topic))
             return
         except NameServersDown as exc:
             yield s.ReceiveMessageResponse(status=status(Code.INTERNAL_SERVER_ERROR, str(exc)))

@@ -525,3 +525,27 @@ def test_rpcs_not_served_answer_not_implemented_at_once(cluster):
             timeout=5,
         )
         assert bad.entries[0].status.code == v2.Code.INVALID_RECEIPT_HANDLE
+
+
+# RocketMQ 5.x's proxy, word for word (its route cache's MQClientException, code 17).
+NO_ROUTE = (
+    "CODE: 17  DESC: No topic route info in name server for the topic: {}\n"
+    "For more information, please visit the url, "
+    "https://rocketmq.apache.org/docs/bestPractice/06FAQ"
+)
+
+
+def test_an_unknown_topics_route_is_answered_as_rocketmqs_proxy_answers_it(cluster):
+    from apache.rocketmq.v2 import definition_pb2 as v2
+    from apache.rocketmq.v2 import service_pb2 as s
+    from apache.rocketmq.v2 import service_pb2_grpc
+
+    with grpc.insecure_channel(cluster.endpoint) as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        missing = stub.QueryRoute(
+            s.QueryRouteRequest(topic=v2.Resource(name="NoSuchTopicHere")), timeout=5
+        )
+    assert (missing.status.code, missing.status.message) == (
+        v2.Code.TOPIC_NOT_FOUND,
+        NO_ROUTE.format("NoSuchTopicHere"),
+    )
