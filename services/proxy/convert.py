@@ -192,6 +192,36 @@ def send_request(message: v2.Message, topic: str) -> broker_pb2.SendMessageReque
     )
 
 
+# What a route's queues accept, by the topic's message.type (RouteActivity.
+# parseTopicMessageType): one type, all four for MIXED, UNSPECIFIED for any other.
+ACCEPTED_TYPES = {
+    "NORMAL": (v2.NORMAL,),
+    "FIFO": (v2.FIFO,),
+    "DELAY": (v2.DELAY,),
+    "TRANSACTION": (v2.TRANSACTION,),
+    "MIXED": (v2.NORMAL, v2.FIFO, v2.DELAY, v2.TRANSACTION),
+}
+
+
+def accepted_types(topic_type: str) -> tuple[int, ...]:
+    return ACCEPTED_TYPES.get(topic_type, (v2.MESSAGE_TYPE_UNSPECIFIED,))
+
+
+def type_conflict(topic_type: str, message_type_value: int) -> v2.Status | None:
+    """None when a message of type `message_type_value` may go to a topic of
+    `topic_type`; else RocketMQ's proxy's refusal, word for word
+    (DefaultTopicMessageTypeValidator): a MIXED topic takes every type, any
+    other only its own."""
+    actual = v2.MessageType.Name(message_type_value)
+    if topic_type == actual or topic_type == "MIXED":
+        return None
+    return status(
+        Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+        f"TopicMessageType validate failed, the expected type is {topic_type}, "
+        f"but actual type is {actual}",
+    )
+
+
 def message_type(properties: Mapping[str, str]) -> int:
     """A stored message's type, as RocketMQ reads it from the properties
     (`TopicMessageType.parseFromMessageProperty`): a delay level or delivery
