@@ -174,6 +174,10 @@ TOPIC_FILTER_TYPES = ("SINGLE_TAG", "MULTI_TAG")
 # service has delivered.
 TIMER_TOPIC = "rmq_sys_wheel_timer"
 PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+# When the timer delivers an entry, if not at its TIMER_DELIVER_MS (RocketMQ's wheel
+# time): pop's retry copies, due after the group's backoff, carry it, so that the
+# user's own TIMER_DELIVER_MS travels with them unchanged.
+PROPERTY_TIMER_OUT_MS = "TIMER_OUT_MS"
 # A message's message group (FIFO): it picks the queue by a stable hash.
 PROPERTY_SHARDING_KEY = "__SHARDINGKEY"
 PROPERTY_REAL_TOPIC = "REAL_TOPIC"
@@ -210,6 +214,20 @@ def is_system_topic(topic: str) -> bool:
     return topic.startswith("rmq_sys_") or topic == SCHEDULE_TOPIC
 
 
+# RocketMQ 5's topic message type: the topic attribute `message.type`
+# (TopicAttributes.TOPIC_MESSAGE_TYPE_ATTRIBUTE), one of TopicMessageType's values.
+# A topic without it is NORMAL, as RocketMQ's TopicConfig.getTopicMessageType reads
+# it; MIXED (any type) is refused at creation unless the broker enables it
+# (enableMixedMessageType). The message type is not the `order` flag: a FIFO topic
+# takes messages with a message group, an ordered topic is consumed in order.
+MESSAGE_TYPE_ATTRIBUTE = "message.type"
+MESSAGE_TYPES = ("UNSPECIFIED", "NORMAL", "FIFO", "DELAY", "TRANSACTION", "MIXED")
+DEFAULT_MESSAGE_TYPE = "NORMAL"
+# The topic attributes ferry keeps (RocketMQ's others, queue.type, cleanup.policy and
+# reserve.time, configure stores ferry does not have).
+TOPIC_ATTRIBUTES = {MESSAGE_TYPE_ATTRIBUTE: MESSAGE_TYPES}
+
+
 @dataclass(frozen=True, slots=True)
 class TopicConfig:
     """A topic as a broker stores it (RocketMQ TopicConfig; one entry of topics.json)."""
@@ -227,6 +245,90 @@ class TopicConfig:
     def queue_nums(self) -> int:
         """Queues that exist on disk: the larger of the read and write counts."""
         return max(self.read_queue_nums, self.write_queue_nums)
+
+    @property
+    def message_type(self) -> str:
+        """The topic's `message.type` attribute; NORMAL when it has none."""
+        return topic_message_type(self.attributes)
+
+
+def topic_message_type(attributes: tuple[tuple[str, str], ...]) -> str:
+    """The `message.type` among a topic's attributes; NORMAL when absent."""
+    for key, value in attributes:
+        if key == MESSAGE_TYPE_ATTRIBUTE:
+            return value
+    return DEFAULT_MESSAGE_TYPE
+
+
+def parse_attributes(text: str, field: str = "attributes") -> dict[str, str]:
+    """`+key1=value1,+key2=value2,-key3`, as RocketMQ's mqadmin takes topic
+    attributes (AttributeParser.parseToMap): the changes `alter_attributes` applies.
+
+    Raises:
+        InvalidArgument: a part that is neither `+key=value` nor `-key`, or a key twice.
+    """
+    out: dict[str, str] = {}
+    for part in text.split(",") if text else ():
+        key, eq, value = part.strip().partition("=")
+        if eq and not key.startswith("+"):
+            raise InvalidArgument(field, f"add/alter attribute format is wrong: {key!r}")
+        if not eq and not key.startswith("-"):
+            raise InvalidArgument(field, f"delete attribute format is wrong: {key!r}")
+        if key in out:
+            raise InvalidArgument(field, f"key duplication: {key}")
+        out[key] = value
+    return out
+
+
+def alter_attributes(
+    current: tuple[tuple[str, str], ...],
+    changes: dict[str, str],
+    create: bool,
+    allow_mixed: bool = False,
+    field: str = "topic_config.attributes",
+) -> tuple[tuple[str, str], ...]:
+    """A topic's attributes after a create or update asks for `changes`, by
+    RocketMQ's rules (AttributeUtil.alterCurrentAttributes): `+key` adds or
+    changes a key (the only form a create takes), `-key` removes one that
+    exists; keys not named stay as they are. Only known keys with values in
+    their set are accepted, and `+message.type=MIXED` only with `allow_mixed`
+    (RocketMQ's enableMixedMessageType; its broker says "MIXED message type is
+    not supported." otherwise).
+
+    Raises:
+        InvalidArgument: naming `field` and what is wrong, as RocketMQ words it.
+    """
+    result = dict(current)
+    seen: set[str] = set()
+    for key, value in changes.items():
+        sign, name = key[:1], key[1:]
+        if sign not in ("+", "-") or not name or "+" in name or "-" in name:
+            raise InvalidArgument(
+                field, f"wrong format key: {key!r} (+key adds or changes, -key removes)"
+            )
+        if name in seen:
+            raise InvalidArgument(field, f"alter duplication key. key: {name}")
+        seen.add(name)
+        if create and sign != "+":
+            raise InvalidArgument(
+                field, f"only add attribute is supported while creating topic. key: {name}"
+            )
+        allowed = TOPIC_ATTRIBUTES.get(name)
+        if allowed is None:
+            raise InvalidArgument(
+                field, f"unsupported key: {name} (ferry supports {', '.join(TOPIC_ATTRIBUTES)})"
+            )
+        if sign == "-":
+            if name not in result:
+                raise InvalidArgument(field, f"attempt to delete a nonexistent key: {name}")
+            del result[name]
+            continue
+        if value not in allowed:
+            raise InvalidArgument(field, f"{name}: value is not in set: [{', '.join(allowed)}]")
+        if name == MESSAGE_TYPE_ATTRIBUTE and value == "MIXED" and not allow_mixed:
+            raise InvalidArgument(field, "MIXED message type is not supported.")
+        result[name] = value
+    return tuple(sorted(result.items()))
 
 
 DEFAULT_RETRY_MAX_TIMES = 16  # redeliveries before the dead-letter queue (RocketMQ's default)

@@ -20,11 +20,18 @@ from ferry.client.broker import BrokerClient, Consumer, NoRoute, Producer, messa
 from ferry.client.pop import INVISIBLE_MAX_S, INVISIBLE_MIN_S, MAX_MSGS, PopConsumer, Received
 from ferry.client.producer import PipelinedProducer
 from ferry.client.sendstream import StreamSendError
-from ferry.model import check_addr, check_topic
+from ferry.model import (
+    MESSAGE_TYPE_ATTRIBUTE,
+    MESSAGE_TYPES,
+    check_addr,
+    check_topic,
+    parse_attributes,
+)
 from ferry.runtime.errors import InvalidArgument, NotFound
 from ferry.v1 import broker_pb2, common_pb2
 
 _SEND_STATUS = {v: k for k, v in broker_pb2.SendStatus.items()}
+MESSAGE_TYPE_CHOICES = [t for t in MESSAGE_TYPES if t != "UNSPECIFIED"]
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -44,7 +51,31 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         p.add_argument(
             "--perm", type=int, default=6, help="6 read-write, 4 read-only, 2 write-only"
         )
-        p.add_argument("--order", action="store_true", help="mark the topic as ordered")
+        p.add_argument(
+            "--order",
+            action="store_true",
+            help="mark the topic as ordered (consumed queue by queue in order; not the same as "
+            "--message-type FIFO)",
+        )
+        p.add_argument(
+            "--message-type",
+            choices=MESSAGE_TYPE_CHOICES,
+            default=None,
+            help="RocketMQ 5's topic message type, what the RocketMQ 5 SDKs may send to it "
+            "through the proxy: NORMAL, FIFO (with a message group), DELAY (with a delivery "
+            "time), TRANSACTION, or MIXED (any; needs the broker's enableMixedMessageType). "
+            "Same as -a +message.type=TYPE. A topic without one is NORMAL"
+            + ("" if action == "create" else "; an update without it keeps the topic's"),
+        )
+        p.add_argument(
+            "-a",
+            "--attributes",
+            default="",
+            metavar="'+KEY=VALUE,-KEY'",
+            help="topic attributes to set (+key=value) or remove (-key; write --attributes=-key), "
+            "comma-separated, as RocketMQ's mqadmin updateTopic -a takes them; ferry knows "
+            "message.type",
+        )
         p.set_defaults(func=topic_update)
     p = tsub.add_parser("delete", help="delete a topic from brokers")
     p.add_argument("topic")
@@ -238,19 +269,28 @@ def _targets(args: argparse.Namespace) -> list[tuple[str, str]]:
 
 def topic_update(args: argparse.Namespace) -> int:
     check_topic(args.topic)
+    attributes = parse_attributes(args.attributes, "--attributes")
+    if args.message_type:
+        key = "+" + MESSAGE_TYPE_ATTRIBUTE
+        if key in attributes or "-" + MESSAGE_TYPE_ATTRIBUTE in attributes:
+            raise InvalidArgument("--message-type", "is also named in --attributes; use one")
+        attributes[key] = args.message_type
     config = common_pb2.TopicConfig(
         topic_name=args.topic,
         read_queue_nums=args.read_queues,
         write_queue_nums=args.write_queues,
         perm=args.perm,
         order=args.order,
+        attributes=attributes,
     )
+    changes = ", attributes " + ",".join(k + (f"={v}" if v else "") for k, v in attributes.items())
     for name, addr in _targets(args):
         with BrokerClient(addr, admin_token=args.admin_token) as c:
             version = c.update_topic(config)
         print(
             f"{args.action}d topic {args.topic} on {name} ({addr}): {args.read_queues} read / "
-            f"{args.write_queues} write queues, perm {args.perm}; topics version {version.counter}"
+            f"{args.write_queues} write queues, perm {args.perm}"
+            f"{changes if attributes else ''}; topics version {version.counter}"
         )
     return 0
 

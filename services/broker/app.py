@@ -385,6 +385,7 @@ class BrokerApp:
             journal=None if cfg.is_slave else self.journal,
             announce_topics=self._announce_topics,
             announce_all=self._register_all,
+            allow_mixed_message_type=cfg.enable_mixed_message_type,
         )
         self.messaging = messaging
         extra_services = []
@@ -623,7 +624,11 @@ class BrokerApp:
         # Routes name this broker's advertised address when an SDK does not say.
         self.proxy = MessagingServicer(
             self.local_routes,
-            ProxyOptions(lambda: (cfg.broker_ip1, self.port), cfg.max_message_size),
+            ProxyOptions(
+                lambda: (cfg.broker_ip1, self.port),
+                cfg.max_message_size,
+                topic_message_type_check=cfg.enable_topic_message_type_check,
+            ),
         )
         name, add = _messaging_service()
         return Service(name, self.proxy, add)

@@ -95,6 +95,8 @@ class BrokerConfig:
     auto_create_subscription_group: bool = True
     # RocketMQ 5 SDKs: apache.rocketmq.v2.MessagingService on the gRPC port (local mode).
     enable_proxy: bool = False
+    enable_topic_message_type_check: bool = True  # local mode: sends match the topic's type
+    enable_mixed_message_type: bool = False  # topics may be created +message.type=MIXED
     # Automatic failover on etcd: the group's members campaign for a leader key under
     # a lease; brokerRole is how a member replicates while it leads.
     enable_failover: bool = False
@@ -458,6 +460,19 @@ KNOWN_KEYS: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
         "also serve the RocketMQ 5 SDKs' apache.rocketmq.v2.MessagingService on listenPort, "
         "backed by this broker alone (RocketMQ's proxy in local mode); masters only, a SLAVE "
         "ignores it",
+    ),
+    "enableTopicMessageTypeCheck": (
+        "enable_topic_message_type_check",
+        _bool,
+        "with enableProxy: refuse a send whose type (NORMAL, FIFO, DELAY, TRANSACTION) is not "
+        "its topic's message.type, MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, as RocketMQ's proxy "
+        "(its rmq-proxy.json key; ferry proxy --no-topic-message-type-check in cluster mode)",
+    ),
+    "enableMixedMessageType": (
+        "enable_mixed_message_type",
+        _bool,
+        "allow topics of message.type MIXED, which take every type (default false: refused "
+        "at creation, as RocketMQ's broker)",
     ),
     "enableFailover": (
         "enable_failover",

@@ -47,7 +47,11 @@ def registration(req: namesrv_pb2.RegisterBrokerRequest) -> Registration:
                     f"{tc.topic_name[:40]!r} differs from its key",
                 )
             topics[name] = TopicQueues(
-                tc.read_queue_nums, tc.write_queue_nums, tc.perm, tc.topic_sys_flag
+                tc.read_queue_nums,
+                tc.write_queue_nums,
+                tc.perm,
+                tc.topic_sys_flag,
+                tuple(sorted(tc.attributes.items())) if tc.attributes else (),
             )
     return Registration(
         cluster_name=req.cluster_name,
@@ -85,6 +89,7 @@ def _queue_data_pb(q: QueueData) -> common_pb2.QueueData:
         write_queue_nums=q.write_queue_nums,
         perm=q.perm,
         topic_sys_flag=q.topic_sys_flag,
+        attributes=dict(q.attributes),
     )
 
 

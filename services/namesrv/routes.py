@@ -74,15 +74,18 @@ class QueueData(NamedTuple):
     write_queue_nums: int
     perm: int
     topic_sys_flag: int
+    attributes: tuple[tuple[str, str], ...] = ()
 
 
 class TopicQueues(NamedTuple):
-    """What a registration says about one topic."""
+    """What a registration says about one topic (its attributes as the broker
+    has them: the proxy reads a topic's message type there)."""
 
     read_queue_nums: int
     write_queue_nums: int
     perm: int
     topic_sys_flag: int = 0
+    attributes: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(slots=True)

@@ -41,6 +41,8 @@ class ProxyConfig:
     # both "": nothing is checked, as RocketMQ's proxy with ACL off.
     access_key: str = ""
     secret_key: str = field(default="", repr=False)
+    # RocketMQ's enableTopicMessageTypeCheck: sends must be of their topic's message.type.
+    topic_message_type_check: bool = True
 
 
 class ProxyApp:
@@ -49,7 +51,10 @@ class ProxyApp:
         self.registry = registry or CollectorRegistry()
         self.routes = Routes(config.namesrv_addrs, max_message_bytes=MAX_MESSAGE_BYTES)
         self.metrics = ProxyMetrics(self.registry)
-        self.servicer = MessagingServicer(self.routes, ProxyOptions(self._endpoint), self.metrics)
+        options = ProxyOptions(
+            self._endpoint, topic_message_type_check=config.topic_message_type_check
+        )
+        self.servicer = MessagingServicer(self.routes, options, self.metrics)
         self.server = GrpcServer(
             [
                 Service(
@@ -61,7 +66,7 @@ class ProxyApp:
             config.host,
             config.port,
             MAX_MESSAGE_BYTES,
-            interceptors=auth.interceptors(config.access_key, config.secret_key),
+            interceptors=auth.interceptors(config.access_key, config.secret_key, self.metrics),
             registry=self.registry,
         )
         self._metrics_endpoint: MetricsEndpoint | None = None

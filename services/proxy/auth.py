@@ -25,7 +25,9 @@ A refused call is answered as RocketMQ's proxy answers it: the method's own
 response with a v2 `Status` of UNAUTHORIZED (40100) and a message saying what
 was wrong and what to do, under gRPC status OK. That `Status` is what the SDKs
 check and turn into their UnauthorizedException; a gRPC error would reach them
-as a bare transport error instead. The servicer is not called.
+as a bare transport error instead. The servicer is not called; the refusal is
+counted in `ferry_proxy_requests_total` with code="UNAUTHORIZED", as every other
+answer is counted by its v2 code.
 
 Owns no state beyond the configured keys; never logs or echoes the secret key.
 """
@@ -35,7 +37,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -44,6 +47,7 @@ from google.protobuf.message_factory import GetMessageClass
 
 from apache.rocketmq.v2 import definition_pb2 as v2
 from apache.rocketmq.v2 import service_pb2
+from services.proxy.metrics import ProxyMetrics
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +195,7 @@ class SignatureInterceptor(grpc.aio.ServerInterceptor):
         access_key: str,
         secret_key: str,
         response_types: Mapping[str, type[Message]] = RESPONSE_TYPES,
+        metrics: ProxyMetrics | None = None,
     ) -> None:
         check_keys(access_key, secret_key)
         if not access_key:
@@ -198,6 +203,7 @@ class SignatureInterceptor(grpc.aio.ServerInterceptor):
         self._access_key = access_key
         self._secret_key = secret_key
         self._response_types = dict(response_types)
+        self._metrics = metrics
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
@@ -216,15 +222,34 @@ class SignatureInterceptor(grpc.aio.ServerInterceptor):
             metadata.get(CLIENT_ID, "")[:SHOWN_CHARS],
             why.partition(";")[0],
         )
-        return _refusal(handler, self._response_types.get(method), why)
+        return _refusal(handler, self._response_types.get(method), why, self._counter(method))
+
+    def _counter(self, method: str) -> Callable[[float], None] | None:
+        """What counts a refusal of `method` (started at the given perf_counter)."""
+        metrics = self._metrics
+        if metrics is None:
+            return None
+        rpc = method.rsplit("/", 1)[-1]
+        code = v2.Code.Name(v2.UNAUTHORIZED)
+
+        def count(started: float) -> None:
+            metrics.observe(rpc, code, time.perf_counter() - started)
+
+        return count
 
 
 def _refusal(
-    handler: grpc.RpcMethodHandler, response_type: type[Message] | None, why: str
+    handler: grpc.RpcMethodHandler,
+    response_type: type[Message] | None,
+    why: str,
+    count: Callable[[float], None] | None = None,
 ) -> grpc.RpcMethodHandler:
     status = v2.Status(code=v2.UNAUTHORIZED, message=why)
+    started = time.perf_counter()
 
     def answer() -> Message:
+        if count is not None:
+            count(started)
         return response_type(status=status)  # type: ignore[misc]
 
     if response_type is None:  # not a MessagingService method: no Status to answer with
@@ -254,7 +279,12 @@ def _refusal(
     )
 
 
-def interceptors(access_key: str, secret_key: str) -> Sequence[grpc.aio.ServerInterceptor]:
-    """The signature check with both keys, none without; ValueError with only one."""
+def interceptors(
+    access_key: str, secret_key: str, metrics: ProxyMetrics | None = None
+) -> Sequence[grpc.aio.ServerInterceptor]:
+    """The signature check with both keys, none without; ValueError with only
+    one. With `metrics`, its refusals are counted there."""
     check_keys(access_key, secret_key)
-    return [SignatureInterceptor(access_key, secret_key)] if access_key else []
+    if not access_key:
+        return []
+    return [SignatureInterceptor(access_key, secret_key, metrics=metrics)]

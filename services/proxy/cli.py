@@ -76,6 +76,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the secret key that goes with --access-key; prefer "
         f"${auth.ENV_SECRET_KEY}, which keeps it out of the process list",
     )
+    parser.add_argument(
+        "--topic-message-type-check",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="refuse a send whose type (NORMAL, FIFO, DELAY, TRANSACTION) is not its topic's "
+        "message.type (ferry topic create --message-type; a topic without one is NORMAL) with "
+        "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, and have the SDKs check it first, as RocketMQ's "
+        "proxy with enableTopicMessageTypeCheck (default: on)",
+    )
     eventloop.add_argument(parser)
     parser.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING or ERROR")
 
@@ -108,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
         port_file=args.port_file,
         access_key=args.access_key,
         secret_key=args.secret_key,
+        topic_message_type_check=args.topic_message_type_check,
     )
 
     async def main() -> None:

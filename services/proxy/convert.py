@@ -10,10 +10,16 @@ properties, under the names RocketMQ's own proxy uses for them:
     | message_id           | property `UNIQ_KEY` (the client's id)   |
     | message_group        | property `__SHARDINGKEY`                |
     | delivery_timestamp   | property `TIMER_DELIVER_MS` (epoch ms)  |
+    |                      | (both ways: a received timed message    |
+    |                      | shows when it was due)                  |
     | born_timestamp       | `born_timestamp` (ms)                   |
 
 A received message shows the client's id when it has one (`UNIQ_KEY`),
-ferry's offset id otherwise.
+ferry's offset id otherwise. Its user properties are every property but the
+system ones (`SYSTEM_PROPERTIES`, from RocketMQ's `MessageConst.STRING_HASH_SET`);
+`__SHARDINGKEY` is not one of them, so a FIFO message shows its group both as
+`message_group` and as a user property, as RocketMQ's proxy shows it
+(`GrpcConverter.buildUserAttributes`).
 """
 
 from __future__ import annotations
@@ -34,17 +40,19 @@ from ferry.model import (
     PROPERTY_RETRY_TOPIC,
     PROPERTY_SHARDING_KEY,
     PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_TIMER_OUT_MS,
 )
 from ferry.v1 import broker_pb2
 
 Code = v2.Code
 PROPERTY_UNIQ_KEY = "UNIQ_KEY"
-# Properties the broker or this proxy set: never shown as user properties.
+# Properties the broker or this proxy set: never shown as user properties (all of
+# them in RocketMQ's STRING_HASH_SET, which __SHARDINGKEY is not).
 SYSTEM_PROPERTIES = frozenset(
     {
         PROPERTY_UNIQ_KEY,
-        PROPERTY_SHARDING_KEY,
         PROPERTY_TIMER_DELIVER_MS,
+        PROPERTY_TIMER_OUT_MS,
         PROPERTY_DELAY,
         PROPERTY_REAL_TOPIC,
         PROPERTY_REAL_QUEUE_ID,
@@ -74,6 +82,23 @@ def status(code: int, message: str = "OK") -> v2.Status:
 
 
 OK = status(Code.OK)
+
+# What RocketMQ's 5.x proxy answers for a topic with no route, word for word: its
+# route cache raises MQClientException(ResponseCode.TOPIC_NOT_EXIST (17), "No topic
+# route info in name server for the topic: " + topic)
+# (TopicRouteService.getCacheMessageQueueWrapper), whose message is "CODE: 17  DESC: "
+# + that + FAQUrl.attachDefaultURL's tail, and ResponseBuilder answers
+# TOPIC_NOT_FOUND with that message, in cluster and local mode alike.
+_NO_ROUTE = (
+    "CODE: 17  DESC: No topic route info in name server for the topic: {topic}\n"
+    "For more information, please visit the url, "
+    "https://rocketmq.apache.org/docs/bestPractice/06FAQ"
+)
+
+
+def topic_not_found(topic: str) -> v2.Status:
+    """A topic without a route, answered as RocketMQ's proxy answers it."""
+    return status(Code.TOPIC_NOT_FOUND, _NO_ROUTE.format(topic=topic))
 
 
 def error_code(exc: grpc.aio.AioRpcError) -> int:
@@ -167,11 +192,44 @@ def send_request(message: v2.Message, topic: str) -> broker_pb2.SendMessageReque
     )
 
 
+# What a route's queues accept, by the topic's message.type (RouteActivity.
+# parseTopicMessageType): one type, all four for MIXED, UNSPECIFIED for any other.
+ACCEPTED_TYPES = {
+    "NORMAL": (v2.NORMAL,),
+    "FIFO": (v2.FIFO,),
+    "DELAY": (v2.DELAY,),
+    "TRANSACTION": (v2.TRANSACTION,),
+    "MIXED": (v2.NORMAL, v2.FIFO, v2.DELAY, v2.TRANSACTION),
+}
+
+
+def accepted_types(topic_type: str) -> tuple[int, ...]:
+    return ACCEPTED_TYPES.get(topic_type, (v2.MESSAGE_TYPE_UNSPECIFIED,))
+
+
+def type_conflict(topic_type: str, message_type_value: int) -> v2.Status | None:
+    """None when a message of type `message_type_value` may go to a topic of
+    `topic_type`; else RocketMQ's proxy's refusal, word for word
+    (DefaultTopicMessageTypeValidator): a MIXED topic takes every type, any
+    other only its own."""
+    actual = v2.MessageType.Name(message_type_value)
+    if topic_type == actual or topic_type == "MIXED":
+        return None
+    return status(
+        Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+        f"TopicMessageType validate failed, the expected type is {topic_type}, "
+        f"but actual type is {actual}",
+    )
+
+
 def message_type(properties: Mapping[str, str]) -> int:
+    """A stored message's type, as RocketMQ reads it from the properties
+    (`TopicMessageType.parseFromMessageProperty`): a delay level or delivery
+    time makes it DELAY before a message group makes it FIFO."""
+    if PROPERTY_DELAY in properties or PROPERTY_TIMER_DELIVER_MS in properties:
+        return v2.DELAY
     if PROPERTY_SHARDING_KEY in properties:
         return v2.FIFO
-    if PROPERTY_TIMER_DELIVER_MS in properties:
-        return v2.DELAY
     return v2.NORMAL
 
 
@@ -189,6 +247,9 @@ def received_message(m: broker_pb2.MessageExt, invisible_ms: int) -> v2.Message:
     sp.body_digest.checksum = format(zlib.crc32(m.body) & 0xFFFFFFFF, "08X")
     sp.body_encoding = v2.IDENTITY
     sp.message_type = message_type(props)
+    deliver_ms = props.get(PROPERTY_TIMER_DELIVER_MS)
+    if deliver_ms is not None and deliver_ms.isdigit():  # as RocketMQ's GrpcConverter
+        sp.delivery_timestamp.FromMilliseconds(int(deliver_ms))
     sp.born_timestamp.FromMilliseconds(m.born_timestamp)
     sp.born_host = m.born_host
     sp.store_timestamp.FromMilliseconds(m.store_timestamp)

@@ -5,8 +5,9 @@ exception is logged and answered as INTERNAL_ERROR in the response's status,
 as the API reports errors, not as a bare gRPC UNKNOWN.
 
 The code label is the v2 `Code` name a request was answered with (OK,
-TOPIC_NOT_FOUND, MESSAGE_NOT_FOUND, ...), or the gRPC status name when the
-request failed before it could be answered with one."""
+TOPIC_NOT_FOUND, MESSAGE_NOT_FOUND, ...; UNAUTHORIZED for the refusals of the
+signature check, `auth.py`, which counts them here), or the gRPC status name
+when the request failed before it could be answered with one."""
 
 from __future__ import annotations
 

@@ -24,7 +24,9 @@ from typing import Any, Protocol
 import grpc
 
 from ferry.model import (
+    DEFAULT_MESSAGE_TYPE,
     MASTER_ID,
+    MESSAGE_TYPE_ATTRIBUTE,
     PERM_READ,
     PERM_READ_WRITE,
     PERM_WRITE,
@@ -74,6 +76,10 @@ class Route:
     brokers: tuple[BrokerQueues, ...]  # masters only, by broker name
     ordered: bool
     fetched: float
+    # The topic's message.type (RocketMQ 5; NORMAL when it has none), as its first
+    # master by name has it: one type per topic, as RocketMQ's proxy reads it from
+    # one broker's topic config. Create a topic with the same type on every master.
+    message_type: str = DEFAULT_MESSAGE_TYPE
 
     def broker(self, name: str) -> BrokerQueues | None:
         return next((b for b in self.brokers if b.broker_name == name), None)
@@ -225,7 +231,7 @@ class LocalRoutes:
         queues = BrokerQueues(
             self.broker_name, self.addr, config.read_queue_nums, config.write_queue_nums, perm
         )
-        return Route(topic, (queues,), config.order, time.monotonic())
+        return Route(topic, (queues,), config.order, time.monotonic(), config.message_type)
 
     def broker_addr(self, broker_name: str) -> str | None:
         """This broker's address for its own name; None for any other."""
@@ -250,6 +256,11 @@ def _route(topic: str, data: common_pb2.TopicRouteData) -> Route:
         for b in data.broker_datas
         if MASTER_ID in b.broker_addrs
     }
+    types = {
+        q.broker_name: q.attributes.get(MESSAGE_TYPE_ATTRIBUTE, DEFAULT_MESSAGE_TYPE)
+        for q in data.queue_datas
+        if q.broker_name in masters
+    }
     brokers = tuple(
         sorted(
             (
@@ -262,4 +273,5 @@ def _route(topic: str, data: common_pb2.TopicRouteData) -> Route:
         )
     )  # fmt: skip
     ordered = not order_brokers(data.order_topic_conf).isdisjoint(masters)
-    return Route(topic, brokers, ordered, time.monotonic())
+    message_type = types[min(types)] if types else DEFAULT_MESSAGE_TYPE
+    return Route(topic, brokers, ordered, time.monotonic(), message_type)

@@ -26,6 +26,8 @@ from ferry.client.broker import group_broker
 from ferry.model import (
     DEFAULT_RETRY_MAX_TIMES,
     DELAY_LEVELS_S,
+    DLQ_TOPIC_PREFIX,
+    RETRY_TOPIC_PREFIX,
     check_name,
     check_pop_group,
     check_topic,
@@ -47,7 +49,6 @@ DEADLINE_MARGIN_MS = 1_000  # a receive stream ends this long before the client'
 CALL_TIMEOUT_S = 10.0
 MAX_MS = 2**63 - 1  # the broker's int64 timestamps
 SEND_ATTEMPTS = 3  # brokers tried per message
-ACCEPTED_TYPES = (v2.NORMAL, v2.FIFO, v2.DELAY)
 # What the brokers redeliver with (messageDelayLevel, from level 1): a consumer's backoff.
 RETRY_BACKOFF_S = DELAY_LEVELS_S[:16]
 
@@ -58,6 +59,9 @@ class ProxyOptions:
     # route, as the port is known only once the server has bound it.
     endpoint: Callable[[], tuple[str, int]]
     max_body_bytes: int = MAX_BODY_BYTES
+    # RocketMQ's enableTopicMessageTypeCheck: a send must be of its topic's
+    # message.type (and the SDKs are told to check it first).
+    topic_message_type_check: bool = True
 
 
 class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
@@ -85,10 +89,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         try:
             route = await self.routes.get(topic, refresh=True)
         except TopicNotFound as exc:
-            return s.QueryRouteResponse(status=status(Code.TOPIC_NOT_FOUND, str(exc)))
+            return s.QueryRouteResponse(status=convert.topic_not_found(exc.topic))
         except NameServersDown as exc:
             return s.QueryRouteResponse(status=status(Code.INTERNAL_SERVER_ERROR, str(exc)))
         endpoints = self._endpoints(request.endpoints)
+        accepted = convert.accepted_types(route.message_type)
         queues = []
         for broker in route.brokers:
             for queue_id in range(max(broker.read_queue_nums, broker.write_queue_nums)):
@@ -98,7 +103,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                         id=queue_id,
                         permission=_permission(broker, queue_id),
                         broker=v2.Broker(name=broker.broker_name, id=0, endpoints=endpoints),
-                        accept_message_types=ACCEPTED_TYPES,
+                        accept_message_types=accepted,
                     )
                 )
         return s.QueryRouteResponse(status=OK, message_queues=queues)
@@ -116,7 +121,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         try:
             route = await self.routes.get(topic)
         except TopicNotFound as exc:
-            return s.QueryAssignmentResponse(status=status(Code.TOPIC_NOT_FOUND, str(exc)))
+            return s.QueryAssignmentResponse(status=convert.topic_not_found(exc.topic))
         except NameServersDown as exc:
             return s.QueryAssignmentResponse(status=status(Code.INTERNAL_SERVER_ERROR, str(exc)))
         endpoints = self._endpoints(request.endpoints)
@@ -127,8 +132,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                     id=-1,
                     permission=v2.READ,
                     broker=v2.Broker(name=b.broker_name, id=0, endpoints=endpoints),
-                    accept_message_types=ACCEPTED_TYPES,
-                )
+                )  # no accepted types: RocketMQ's proxy lists none in an assignment
             )
             for b in route.brokers
             if b.readable
@@ -171,7 +175,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         out.CopyFrom(asked)
         if asked.client_type == v2.PRODUCER:
             out.publishing.max_body_size = self.options.max_body_bytes
-            out.publishing.validate_message_type = True
+            out.publishing.validate_message_type = self.options.topic_message_type_check
             out.backoff_policy.CopyFrom(
                 v2.RetryPolicy(
                     max_attempts=SEND_ATTEMPTS,
@@ -257,9 +261,12 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             try:
                 route = await self.routes.get(topic, refresh=attempt > 0)
             except TopicNotFound as exc:
-                return failed(Code.TOPIC_NOT_FOUND, str(exc))
+                return failed(Code.TOPIC_NOT_FOUND, convert.topic_not_found(exc.topic).message)
             except NameServersDown as exc:
                 return failed(Code.INTERNAL_SERVER_ERROR, str(exc))
+            refusal = self._type_refusal(topic, route.message_type, message, request)
+            if refusal is not None:
+                return s.SendResultEntry(status=refusal, message_id=message_id)
             writable = [b for b in route.brokers if b.writable]
             if not writable:
                 return failed(Code.FORBIDDEN, f"topic {topic!r} has no writable queue now")
@@ -276,12 +283,43 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                     continue  # another broker, with a fresh route
                 return failed(code, exc.details() or exc.code().name)
             code = convert.SEND_CODES.get(result.status, Code.INTERNAL_ERROR)
+            sent_id = message_id or result.msg_id
             return s.SendResultEntry(
                 status=status(code, convert.SEND_TEXT.get(result.status, "unknown result")),
-                message_id=message_id or result.msg_id,
+                message_id=sent_id,
+                # RocketMQ's broker answers a stored message with its UNIQ_KEY as its
+                # transaction id, transactional or not; its proxy passes it on for SEND_OK.
+                transaction_id=sent_id if result.status == broker_pb2.SEND_OK else "",
                 offset=result.queue_offset,
             )
         return failed(code, f"not sent after {SEND_ATTEMPTS} attempts: {last}")
+
+    def _type_refusal(
+        self,
+        topic: str,
+        topic_type: str,
+        message: v2.Message,
+        request: broker_pb2.SendMessageRequest,
+    ) -> v2.Status | None:
+        """Why the message may not go to the topic, or None. As RocketMQ's
+        proxy (ProducerProcessor.sendMessage), with enableTopicMessageTypeCheck
+        its type, read from what it carries (a transaction flag, then a
+        delivery time, then a message group), must be the topic's; retry and
+        dead-letter topics are not checked. A transactional message is then
+        refused whatever the check: ferry has no transactions."""
+        if message.system_properties.message_type == v2.TRANSACTION:
+            actual = v2.TRANSACTION
+        else:
+            actual = convert.message_type(request.properties)
+        if self.options.topic_message_type_check and not topic.startswith(
+            (RETRY_TOPIC_PREFIX, DLQ_TOPIC_PREFIX)
+        ):
+            conflict = convert.type_conflict(topic_type, actual)
+            if conflict is not None:
+                return conflict
+        if actual == v2.TRANSACTION:
+            return status(Code.NOT_IMPLEMENTED, "transactional messages are not supported by ferry")
+        return None
 
     # ------------------------------------------------------------ receive / ack
 
@@ -319,7 +357,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         try:
             route = await self.routes.get(topic)
         except TopicNotFound as exc:
-            yield s.ReceiveMessageResponse(status=status(Code.TOPIC_NOT_FOUND, str(exc)))
+            yield s.ReceiveMessageResponse(status=convert.topic_not_found(exc.topic))
             return
         except NameServersDown as exc:
             yield s.ReceiveMessageResponse(status=status(Code.INTERNAL_SERVER_ERROR, str(exc)))

@@ -221,14 +221,19 @@ def live_addrs(stub: namesrv_pb2_grpc.NameServerStub) -> set[str]:
 
 
 def create_topic(
-    channel: grpc.Channel, topic: str, queues: int, perm: int = 6
+    channel: grpc.Channel, topic: str, queues: int, perm: int = 6, message_type: str = ""
 ) -> common_pb2.DataVersion:
     """Creates (or updates) `topic` with `queues` read and write queues on the
-    broker behind `channel`; returns its topic table's new DataVersion."""
+    broker behind `channel` (and `message_type` as its `+message.type`
+    attribute when given); returns its topic table's new DataVersion."""
     response = broker_admin_pb2_grpc.BrokerAdminStub(channel).UpdateAndCreateTopic(
         broker_admin_pb2.UpdateAndCreateTopicRequest(
             topic_config=common_pb2.TopicConfig(
-                topic_name=topic, read_queue_nums=queues, write_queue_nums=queues, perm=perm
+                topic_name=topic,
+                read_queue_nums=queues,
+                write_queue_nums=queues,
+                perm=perm,
+                attributes={"+message.type": message_type} if message_type else {},
             )
         ),
         timeout=10,

@@ -607,6 +607,35 @@ def test_an_ordered_message_acknowledged_as_it_expires_is_not_dead_lettered(brok
     assert status().dlq_messages == 0
 
 
+def test_an_ordered_message_expired_is_never_redelivered_to_a_filter_it_does_not_match(broker):
+    """RocketMQ's ordered pop reads the queue again through the popping
+    consumer's filter: what the filter does not match is skipped (resolved for
+    the group), never handed out."""
+    support.create_topic(broker.channel, "OrdTags", 1)
+    set_group(broker, "fifo-tags", consume_message_orderly=True, retry_max_times=16)
+    for body, tag in ((b"a0", "a"), (b"b1", "b")):
+        broker.broker.SendMessage(
+            broker_pb2.SendMessageRequest(topic="OrdTags", body=body, tags=tag)
+        )
+    first = pop(broker, "fifo-tags", "OrdTags", n=1, invisible_ms=1000, sub_expression="*")
+    assert [m.body for m in first.messages] == [b"a0"]  # not acknowledged: it expires
+    again = wait_for(
+        lambda: pop(broker, "fifo-tags", "OrdTags", invisible_ms=30_000, wait_ms=500,
+                    sub_expression="b").messages,
+        30,
+        "a message for the consumer of tag b",
+    )  # fmt: skip
+    assert [(m.body, m.tags) for m in again] == [(b"b1", "b")]
+    assert ack(broker, "fifo-tags", "OrdTags", [again[0].receipt_handle]).results[0].status == (
+        broker_pb2.OK
+    )
+    status = broker.broker.GetGroupStatus(
+        broker_pb2.GetGroupStatusRequest(consumer_group="fifo-tags", topic="OrdTags")
+    )
+    assert status.queues[0].committed_offset == 2  # a0 resolved for the group, as b1
+    assert list(pop(broker, "fifo-tags", "OrdTags", sub_expression="*").messages) == []
+
+
 def test_a_broker_that_is_not_readable_refuses_pops_as_it_refuses_pulls(broker):
     support.create_topic(broker.channel, "Drain", 1)
     broker.broker.SendMessage(broker_pb2.SendMessageRequest(topic="Drain", body=b"x"))

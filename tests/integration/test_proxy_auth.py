@@ -60,7 +60,9 @@ def cluster(tmp_path_factory):
             f"{TOPIC} in the name server's route",
         )
         channel = grpc.insecure_channel(endpoint)
-        yield Cluster(endpoint, channel, proxy.log_path)
+        c = Cluster(endpoint, channel, proxy.log_path)
+        c.metrics_url = proxy.metrics_url
+        yield c
         channel.close()
     finally:
         proxy.stop()
@@ -211,6 +213,23 @@ def test_streaming_calls_are_refused_with_one_status(cluster):
         cluster.stub.Telemetry(iter([service_pb2.TelemetryCommand()]), metadata=bad, timeout=10)
     )
     assert [c.status.code for c in commands] == [v2.UNAUTHORIZED]
+
+
+def test_refusals_are_counted_by_rpc_with_the_code_unauthorized(cluster):
+    def count(rpc: str) -> float:
+        text = support.scrape(cluster.metrics_url)
+        labels = f'code="UNAUTHORIZED",rpc="{rpc}"'
+        return support.sample(text, "ferry_proxy_requests_total", labels) or 0
+
+    routes, receives = count("QueryRoute"), count("ReceiveMessage")
+    response = cluster.stub.QueryRoute(
+        service_pb2.QueryRouteRequest(topic=v2.Resource(name=TOPIC)), timeout=10
+    )
+    assert response.status.code == v2.UNAUTHORIZED
+    bad = cluster.signed(Credentials(AK, "not-the-secret"))
+    for _ in range(2):
+        list(cluster.stub.ReceiveMessage(service_pb2.ReceiveMessageRequest(), metadata=bad))
+    assert (count("QueryRoute"), count("ReceiveMessage")) == (routes + 1, receives + 2)
 
 
 def test_health_and_reflection_answer_without_credentials(cluster):

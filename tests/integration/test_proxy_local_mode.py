@@ -38,7 +38,11 @@ V2_SERVICE = "apache.rocketmq.v2.MessagingService"
 def broker(tmp_path_factory):
     loop = LoopThread()
     b = start_broker(
-        loop, tmp_path_factory.mktemp("local") / "b", enableProxy="true", brokerName=BROKER
+        loop,
+        tmp_path_factory.mktemp("local") / "b",
+        enableProxy="true",
+        brokerName=BROKER,
+        enableMixedMessageType="true",
     )
     support.create_topic(b.channel, TOPIC, 4)
     try:
@@ -112,9 +116,66 @@ def test_routes_come_from_the_brokers_own_topic_table(broker):
     } == {("127.0.0.1", port)}
     missing = _query_route(broker.channel, "NoSuchTopic")
     assert missing.status.code == v2.TOPIC_NOT_FOUND
-    assert BROKER in missing.status.message
+    assert missing.status.message.startswith(  # as RocketMQ's proxy, in local mode too
+        "CODE: 17  DESC: No topic route info in name server for the topic: NoSuchTopic\n"
+    )
     # Listed by reflection, beside the broker's own services.
     assert {V2_SERVICE, "ferry.v1.Broker"} <= _services(broker.channel)
+
+
+def test_routes_and_sends_follow_the_topics_message_type(broker):
+    """The topic table's message.type, read at every call: what a route accepts
+    and what a send may be; MIXED (enableMixedMessageType) takes every type, and
+    ferry refuses a transactional message whatever the topic."""
+    support.create_topic(broker.channel, "LocalDelay", 2, message_type="DELAY")
+    support.create_topic(broker.channel, "LocalMixed", 2, message_type="MIXED")
+    accepted = {
+        topic: {
+            tuple(q.accept_message_types)
+            for q in _query_route(broker.channel, topic).message_queues
+        }
+        for topic in (TOPIC, "LocalDelay", "LocalMixed")
+    }
+    assert accepted == {
+        TOPIC: {(v2.NORMAL,)},
+        "LocalDelay": {(v2.DELAY,)},
+        "LocalMixed": {(v2.NORMAL, v2.FIFO, v2.DELAY, v2.TRANSACTION)},
+    }
+
+    def send(topic: str, message_type: int) -> v2.Status:
+        message = v2.Message(topic=v2.Resource(name=topic), body=b"x")
+        message.system_properties.message_id = f"01LOCALTYPE{message_type}"
+        message.system_properties.message_type = message_type
+        request = s.SendMessageRequest(messages=[message])
+        return _v2(broker.channel).SendMessage(request, timeout=10).status
+
+    refused = send("LocalDelay", v2.NORMAL)
+    assert (refused.code, refused.message) == (
+        v2.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+        "TopicMessageType validate failed, the expected type is DELAY, but actual type is NORMAL",
+    )
+    assert send("LocalMixed", v2.NORMAL).code == v2.OK
+    assert send("LocalMixed", v2.TRANSACTION).code == v2.NOT_IMPLEMENTED
+
+
+def test_without_the_type_check_any_type_goes_and_the_sdks_are_told_not_to_check(tmp_path):
+    """enableTopicMessageTypeCheck=false, as RocketMQ's proxy with the key off:
+    sends of any type are taken and producers' settings say not to validate."""
+    loop = LoopThread()
+    b = start_broker(loop, tmp_path / "b", enableProxy="true", enableTopicMessageTypeCheck="false")
+    try:
+        support.create_topic(b.channel, TOPIC, 1)  # NORMAL
+        message = v2.Message(topic=v2.Resource(name=TOPIC), body=b"fifo")
+        message.system_properties.message_id = "01UNCHECKED"
+        message.system_properties.message_group = "g"
+        sent = _v2(b.channel).SendMessage(s.SendMessageRequest(messages=[message]), timeout=10)
+        assert sent.status.code == v2.OK, sent.status.message
+        hello = s.TelemetryCommand(settings=v2.Settings(client_type=v2.PRODUCER))
+        answer = next(iter(_v2(b.channel).Telemetry(iter([hello]), timeout=10)))
+        assert answer.settings.publishing.validate_message_type is False
+    finally:
+        b.stop()
+        loop.close()
 
 
 def test_a_broker_without_enable_proxy_does_not_serve_the_v2_api(tmp_path):

@@ -23,6 +23,7 @@ from rocketmq import (
     PushConsumer,
     SimpleConsumer,
 )
+from rocketmq.grpc_protocol import MessageType
 from rocketmq.v5.exception import PayloadTooLargeException
 
 from ferry.client.broker import Producer as FerryProducer
@@ -75,9 +76,9 @@ class Cluster:
     def config(self) -> ClientConfiguration:
         return ClientConfiguration(self.endpoint, Credentials(), request_timeout=10)
 
-    def create_topic(self, topic: str, queues: int = 4) -> None:
+    def create_topic(self, topic: str, queues: int = 4, message_type: str = "") -> None:
         for b in self.brokers:
-            support.create_topic(b.channel, topic, queues)
+            support.create_topic(b.channel, topic, queues, message_type=message_type)
         wait_for(
             lambda: support.route_queue_datas(self.ns.stub, topic) == len(self.brokers),
             30,
@@ -159,6 +160,8 @@ def test_send_with_tags_keys_and_properties_then_receive_and_ack(cluster):
                 _message(TOPIC, f"basic {i}".encode(), tag="TagA", keys=f"key-{i}", color="blue")
             )
             sent[receipt.message_id] = i
+            # RocketMQ's proxy returns the message id as the transaction id of every send.
+            assert receipt.transaction_id == receipt.message_id
         got = _receive_until(consumer, 20, 60)
         assert sorted(sent) == sorted(m.message_id for m in got)  # the client's ids, kept
         for m in got:
@@ -176,7 +179,7 @@ def test_send_with_tags_keys_and_properties_then_receive_and_ack(cluster):
 
 def test_delay_message_is_not_delivered_early(cluster):
     topic = "SdkDelay"
-    cluster.create_topic(topic)
+    cluster.create_topic(topic, message_type="DELAY")
     producer = _producer(cluster, topic)
     consumer = _simple(cluster, "sdk-delay", topic, await_s=5)
     try:
@@ -188,6 +191,9 @@ def test_delay_message_is_not_delivered_early(cluster):
         received = time.time()
         assert [x.body for x in got] == [b"later"]
         assert received >= due_s
+        # As RocketMQ's proxy: a delay message, with its delivery time (ms).
+        assert got[0].message_type == MessageType.DELAY
+        assert got[0].delivery_timestamp == due_s * 1000
     finally:
         consumer.shutdown()
         producer.shutdown()
@@ -195,7 +201,7 @@ def test_delay_message_is_not_delivered_early(cluster):
 
 def test_fifo_messages_keep_their_group_order(cluster):
     topic = "SdkFifo"
-    cluster.create_topic(topic)
+    cluster.create_topic(topic, message_type="FIFO")
     cluster.set_group("sdk-fifo", consume_message_orderly=True)
     producer = _producer(cluster, topic)
     consumer = _simple(cluster, "sdk-fifo", topic)
@@ -211,6 +217,8 @@ def test_fifo_messages_keep_their_group_order(cluster):
             g, i = m.body.decode().split(":")
             seen[g].append(int(i))
             assert m.message_group == f"group-{g}"
+            # RocketMQ's proxy shows __SHARDINGKEY among the user properties too.
+            assert m.properties == {"__SHARDINGKEY": f"group-{g}"}
         assert {g: v for g, v in seen.items()} == {str(g): list(range(10)) for g in range(5)}
     finally:
         consumer.shutdown()
@@ -244,6 +252,9 @@ def test_no_ack_means_delivered_again_with_a_higher_attempt(cluster):
         assert [(m.message_id, m.delivery_attempt, m.body) for m in second] == [
             (message_id, 2, b"again")
         ]
+        # The retry copy came through the timer, after the backoff: still a normal
+        # message, with no delivery time (the SDK reads an unset one as 0).
+        assert (second[0].message_type, second[0].delivery_timestamp) == (MessageType.NORMAL, 0)
     finally:
         consumer.shutdown()
         producer.shutdown()
@@ -458,7 +469,7 @@ def test_fifo_push_consumer_forwards_what_always_fails_to_the_dlq(cluster):
     """A FIFO PushConsumer retries a failing message itself, then hands it to
     ForwardMessageToDeadLetterQueue; its message group goes on after it."""
     topic, group = "SdkFifoPush", "sdk-fifo-push"
-    cluster.create_topic(topic)
+    cluster.create_topic(topic, message_type="FIFO")
     cluster.set_group(group, consume_message_orderly=True, retry_max_times=1)
     listener = _Recorder(fails="poison")
     consumer = PushConsumer(cluster.config(), group, listener, {topic: FilterExpression("*")})
@@ -514,3 +525,87 @@ def test_rpcs_not_served_answer_not_implemented_at_once(cluster):
             timeout=5,
         )
         assert bad.entries[0].status.code == v2.Code.INVALID_RECEIPT_HANDLE
+
+
+# RocketMQ 5.x's proxy, word for word (its route cache's MQClientException, code 17).
+NO_ROUTE = (
+    "CODE: 17  DESC: No topic route info in name server for the topic: {}\n"
+    "For more information, please visit the url, "
+    "https://rocketmq.apache.org/docs/bestPractice/06FAQ"
+)
+
+
+def test_an_unknown_topics_route_is_answered_as_rocketmqs_proxy_answers_it(cluster):
+    from apache.rocketmq.v2 import definition_pb2 as v2
+    from apache.rocketmq.v2 import service_pb2 as s
+    from apache.rocketmq.v2 import service_pb2_grpc
+
+    with grpc.insecure_channel(cluster.endpoint) as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        missing = stub.QueryRoute(
+            s.QueryRouteRequest(topic=v2.Resource(name="NoSuchTopicHere")), timeout=5
+        )
+    assert (missing.status.code, missing.status.message) == (
+        v2.Code.TOPIC_NOT_FOUND,
+        NO_ROUTE.format("NoSuchTopicHere"),
+    )
+
+
+def _wire_message(topic: str, message_id: str, group: str = ""):
+    """A v2 message as an SDK puts it on the wire (with a message group: FIFO)."""
+    from apache.rocketmq.v2 import definition_pb2 as v2
+
+    m = v2.Message(topic=v2.Resource(name=topic), body=b"typed")
+    m.system_properties.message_id = message_id
+    m.system_properties.message_type = v2.FIFO if group else v2.NORMAL
+    if group:
+        m.system_properties.message_group = group
+    return m
+
+
+def test_topics_carry_rocketmq5s_message_type(cluster):
+    """A topic's message.type decides what its route accepts and what the
+    proxy takes, as RocketMQ's proxy: a topic without one is NORMAL."""
+    from rocketmq.v5.exception import IllegalArgumentException
+
+    from apache.rocketmq.v2 import definition_pb2 as v2
+    from apache.rocketmq.v2 import service_pb2 as s
+    from apache.rocketmq.v2 import service_pb2_grpc
+
+    fifo = "SdkTypedFifo"
+    cluster.create_topic(fifo, message_type="FIFO")
+    with grpc.insecure_channel(cluster.endpoint) as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+
+        def accepted(topic: str) -> set[tuple[int, ...]]:
+            route = stub.QueryRoute(s.QueryRouteRequest(topic=v2.Resource(name=topic)), timeout=5)
+            assert route.status.code == v2.Code.OK, route.status.message
+            return {tuple(q.accept_message_types) for q in route.message_queues}
+
+        assert accepted(TOPIC) == {(v2.NORMAL,)}  # created without a type
+        assert accepted(fifo) == {(v2.FIFO,)}
+
+        def send(message):
+            return stub.SendMessage(s.SendMessageRequest(messages=[message]), timeout=10).status
+
+        conflict = v2.Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE
+        refused = send(_wire_message(TOPIC, "01TYPED0000000000000000000000001", group="g"))
+        assert (refused.code, refused.message) == (
+            conflict,
+            "TopicMessageType validate failed, the expected type is NORMAL, "
+            "but actual type is FIFO",
+        )
+        refused = send(_wire_message(fifo, "01TYPED0000000000000000000000002"))
+        assert (refused.code, refused.message) == (
+            conflict,
+            "TopicMessageType validate failed, the expected type is FIFO, "
+            "but actual type is NORMAL",
+        )
+        assert send(_wire_message(fifo, "01TYPED0000000000000000000000003", "g")).code == v2.OK
+    # The SDK is told to check first (Settings.publishing.validate_message_type), and does.
+    producer = _producer(cluster, fifo)
+    try:
+        with pytest.raises(IllegalArgumentException, match="not match with queue accept"):
+            producer.send(_message(fifo, b"not a fifo message"))
+    finally:
+        producer.shutdown()

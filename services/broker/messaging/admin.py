@@ -12,6 +12,7 @@ the in-sync set has them.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -23,6 +24,7 @@ from ferry.model import (
     DataVersion,
     SubscriptionGroupConfig,
     TopicConfig,
+    alter_attributes,
     check_perm,
     check_topic,
 )
@@ -82,11 +84,14 @@ class AdminService:
         announce_topics: Callable[[Sequence[TopicConfig]], Awaitable[None]] | None = None,
         announce_all: Callable[[], Awaitable[None]] | None = None,
         journal: MetadataLog | None = None,
+        allow_mixed_message_type: bool = False,
     ) -> None:
         """`journal`: a failover master's metadata log, through which topic and
         group changes go (replicated before they are acknowledged); None
-        changes the tables directly."""
+        changes the tables directly. `allow_mixed_message_type`: topics may be
+        created with `+message.type=MIXED` (enableMixedMessageType)."""
         self.journal = journal
+        self.allow_mixed_message_type = allow_mixed_message_type
         self.cluster_name, self.broker_name, self.broker_id, self.role = identity
         self.metadata = metadata
         self.store = store
@@ -111,20 +116,34 @@ class AdminService:
             )
 
     async def update_topic(self, config: TopicConfig) -> DataVersion:
+        """Create a topic or replace its settings. Its attributes are not
+        replaced but changed, as RocketMQ's are: `config.attributes` holds the
+        changes (`+message.type`: `FIFO` sets the message type, `-message.type`
+        removes it; see `ferry.model.alter_attributes`), and what the topic had
+        and the request does not name stays."""
         self._writable_tables()
         check_topic(config.topic_name, "topic_config.topic_name")
         if config.topic_name == SCHEDULE_TOPIC:
             raise InvalidArgument("topic_config.topic_name", f"{SCHEDULE_TOPIC} is a system topic")
+        current = self.metadata.topics.get(config.topic_name)
+        attributes = alter_attributes(
+            current.attributes if current is not None else (),
+            dict(config.attributes),
+            create=current is None,
+            allow_mixed=self.allow_mixed_message_type,
+        )
+        config = dataclasses.replace(config, attributes=attributes)
         if self.journal is not None:
             version = await self.journal.put_topic(config)
         else:
             version = self.metadata.topics.put(config)
         log.info(
-            "topic updated topic=%s read=%d write=%d perm=%d",
+            "topic updated topic=%s read=%d write=%d perm=%d message_type=%s",
             config.topic_name,
             config.read_queue_nums,
             config.write_queue_nums,
             config.perm,
+            config.message_type,
         )
         if self.announce_topics is not None:
             await self.announce_topics([self.metadata.topics.get(config.topic_name) or config])

@@ -32,6 +32,7 @@ from ferry.model import (
     PROPERTY_REAL_TOPIC,
     PROPERTY_SHARDING_KEY,
     PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_TIMER_OUT_MS,
     SCHEDULE_TOPIC,
     TIMER_TOPIC,
     TopicConfig,
@@ -473,6 +474,7 @@ class MessagingService:
                 )
             properties[PROPERTY_REAL_TOPIC] = topic
             properties[PROPERTY_REAL_QUEUE_ID] = str(queue_id)
+            properties.pop(PROPERTY_TIMER_OUT_MS, None)  # the timer's own: due at deliver_ms
         else:
             deliver_ms = 0
         try:

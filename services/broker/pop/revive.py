@@ -25,7 +25,7 @@ from ferry.model import (
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
     PROPERTY_RETRY_TOPIC,
-    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_TIMER_OUT_MS,
     RETRY_TOPIC_PREFIX,
     TIMER_TOPIC,
     SubscriptionGroupConfig,
@@ -231,7 +231,9 @@ class Reviver:
         properties.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, message.msg_id)
         properties[PROPERTY_REAL_TOPIC] = retry_topic(group, origin)
         properties[PROPERTY_REAL_QUEUE_ID] = "0"
-        properties[PROPERTY_TIMER_DELIVER_MS] = str(now + self._backoff_ms(reconsumed + 1))
+        # Due after the backoff; the message's own TIMER_DELIVER_MS (a delay
+        # message's) travels with it, as RocketMQ's retry copies keep every property.
+        properties[PROPERTY_TIMER_OUT_MS] = str(now + self._backoff_ms(reconsumed + 1))
         return copy_message(message, properties, reconsumed + 1)
 
     def _backoff_ms(self, attempt: int) -> int:

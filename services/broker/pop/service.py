@@ -35,7 +35,10 @@ Ordered groups (`consume_message_orderly`, or any group on a topic marked
 ordered): a queue with a message in flight hands out nothing; an expired
 message stays where it is and is handed out again, before anything after it,
 once its backoff has passed — or goes to the dead-letter topic after
-`retry_max_times`, letting the queue move on.
+`retry_max_times`, letting the queue move on. A consumer whose tag filter does
+not match an expired message never gets it: the message is resolved for the
+group then, as a fresh message its filter skips is (RocketMQ's ordered pop
+reads the queue again through the consumer's filter).
 
 Runs on the event loop thread, on masters only; state changes happen between
 awaits, never across one.
@@ -267,12 +270,28 @@ class PopService:
                     ready = sorted(state.redeliver)
                     if state.redeliver[ready[0]].visible_ms > now:
                         continue  # the head waits for its backoff; so does the queue
-                    for offset in ready[:want]:
-                        if cq.min_offset <= offset < cq.max_offset:
-                            again.append(
-                                (offset, cq.entry(offset), state.redeliver[offset].attempt)
-                            )
-                    want = 0 if len(ready) > want else want - len(ready)
+                    filtered: list[tuple[int, int]] = []
+                    looked = 0
+                    for offset in ready:
+                        if len(again) >= want:
+                            break
+                        looked += 1
+                        if not cq.min_offset <= offset < cq.max_offset:
+                            continue
+                        entry = cq.entry(offset)
+                        redelivery = state.redeliver[offset]
+                        if tag_hashes is not None and entry[2] not in tag_hashes:
+                            filtered.append((offset, redelivery.checkpoint))
+                            continue
+                        again.append((offset, entry, redelivery.attempt))
+                    if filtered:
+                        try:
+                            self._resolve_filtered(state, filtered)
+                        except FerryError:
+                            if out:
+                                break  # hand out what is already checkpointed
+                            raise
+                    want = 0 if looked < len(ready) else want - len(again)
             # Offsets from pop_offset on were never handed out: all fresh.
             fresh: list[int] = []
             fresh_entries: list[tuple[int, int, int]] = []
@@ -337,6 +356,30 @@ class PopService:
         if out:
             self.reviver.deadline_added(until)
         return out
+
+    def _resolve_filtered(self, state: QueueState, filtered: list[tuple[int, int]]) -> None:
+        """An ordered queue's expired messages that the popping consumer's tag
+        filter does not match: resolved for the group, as a fresh message the
+        filter skips is, never handed to it. RocketMQ's ordered pop does the same:
+        it reads the queue again from the group's offset through the consumer's
+        filter and commits the offset past what does not match
+        (`PopMessageProcessor.popMsgFromQueue`, NO_MATCHED_MESSAGE). Journaled
+        as an ack (the record has no reason for it), so a restart or a slave
+        agrees; nothing waits for it to be durable: lost in a crash, the message
+        expires again and is filtered again."""
+        key = state.key
+        self.state.journal(Acks(*key, tuple(filtered)))
+        for offset, _ in filtered:
+            self.state.resolve(state, offset)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "pop: group %s resolved %d expired messages of %s/%d its filter does not match",
+                key[0],
+                len(filtered),
+                key[1],
+                key[2],
+            )
+        self.state.advance(state)
 
     async def _read(self, group: str, topic: str, taken: list[_Taken]) -> list[Popped]:
         stored = iter(await self.store.read_entries([entry for t in taken for entry in t.entries]))

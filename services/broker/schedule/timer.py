@@ -4,9 +4,12 @@
 A send with a future delivery time is stored in queue 0 of the system topic
 `rmq_sys_wheel_timer`, its real topic and queue in REAL_TOPIC / REAL_QID. This
 service tails that queue into an in-memory heap ordered by delivery time and,
-when one is due, appends a copy to the real topic and queue (without the timer
-properties). The redelivery copies of pop consumption (`pop/service.py`) come through
-here too, their delivery time being the end of the group's retry backoff.
+when one is due, appends a copy to the real topic and queue. The copy keeps
+TIMER_DELIVER_MS, as RocketMQ's timer does (`TimerMessageStore.convertMessage`
+drops only REAL_TOPIC / REAL_QID): consumers see when it was due, and RocketMQ's
+proxy shows it as the message's `delivery_timestamp`. The redelivery copies of
+pop consumption (`pop/revive.py`) come through here too, due at their
+TIMER_OUT_MS (the end of the group's retry backoff), which their copy drops.
 
 Which timed messages were delivered is recorded in the commit log itself:
 after each batch of copies, a record in queue 1 of the timer topic lists the
@@ -31,12 +34,14 @@ import asyncio
 import heapq
 import logging
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from ferry import record
 from ferry.model import (
     PROPERTY_REAL_TOPIC,
     PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_TIMER_OUT_MS,
+    RETRY_TOPIC_PREFIX,
     TIMER_TOPIC,
 )
 from ferry.receipt_handle import PopFormatError
@@ -159,10 +164,7 @@ class TimerService:
                 deliver_ms = 0  # unreadable: due at once (and dropped, logged, then)
                 if message is not None:
                     target = message.properties.get(PROPERTY_REAL_TOPIC, "")
-                    try:
-                        deliver_ms = int(message.properties.get(PROPERTY_TIMER_DELIVER_MS, 0))
-                    except ValueError:
-                        deliver_ms = 0
+                    deliver_ms = due_ms(message.properties)
                 heapq.heappush(self._heap, (deliver_ms, offset, commit_offset, size, target))
                 self._pending.add(offset)
                 heapq.heappush(self._low, offset)
@@ -217,7 +219,11 @@ class TimerService:
             log.error("timer: timed message at commit offset %d is unreadable; dropped", item[2])
             return None
         properties = dict(message.properties)
-        properties.pop(PROPERTY_TIMER_DELIVER_MS, None)
+        if properties.pop(PROPERTY_TIMER_OUT_MS, None) is None and properties.get(
+            PROPERTY_REAL_TOPIC, ""
+        ).startswith(RETRY_TOPIC_PREFIX):
+            # A retry copy written before TIMER_OUT_MS: its TIMER_DELIVER_MS is the backoff.
+            properties.pop(PROPERTY_TIMER_DELIVER_MS, None)
         destination = real_destination(properties, self.topics)
         if destination is None:
             log.warning(
@@ -263,3 +269,13 @@ class TimerService:
         if (table.query(CHECKPOINT_GROUP, TIMER_TOPIC, DONE_QUEUE) or 0) != done_from:
             table.commit(CHECKPOINT_GROUP, TIMER_TOPIC, DONE_QUEUE, done_from)
         return low, done_from
+
+
+def due_ms(properties: Mapping[str, str]) -> int:
+    """When a timer entry is due (epoch ms): its TIMER_OUT_MS, else its
+    TIMER_DELIVER_MS; 0 (due at once) when that does not read as a number."""
+    raw = properties.get(PROPERTY_TIMER_OUT_MS) or properties.get(PROPERTY_TIMER_DELIVER_MS)
+    try:
+        return int(raw or 0)
+    except ValueError:
+        return 0
