@@ -410,7 +410,7 @@ class ApacheProxy(JavaProcess):
 
     kit = "rocketmq5"
     main_class = "org.apache.rocketmq.proxy.ProxyStartup"
-    ready_line = "boot success"
+    ready_line = "rocketmq-proxy startup successfully"
     heap = "768m"
 
     def __init__(
