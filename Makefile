@@ -82,7 +82,7 @@ $(APACHE_STAMP): $(COMPAT_SOURCES)
 etcd:  ## etcd (Debian package etcd-server: failover's consensus store), via apt-get when missing
 	$(call apt_tool,etcd,etcd-server,automatic failover's etcd,ferry)
 
-bench-tools: etcd  ## what the benchmarks need besides Python: redis-server (the Redis peer), via apt-get when missing
+bench-tools: etcd apache  ## what the benchmarks need besides Python: redis-server (the Redis peer), via apt-get when missing; Apache RocketMQ (the apache section)
 	$(call apt_tool,redis-server,redis-server,the benchmarks' Redis peer,make bench)
 
 test: $(PROTO_STAMP) tools  ## run the whole test suite (what CI runs)
