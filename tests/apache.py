@@ -180,8 +180,7 @@ class JavaProcess:
             "-XX:-OmitStackTraceInFastThrow",
             "-Djava.net.preferIPv4Stack=true",
             *JAVA17_OPENS,
-            f"-Duser.home={self.home}",
-            f"-Drocketmq.home.dir={self.home}",
+            *_private_dirs(self.directory, self.home),
             "-Drocketmq.client.logUseSlf4j=true",
             *DISK_GUARD,
             *self.system_properties(),
@@ -288,6 +287,20 @@ class JavaProcess:
     def __repr__(self) -> str:
         state = f"pid {self._proc.pid}" if self.running and self._proc else "stopped"
         return f"{type(self).__name__}({self.name}, {state}, {self.directory})"
+
+
+def _private_dirs(directory: Path, home: Path) -> list[str]:
+    """Everything a JVM writes stays in its directory: logs and stores (user.home,
+    rocketmq.home.dir), temporary files (the 5.x proxy's self-signed gRPC certificate,
+    RocksDB's native library) and no hsperfdata in /tmp."""
+    tmp = directory / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    return [
+        f"-Duser.home={home}",
+        f"-Drocketmq.home.dir={home}",
+        f"-Djava.io.tmpdir={tmp}",
+        "-XX:-UsePerfData",
+    ]
 
 
 def _install_conf(home: Path) -> None:
@@ -510,8 +523,7 @@ def run_java(
         "-XX:+UseSerialGC",
         "-Djava.net.preferIPv4Stack=true",
         *JAVA17_OPENS,
-        f"-Duser.home={home}",
-        f"-Drocketmq.home.dir={home}",
+        *_private_dirs(Path(directory), home),
         "-Drocketmq.client.logUseSlf4j=true",
         *system_properties,
         "-cp",

@@ -1,0 +1,81 @@
+"""The launcher of Apache RocketMQ's JVMs (tests/apache.py): it stops what it starts, even
+when the test fails, keeps every file in its own directory, and fails a start that does not
+come with the JVM's own last lines."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.apache import ApacheNamesrv, ApacheProxy, port_open
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _files(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*")} if root.exists() else set()
+
+
+def test_a_failing_test_still_stops_the_jvm_it_started(tmp_path):
+    pid = port = 0
+    with pytest.raises(ZeroDivisionError), ApacheNamesrv(tmp_path / "ns") as ns:
+        pid, port = ns.pid, ns.port
+        assert port_open(port)
+        _ = 1 / 0
+    assert pid and not _alive(pid)
+    assert not port_open(port)
+
+
+def test_a_start_that_never_comes_fails_with_the_jvms_last_lines_and_leaves_nothing(tmp_path):
+    class Silent(ApacheNamesrv):
+        ready_line = "a line Apache never prints"
+
+    ns = Silent(tmp_path / "ns")
+    with pytest.raises(RuntimeError) as failure:
+        ns.start(timeout_s=8)
+    text = str(failure.value)
+    assert "was not ready within 8s" in text
+    assert "The Name Server boot success" in text  # the JVM's own output, quoted
+    assert not ns.running
+
+
+def test_a_jvm_that_exits_while_starting_is_reported_with_its_output(tmp_path):
+    class Broken(ApacheNamesrv):
+        def arguments(self) -> list[str]:
+            return ["-c", str(self.home / "no-such-file.properties")]
+
+    with pytest.raises(RuntimeError) as failure:
+        Broken(tmp_path / "ns").start(timeout_s=60)
+    assert "exited with status" in str(failure.value)
+    assert "no-such-file.properties" in str(failure.value)
+
+
+def test_everything_the_5x_proxy_writes_stays_in_its_directory(tmp_path, monkeypatch):
+    # A HOME of its own: the JVMs must not write there (logs, store) nor in /tmp (the
+    # proxy's self-signed certificate, RocksDB's native library, hsperfdata).
+    home = tmp_path / "home-of-the-test"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    ns = ApacheNamesrv(tmp_path / "ns", kit="rocketmq5").start()
+    try:
+        proxy = ApacheProxy(tmp_path / "proxy", ns.address).start()
+        try:
+            cmdline = Path(f"/proc/{proxy.pid}/cmdline").read_bytes().split(b"\0")
+        finally:
+            proxy.stop()
+    finally:
+        ns.stop()
+    assert not _files(home)
+    # Its temporary files (the self-signed gRPC certificate, RocksDB's native library) go to
+    # a directory of its own, not /tmp (shared, so not compared here), and no hsperfdata.
+    assert f"-Djava.io.tmpdir={tmp_path / 'proxy' / 'tmp'}".encode() in cmdline
+    assert b"-XX:-UsePerfData" in cmdline
+    assert (tmp_path / "proxy" / "home" / "logs" / "rocketmqlogs" / "proxy.log").exists()
