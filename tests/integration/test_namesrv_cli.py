@@ -67,6 +67,7 @@ def test_route_json(populated):
             "writeQueueNums": 2,
             "perm": 6,
             "topicSysFlag": 0,
+            "attributes": {},  # the topic's attributes (message.type), none here
         }
     ]
     assert data["brokerDatas"] == [
