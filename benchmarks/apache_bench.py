@@ -44,6 +44,10 @@ Placement (2 cores): every server (ferry's name server, broker and proxy; Apache
 server and proxy JVM; both masters in 2. and 3.) on one core; the load generator, the
 consumers, the slaves and Apache's tools on the other. Each side's server work has the
 same core, and the clients are the same code on the other.
+
+`--quick` is a smoke run of every step (one round of each, a 64 MiB log, one report line of
+each tool), measuring nothing: to stay near a minute it starts the tools' cluster while
+replication runs and runs both tool pairs at once.
 """
 
 from __future__ import annotations
@@ -127,7 +131,7 @@ class Plan:
     fresh_wait_s: float
     tool_min_lines: int  # report lines per benchmark-tool run: at least,
     tool_max_lines: int  # and at most (in between: until two in a row agree)
-    tools_together: bool  # the ASYNC and SYNC tool runs at once (the smoke run only)
+    overlap: bool  # the smoke run: tools' cluster started during replication, tools at once
 
 
 FULL = Plan(3, 0.5, 3.0, 60.0, 20.0, 16_000, 1 << 30, 3, ha_bench.FRESH_WAIT_S, 3, 5, False)
@@ -147,9 +151,16 @@ def run(quick: bool, workdir: Path) -> BenchResult:
     started = time.monotonic()
     result = BenchResult(TITLE)
     server_cpus, client_cpus = cpu_plan()
-    result.figures += proxy_figures(workdir, plan, server_cpus, client_cpus)
-    result.figures.append(replication(workdir, plan, server_cpus, client_cpus))
-    result.figures += tool_figures(workdir, plan, server_cpus, client_cpus)
+    tools = ToolsCluster.build(workdir / "tools")
+    with contextlib.ExitStack() as stack:
+        result.figures += proxy_figures(workdir, plan, server_cpus, client_cpus)
+        if plan.overlap:  # a smoke run measures nothing: save its JVMs' start-up time
+            with starting(stack, tools.chain(server_cpus, client_cpus)):
+                result.figures.append(replication(workdir, plan, server_cpus, client_cpus))
+        else:
+            result.figures.append(replication(workdir, plan, server_cpus, client_cpus))
+            tools.start(stack, server_cpus, client_cpus)
+        result.figures += tool_figures(tools, workdir, plan, client_cpus)
     result.notes.append(
         pinning_note(
             server_cpus,
@@ -959,43 +970,56 @@ class ToolRun:
     seconds: float
 
 
-@contextlib.contextmanager
-def _tools_cluster(
-    workdir: Path, server_cpus, client_cpus
-) -> Iterator[tuple[str, dict[str, ApacheBroker]]]:
+@dataclass
+class ToolsCluster:
     """A 4.9 name server, an ASYNC_MASTER and a SYNC_MASTER with its SLAVE, each master
-    with its own benchmark topic; masters on the server CPUs, the slave on the clients'.
-    Yields (the name server's address, the masters by role)."""
-    namesrv = ApacheNamesrv(workdir / "namesrv", kit="rocketmq4")
-    namesrv.port = free_port()
-    masters = {}
-    for role, topic in TOOLS_TOPICS.items():
-        name = f"bench-{role.split('_')[0].lower()}"
-        masters[role] = ApacheBroker(
-            workdir / name, name=name, broker_name=name, role=role,
-            namesrv=namesrv.address, settings={"autoCreateTopicEnable": False},
+    with its own benchmark topic, unstarted: `start` (or `chain`, to start it in the
+    background) puts the name server and the masters on the server CPUs, the slave on the
+    clients'."""
+
+    namesrv: ApacheNamesrv
+    masters: dict[str, ApacheBroker]
+    slave: ApacheBroker
+
+    @classmethod
+    def build(cls, workdir: Path) -> ToolsCluster:
+        namesrv = ApacheNamesrv(workdir / "namesrv", kit="rocketmq4")
+        namesrv.port = free_port()
+        masters = {}
+        for role, topic in TOOLS_TOPICS.items():
+            name = f"bench-{role.split('_')[0].lower()}"
+            masters[role] = ApacheBroker(
+                workdir / name, name=name, broker_name=name, role=role,
+                namesrv=namesrv.address, settings={"autoCreateTopicEnable": False},
+            )  # fmt: skip
+            write_apache_metadata(masters[role].store_dir, {topic: QUEUES})
+        sync = masters["SYNC_MASTER"]
+        sync.port = free_port_pair()
+        sync.ha_port = sync.port + 1
+        slave = ApacheBroker(
+            workdir / "bench-sync-slave", name="bench-sync-slave", broker_name=sync.broker_name,
+            broker_id=1, role="SLAVE", namesrv=namesrv.address,
+            settings={"autoCreateTopicEnable": False, "haMasterAddress": sync.ha_address},
         )  # fmt: skip
-        write_apache_metadata(masters[role].store_dir, {topic: QUEUES})
-    sync = masters["SYNC_MASTER"]
-    sync.port = free_port_pair()
-    sync.ha_port = sync.port + 1
-    slave = ApacheBroker(
-        workdir / "bench-sync-slave", name="bench-sync-slave", broker_name=sync.broker_name,
-        broker_id=1, role="SLAVE", namesrv=namesrv.address,
-        settings={"autoCreateTopicEnable": False, "haMasterAddress": sync.ha_address},
-    )  # fmt: skip
-    write_apache_metadata(slave.store_dir, {TOOLS_TOPICS["SYNC_MASTER"]: QUEUES})
-    with contextlib.ExitStack() as stack:
-        # Brokers register with the name server at start (and then every 30 s), and a
-        # slave connects to its master's HA port at start (and then every 5 s): each
-        # starts after what it needs.
-        start_all(stack, [(namesrv, server_cpus)])
-        start_all(
-            stack,
-            [(masters["ASYNC_MASTER"], server_cpus)],
-            [(sync, server_cpus), (slave, client_cpus)],
-        )
-        yield namesrv.address, masters
+        write_apache_metadata(slave.store_dir, {TOOLS_TOPICS["SYNC_MASTER"]: QUEUES})
+        return cls(namesrv, masters, slave)
+
+    def chain(self, server_cpus, client_cpus) -> list[tuple[JavaProcess, set[int] | None]]:
+        """Every JVM in an order that works started one after the other: brokers register
+        with the name server at start (then only every 30 s), and a slave connects to its
+        master's HA port at start (then only every 5 s)."""
+        return [
+            (self.namesrv, server_cpus),
+            (self.masters["ASYNC_MASTER"], server_cpus),
+            (self.masters["SYNC_MASTER"], server_cpus),
+            (self.slave, client_cpus),
+        ]
+
+    def start(self, stack: contextlib.ExitStack, server_cpus, client_cpus) -> None:
+        """Start it, each JVM after what it needs, the rest at once; `stack` stops them."""
+        first, asynchronous, synchronous, slave = self.chain(server_cpus, client_cpus)
+        start_all(stack, [first])
+        start_all(stack, [asynchronous], [synchronous, slave])
 
 
 def _run_tools(
@@ -1047,13 +1071,12 @@ def _run_tools(
     return runs
 
 
-def tool_figures(workdir: Path, plan: Plan, server_cpus, client_cpus) -> list[Figure]:
+def tool_figures(cluster: ToolsCluster, workdir: Path, plan: Plan, client_cpus) -> list[Figure]:
+    """Apache's tools against the started `cluster`, the tools on the clients' CPUs."""
     roles = list(TOOLS_TOPICS)
-    with (
-        _tools_cluster(workdir / "tools", server_cpus, client_cpus) as (namesrv, masters),
-        pinned(client_cpus),
-    ):
-        if plan.tools_together:
+    namesrv, masters = cluster.namesrv.address, cluster.masters
+    with pinned(client_cpus):
+        if plan.overlap:
             runs = _run_tools(namesrv, masters, roles, workdir / "tools-run", plan)
         else:
             runs = [
