@@ -134,7 +134,7 @@ class Plan:
     overlap: bool  # the smoke run: tools' cluster started during replication, tools at once
 
 
-FULL = Plan(3, 0.5, 3.0, 60.0, 20.0, 16_000, 1 << 30, 3, ha_bench.FRESH_WAIT_S, 3, 5, False)
+FULL = Plan(3, 0.5, 2.0, 60.0, 30.0, 16_000, 1 << 30, 3, ha_bench.FRESH_WAIT_S, 3, 5, False)
 QUICK = Plan(1, 0.3, 1.0, 1.0, 1.0, 2_000, 64 << 20, 1, 1.0, 1, 1, True)
 WARM_DRAINS = 12
 
@@ -1184,8 +1184,9 @@ NOTES: list[str] = [
     "trial) gets towards the floor, not past it; past it needs a gRPC front end that is "
     "not grpcio's Python server (a native v2 front door handing batches to the store), or "
     "more cores than this placement gives.",
-    "Receive + ack (ferry behind): ~175 µs of server CPU per message for ferry (proxy "
-    "~120, broker ~55) against ~55-65 µs for warm Apache (its consume-queue dispatcher "
+    "Receive + ack (ferry behind): ~175-200 µs of server CPU per message for ferry (proxy "
+    "~120-140, broker ~50-65) against ~55-65 µs for warm Apache (~120-135 while its JIT "
+    "still compiles, as the figure's warm-up line then says; its consume-queue dispatcher "
     "and pop revive service write and read the checkpoint and ack records, then the gRPC "
     "consumer threads and netty). The v2 API answers each message as its own streamed "
     "response; in ferry's proxy ~73 % of the samples are grpcio writing them (and its "
@@ -1195,9 +1196,12 @@ NOTES: list[str] = [
     "also spends ~40 % more CPU per message reading ferry's streams than Apache's (the "
     "same ~330-350 bytes per message). What would close it is the same as for sends: a "
     "front end whose per-message cost is not grpcio's.",
-    "Replication (ferry ahead): Apache's slave is a fresh JVM that copies at ~200 MB/s "
-    "with its core full: over a copy its HA client (reading and appending into the mapped "
-    "file) used ~2.7 CPU-s, its JIT compilers ~3.2, its start ~1.3 and its consume-queue "
-    "dispatcher ~1.3; the master's sending thread ~0.5 CPU-s per GiB. ferry's slave "
-    "appends with pwrite and reports per frame.",
+    "Replication (ferry ahead, by 1.4-4.4x in the runs of 2026-11-26; least when other "
+    "processes took the machine: ferry's slave, a Python process, copied at 165-340 MB/s "
+    "then and 530-1,000 MB/s on a quieter machine, while Apache's stayed at 150-230). "
+    "Apache's slave is a fresh JVM whose core is full while it copies: over one copy its "
+    "HA client (reading, and appending into the mapped file) used ~2.7 CPU-s, its JIT "
+    "compilers ~3.2, its start ~1.3 and its consume-queue dispatcher ~1.3; the master's "
+    "sending thread ~0.5 CPU-s per GiB. Both slaves write into fresh pages, which this VM "
+    "makes slow (see the ha section's note).",
 ]
