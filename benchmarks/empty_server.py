@@ -8,19 +8,20 @@ the server with no store behind it. It is served by the same
 `ferry.runtime.server.GrpcServer` the name server uses (same options, health
 and reflection), so the only difference from a real ferry RPC is the work the
 real method does. Writes {grpc_port, pid} to --port-file once serving; stops on
-SIGTERM/SIGINT.
+SIGTERM/SIGINT. `--event-loop uvloop` runs it on the loop ferry's proxy uses (the
+default stays asyncio's own, the loop of the name server and broker it stands beside).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 from pathlib import Path
 
 import grpc
 
+from ferry.runtime import eventloop
 from ferry.runtime.files import atomic_write_bytes
 from ferry.runtime.server import GrpcServer, Service, run_until_signalled
 from ferry.v1 import broker_pb2
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--port-file", type=Path, required=True)
+    eventloop.add_argument(parser, default="asyncio")
     args = parser.parse_args(argv)
     server = GrpcServer([Service(SERVICE_NAME, None, _add)], args.host, args.port)
 
@@ -79,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     async def stop() -> None:
         await server.stop(0.5)
 
-    asyncio.run(run_until_signalled(start, stop))
+    eventloop.run(lambda: run_until_signalled(start, stop), args.event_loop)
     return 0
 
 

@@ -52,14 +52,17 @@ async def closed_loop(
     server_cpu_seconds: Callable[[], float] | None = None,
     seed: int = 1,
     answer_ok: Callable[[bytes], bool] | None = None,
+    metadata: Sequence[tuple[str, str]] | None = None,
 ) -> LoadResult:
     """`answer_ok`, when given, parses each answer: a False counts as an error
-    (e.g. a SendResult whose status is not SEND_OK)."""
+    (e.g. a SendResult whose status is not SEND_OK). `metadata` goes with every
+    call (a RocketMQ 5 client's `x-mq-client-id`, say)."""
     run = Run()
 
     async with grpc.aio.insecure_channel(target) as channel:
         call = channel.unary_unary(method)
-        await call(requests[0], timeout=CALL_TIMEOUT_S)  # connect; fail fast if broken
+        md = tuple(metadata) if metadata else None
+        await call(requests[0], timeout=CALL_TIMEOUT_S, metadata=md)  # connect; fail if broken
 
         async def worker(rng: random.Random) -> None:
             clock = time.perf_counter
@@ -67,7 +70,7 @@ async def closed_loop(
                 request = rng.choice(requests)
                 start = clock()
                 try:
-                    answer = await call(request, timeout=CALL_TIMEOUT_S)
+                    answer = await call(request, timeout=CALL_TIMEOUT_S, metadata=md)
                 except grpc.aio.AioRpcError:
                     if run.measuring:
                         run.errors += 1

@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import queue
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -79,6 +80,7 @@ V2 = "/apache.rocketmq.v2.MessagingService/"
 V2_SEND = V2 + "SendMessage"
 V2_RECEIVE = V2 + "ReceiveMessage"
 V2_ACK = V2 + "AckMessage"
+V2_TELEMETRY = V2 + "Telemetry"
 BROKER_SEND = "/ferry.v1.Broker/SendMessage"
 BROKER_POP = "/ferry.v1.Broker/PopMessage"
 BROKER_ACK = "/ferry.v1.Broker/AckMessage"
@@ -408,13 +410,71 @@ class Drain:
         )
 
 
+def client_metadata(client_id: str) -> tuple[tuple[str, str], ...]:
+    """The headers a RocketMQ 5 SDK sends with every call. Apache's proxy refuses a call
+    without a client id (CLIENT_ID_REQUIRED); ferry's proxy does not need them."""
+    return (("x-mq-client-id", client_id), ("x-mq-language", "PYTHON"), ("x-mq-protocol", "v2"))
+
+
+@contextlib.contextmanager
+def simple_consumer_session(
+    channel: grpc.Channel, group: str, topic: str, metadata: tuple[tuple[str, str], ...]
+) -> Iterator[None]:
+    """A Telemetry stream announcing a SimpleConsumer of `group` on `topic`, open for the
+    block, as an SDK keeps one open: Apache's proxy serves ReceiveMessage only to a client
+    whose settings it holds (without them it answers INTERNAL_SERVER_ERROR)."""
+    commands: queue.SimpleQueue = queue.SimpleQueue()
+    commands.put(
+        s.TelemetryCommand(
+            settings=v2.Settings(
+                client_type=v2.SIMPLE_CONSUMER,
+                request_timeout=duration(int(CALL_TIMEOUT_S * 1000)),
+                subscription=v2.Subscription(
+                    group=v2.Resource(name=group),
+                    subscriptions=[
+                        v2.SubscriptionEntry(
+                            topic=v2.Resource(name=topic),
+                            expression=v2.FilterExpression(type=v2.TAG, expression="*"),
+                        )
+                    ],
+                ),
+                user_agent=v2.UA(language=v2.PYTHON, version="5.1.2"),
+            )
+        )
+    )
+
+    def requests() -> Iterator[s.TelemetryCommand]:
+        while (command := commands.get()) is not None:
+            yield command
+
+    telemetry = channel.stream_stream(
+        V2_TELEMETRY,
+        request_serializer=s.TelemetryCommand.SerializeToString,
+        response_deserializer=s.TelemetryCommand.FromString,
+    )(requests(), metadata=metadata)
+    try:
+        first = next(telemetry)
+        if first.HasField("status") and first.status.code != OK:
+            raise RuntimeError(f"Telemetry refused the settings: {first.status}")
+        yield
+    finally:
+        commands.put(None)
+        telemetry.cancel()
+
+
 def _consume(spec: dict) -> dict:
-    """One consumer process: one channel, one call at a time, synchronous grpc."""
+    """One consumer process: one channel, one call at a time, synchronous grpc. With a
+    `client_id` in the spec it behaves as an SDK's SimpleConsumer does on the wire: the
+    client headers on every call and a Telemetry stream with its settings."""
     mode, group = spec["mode"], spec["group"]
     seqs: list[int] = []
     calls = bad_acks = redelivered = 0
-    with grpc.insecure_channel(spec["target"]) as channel:
+    md = client_metadata(spec["client_id"]) if spec.get("client_id") else None
+    with contextlib.ExitStack() as stack:
+        channel = stack.enter_context(grpc.insecure_channel(spec["target"]))
         grpc.channel_ready_future(channel).result(timeout=CALL_TIMEOUT_S)
+        if md:
+            stack.enter_context(simple_consumer_session(channel, group, DRAIN_TOPIC, md))
         if mode == "proxy":
             receive = channel.unary_stream(
                 V2_RECEIVE, response_deserializer=s.ReceiveMessageResponse.FromString
@@ -461,7 +521,7 @@ def _consume(spec: dict) -> dict:
         while mode == "proxy":
             entries = []
             code = None
-            for response in receive(receive_request, timeout=CALL_TIMEOUT_S):
+            for response in receive(receive_request, timeout=CALL_TIMEOUT_S, metadata=md):
                 if response.HasField("status"):
                     code = response.status.code
                 elif response.HasField("message"):
@@ -481,6 +541,7 @@ def _consume(spec: dict) -> dict:
             answer = v2_ack(
                 s.AckMessageRequest(group=group_resource, topic=topic_resource, entries=entries),
                 timeout=CALL_TIMEOUT_S,
+                metadata=md,
             )
             calls += 1
             bad = sum(1 for e in answer.entries if e.status.code != OK)
