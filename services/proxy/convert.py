@@ -16,52 +16,59 @@ properties, under the names RocketMQ's own proxy uses for them:
 
 A received message shows the client's id when it has one (`UNIQ_KEY`),
 ferry's offset id otherwise. Its user properties are every property but the
-system ones (`SYSTEM_PROPERTIES`, from RocketMQ's `MessageConst.STRING_HASH_SET`);
-`__SHARDINGKEY` is not one of them, so a FIFO message shows its group both as
-`message_group` and as a user property, as RocketMQ's proxy shows it
-(`GrpcConverter.buildUserAttributes`).
+system ones (`SYSTEM_PROPERTIES`: RocketMQ's `MessageConst.STRING_HASH_SET`, and
+ferry's own `DLQ_DELIVERY_ATTEMPTS`); `__SHARDINGKEY` is not one of them, so a
+FIFO message shows its group both as `message_group` and as a user property, as
+RocketMQ's proxy shows it (`GrpcConverter.buildUserAttributes`). A dead letter's
+origin (`DLQ_ORIGIN_TOPIC`, `DLQ_ORIGIN_MESSAGE_ID`) is its `dead_letter_queue`.
+Its body digest is MD5, as RocketMQ's proxy sends it: the SDKs disagree on how a
+CRC32 digest is written (Java and Go drop leading zeros, Python pads to eight
+digits), so a CRC32 one is wrong for one SDK or the other on one body in 16.
 """
 
 from __future__ import annotations
 
-import zlib
+import hashlib
 from collections.abc import Mapping
 
 import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from apache.rocketmq.v2 import definition_pb2 as v2
-from ferry import record
 from ferry.model import (
     PROPERTY_DELAY,
-    PROPERTY_ORIGIN_MESSAGE_ID,
-    PROPERTY_REAL_QUEUE_ID,
-    PROPERTY_REAL_TOPIC,
-    PROPERTY_RETRY_TOPIC,
+    PROPERTY_DLQ_DELIVERY_ATTEMPTS,
+    PROPERTY_DLQ_ORIGIN_MESSAGE_ID,
+    PROPERTY_DLQ_ORIGIN_TOPIC,
     PROPERTY_SHARDING_KEY,
     PROPERTY_TIMER_DELIVER_MS,
-    PROPERTY_TIMER_OUT_MS,
 )
 from ferry.v1 import broker_pb2
 
 Code = v2.Code
 PROPERTY_UNIQ_KEY = "UNIQ_KEY"
-# Properties the broker or this proxy set: never shown as user properties (all of
-# them in RocketMQ's STRING_HASH_SET, which __SHARDINGKEY is not).
-SYSTEM_PROPERTIES = frozenset(
+# RocketMQ's system properties (MessageConst.STRING_HASH_SET of 5.5.0, which
+# __SHARDINGKEY is not; tests/compat checks this list against Apache's jar): what
+# the broker or a proxy set. Never shown as user properties, and refused as the
+# name of one in a send, as RocketMQ's proxy does.
+ROCKETMQ_SYSTEM_PROPERTIES = frozenset(
     {
-        PROPERTY_UNIQ_KEY,
-        PROPERTY_TIMER_DELIVER_MS,
-        PROPERTY_TIMER_OUT_MS,
-        PROPERTY_DELAY,
-        PROPERTY_REAL_TOPIC,
-        PROPERTY_REAL_QUEUE_ID,
-        PROPERTY_RETRY_TOPIC,
-        PROPERTY_ORIGIN_MESSAGE_ID,
-        record.PROPERTY_TAGS,
-        record.PROPERTY_KEYS,
+        "1ST_POP_TIME", "ARRIVE_TIME", "BORN_TIMESTAMP", "BUYER_ID", "CLUSTER",
+        "CONSUME_START_TIME", "CORRECTION_FLAG", "CORRELATION_ID", "DELAY",
+        "DLQ_ORIGIN_MESSAGE_ID", "DLQ_ORIGIN_TOPIC", "DUP_INFO", "EXTEND_UNIQ_INFO",
+        "INNER_MULTI_QUEUE_OFFSET", "INSTANCE_ID", "KEYS", "MAX_OFFSET",
+        "MAX_RECONSUME_TIMES", "MIN_OFFSET", "MQ2_FLAG", "MSG_REGION", "MSG_TYPE",
+        "ORIGIN_GROUP", "ORIGIN_MESSAGE_ID", "PGROUP", "POP_CK", "POP_CK_OFFSET",
+        "PUSH_REPLY_TIME", "REAL_QID", "REAL_TOPIC", "RECONSUME_TIME", "REPLY_TO_CLIENT",
+        "RETRY_TOPIC", "TAGS", "TIMER_DELAY_LEVEL", "TIMER_DELAY_MS", "TIMER_DELAY_SEC",
+        "TIMER_DELIVER_MS", "TIMER_DEL_UNIQKEY", "TIMER_DEQUEUE_MS", "TIMER_ENQUEUE_MS",
+        "TIMER_OUT_MS", "TIMER_ROLL_TIMES", "TRACE_ON", "TRANSFER_FLAG", "TRAN_MSG",
+        "TRAN_PREPARED_QUEUE_OFFSET", "TTL", "UNIQ_KEY", "WAIT", "_SYS_MSG_PRIORITY_",
+        "__BORNHOST", "__CRC32#", "__LITE_TOPIC",
     }
-)
+)  # fmt: skip
+# ...and the one ferry's brokers add (a dead letter's delivery count).
+SYSTEM_PROPERTIES = ROCKETMQ_SYSTEM_PROPERTIES | {PROPERTY_DLQ_DELIVERY_ATTEMPTS}
 
 SEND_CODES = {
     broker_pb2.SEND_OK: Code.OK,
@@ -243,8 +250,8 @@ def received_message(m: broker_pb2.MessageExt, invisible_ms: int) -> v2.Message:
     if m.keys:
         sp.keys.extend(m.keys.split())
     sp.message_id = props.get(PROPERTY_UNIQ_KEY) or m.msg_id
-    sp.body_digest.type = v2.CRC32
-    sp.body_digest.checksum = format(zlib.crc32(m.body) & 0xFFFFFFFF, "08X")
+    sp.body_digest.type = v2.MD5
+    sp.body_digest.checksum = hashlib.md5(m.body).hexdigest().upper()
     sp.body_encoding = v2.IDENTITY
     sp.message_type = message_type(props)
     deliver_ms = props.get(PROPERTY_TIMER_DELIVER_MS)
@@ -262,4 +269,9 @@ def received_message(m: broker_pb2.MessageExt, invisible_ms: int) -> v2.Message:
     group = props.get(PROPERTY_SHARDING_KEY)
     if group:
         sp.message_group = group
+    origin_topic = props.get(PROPERTY_DLQ_ORIGIN_TOPIC)
+    origin_id = props.get(PROPERTY_DLQ_ORIGIN_MESSAGE_ID)
+    if origin_topic is not None and origin_id is not None:  # as RocketMQ's GrpcConverter
+        sp.dead_letter_queue.topic = origin_topic
+        sp.dead_letter_queue.message_id = origin_id
     return out
