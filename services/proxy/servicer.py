@@ -35,7 +35,7 @@ from ferry.model import (
 from ferry.receipt_handle import handle_broker
 from ferry.runtime.errors import InvalidArgument
 from ferry.v1 import broker_pb2
-from services.proxy import convert, metrics
+from services.proxy import convert, metrics, validate
 from services.proxy.convert import OK, Code, status
 from services.proxy.metrics import ProxyMetrics
 from services.proxy.routes import BrokerQueues, NameServersDown, RouteSource, TopicNotFound
@@ -224,12 +224,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def SendMessage(self, request: s.SendMessageRequest, context) -> s.SendMessageResponse:
         if not request.messages:
             return s.SendMessageResponse(status=status(Code.BAD_REQUEST, "no message to send"))
-        entries = [await self._send_one(m) for m in request.messages]
+        first = request.messages[0].topic
+        entries = [await self._send_one(m, first) for m in request.messages]
         codes = {e.status.code for e in entries}
         top = entries[0].status if len(codes) == 1 else status(Code.MULTIPLE_RESULTS, "mixed")
         return s.SendMessageResponse(status=top, entries=entries)
 
-    async def _send_one(self, message: v2.Message) -> s.SendResultEntry:
+    async def _send_one(self, message: v2.Message, first: v2.Resource) -> s.SendResultEntry:
         message_id = message.system_properties.message_id
         topic = convert.topic_name(message.topic)
 
@@ -239,14 +240,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         bad = _bad_topic(topic)
         if bad:
             return failed(Code.ILLEGAL_TOPIC, bad)
-        if not message.body:
-            return failed(Code.MESSAGE_BODY_EMPTY, "the message body is empty")
-        if len(message.body) > self.options.max_body_bytes:
-            return failed(
-                Code.MESSAGE_BODY_TOO_LARGE,
-                f"the body is {len(message.body)} bytes; the limit is "
-                f"{self.options.max_body_bytes}",
-            )
+        refusal = validate.send_refusal(
+            message, first, self.options.max_body_bytes, int(time.time() * 1000)
+        )
+        if refusal is not None:
+            return s.SendResultEntry(status=refusal, message_id=message_id)
         born = message.system_properties.born_timestamp
         if not 0 <= convert.to_ms(born) <= MAX_MS:
             return failed(
@@ -590,12 +588,13 @@ def _ack_entry(entry: s.AckMessageEntry, code: int, text: str) -> s.AckMessageRe
 
 
 def _bad_topic(topic: str) -> str:
-    """Why `topic` is not a topic name, or "": the brokers' rule (ferry.model)."""
+    """Why `topic` is not a topic name, or "": the brokers' rule (ferry.model), and
+    RocketMQ's proxy's for system topics (`validate.system_topic`)."""
     try:
         check_topic(topic)
     except InvalidArgument as exc:
         return f"bad topic name: {exc.reason}"
-    return ""
+    return validate.system_topic(topic)
 
 
 def _bad_group(group: str) -> str:

@@ -1,5 +1,6 @@
-"""The proxy's message conversion, as RocketMQ's 5.x proxy does it
-(services/proxy/convert.py)."""
+"""The proxy's message conversion and send checks, as RocketMQ's 5.x proxy does them
+(services/proxy/convert.py, services/proxy/validate.py); the same behaviour is checked on
+the wire against Apache's proxy in tests/integration/test_proxy_sdk.py."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import zlib
 
 from apache.rocketmq.v2 import definition_pb2 as v2
 from ferry.v1 import broker_pb2
-from services.proxy import convert
+from services.proxy import convert, validate
+
+NOW_MS = 1_800_000_000_000
 
 
 def _received(body: bytes = b"x", **properties: str) -> v2.Message:
@@ -58,3 +61,59 @@ def test_a_dead_letter_names_its_origin_and_hides_the_bookkeeping():
     dlq = m.system_properties.dead_letter_queue
     assert (dlq.topic, dlq.message_id) == ("Orders", "7F00000100002A9F0000000000000000")
     assert not _received(k="v").system_properties.HasField("dead_letter_queue")
+
+
+def _message(**user_properties: str) -> v2.Message:
+    m = v2.Message(topic=v2.Resource(name="T"), body=b"b", user_properties=user_properties)
+    m.system_properties.message_id = "01AB"
+    m.system_properties.message_type = v2.NORMAL
+    return m
+
+
+def _refusal(m: v2.Message) -> tuple[str, str] | None:
+    status = validate.send_refusal(m, m.topic, 4 << 20, NOW_MS)
+    return None if status is None else (v2.Code.Name(status.code), status.message)
+
+
+def test_a_valid_message_passes():
+    m = _message(colour="grün", seq="1")
+    m.system_properties.tag = "TagA"
+    m.system_properties.keys.extend(["k1", "k2"])
+    m.system_properties.message_group = "g" * 63
+    m.system_properties.delivery_timestamp.FromMilliseconds(NOW_MS + 86_400_000)
+    assert _refusal(m) is None
+
+
+def test_every_system_property_name_is_refused_as_a_user_property():
+    """A user property named DELAY would make a message a delay-level message; UNIQ_KEY
+    would replace its id."""
+    for name in sorted(convert.ROCKETMQ_SYSTEM_PROPERTIES):
+        assert _refusal(_message(**{name: "1"})) == (
+            "ILLEGAL_MESSAGE_PROPERTY_KEY",
+            f"property is used by system: {name}",
+        )
+
+
+def test_control_characters_are_refused_where_rocketmq_refuses_them():
+    """\\x01 and \\x02 separate a stored message's properties."""
+    assert _refusal(_message(**{"a\x01": "v"}))[0] == "ILLEGAL_MESSAGE_PROPERTY_KEY"
+    assert _refusal(_message(k="v\x02"))[0] == "ILLEGAL_MESSAGE_PROPERTY_KEY"
+    assert _refusal(_message(k="\x85"))[0] == "ILLEGAL_MESSAGE_PROPERTY_KEY"  # C1 too
+    tagged = _message()
+    tagged.system_properties.tag = "a\tb"
+    assert _refusal(tagged) == ("ILLEGAL_MESSAGE_TAG", "tag cannot contain control character")
+
+
+def test_a_delivery_time_sent_as_milliseconds_in_seconds_is_read_as_the_proxy_reads_it():
+    """The Python SDK 5.1.2 puts milliseconds where seconds belong: 30 s ahead is fine."""
+    m = _message()
+    m.system_properties.delivery_timestamp.seconds = NOW_MS + 30_000
+    assert _refusal(m) is None
+    m.system_properties.delivery_timestamp.seconds = NOW_MS + 86_400_001
+    assert _refusal(m)[0] == "ILLEGAL_DELIVERY_TIME"
+
+
+def test_system_topics_are_not_for_clients():
+    for topic in ("SCHEDULE_TOPIC_XXXX", "TBW102", "rmq_sys_REVIVE_LOG_x", "RMQ_SYS_TRACE_TOPIC"):
+        assert validate.system_topic(topic) == "cannot access system topic"
+    assert validate.system_topic("%DLQ%g") == validate.system_topic("Orders") == ""
