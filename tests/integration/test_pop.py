@@ -280,6 +280,68 @@ def test_change_invisible_time_extends_shortens_and_spends_the_old_handle(broker
     assert [r.status for r in results] == [broker_pb2.OK, broker_pb2.OK]
 
 
+def test_a_deadline_the_consumer_chose_has_no_backoff_after_it(loop_thread, tmp_path):
+    """A v5 SDK's push consumer sets its own backoff after a failure (ChangeInvisibleTime
+    with its retry policy's delay); RocketMQ's pop redelivers then, adding nothing. A
+    deadline that just passed still waits the broker's backoff (20 s here)."""
+    b = start_broker(
+        loop_thread, tmp_path / "store", brokerName="broker-c", messageDelayLevel="20s"
+    )
+
+    def status(group, topic):
+        return b.broker.GetGroupStatus(
+            broker_pb2.GetGroupStatusRequest(consumer_group=group, topic=topic)
+        )
+
+    def nack(group, topic, m):
+        changed = b.broker.ChangeInvisibleTime(
+            broker_pb2.ChangeInvisibleTimeRequest(
+                consumer_group=group, topic=topic, receipt_handle=m.receipt_handle,
+                invisible_ms=300,
+            )
+        )  # fmt: skip
+        assert changed.status == broker_pb2.OK
+
+    def again(group, topic):
+        return wait_for(
+            lambda: pop(b, group, topic, n=1, invisible_ms=60_000, wait_ms=500).messages,
+            8,
+            f"{group}'s message back 300 ms after its consumer's nack, without the backoff",
+        )
+
+    try:
+        support.create_topic(b.channel, "Chosen", 1)
+        support.create_topic(b.channel, "ChosenOrdered", 1)
+        set_group(b, "ordered", consume_message_orderly=True)
+        for topic in ("Chosen", "ChosenOrdered"):
+            for body in (b"nacked", b"forgotten"):
+                b.broker.SendMessage(broker_pb2.SendMessageRequest(topic=topic, body=body))
+
+        (nacked,) = pop(b, "plain", "Chosen", n=1, invisible_ms=60_000).messages
+        (forgotten,) = pop(b, "plain", "Chosen", n=1, invisible_ms=1000).messages
+        nack("plain", "Chosen", nacked)
+        assert [(m.body, m.delivery_attempt) for m in again("plain", "Chosen")] == [(b"nacked", 2)]
+        wait_for(lambda: status("plain", "Chosen").retries_pending == 1, 5, "the retry copy")
+        assert not pop(b, "plain", "Chosen", wait_ms=500).messages  # forgotten: 20 s more
+
+        # An ordered queue hands out one message at a time: the nacked one comes back first.
+        (nacked,) = pop(b, "ordered", "ChosenOrdered", n=1, invisible_ms=60_000).messages
+        nack("ordered", "ChosenOrdered", nacked)
+        (back,) = again("ordered", "ChosenOrdered")
+        assert (back.body, back.delivery_attempt) == (b"nacked", 2)
+        ack(b, "ordered", "ChosenOrdered", [back.receipt_handle])
+        (forgotten,) = pop(b, "ordered", "ChosenOrdered", n=1, invisible_ms=1000).messages
+        assert forgotten.body == b"forgotten"
+        wait_for(
+            lambda: status("ordered", "ChosenOrdered").queues[0].redeliveries_pending == 1,
+            5,
+            "the expired message waiting for its backoff",
+        )
+        assert not pop(b, "ordered", "ChosenOrdered", wait_ms=500).messages
+    finally:
+        b.stop()
+
+
 def test_foreign_and_garbled_handles(broker):
     support.create_topic(broker.channel, "F", 1)
     support.create_topic(broker.channel, "G", 1)

@@ -1,5 +1,5 @@
 """Revival: in-flight messages past their deadline go to the group's retry topic
-(through the timer, after the backoff) or, past `retry_max_times`, to its dead-letter
+(through the timer, after the backoff unless the consumer chose the deadline) or, past `retry_max_times`, to its dead-letter
 topic; an ordered group's expired message is handed out again in place.
 
 The `Reviver` is given the `PopState` it revives from (and the store, topics,
@@ -140,7 +140,7 @@ class Reviver:
                 if inflight.attempt > group_config.retry_max_times:
                     dead.append((offset, inflight))
                     continue
-                visible = inflight.until_ms + self._backoff_ms(inflight.attempt)
+                visible = inflight.until_ms + self._backoff_ms(inflight.attempt, inflight.chosen)
                 # Still referenced by its checkpoint, now as a redelivery.
                 state.inflight.pop(offset)
                 state.redeliver[offset] = Redelivery(
@@ -169,7 +169,8 @@ class Reviver:
             if reconsumed >= group_config.retry_max_times:
                 dead_letters.append(dlq_copy(message, origin, reconsumed + 1))
             else:
-                retries.append(self._retry_copy(group, message, origin, reconsumed, now))
+                due = now + self._backoff_ms(reconsumed + 1, inflight.chosen)
+                retries.append(self._retry_copy(group, message, origin, reconsumed, due))
         if not resolved:
             return
         if retries:
@@ -224,7 +225,7 @@ class Reviver:
             self.create_topic(TopicConfig(topic, read_queue_nums=1, write_queue_nums=1, perm=6))
 
     def _retry_copy(
-        self, group: str, message: record.StoredMessage, origin: str, reconsumed: int, now: int
+        self, group: str, message: record.StoredMessage, origin: str, reconsumed: int, due: int
     ) -> MessageIn:
         properties = dict(message.properties)
         properties.setdefault(PROPERTY_RETRY_TOPIC, origin)
@@ -233,11 +234,16 @@ class Reviver:
         properties[PROPERTY_REAL_QUEUE_ID] = "0"
         # Due after the backoff; the message's own TIMER_DELIVER_MS (a delay
         # message's) travels with it, as RocketMQ's retry copies keep every property.
-        properties[PROPERTY_TIMER_OUT_MS] = str(now + self._backoff_ms(reconsumed + 1))
+        properties[PROPERTY_TIMER_OUT_MS] = str(due)
         return copy_message(message, properties, reconsumed + 1)
 
-    def _backoff_ms(self, attempt: int) -> int:
-        """The wait after delivery `attempt` failed, before the next one."""
+    def _backoff_ms(self, attempt: int, chosen: bool) -> int:
+        """The wait after delivery `attempt` failed, before the next one: none when the
+        consumer chose the deadline itself (`chosen`: ChangeInvisibleTime), as a v5 SDK's
+        push consumer does with its own backoff, and as RocketMQ's pop, which never adds
+        one, takes it."""
+        if chosen:
+            return 0
         levels = self.config.backoff_s
         return int(levels[min(max(attempt, 1), len(levels)) - 1] * 1000)
 

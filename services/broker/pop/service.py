@@ -26,7 +26,10 @@ Redelivery. A message of a normal group still in flight at its deadline is
 copied to the group's retry topic `%RETRY%<group>_<topic>` through the timer
 (`schedule/timer.py`), due after the group's retry backoff — the broker's delay levels
 (`messageDelayLevel`, 1s 5s 10s 30s 1m 2m ... 2h), by attempt — with
-reconsume times + 1, so its next delivery says `delivery_attempt + 1`. After
+reconsume times + 1, so its next delivery says `delivery_attempt + 1`. A
+deadline the consumer chose itself (ChangeInvisibleTime: a v5 SDK's push
+consumer after a failure sets its own backoff so) is when the message is due
+again, with no backoff after it, as in RocketMQ's pop. After
 `retry_max_times` redeliveries it is copied to `%DLQ%<group>` instead (one
 queue, readable, with DLQ_ORIGIN_TOPIC, DLQ_ORIGIN_MESSAGE_ID and
 DLQ_DELIVERY_ATTEMPTS). Pops read the retry topic before the topic itself.
@@ -34,7 +37,7 @@ DLQ_DELIVERY_ATTEMPTS). Pops read the retry topic before the topic itself.
 Ordered groups (`consume_message_orderly`, or any group on a topic marked
 ordered): a queue with a message in flight hands out nothing; an expired
 message stays where it is and is handed out again, before anything after it,
-once its backoff has passed — or goes to the dead-letter topic after
+once its backoff has passed (none after a deadline the consumer chose) — or goes to the dead-letter topic after
 `retry_max_times`, letting the queue move on. A consumer whose tag filter does
 not match an expired message never gets it: the message is resolved for the
 group then, as a fresh message its filter skips is (RocketMQ's ordered pop
@@ -86,6 +89,7 @@ from services.broker.pop.revive import Reviver, dlq_copy
 from services.broker.pop.state import (
     MAX_POP_NUMS,
     MAX_WAIT_MS,
+    MIN_CHANGED_INVISIBLE_MS,
     SCAN_ENTRIES,
     AckResult,
     ChangeResult,
@@ -470,7 +474,7 @@ class PopService:
     async def change_invisible_time(
         self, group: str, topic: str, handle_text: str, invisible_ms: int
     ) -> ChangeResult:
-        check_invisible(invisible_ms)
+        check_invisible(invisible_ms, MIN_CHANGED_INVISIBLE_MS)
         found = self._one_in_flight(group, topic, handle_text)
         if isinstance(found, AckResult):
             return ChangeResult("", found.status, found.reason)
@@ -490,7 +494,7 @@ class PopService:
         )
         pop_state.new_checkpoint(checkpoint, key, (handle.queue_offset,), until)
         pop_state.set_inflight(
-            state, handle.queue_offset, InFlight(checkpoint, until, inflight.attempt)
+            state, handle.queue_offset, InFlight(checkpoint, until, inflight.attempt, True)
         )
         self.reviver.deadline_added(until)
         new = ReceiptHandle(

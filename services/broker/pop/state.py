@@ -40,7 +40,8 @@ from services.broker.store import MessageIn, MessageStore
 log = logging.getLogger(__name__)
 
 REVIVE_GROUP = "CID_RMQ_SYS_REVIVE"
-MIN_INVISIBLE_MS = 1_000
+MIN_INVISIBLE_MS = 1_000  # a pop's
+MIN_CHANGED_INVISIBLE_MS = 0  # a change's: a consumer's backoff may be short, or none
 MAX_INVISIBLE_MS = 12 * 3600 * 1000
 MAX_POP_NUMS = 32
 MAX_WAIT_MS = 60_000
@@ -113,6 +114,9 @@ class InFlight(NamedTuple):
     checkpoint: int
     until_ms: int
     attempt: int  # ordered groups; 0 for normal groups (the record's reconsume times say)
+    # The consumer set this deadline itself (ChangeInvisibleTime, a change record): the
+    # message is due again then, with no backoff after it.
+    chosen: bool = False
 
 
 @dataclass(slots=True)
@@ -274,7 +278,7 @@ class PopState:
                 self.set_inflight(
                     state,
                     item.queue_offset,
-                    InFlight(checkpoint_offset, item.invisible_until_ms, item.attempt),
+                    InFlight(checkpoint_offset, item.invisible_until_ms, item.attempt, True),
                 )
 
     def checkpoint(self) -> int:
@@ -472,11 +476,14 @@ def delivery_attempt(queue_topic: str, message: record.StoredMessage) -> int:
     return 1
 
 
-def check_invisible(invisible_ms: int) -> None:
-    if not MIN_INVISIBLE_MS <= invisible_ms <= MAX_INVISIBLE_MS:
+def check_invisible(invisible_ms: int, least_ms: int = MIN_INVISIBLE_MS) -> None:
+    """A pop's invisibility (1 s .. 12 h), or with `least_ms` a change's (RocketMQ's
+    ChangeInvisibleDuration takes anything from 0 to its 12 h)."""
+    if not least_ms <= invisible_ms <= MAX_INVISIBLE_MS:
         raise InvalidArgument(
             "invisible_ms",
-            f"{invisible_ms} is outside {MIN_INVISIBLE_MS}..{MAX_INVISIBLE_MS} (1 s .. 12 h)",
+            f"{invisible_ms} is outside {least_ms}..{MAX_INVISIBLE_MS} "
+            f"({least_ms / 1000:g} s .. 12 h)",
         )
 
 
