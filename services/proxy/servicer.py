@@ -49,8 +49,9 @@ DEADLINE_MARGIN_MS = 1_000  # a receive stream ends this long before the client'
 CALL_TIMEOUT_S = 10.0
 MAX_MS = 2**63 - 1  # the broker's int64 timestamps
 SEND_ATTEMPTS = 3  # brokers tried per message
-# What the brokers redeliver with (messageDelayLevel, from level 1): a consumer's backoff.
-RETRY_BACKOFF_S = DELAY_LEVELS_S[:16]
+# A consumer's backoff when no broker says its own (GetGroupStatus.retry_backoff_ms):
+# RocketMQ's default messageDelayLevel, which its default group retry policy copies.
+RETRY_BACKOFF_MS = tuple(int(s * 1000) for s in DELAY_LEVELS_S)
 
 
 @dataclass(frozen=True)
@@ -186,7 +187,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             )
         elif asked.client_type in (v2.PUSH_CONSUMER, v2.SIMPLE_CONSUMER):
             group = convert.topic_name(asked.subscription.group)
-            orderly, retry_max = await self._group_settings(group, asked)
+            orderly, retry_max, backoff_ms = await self._group_settings(group, asked)
             sub = out.subscription
             sub.fifo = orderly
             sub.receive_batch_size = MAX_BATCH
@@ -196,14 +197,18 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 v2.RetryPolicy(
                     max_attempts=retry_max + 1,
                     customized_backoff=v2.CustomizedBackoff(
-                        next=[convert.duration(int(x * 1000)) for x in RETRY_BACKOFF_S]
+                        next=[convert.duration(ms) for ms in backoff_ms]
                     ),
                 )
             )
         return out
 
-    async def _group_settings(self, group: str, asked: v2.Settings) -> tuple[bool, int]:
-        """(ordered, retry_max_times) of a group, from a broker of its first topic."""
+    async def _group_settings(
+        self, group: str, asked: v2.Settings
+    ) -> tuple[bool, int, tuple[int, ...]]:
+        """(ordered, retry_max_times, backoff by attempt in ms) of a group, from a broker
+        of its first topic: the brokers' delay levels are its retry policy, as RocketMQ's
+        proxy hands its SDKs a group's retry policy (GrpcClientSettingsManager)."""
         for entry in asked.subscription.subscriptions:
             topic = convert.topic_name(entry.topic)
             try:
@@ -213,10 +218,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                     broker_pb2.GetGroupStatusRequest(consumer_group=group, topic=topic),
                     timeout=CALL_TIMEOUT_S,
                 )
-                return answer.orderly, answer.retry_max_times
+                backoff = tuple(answer.retry_backoff_ms) or RETRY_BACKOFF_MS
+                return answer.orderly, answer.retry_max_times, backoff
             except (TopicNotFound, NameServersDown, StopIteration, grpc.aio.AioRpcError):
                 continue
-        return False, DEFAULT_RETRY_MAX_TIMES
+        return False, DEFAULT_RETRY_MAX_TIMES, RETRY_BACKOFF_MS
 
     # ------------------------------------------------------------ send
 

@@ -313,6 +313,8 @@ def test_a_deadline_the_consumer_chose_has_no_backoff_after_it(loop_thread, tmp_
         support.create_topic(b.channel, "Chosen", 1)
         support.create_topic(b.channel, "ChosenOrdered", 1)
         set_group(b, "ordered", consume_message_orderly=True)
+        # What the proxy tells a v5 consumer as its backoff.
+        assert list(status("plain", "Chosen").retry_backoff_ms) == [20_000]
         for topic in ("Chosen", "ChosenOrdered"):
             for body in (b"nacked", b"forgotten"):
                 b.broker.SendMessage(broker_pb2.SendMessageRequest(topic=topic, body=body))

@@ -283,6 +283,7 @@ def group_status_pb(status: GroupStatus) -> broker_pb2.GetGroupStatusResponse:
         retry_max_times=status.retry_max_times,
         retry_topic=status.retry_topic,
         dlq_topic=status.dlq_topic,
+        retry_backoff_ms=status.retry_backoff_ms,
     )
 
 

@@ -618,6 +618,7 @@ class PopService:
             group_config.retry_max_times,
             retry_topic(group, topic),
             dlq_topic(group),
+            tuple(int(s * 1000) for s in self.config.backoff_s),
         )
 
     def retries_pending(self, group: str, topic: str) -> int:

@@ -106,6 +106,7 @@ class GroupStatus:
     retry_max_times: int
     retry_topic: str
     dlq_topic: str
+    retry_backoff_ms: tuple[int, ...]  # by attempt: the wait after a failed delivery
 
 
 class InFlight(NamedTuple):
