@@ -5,7 +5,8 @@ The jars come from Maven Central through ferry's own Maven project (tests/compat
 
 - `rocketmq4`: Apache RocketMQ 4.9 (name server, broker, mqadmin, the remoting client, the
   benchmark tools) and ferry's 4.x test programs (tests/compat/rocketmq4/src);
-- `rocketmq5`: Apache RocketMQ 5.x (name server, broker, the proxy in local mode);
+- `rocketmq5`: Apache RocketMQ 5.x (name server, broker, the proxy in local mode, mqadmin)
+  and ferry's admin program (tests/compat/rocketmq5/src);
 - `sdk5`: the RocketMQ 5 Java SDK and ferry's parity programs (tests/compat/sdk5/src).
 
 `ApacheNamesrv`, `ApacheBroker` and `ApacheProxy` each own one JVM: free loopback ports,
@@ -14,7 +15,8 @@ store and configuration all live there: nothing is written outside it), the `--a
 Java 17 needs, `brokerIP1=127.0.0.1`. `start()` waits for the JVM's own "boot success" line
 and a listening port, and fails with the JVM's last log lines when it does not come; `stop()`
 sends SIGTERM by PID, then SIGKILL, and always reaps. `run_java()` runs a short-lived program
-(mqadmin, a test program) with a timeout and returns what it printed.
+(mqadmin, a test program) with a timeout and returns what it printed. `ApacheAdmin` keeps one
+admin JVM (ferry's Admin5) for a test module's topic and group commands.
 
 A machine without Java or Maven, or without the jars, gets an error naming what to install or
 run, never a skip: CI installs them (.ci/run → make tools → make apache).
@@ -24,10 +26,12 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -500,6 +504,112 @@ class ApacheProxy(JavaProcess):
         return [self.grpc_port, self.broker_port]
 
 
+class ApacheAdmin:
+    """ferry's Admin5 (tests/compat/rocketmq5): `mqadmin updateTopic` and `updateSubGroup`
+    for a whole test module in one JVM, as each mqadmin run spends ~5 s shutting its client
+    down. `call()` sends one command and returns its answer; `stop()` closes its stdin (it
+    exits) and reaps it, by PID, killing it when it does not go."""
+
+    def __init__(self, directory: Path, namesrv: str, cluster: str = "ApacheCluster") -> None:
+        self.directory = Path(directory)
+        self.namesrv = namesrv
+        self.cluster = cluster
+        self.stderr_path = self.directory / "stderr.log"
+        self._proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()  # one command at a time, from any thread
+
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> ApacheAdmin:
+        home = self.directory / "home"
+        home.mkdir(parents=True, exist_ok=True)
+        _install_conf(home)
+        with open(self.stderr_path, "ab") as err:
+            self._proc = subprocess.Popen(
+                [
+                    *_java_command(home, "rocketmq5", "128m"),
+                    "ferry.compat.Admin5",
+                    self.namesrv,
+                    self.cluster,
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                cwd=self.directory,
+                env=_java_env(home),
+                text=True,
+                bufsize=1,
+            )
+        try:
+            self._answer(timeout_s, "start")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def call(self, timeout_s: float = 60.0, **command: object) -> dict:
+        """One command (see Admin5.java); fails with the program's error when it is not ok."""
+        with self._lock:
+            if self._proc is None or self._proc.stdin is None:
+                raise RuntimeError("Admin5 is not running")
+            self._proc.stdin.write(json.dumps(command) + "\n")
+            self._proc.stdin.flush()
+            answer = self._answer(timeout_s, command.get("op", "?"))
+        if not answer.get("ok"):
+            raise RuntimeError(f"Admin5 {command}: {answer.get('error')}")
+        return answer
+
+    def _answer(self, timeout_s: float, what: object) -> dict:
+        proc = self._proc
+        assert proc is not None and proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
+        line = proc.stdout.readline() if ready else ""
+        if not line:
+            tail = self.stderr_path.read_text(errors="replace")[-3000:]
+            raise RuntimeError(
+                f"Admin5 gave no answer to {what} within {timeout_s:.0f}s "
+                f"(exit status {proc.poll()}); it printed:\n{tail}"
+            )
+        return json.loads(line)
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            if proc.stdin is not None:
+                proc.stdin.close()
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout_s)
+        finally:
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+def _java_command(home: Path, kit: str, heap: str, system_properties: Sequence[str] = ()):
+    """`java` with the flags every short-lived program of a kit runs with, up to the class
+    (`home` is the program's directory's `home`; see `_private_dirs`)."""
+    return [
+        java_binary(),
+        f"-Xmx{heap}",
+        "-XX:+UseSerialGC",
+        "-Djava.net.preferIPv4Stack=true",
+        *JAVA17_OPENS,
+        *_private_dirs(home.parent, home),
+        "-Drocketmq.client.logUseSlf4j=true",
+        *system_properties,
+        "-cp",
+        classpath(kit),
+    ]
+
+
+def _java_env(home: Path) -> dict[str, str]:
+    env = dict(os.environ, ROCKETMQ_HOME=str(home))
+    env.pop("NAMESRV_ADDR", None)
+    return env
+
+
 def run_java(
     kit: str,
     main_class: str,
@@ -517,22 +627,8 @@ def run_java(
     home = Path(directory) / "home"
     home.mkdir(parents=True, exist_ok=True)
     _install_conf(home)
-    command = [
-        java_binary(),
-        f"-Xmx{heap}",
-        "-XX:+UseSerialGC",
-        "-Djava.net.preferIPv4Stack=true",
-        *JAVA17_OPENS,
-        *_private_dirs(Path(directory), home),
-        "-Drocketmq.client.logUseSlf4j=true",
-        *system_properties,
-        "-cp",
-        classpath(kit),
-        main_class,
-        *args,
-    ]
-    env = dict(os.environ, ROCKETMQ_HOME=str(home))
-    env.pop("NAMESRV_ADDR", None)
+    command = [*_java_command(home, kit, heap, system_properties), main_class, *args]
+    env = _java_env(home)
     proc = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,
