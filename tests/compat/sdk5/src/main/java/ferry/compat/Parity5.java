@@ -1,0 +1,443 @@
+package ferry.compat;
+
+import java.io.IOException;
+import java.nio.ByteBuffer;
+import java.nio.charset.StandardCharsets;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Collection;
+import java.util.Collections;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.TreeMap;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.CopyOnWriteArrayList;
+import java.util.function.BooleanSupplier;
+import java.util.zip.CRC32;
+import org.apache.rocketmq.client.apis.ClientConfiguration;
+import org.apache.rocketmq.client.apis.ClientServiceProvider;
+import org.apache.rocketmq.client.apis.consumer.ConsumeResult;
+import org.apache.rocketmq.client.apis.consumer.FilterExpression;
+import org.apache.rocketmq.client.apis.consumer.FilterExpressionType;
+import org.apache.rocketmq.client.apis.consumer.PushConsumer;
+import org.apache.rocketmq.client.apis.consumer.SimpleConsumer;
+import org.apache.rocketmq.client.apis.message.Message;
+import org.apache.rocketmq.client.apis.message.MessageBuilder;
+import org.apache.rocketmq.client.apis.message.MessageView;
+import org.apache.rocketmq.client.apis.producer.Producer;
+import org.apache.rocketmq.client.apis.producer.SendReceipt;
+
+/**
+ * The RocketMQ 5 Java SDK (rocketmq-client-java) through a proxy, for the parity suite
+ * (tests/compat/test_sdk5_java_parity.py): the same scenarios against ferry's proxy and
+ * Apache RocketMQ's, each printing one JSON line per thing it observed, so the test can hold
+ * the two back ends' answers side by side.
+ *
+ * <p>Usage: Parity5 ENDPOINT SCENARIO... with scenarios
+ *
+ * <ul>
+ *   <li>{@code normal}: 12 sends to J5Normal with tags (TagA, TagB), keys and properties; a
+ *       SimpleConsumer (group j5-normal) subscribed to TagA receives and acknowledges;
+ *   <li>{@code push}: 16 sends to J5Push, half of them with a body whose CRC32 has fewer than
+ *       eight hex digits; a PushConsumer (j5-push) consumes them;
+ *   <li>{@code delay}: a message to J5Delay due in 2 s; a SimpleConsumer (j5-delay) receives
+ *       it, printing how early or late;
+ *   <li>{@code fifo}: 3 message groups × 5 messages to J5Fifo; a SimpleConsumer (j5-fifo, a
+ *       FIFO group) receives and acknowledges one batch at a time;
+ *   <li>{@code redelivery}: one message to J5Redeliver received (j5-redeliver) with 1 s of
+ *       invisibility and not acknowledged, then received again;
+ *   <li>{@code dlq}: a PushConsumer (j5-dlq, retry max times 1) fails one message of J5Dlq
+ *       every time; a SimpleConsumer (j5-dlq-reader) reads %DLQ%j5-dlq.
+ * </ul>
+ *
+ * <p>Every scenario ends with {"scenario": S, "event": "done"} or "error" (with the message),
+ * with the milliseconds it took; a scenario gives up after 60 s. Exits 0 once every scenario has run.
+ */
+public final class Parity5 {
+  private static final long SCENARIO_MS = 60_000;
+  private static final ClientServiceProvider PROVIDER = ClientServiceProvider.loadService();
+
+  private final ClientConfiguration config;
+
+  private Parity5(String endpoint) {
+    this.config =
+        ClientConfiguration.newBuilder()
+            .setEndpoints(endpoint)
+            .enableSsl(false)
+            .setRequestTimeout(Duration.ofSeconds(10))
+            .build();
+  }
+
+  public static void main(String[] args) throws Exception {
+    if (args.length < 2) {
+      System.err.println("usage: Parity5 ENDPOINT SCENARIO...");
+      System.exit(2);
+    }
+    Parity5 parity = new Parity5(args[0]);
+    for (int i = 1; i < args.length; i++) {
+      String scenario = args[i];
+      long started = System.currentTimeMillis();
+      try {
+        switch (scenario) {
+          case "normal":
+            parity.normal();
+            break;
+          case "push":
+            parity.push();
+            break;
+          case "delay":
+            parity.delay();
+            break;
+          case "fifo":
+            parity.fifo();
+            break;
+          case "redelivery":
+            parity.redelivery();
+            break;
+          case "dlq":
+            parity.dlq();
+            break;
+          default:
+            throw new IllegalArgumentException("unknown scenario " + scenario);
+        }
+        print(scenario, "done", Map.of("ms", System.currentTimeMillis() - started));
+      } catch (Throwable t) {
+        print(
+            scenario,
+            "error",
+            Map.of("message", String.valueOf(t), "ms", System.currentTimeMillis() - started));
+      }
+    }
+    System.exit(0);
+  }
+
+  // ------------------------------------------------------------------ scenarios
+
+  private void normal() throws Exception {
+    String topic = "J5Normal";
+    List<String> wanted = new ArrayList<>();
+    try (Producer producer = producer(topic)) {
+      for (int i = 0; i < 12; i++) {
+        String tag = i % 2 == 0 ? "TagA" : "TagB";
+        Message m =
+            message(topic, "normal " + i)
+                .setTag(tag)
+                .setKeys("key-" + i, "order-" + i)
+                .addProperty("colour", i % 3 == 0 ? "grün" : "blue")
+                .addProperty("seq", String.valueOf(i))
+                .build();
+        SendReceipt receipt = producer.send(m);
+        print("normal", "sent", Map.of("body", "normal " + i, "id", id(receipt)));
+        if (tag.equals("TagA")) {
+          wanted.add("normal " + i);
+        }
+      }
+    }
+    try (SimpleConsumer consumer = simple("j5-normal", topic, "TagA")) {
+      receive("normal", consumer, wanted.size(), Duration.ofSeconds(30), true);
+      // Everything acknowledged: nothing more comes (one more long poll).
+      for (MessageView m : consumer.receive(16, Duration.ofSeconds(30))) {
+        print("normal", "extra", view(m));
+      }
+    }
+  }
+
+  private void push() throws Exception {
+    String topic = "J5Push";
+    List<String> bodies = new ArrayList<>();
+    for (int i = 0; i < 16; i++) {
+      // Half the bodies with a CRC32 below 0x10000000: seven hex digits or fewer, which
+      // tells apart a zero-padded checksum from the SDKs' own (Long.toHexString).
+      bodies.add(i % 2 == 0 ? shortCrcBody("push " + i) : "push " + i);
+    }
+    Map<String, List<Integer>> seen = new ConcurrentHashMap<>();
+    PushConsumer consumer =
+        push(
+            "j5-push",
+            topic,
+            m -> {
+              String body = body(m);
+              seen.computeIfAbsent(body, k -> new CopyOnWriteArrayList<>())
+                  .add(m.getDeliveryAttempt());
+              print("push", "consumed", view(m));
+              return ConsumeResult.SUCCESS;
+            });
+    try (Producer producer = producer(topic)) {
+      for (String body : bodies) {
+        producer.send(message(topic, body).build());
+        print("push", "sent", Map.of("body", body, "crc32", crc32(body)));
+      }
+      waitFor(() -> seen.keySet().containsAll(bodies), SCENARIO_MS);
+    } finally {
+      closeLater(consumer);
+    }
+  }
+
+  private void delay() throws Exception {
+    String topic = "J5Delay";
+    long due;
+    try (Producer producer = producer(topic)) {
+      due = System.currentTimeMillis() + 2_000;
+      SendReceipt receipt =
+          producer.send(message(topic, "later").setDeliveryTimestamp(due).build());
+      print("delay", "sent", Map.of("id", id(receipt), "due", due));
+    }
+    try (SimpleConsumer consumer = simple("j5-delay", topic, "*")) {
+      for (Map<String, Object> m :
+          receive("delay", consumer, 1, Duration.ofSeconds(30), true)) {
+        print("delay", "timing", Map.of("lateMs", (long) m.get("receivedAt") - due));
+      }
+    }
+  }
+
+  private void fifo() throws Exception {
+    String topic = "J5Fifo";
+    try (Producer producer = producer(topic)) {
+      for (int i = 0; i < 5; i++) {
+        for (int g = 0; g < 3; g++) {
+          producer.send(message(topic, g + ":" + i).setMessageGroup("group-" + g).build());
+        }
+      }
+    }
+    try (SimpleConsumer consumer = simple("j5-fifo", topic, "*")) {
+      receive("fifo", consumer, 15, Duration.ofSeconds(30), true);
+    }
+  }
+
+  private void redelivery() throws Exception {
+    String topic = "J5Redeliver";
+    try (Producer producer = producer(topic)) {
+      SendReceipt receipt = producer.send(message(topic, "again").build());
+      print("redelivery", "sent", Map.of("id", id(receipt)));
+    }
+    try (SimpleConsumer consumer = simple("j5-redeliver", topic, "*")) {
+      receive("redelivery", consumer, 1, Duration.ofSeconds(1), false);
+      receive("redelivery", consumer, 1, Duration.ofSeconds(30), true);
+    }
+  }
+
+  private void dlq() throws Exception {
+    String topic = "J5Dlq";
+    List<Integer> attempts = new CopyOnWriteArrayList<>();
+    PushConsumer consumer =
+        push(
+            "j5-dlq",
+            topic,
+            m -> {
+              attempts.add(m.getDeliveryAttempt());
+              print("dlq", "failed", view(m));
+              return ConsumeResult.FAILURE;
+            });
+    // Open until the dead letter is read: Apache's proxy moves a message past its last
+    // attempt to the DLQ when its group pops it once more.
+    try (Producer producer = producer(topic)) {
+      String id = id(producer.send(message(topic, "always fails").addProperty("k", "v").build()));
+      print("dlq", "sent", Map.of("id", id));
+      waitFor(() -> attempts.size() >= 2, SCENARIO_MS);
+      try (SimpleConsumer reader = awaitSimple("j5-dlq-reader", "%DLQ%j5-dlq")) {
+        receive("dlq", reader, 1, Duration.ofSeconds(30), true);
+      }
+    } finally {
+      closeLater(consumer);
+    }
+  }
+
+  // ------------------------------------------------------------------ clients
+
+  private Producer producer(String topic) throws Exception {
+    return PROVIDER.newProducerBuilder().setClientConfiguration(config).setTopics(topic).build();
+  }
+
+  private SimpleConsumer simple(String group, String topic, String tags) throws Exception {
+    return PROVIDER
+        .newSimpleConsumerBuilder()
+        .setClientConfiguration(config)
+        .setConsumerGroup(group)
+        .setSubscriptionExpressions(
+            Map.of(topic, new FilterExpression(tags, FilterExpressionType.TAG)))
+        .setAwaitDuration(Duration.ofSeconds(2))
+        .build();
+  }
+
+  /**
+   * Closes a push consumer on a thread of its own: its close waits for its receive long
+   * poll to end (up to the proxy's 20 s), which the next scenario need not.
+   */
+  private static void closeLater(PushConsumer consumer) {
+    Thread closing =
+        new Thread(
+            () -> {
+              try {
+                consumer.close();
+              } catch (IOException e) {
+                print("close", "error", Map.of("message", String.valueOf(e)));
+              }
+            });
+    closing.setDaemon(true);
+    closing.start();
+  }
+
+  /** A SimpleConsumer of a topic a broker creates by itself (a DLQ), once it is routed. */
+  private SimpleConsumer awaitSimple(String group, String topic) throws Exception {
+    long deadline = System.currentTimeMillis() + SCENARIO_MS;
+    while (true) {
+      try {
+        return simple(group, topic, "*");
+      } catch (Exception e) {
+        if (System.currentTimeMillis() > deadline) {
+          throw e;
+        }
+        Thread.sleep(200);
+      }
+    }
+  }
+
+  private PushConsumer push(
+      String group,
+      String topic,
+      org.apache.rocketmq.client.apis.consumer.MessageListener listener)
+      throws Exception {
+    return PROVIDER
+        .newPushConsumerBuilder()
+        .setClientConfiguration(config)
+        .setConsumerGroup(group)
+        .setSubscriptionExpressions(Map.of(topic, FilterExpression.SUB_ALL))
+        .setMessageListener(listener)
+        .build();
+  }
+
+  /** Receives (and acknowledges when `ack`) until `want` messages came or the scenario's time
+   * is up, printing each; returns what it printed. */
+  private static List<Map<String, Object>> receive(
+      String scenario, SimpleConsumer consumer, int want, Duration invisible, boolean ack)
+      throws Exception {
+    List<Map<String, Object>> got = new ArrayList<>();
+    long deadline = System.currentTimeMillis() + SCENARIO_MS;
+    while (got.size() < want && System.currentTimeMillis() < deadline) {
+      for (MessageView m : consumer.receive(16, invisible)) {
+        Map<String, Object> seen = view(m);
+        seen.put("receivedAt", System.currentTimeMillis());
+        print(scenario, "received", seen);
+        got.add(seen);
+        if (ack) {
+          consumer.ack(m);
+        }
+      }
+    }
+    return got;
+  }
+
+  // ------------------------------------------------------------------ helpers
+
+  private static MessageBuilder message(String topic, String body) {
+    return PROVIDER
+        .newMessageBuilder()
+        .setTopic(topic)
+        .setBody(body.getBytes(StandardCharsets.UTF_8));
+  }
+
+  private static String id(SendReceipt receipt) {
+    return receipt.getMessageId().toString();
+  }
+
+  private static String body(MessageView m) {
+    ByteBuffer buffer = m.getBody().duplicate();
+    byte[] bytes = new byte[buffer.remaining()];
+    buffer.get(bytes);
+    return new String(bytes, StandardCharsets.UTF_8);
+  }
+
+  private static Map<String, Object> view(MessageView m) {
+    Map<String, Object> out = new LinkedHashMap<>();
+    out.put("id", m.getMessageId().toString());
+    out.put("topic", m.getTopic());
+    out.put("body", body(m));
+    out.put("tag", m.getTag().orElse(null));
+    List<String> keys = new ArrayList<>(m.getKeys());
+    Collections.sort(keys);
+    out.put("keys", keys);
+    out.put("properties", new TreeMap<>(m.getProperties()));
+    out.put("group", m.getMessageGroup().orElse(null));
+    out.put("deliveryTimestamp", m.getDeliveryTimestamp().orElse(null));
+    out.put("attempt", m.getDeliveryAttempt());
+    return out;
+  }
+
+  private static String shortCrcBody(String prefix) {
+    for (int n = 0; ; n++) {
+      String body = prefix + " #" + n;
+      if (crc32(body) < 0x10000000L) {
+        return body;
+      }
+    }
+  }
+
+  private static long crc32(String body) {
+    CRC32 crc = new CRC32();
+    byte[] bytes = body.getBytes(StandardCharsets.UTF_8);
+    crc.update(bytes, 0, bytes.length);
+    return crc.getValue();
+  }
+
+  private static void waitFor(BooleanSupplier done, long timeoutMs) throws InterruptedException {
+    long deadline = System.currentTimeMillis() + timeoutMs;
+    while (!done.getAsBoolean() && System.currentTimeMillis() < deadline) {
+      Thread.sleep(50);
+    }
+  }
+
+  // ------------------------------------------------------------------ JSON out
+
+  private static synchronized void print(String scenario, String event, Map<String, ?> fields) {
+    Map<String, Object> line = new LinkedHashMap<>();
+    line.put("scenario", scenario);
+    line.put("event", event);
+    line.put("at", System.currentTimeMillis());
+    line.putAll(fields);
+    System.out.println(json(line));
+    System.out.flush();
+  }
+
+  private static String json(Object value) {
+    if (value == null) {
+      return "null";
+    }
+    if (value instanceof Number || value instanceof Boolean) {
+      return value.toString();
+    }
+    if (value instanceof Map) {
+      StringBuilder out = new StringBuilder("{");
+      for (Map.Entry<?, ?> e : ((Map<?, ?>) value).entrySet()) {
+        if (out.length() > 1) {
+          out.append(", ");
+        }
+        out.append(json(String.valueOf(e.getKey()))).append(": ").append(json(e.getValue()));
+      }
+      return out.append('}').toString();
+    }
+    if (value instanceof Collection) {
+      StringBuilder out = new StringBuilder("[");
+      for (Object item : (Collection<?>) value) {
+        if (out.length() > 1) {
+          out.append(", ");
+        }
+        out.append(json(item));
+      }
+      return out.append(']').toString();
+    }
+    String s = value.toString();
+    StringBuilder out = new StringBuilder("\"");
+    for (int i = 0; i < s.length(); i++) {
+      char c = s.charAt(i);
+      if (c == '"' || c == '\\') {
+        out.append('\\').append(c);
+      } else if (c < 0x20) {
+        out.append(String.format("\\u%04x", (int) c));
+      } else {
+        out.append(c);
+      }
+    }
+    return out.append('"').toString();
+  }
+}
