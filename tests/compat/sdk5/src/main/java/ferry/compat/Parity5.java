@@ -256,7 +256,7 @@ public final class Parity5 {
         .setConsumerGroup(group)
         .setSubscriptionExpressions(
             Map.of(topic, new FilterExpression(tags, FilterExpressionType.TAG)))
-        .setAwaitDuration(Duration.ofSeconds(2))
+        .setAwaitDuration(Duration.ofSeconds(1))
         .build();
   }
 
