@@ -14,6 +14,7 @@ from collections import defaultdict
 
 import pytest
 
+from services.proxy import convert, validate
 from tests.apache import run_java
 from tests.compat.backends import BACKENDS, start_backend
 from tests.compat.specs import json_lines
@@ -137,3 +138,14 @@ def test_what_always_fails_ends_in_the_dead_letter_queue(observed):
     assert (dead["topic"], dead["body"], dead["id"]) == ("%DLQ%j5-dlq", "always fails", sent["id"])
     # Only what the producer set: the broker's own dead-letter bookkeeping stays hidden.
     assert dead["properties"] == {"k": "v"}
+
+
+def test_ferrys_copies_of_rocketmqs_names_are_this_versions(tmp_path):
+    """The proxy hides and refuses RocketMQ's system property names and refuses its system
+    topics from copies of Apache's lists (services/proxy): equal to the jar's, so a new
+    RocketMQ version with new names fails here first."""
+    printed = run_java("rocketmq5", "ferry.compat.Admin5", ["--names"], directory=tmp_path)
+    (names,) = json_lines(printed.stdout)
+    assert set(names["systemProperties"]) == set(convert.ROCKETMQ_SYSTEM_PROPERTIES)
+    assert set(names["systemTopics"]) == set(validate.SYSTEM_TOPICS)
+    assert names["systemTopicPrefix"] == validate.SYSTEM_TOPIC_PREFIX

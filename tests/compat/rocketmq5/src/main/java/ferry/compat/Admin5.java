@@ -12,6 +12,8 @@ import java.util.Set;
 import java.util.TreeSet;
 import org.apache.rocketmq.common.TopicConfig;
 import org.apache.rocketmq.common.attribute.AttributeParser;
+import org.apache.rocketmq.common.message.MessageConst;
+import org.apache.rocketmq.common.topic.TopicValidator;
 import org.apache.rocketmq.remoting.protocol.body.ClusterInfo;
 import org.apache.rocketmq.remoting.protocol.route.BrokerData;
 import org.apache.rocketmq.remoting.protocol.route.TopicRouteData;
@@ -37,12 +39,22 @@ import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
  *   <li>{"op": "route", "topic": T}: the name server's route of T (brokers and queue counts).
  * </ul>
  *
- * <p>Usage: Admin5 NAMESRV CLUSTER.
+ * <p>Usage: Admin5 NAMESRV CLUSTER, or Admin5 --names: print RocketMQ's system property names
+ * (MessageConst.STRING_HASH_SET) and system topics (TopicValidator) as one JSON line, for the
+ * test that keeps ferry's copies of them (services/proxy) equal to this version's.
  */
 public final class Admin5 {
   private static final long ROUTE_WAIT_MS = 30_000;
 
   public static void main(String[] args) throws Exception {
+    if (args.length == 1 && args[0].equals("--names")) {
+      Map<String, Object> names = new LinkedHashMap<>();
+      names.put("systemProperties", new TreeSet<>(MessageConst.STRING_HASH_SET));
+      names.put("systemTopics", new TreeSet<>(TopicValidator.getSystemTopicSet()));
+      names.put("systemTopicPrefix", TopicValidator.SYSTEM_TOPIC_PREFIX);
+      System.out.println(JSON.toJSONString(names));
+      return;
+    }
     if (args.length != 2) {
       System.err.println("usage: Admin5 NAMESRV CLUSTER");
       System.exit(2);
