@@ -19,6 +19,8 @@ from tests.apache import run_java
 from tests.compat.backends import BACKENDS, start_backend
 from tests.compat.specs import json_lines
 
+# A back end's first test starts its cluster and runs every scenario (~15-40 s each).
+pytestmark = pytest.mark.timeout(600)
 SCENARIOS = ("normal", "push", "delay", "fifo", "redelivery", "dlq")
 # (queues, message type); the DLQ made beforehand, as an operator may, so that its route is
 # there when the scenario reads it (a broker registers one it makes with its next

@@ -39,6 +39,9 @@ from tests.conftest import wait_for
 from tests.integration import support
 
 TOPIC = "SdkTopic"
+# A back end's first test also starts its cluster (Apache's JVMs: ~15 s, more on a busy
+# machine).
+pytestmark = pytest.mark.timeout(300)
 
 
 def pytest_generate_tests(metafunc):
