@@ -196,7 +196,7 @@ def test_delay_message_is_not_delivered_early(cluster):
     topic = "SdkDelay"
     cluster.create_topic(topic, message_type="DELAY")
     producer = _producer(cluster, topic)
-    consumer = _simple(cluster, "sdk-delay", topic, await_s=5)
+    consumer = _simple(cluster, "sdk-delay", topic)
     try:
         due_s = int(time.time()) + 3
         m = _message(topic, b"later")
