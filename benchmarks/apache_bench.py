@@ -754,7 +754,6 @@ def _apache_copy(
         settings={"mappedFileSizeCommitLog": file_size, "haMasterAddress": master.ha_address},
     )
     slave.port = free_port_pair()
-    slave.ha_port = slave.port + 1
     watcher = JavaProgram(
         workdir / "watch", "rocketmq4", "ferry.compat.BrokerOffsets4",
         ["watch", slave.address, "0", str(end), "300"],
@@ -995,7 +994,6 @@ class ToolsCluster:
             write_apache_metadata(masters[role].store_dir, {topic: QUEUES})
         sync = masters["SYNC_MASTER"]
         sync.port = free_port_pair()
-        sync.ha_port = sync.port + 1
         slave = ApacheBroker(
             workdir / "bench-sync-slave", name="bench-sync-slave", broker_name=sync.broker_name,
             broker_id=1, role="SLAVE", namesrv=namesrv.address,

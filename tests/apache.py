@@ -36,6 +36,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from tests.processes import free_port, signal_and_reap
+
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache" / "rocketmq"
 CONF = Path(__file__).resolve().parent / "compat" / "conf"
@@ -88,12 +90,6 @@ def classpath(kit: str) -> str:
             f"from Maven Central with tests/compat/pom.xml{hint}"
         )
     return f"{lib}/*"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def free_port_pair() -> int:
@@ -195,11 +191,7 @@ class JavaProcess:
         ]
 
     def environment(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env["ROCKETMQ_HOME"] = str(self.home)
-        env["RMQ_PROXY_HOME"] = str(self.home)
-        env.pop("NAMESRV_ADDR", None)
-        return env
+        return dict(_java_env(self.home), RMQ_PROXY_HOME=str(self.home))
 
     def start(self, timeout_s: float = START_TIMEOUT_S):
         if self._proc is not None:
@@ -274,19 +266,8 @@ class JavaProcess:
         )
 
     def _signal_and_reap(self, sig: int, timeout_s: float) -> None:
-        proc = self._proc
-        if proc is None:
-            return
-        try:
-            if proc.poll() is None:
-                proc.send_signal(sig)
-                try:
-                    proc.wait(timeout_s)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout_s)
-        finally:
-            self._proc = None
+        proc, self._proc = self._proc, None
+        signal_and_reap(proc, sig, timeout_s)
 
     def __repr__(self) -> str:
         state = f"pid {self._proc.pid}" if self.running and self._proc else "stopped"
@@ -314,6 +295,30 @@ def _install_conf(home: Path) -> None:
     conf.mkdir(parents=True, exist_ok=True)
     for source in CONF.glob("*.xml"):
         shutil.copyfile(source, conf / source.name)
+
+
+def _broker_conf(
+    broker_name: str, broker_id: int, role: str, port: int, store_dir: Path, namesrv: str
+) -> dict[str, object]:
+    """broker.conf for a broker on loopback: HA on port + 1, the store in `store_dir`, 64 MiB
+    commit-log files, asynchronous flushing, topics created on first use."""
+    values: dict[str, object] = {
+        "brokerClusterName": "ApacheCluster",
+        "brokerName": broker_name,
+        "brokerId": broker_id,
+        "brokerRole": role,
+        "brokerIP1": "127.0.0.1",
+        "listenPort": port,
+        "haListenPort": port + 1,
+        "storePathRootDir": store_dir,
+        "storePathCommitLog": store_dir / "commitlog",
+        "flushDiskType": "ASYNC_FLUSH",
+        "mappedFileSizeCommitLog": 64 * 1024 * 1024,
+        "autoCreateTopicEnable": True,
+    }
+    if namesrv:
+        values["namesrvAddr"] = namesrv
+    return values
 
 
 class ApacheNamesrv(JavaProcess):
@@ -372,12 +377,16 @@ class ApacheBroker(JavaProcess):
         self.namesrv = namesrv
         self.settings = dict(settings or {})
         self.port = 0
-        self.ha_port = 0
         self.store_dir = self.directory / "store"
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def ha_port(self) -> int:
+        """haListenPort: beside listenPort, as RocketMQ's default puts it."""
+        return self.port + 1
 
     @property
     def ha_address(self) -> str:
@@ -390,27 +399,13 @@ class ApacheBroker(JavaProcess):
     def prepare(self) -> None:
         if not self.port:
             self.port = free_port_pair()
-            self.ha_port = self.port + 1
-        values: dict[str, object] = {
-            "brokerClusterName": "ApacheCluster",
-            "brokerName": self.broker_name,
-            "brokerId": self.broker_id,
-            "brokerRole": self.role,
-            "brokerIP1": "127.0.0.1",
-            "brokerIP2": "127.0.0.1",
-            "listenPort": self.port,
-            "haListenPort": self.ha_port,
-            "storePathRootDir": self.store_dir,
-            "storePathCommitLog": self.commit_log_dir,
-            "flushDiskType": "ASYNC_FLUSH",
-            "mappedFileSizeCommitLog": 64 * 1024 * 1024,
-            "autoCreateTopicEnable": True,
-            "deleteWhen": "04",
-            "fileReservedTime": 48,
-        }
-        if self.namesrv:
-            values["namesrvAddr"] = self.namesrv
-        values.update(self.settings)
+        values = _broker_conf(
+            self.broker_name, self.broker_id, self.role, self.port, self.store_dir, self.namesrv
+        )
+        values.update(
+            {"brokerIP2": "127.0.0.1", "deleteWhen": "04", "fileReservedTime": 48},
+            **self.settings,
+        )
         (self.home / "broker.conf").write_text(_properties(values))
 
     def arguments(self) -> list[str]:
@@ -460,24 +455,13 @@ class ApacheProxy(JavaProcess):
             self.grpc_port = free_port()
             self.remoting_port = free_port()
             self.broker_port = free_port_pair()
-        broker: dict[str, object] = {
-            "brokerClusterName": "ApacheCluster",
-            "brokerName": self.broker_name,
-            "brokerId": 0,
-            "brokerRole": "ASYNC_MASTER",
-            "brokerIP1": "127.0.0.1",
-            "listenPort": self.broker_port,
-            "haListenPort": self.broker_port + 1,
-            "namesrvAddr": self.namesrv,
-            "storePathRootDir": self.store_dir,
-            "storePathCommitLog": self.store_dir / "commitlog",
-            "flushDiskType": "ASYNC_FLUSH",
-            "mappedFileSizeCommitLog": 64 * 1024 * 1024,
-            "autoCreateTopicEnable": True,
-            "autoCreateSubscriptionGroup": True,
-            "enablePropertyFilter": True,
-        }
-        broker.update(self.broker_settings)
+        broker = _broker_conf(
+            self.broker_name, 0, "ASYNC_MASTER", self.broker_port, self.store_dir, self.namesrv
+        )
+        broker.update(
+            {"autoCreateSubscriptionGroup": True, "enablePropertyFilter": True},
+            **self.broker_settings,
+        )
         (self.home / "broker.conf").write_text(_properties(broker))
         proxy: dict[str, object] = {
             "rocketMQClusterName": "ApacheCluster",

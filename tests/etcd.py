@@ -14,23 +14,17 @@ an error, not a skip: CI installs it (.ci/run).
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 from ferry.cli.dev import etcd_command, etcd_healthy, find_etcd
+from tests.processes import free_port, signal_and_reap
 
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 10.0
 # A port chosen by bind(0) and released may be taken again before etcd binds it.
 _BIND_ATTEMPTS = 3
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class EtcdServer:
@@ -76,7 +70,7 @@ class EtcdServer:
         binary = find_etcd()
         self.directory.mkdir(parents=True, exist_ok=True)
         for attempt in range(1, _BIND_ATTEMPTS + 1):
-            self.client_port, self.peer_port = _free_port(), _free_port()
+            self.client_port, self.peer_port = free_port(), free_port()
             try:
                 self._launch(binary, timeout_s)
                 return self
@@ -153,19 +147,8 @@ class EtcdServer:
             raise
 
     def _signal_and_reap(self, sig: int, timeout_s: float) -> None:
-        proc = self._proc
-        if proc is None:
-            return
-        try:
-            if proc.poll() is None:
-                proc.send_signal(sig)
-                try:
-                    proc.wait(timeout_s)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout_s)
-        finally:
-            self._proc = None
+        proc, self._proc = self._proc, None
+        signal_and_reap(proc, sig, timeout_s)
 
 
 class _PortTaken(Exception):

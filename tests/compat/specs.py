@@ -13,6 +13,8 @@ import json
 import random
 from pathlib import Path
 
+from ferry.v1 import broker_pb2
+
 SIZES = (1, 17, 100, 1000, 3000, 4096, 5000, 20_000, 65_536, 300_000)
 
 
@@ -54,3 +56,27 @@ def user_view(properties: dict[str, str]) -> dict[str, str]:
     return {
         k: v for k, v in properties.items() if k not in ("TAGS", "KEYS", "MIN_OFFSET", "MAX_OFFSET")
     }
+
+
+def pull_all(broker, topic: str, queue_ids) -> dict[tuple[int, int], broker_pb2.MessageExt]:
+    """Every message of `topic`'s `queue_ids` on a ferry broker, through ferry.v1 PullMessage,
+    by (queue id, queue offset)."""
+    found = {}
+    for queue_id in queue_ids:
+        offset = 0
+        while True:
+            answer = broker.broker.PullMessage(
+                broker_pb2.PullMessageRequest(
+                    consumer_group="ferry-compat-reader",
+                    topic=topic,
+                    queue_id=queue_id,
+                    queue_offset=offset,
+                    max_msg_nums=32,
+                )
+            )
+            if not answer.messages:
+                break
+            for m in answer.messages:
+                found[(m.queue_id, m.queue_offset)] = m
+            offset = answer.next_begin_offset
+    return found

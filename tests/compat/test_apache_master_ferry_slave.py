@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from ferry.v1 import broker_pb2
 from tests.apache import ApacheBroker, ApacheNamesrv, run_java
-from tests.compat.specs import json_lines, message_specs, user_view, write_specs
+from tests.compat.specs import json_lines, message_specs, pull_all, user_view, write_specs
 from tests.conftest import start_broker, wait_for
 
 FILE = 4 * 1024 * 1024
@@ -58,28 +57,6 @@ def _produce(namesrv: ApacheNamesrv, tmp_path: Path, specs: list[dict], name: st
     sends = json_lines(result.stdout)
     assert len(sends) == len(specs), result.stdout[-2000:] + result.stderr[-2000:]
     return sends
-
-
-def _pull_all(slave, topic: str, queue_ids) -> dict[tuple[int, int], broker_pb2.MessageExt]:
-    found = {}
-    for queue_id in queue_ids:
-        offset = 0
-        while True:
-            answer = slave.broker.PullMessage(
-                broker_pb2.PullMessageRequest(
-                    consumer_group="ferry-compat-reader",
-                    topic=topic,
-                    queue_id=queue_id,
-                    queue_offset=offset,
-                    max_msg_nums=32,
-                )
-            )
-            if not answer.messages:
-                break
-            for m in answer.messages:
-                found[(m.queue_id, m.queue_offset)] = m
-            offset = answer.next_begin_offset
-    return found
 
 
 def _commit_log_bytes(directory: Path) -> dict[str, bytes]:
@@ -176,7 +153,7 @@ def test_apache_sync_master_acknowledges_through_a_ferry_slave_that_serves_its_b
         )
     slave = _ferry_slave(loop_thread, tmp_path / "ferry-slave", master)
     try:
-        served = _pull_all(slave, TOPIC, sorted({m["queueId"] for m in seen}))
+        served = pull_all(slave, TOPIC, sorted({m["queueId"] for m in seen}))
     finally:
         slave.stop()
     assert len(served) == COUNT

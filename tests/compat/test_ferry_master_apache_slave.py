@@ -25,10 +25,11 @@ import base64
 import pytest
 
 from ferry.v1 import broker_pb2, ha_admin_pb2, ha_admin_pb2_grpc
-from tests.apache import ApacheBroker, free_port, run_java
-from tests.compat.specs import json_lines, message_specs, user_view
+from tests.apache import ApacheBroker, run_java
+from tests.compat.specs import json_lines, message_specs, pull_all, user_view
 from tests.conftest import start_broker, wait_for
 from tests.integration.test_broker_grpc import create_topic
+from tests.processes import free_port
 
 FILE = 4 * 1024 * 1024
 TOPIC = "CompatToApache"
@@ -97,12 +98,16 @@ def test_ferry_sync_master_replicates_to_an_apache_slave_byte_for_byte(
             result = _send(master, spec)
             assert result.status == broker_pb2.SEND_OK, (spec["props"]["seq"], result)
         # The delayed messages come due on the master and are replicated like any other.
-        wait_for(lambda: _count(master) == COUNT, 60, "the delayed messages to reach their topic")
+        wait_for(
+            lambda: len(pull_all(master, TOPIC, range(4))) == COUNT,
+            60,
+            "the delayed messages to reach their topic",
+        )
         end = master.app.store.max_offset
         wait_for(lambda: _acked(master) >= end, 60, "the Apache slave to report the end")
     finally:
         slave.stop()
-    served = _pull_all(master)
+    served = pull_all(master, TOPIC, range(4))
     master.stop()
 
     ours = {
@@ -143,29 +148,3 @@ def _acked(master) -> int:
         ha_admin_pb2.GetHAStatusRequest()
     )
     return max((c.ack_offset for c in status.connections), default=-1)
-
-
-def _pull_all(master) -> dict[tuple[int, int], broker_pb2.MessageExt]:
-    found = {}
-    for queue_id in range(4):
-        offset = 0
-        while True:
-            answer = master.broker.PullMessage(
-                broker_pb2.PullMessageRequest(
-                    consumer_group="ferry-compat-reader",
-                    topic=TOPIC,
-                    queue_id=queue_id,
-                    queue_offset=offset,
-                    max_msg_nums=32,
-                )
-            )
-            if not answer.messages:
-                break
-            for m in answer.messages:
-                found[(m.queue_id, m.queue_offset)] = m
-            offset = answer.next_begin_offset
-    return found
-
-
-def _count(master) -> int:
-    return len(_pull_all(master))

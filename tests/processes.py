@@ -1,0 +1,28 @@
+"""Child processes of tests and benchmarks (tests/etcd.py's etcd, tests/apache.py's JVMs):
+free loopback ports for them, and stopping them by PID."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+
+
+def free_port() -> int:
+    """A loopback port free now (bind(0) then release: the caller binds it soon, or retries)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def signal_and_reap(proc: subprocess.Popen | None, sig: int, timeout_s: float) -> None:
+    """Send `sig` to a running `proc` by PID, SIGKILL it when it has not exited within
+    `timeout_s`, and always reap it (no zombie, no process left behind)."""
+    if proc is None:
+        return
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout_s)
