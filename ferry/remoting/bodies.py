@@ -1,0 +1,98 @@
+"""JSON bodies in the forms RocketMQ's clients parse (fastjson's, 4.9).
+
+* `dumps`: compact standard JSON with quoted keys and no spaces, which every
+  client reads (the Go client hand-splits route addresses on `,` and `:`, so a
+  space breaks it).
+* `dumps_object_keyed`: a map whose keys are objects — invalid JSON, yet what
+  fastjson writes for ConsumeStats (208) and TopicStatsTable (202) and what
+  mqadmin parses.
+* `loads`: standard JSON, falling back to fastjson's forms Java peers send
+  (unquoted numeric keys such as `{0:"addr"}`); anything else is a
+  `BodyError`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+MAX_DEPTH = 64
+
+
+class BodyError(ValueError):
+    """A request body that is not the JSON its code expects."""
+
+
+def dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def dumps_object_keyed(pairs: Iterable[tuple[Mapping[str, Any], Any]]) -> str:
+    """`{{key object}:value,...}` as fastjson writes a map keyed by objects;
+    embed the result with `raw_json`."""
+    return "{" + ",".join(f"{dumps(k).decode()}:{dumps(v).decode()}" for k, v in pairs) + "}"
+
+
+def loads(body: bytes | bytearray | memoryview) -> Any:
+    try:
+        text = bytes(body).decode()
+    except UnicodeDecodeError as e:
+        raise BodyError(f"body is not UTF-8: {e}") from None
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise BodyError("body nests too deeply") from None
+    except ValueError:
+        pass
+    try:
+        return json.loads(_quote_bare_keys(text))
+    except (ValueError, RecursionError) as e:
+        raise BodyError(f"body is not JSON: {e}") from None
+
+
+def _quote_bare_keys(text: str) -> str:
+    """Quote the bare numeric keys fastjson writes for maps keyed by numbers,
+    outside strings only."""
+    out: list[str] = []
+    i, n = 0, len(text)
+    depth = 0
+    expect_key = False
+    while i < n:
+        c = text[i]
+        if c == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            out.append(text[i : j + 1])
+            i = j + 1
+            expect_key = False
+            continue
+        if c in "{,":
+            if c == "{":
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise BodyError("body nests too deeply")
+            out.append(c)
+            i += 1
+            expect_key = True
+            continue
+        if c == "}":
+            depth -= 1
+        if expect_key and (c == "-" or c.isdigit()):
+            j = i + 1
+            while j < n and text[j].isdigit():
+                j += 1
+            k = j
+            while k < n and text[k] in " \t\r\n":
+                k += 1
+            if k < n and text[k] == ":":
+                out.append(f'"{text[i:j]}"')
+                i = j
+                expect_key = False
+                continue
+        if not c.isspace():
+            expect_key = False
+        out.append(c)
+        i += 1
+    return "".join(out)

@@ -1,0 +1,156 @@
+"""A small RocketMQ-protocol client: what ferry's own processes, tests, fuzzers
+and benchmarks use to talk to a RocketMQ-protocol port. (Applications use
+RocketMQ's clients; this is not one of those.)
+
+`RemotingClient` pipelines requests on one connection and matches answers by
+opaque; requests the server sends (e.g. NOTIFY_CONSUMER_IDS_CHANGED) go to
+`on_request`. `call` is the blocking one-shot form for command-line tools.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import socket
+import time
+from collections.abc import Callable
+
+from ferry.remoting.codec import (
+    FLAG_ONEWAY,
+    Command,
+    RemotingProtocolError,
+    decode,
+    encode,
+    frame_length,
+)
+
+
+def split_addr(addr: str) -> tuple[str, int]:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"{addr!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+class RemotingClient(asyncio.Protocol):
+    def __init__(self, on_request: Callable[[Command], Command | None] | None = None) -> None:
+        self._transport: asyncio.Transport | None = None
+        self._buffer = bytearray()
+        self._opaque = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[Command]] = {}
+        self._on_request = on_request
+        self.received: list[Command] = []  # requests from the server, when no on_request
+        self.closed = asyncio.Event()
+
+    @classmethod
+    async def connect(
+        cls,
+        addr: str,
+        on_request: Callable[[Command], Command | None] | None = None,
+        timeout: float = 5.0,
+    ) -> RemotingClient:
+        host, port = split_addr(addr)
+        loop = asyncio.get_running_loop()
+        _, client = await asyncio.wait_for(
+            loop.create_connection(lambda: cls(on_request), host, port), timeout
+        )
+        return client
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(ConnectionError("connection closed by the server"))
+        self._waiting.clear()
+        self.closed.set()
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        pos = 0
+        try:
+            while len(self._buffer) - pos >= 4:
+                length = frame_length(memoryview(self._buffer)[pos : pos + 4])
+                if len(self._buffer) - pos - 4 < length:
+                    break
+                command = decode(memoryview(self._buffer)[pos + 4 : pos + 4 + length])
+                pos += 4 + length
+                self._arrived(command)
+        except RemotingProtocolError:
+            self.close()
+        finally:
+            del self._buffer[:pos]
+
+    def _arrived(self, command: Command) -> None:
+        if command.is_response:
+            future = self._waiting.pop(command.opaque, None)
+            if future is not None and not future.done():
+                future.set_result(command)
+            return
+        if self._on_request is None:
+            self.received.append(command)
+            return
+        answer = self._on_request(command)
+        if answer is not None and not command.is_oneway and self._transport is not None:
+            answer.opaque = command.opaque
+            self._transport.write(encode(answer))
+
+    async def request(self, command: Command, timeout: float = 10.0) -> Command:
+        if self._transport is None:
+            raise ConnectionError("not connected")
+        command.opaque = next(self._opaque)
+        future: asyncio.Future[Command] = asyncio.get_running_loop().create_future()
+        self._waiting[command.opaque] = future
+        self._transport.write(encode(command))
+        try:
+            return await asyncio.wait_for(future, timeout)
+        finally:
+            self._waiting.pop(command.opaque, None)
+
+    def oneway(self, command: Command) -> None:
+        if self._transport is None:
+            raise ConnectionError("not connected")
+        command.opaque = next(self._opaque)
+        command.flag |= FLAG_ONEWAY
+        self._transport.write(encode(command))
+
+    def write_raw(self, data: bytes) -> None:
+        """Bytes as they are (fuzzing)."""
+        if self._transport is not None:
+            self._transport.write(data)
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+
+def call(addr: str, command: Command, timeout: float = 5.0) -> Command:
+    """One request on a fresh blocking connection; its answer."""
+    host, port = split_addr(addr)
+    deadline = time.monotonic() + timeout
+    command.opaque = command.opaque or 1
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(encode(command))
+        buffer = bytearray()
+        while True:
+            if len(buffer) >= 4:
+                length = frame_length(buffer[:4])
+                if len(buffer) - 4 >= length:
+                    answer = decode(memoryview(buffer)[4 : 4 + length])
+                    if answer.is_response and answer.opaque == command.opaque:
+                        return answer
+                    del buffer[: 4 + length]
+                    continue
+            sock.settimeout(max(0.01, deadline - time.monotonic()))
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ConnectionError(f"{addr} closed the connection without answering")
+            buffer += chunk

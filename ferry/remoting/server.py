@@ -1,0 +1,269 @@
+"""A RocketMQ-protocol server on asyncio: frames in, handlers by request code,
+answers out in any order, and requests of its own to the clients.
+
+One `Connection` per accepted socket. Requests run concurrently (a handler
+may long-poll); each answer carries its request's opaque, so a client's
+pipelined requests complete in whatever order they finish. A oneway request
+(flag bit 1) gets no answer, even an error. An unknown code is answered with
+3 (REQUEST_CODE_NOT_SUPPORTED), as Apache's broker does. A frame that breaks
+the format closes its connection without a reply; the server logs it once per
+connection and goes on serving every other one.
+
+Backpressure: a connection with `max_in_flight` requests being handled stops
+being read until one finishes, so a fast producer fills its own socket buffer
+instead of the broker's memory.
+
+The broker talks back over the same connection (`Connection.request` and
+`Connection.oneway`, e.g. NOTIFY_CONSUMER_IDS_CHANGED), with its own opaque
+counter; answers to those are matched here and never reach the handlers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import socket
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from ferry.remoting import codes
+from ferry.remoting.codec import (
+    FLAG_ONEWAY,
+    Command,
+    RemotingProtocolError,
+    decode,
+    encode,
+    frame_length,
+)
+from ferry.remoting.metrics import RemotingMetrics
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[["Connection", Command], Awaitable[Command | None]]
+MAX_IN_FLIGHT = 256
+
+
+class Connection(asyncio.Protocol):
+    """One client's socket. `state` is for handlers (e.g. the client id a
+    heartbeat named); `closed` is set once the socket is gone."""
+
+    def __init__(self, server: RemotingServer) -> None:
+        self._server = server
+        self._transport: asyncio.Transport | None = None
+        self._buffer = bytearray()
+        self._in_flight = 0
+        self._paused = False
+        self._opaque = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[Command]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.remote = ""  # "ip:port" of the client
+        self.state: dict[str, Any] = {}
+        self.closed = asyncio.Event()
+
+    # ------------------------------------------------------------ asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        peer = transport.get_extra_info("peername")
+        self.remote = f"{peer[0]}:{peer[1]}" if peer else "?"
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._server._opened(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(ConnectionError(f"connection to {self.remote} closed"))
+        self._waiting.clear()
+        self.closed.set()
+        self._server._closed(self)
+
+    def data_received(self, data: bytes) -> None:
+        self._server.metrics.received(len(data))
+        buffer = self._buffer
+        buffer += data
+        pos = 0
+        try:
+            while len(buffer) - pos >= 4:
+                length = frame_length(memoryview(buffer)[pos : pos + 4])
+                if len(buffer) - pos - 4 < length:
+                    break
+                command = decode(memoryview(buffer)[pos + 4 : pos + 4 + length])
+                pos += 4 + length
+                self._dispatch(command)
+        except RemotingProtocolError as e:
+            self._server._protocol_error(self, e)
+            self.close()
+            return
+        finally:
+            if pos:
+                del buffer[:pos]
+
+    # ------------------------------------------------------------ requests in
+
+    def _dispatch(self, command: Command) -> None:
+        if command.is_response:
+            future = self._waiting.pop(command.opaque, None)
+            if future is not None and not future.done():
+                future.set_result(command)
+            return
+        handler = self._server.handlers.get(command.code)
+        if handler is None:
+            self._server.metrics.request(command.code, codes.REQUEST_CODE_NOT_SUPPORTED)
+            if not command.is_oneway:
+                self.write(
+                    command.answer(
+                        codes.REQUEST_CODE_NOT_SUPPORTED,
+                        f" request type {command.code} not supported",
+                    )
+                )
+            return
+        self._in_flight += 1
+        if self._in_flight >= self._server.max_in_flight and not self._paused:
+            self._paused = True
+            if self._transport is not None:
+                self._transport.pause_reading()
+        task = asyncio.get_running_loop().create_task(self._handle(handler, command))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _handle(self, handler: Handler, command: Command) -> None:
+        try:
+            try:
+                answer = await handler(self, command)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a handler's bug must not take the connection down
+                log.exception("remoting %s: code %d from %s failed",
+                              self._server.name, command.code, self.remote)  # fmt: skip
+                answer = command.answer(codes.SYSTEM_ERROR, f"{type(e).__name__}: {e}")
+            self._server.metrics.request(command.code, None if answer is None else answer.code)
+            if answer is not None and not command.is_oneway:
+                answer.opaque = command.opaque
+                answer.serialize_type = command.serialize_type
+                self.write(answer)
+        finally:
+            self._in_flight -= 1
+            if self._paused and self._in_flight < self._server.max_in_flight // 2:
+                self._paused = False
+                if self._transport is not None:
+                    self._transport.resume_reading()
+
+    # ------------------------------------------------------------ out
+
+    def write(self, command: Command) -> None:
+        """Send `command` if the socket is still open (an answer to a client
+        that left is dropped)."""
+        if self._transport is None or self._transport.is_closing():
+            return
+        try:
+            frame = encode(command)
+        except RemotingProtocolError as e:
+            log.error("remoting %s: cannot encode code %d for %s: %s",
+                      self._server.name, command.code, self.remote, e)  # fmt: skip
+            frame = encode(command.answer(codes.SYSTEM_ERROR, str(e)))
+        self._server.metrics.sent(len(frame))
+        self._transport.write(frame)
+
+    async def request(self, command: Command, timeout: float) -> Command:
+        """Send a request of the server's own to this client and wait for its
+        answer (ConnectionError if the socket closes, TimeoutError after
+        `timeout` seconds)."""
+        command.opaque = next(self._opaque)
+        command.flag &= ~FLAG_ONEWAY
+        future: asyncio.Future[Command] = asyncio.get_running_loop().create_future()
+        self._waiting[command.opaque] = future
+        self.write(command)
+        try:
+            return await asyncio.wait_for(future, timeout)
+        finally:
+            self._waiting.pop(command.opaque, None)
+
+    def oneway(self, command: Command) -> None:
+        """Send a request of the server's own that expects no answer."""
+        command.opaque = next(self._opaque)
+        command.flag |= FLAG_ONEWAY
+        self.write(command)
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    @property
+    def is_open(self) -> bool:
+        return self._transport is not None and not self._transport.is_closing()
+
+
+class RemotingServer:
+    """Serves `handlers` (request code → coroutine) on one or more ports.
+    `on_close` is called with each connection that goes away (client tables
+    forget its channel)."""
+
+    def __init__(
+        self,
+        name: str,
+        handlers: Mapping[int, Handler],
+        metrics: RemotingMetrics | None = None,
+        on_close: Callable[[Connection], None] | None = None,
+        max_in_flight: int = MAX_IN_FLIGHT,
+    ) -> None:
+        self.name = name
+        self.handlers = dict(handlers)
+        self.metrics = metrics or RemotingMetrics(None, name)
+        self.max_in_flight = max(2, max_in_flight)
+        self.connections: set[Connection] = set()
+        self._on_close = on_close
+        self._servers: list[asyncio.base_events.Server] = []
+        self._complained: set[Connection] = set()
+
+    async def listen(self, host: str, port: int) -> int:
+        """Start accepting on host:port (0 picks a free port); returns the port."""
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(
+            lambda: Connection(self), host, port, reuse_address=True, backlog=1024
+        )
+        self._servers.append(server)
+        return int(server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        """Stop accepting, close every connection, wait for their handlers."""
+        for server in self._servers:
+            server.close()
+        for connection in list(self.connections):
+            connection.close()
+        tasks = [t for c in list(self.connections) for t in c._tasks]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for server in self._servers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.wait_closed(), 5)
+        self._servers.clear()
+
+    def _opened(self, connection: Connection) -> None:
+        self.connections.add(connection)
+        self.metrics.opened()
+
+    def _closed(self, connection: Connection) -> None:
+        if connection in self.connections:
+            self.connections.discard(connection)
+            self.metrics.closed()
+        self._complained.discard(connection)
+        if self._on_close is not None:
+            try:
+                self._on_close(connection)
+            except Exception:
+                log.exception("remoting %s: close hook failed for %s", self.name, connection.remote)
+
+    def _protocol_error(self, connection: Connection, error: RemotingProtocolError) -> None:
+        self.metrics.protocol_error()
+        if connection not in self._complained:
+            self._complained.add(connection)
+            log.warning("remoting %s: closing %s: %s", self.name, connection.remote, error)
