@@ -345,7 +345,13 @@ class MessageStore:
         """The advertised address stored in records and message ids (known once
         the gRPC server has bound its port)."""
         self._store_host = record.pack_host(host)
+        self._store_host_addr = host
         self._msg_id_prefix = record.message_id(host, 0)[:16]
+
+    @property
+    def store_host(self) -> tuple[str, int]:
+        """("ip", port) written into records as their store host."""
+        return getattr(self, "_store_host_addr", self.config.store_host)
 
     # ------------------------------------------------------------ state
 
