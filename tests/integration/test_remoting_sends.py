@@ -14,12 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from ferry import record
 from ferry.model import SCHEDULE_TOPIC
 from ferry.remoting import batch, codes
 from ferry.remoting.client import RemotingClient
 from ferry.remoting.codec import ROCKETMQ, Command
+from ferry.remoting.metrics import RemotingMetrics
 from ferry.remoting.server import RemotingServer
 from ferry.runtime.clock import FakeClock
 from ferry.runtime.errors import StorageFault
@@ -42,6 +44,14 @@ class Door:
     server: RemotingServer
     client: RemotingClient
     loop: LoopThread
+    registry: CollectorRegistry
+
+    def requests(self, request_code: int, response_code: int = codes.SUCCESS) -> float:
+        """How many requests of a code the door answered with `response_code`."""
+        labels = {"server": "broker", "request_code": str(request_code)}
+        labels["response_code"] = str(response_code)
+        value = self.registry.get_sample_value("ferry_remoting_requests_total", labels)
+        return value or 0.0
 
     def call(self, command: Command) -> Command:
         return self.loop.run(self.client.request(command, timeout=10))
@@ -90,14 +100,15 @@ def open_door(loop: LoopThread, broker: RunningBroker) -> Door:
     # are created on first use as the pop reviver creates them.
     app.messaging.create_topic = app._create_system_topic
     deps = Deps.from_app(app)
-    server = RemotingServer("broker", handlers(deps))
+    registry = CollectorRegistry()
+    server = RemotingServer("broker", handlers(deps), RemotingMetrics(registry, "broker"))
 
     async def start() -> tuple[int, RemotingClient]:
         port = await server.listen("127.0.0.1", 0)
         return port, await RemotingClient.connect(f"127.0.0.1:{port}")
 
     _, client = loop.run(start())
-    return Door(broker, deps, server, client, loop)
+    return Door(broker, deps, server, client, loop, registry)
 
 
 @pytest.fixture
@@ -467,3 +478,22 @@ def test_search_by_timestamp_and_earliest_store_time(timed_door):
     assert bad.code == codes.MESSAGE_ILLEGAL
     earliest = door.call(offsets_request(codes.GET_EARLIEST_MSG_STORETIME, topic=TOPIC, queueId=0))
     assert (earliest.code, earliest.ext["timestamp"]) == (codes.SUCCESS, str(start))
+
+
+def test_a_sync_master_without_a_slave_answers_slave_not_available(loop_thread, tmp_path):
+    broker = start_broker(
+        loop_thread, tmp_path / "store", brokerName="broker-s", brokerRole="SYNC_MASTER"
+    )
+    support.create_topic(broker.channel, TOPIC, 1)
+    door = open_door(loop_thread, broker)
+    try:
+        before = door.max_offset()
+        answer = door.call(v2(TOPIC, b"unreplicated", 0))
+        assert answer.code == codes.SLAVE_NOT_AVAILABLE, answer.remark
+        # Stored all the same: the answer carries where, as a SEND_OK's does.
+        assert answer.ext["queueOffset"] == "0" and len(answer.ext["msgId"]) == 32
+        assert door.max_offset() > before
+        assert door.requests(codes.SEND_MESSAGE_V2, codes.SLAVE_NOT_AVAILABLE) == 1
+    finally:
+        door.close()
+        broker.stop()

@@ -356,15 +356,24 @@ class MessagingService:
         return out  # type: ignore[return-value]
 
     def _message_in(self, message: MessageLike, properties: bytes, now_ms: int) -> MessageIn:
-        born_host = getattr(message, "born_host", None)
+        if type(message) is not OutgoingMessage:  # ferry.v1's entries: none of the extras
+            return MessageIn(
+                body=message.body,
+                properties=properties,
+                flag=message.flag,
+                born_timestamp=message.born_timestamp or now_ms,
+                born_host=self._born_host,
+            )
         return MessageIn(
             body=message.body,
             properties=properties,
             flag=message.flag,
             born_timestamp=message.born_timestamp or now_ms,
-            born_host=self._born_host if born_host is None else _packed_host(born_host),
-            sys_flag=getattr(message, "sys_flag", 0),
-            reconsume_times=getattr(message, "reconsume_times", 0),
+            born_host=self._born_host
+            if message.born_host is None
+            else _packed_host(message.born_host),
+            sys_flag=message.sys_flag,
+            reconsume_times=message.reconsume_times,
         )
 
     def _retry_route(
