@@ -191,6 +191,23 @@ def peek(head: bytes | bytearray | memoryview) -> int | Blank:
     return total
 
 
+_STORE_TIMESTAMP = struct.Struct(">q")
+STORE_TIMESTAMP_END = 64  # the head bytes `store_timestamp` needs
+
+
+def store_timestamp(head: bytes | bytearray | memoryview) -> int:
+    """STORETIMESTAMP from a record's first `STORE_TIMESTAMP_END` bytes.
+
+    Raises:
+        RecordError: too few bytes, or not a message record.
+    """
+    if len(head) < STORE_TIMESTAMP_END:
+        raise RecordError(f"{len(head)} bytes: too few for a record's store timestamp")
+    if isinstance(peek(head), Blank):
+        raise RecordError("a BLANK marker has no store timestamp")
+    return _STORE_TIMESTAMP.unpack_from(head, 56)[0]
+
+
 def decode(
     buf: bytes | bytearray | memoryview,
     pos: int = 0,

@@ -24,6 +24,7 @@ from typing import Protocol
 
 from ferry import record
 from ferry.model import (
+    DEFAULT_RETRY_MAX_TIMES,
     MASTER_ID,
     PERM_READ,
     PERM_WRITE,
@@ -33,11 +34,13 @@ from ferry.model import (
     PROPERTY_SHARDING_KEY,
     PROPERTY_TIMER_DELIVER_MS,
     PROPERTY_TIMER_OUT_MS,
+    RETRY_TOPIC_PREFIX,
     SCHEDULE_TOPIC,
     TIMER_TOPIC,
     TopicConfig,
     check_name,
     check_topic,
+    dlq_topic,
     is_system_topic,
 )
 from ferry.runtime import errors
@@ -77,6 +80,11 @@ def _ram_bytes() -> int:
         return 8 << 30
 
 
+class MessageTooLarge(ResourceExhausted):
+    """A body over maxMessageSize: refused wherever it is sent (unlike a full
+    disk, which another broker may not have)."""
+
+
 class SendStatus(enum.Enum):
     SEND_OK = "SEND_OK"
     FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
@@ -98,12 +106,24 @@ class MessageLike(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class OutgoingMessage:
+    """A message to send. Beyond `MessageLike`, what RocketMQ's own protocol
+    carries per message and the record keeps: `sys_flag` (the compression
+    bits), `born_host` (the producer's ("ip", port); None: the broker's
+    default), `reconsume_times`; and `max_reconsume_times` (None: the group's
+    retryMaxTimes), which decides where a send to a retry topic goes
+    (`MessagingService.stage`). Messages without these attributes (ferry.v1's
+    requests) count as 0 / None."""
+
     body: bytes
     tags: str = ""
     keys: str = ""
     properties: Mapping[str, str] = field(default_factory=dict)
     flag: int = 0
     born_timestamp: int = 0
+    sys_flag: int = 0
+    born_host: tuple[str, int] | None = None
+    reconsume_times: int = 0
+    max_reconsume_times: int | None = None
 
 
 @dataclass(frozen=True)
@@ -167,11 +187,15 @@ class MessagingService:
         fence: Callable[[bool], None] | None = None,
         replication_wait: ReplicationWait | None = None,
         on_sent: Callable[[str, str, int, float], None] | None = None,
+        create_topic: Callable[[TopicConfig], None] | None = None,
     ) -> None:
         """`replication_wait` (SYNC_MASTER): what a send waits for after its
         store, before SEND_OK (services.broker.cluster.replication);
         `on_sent` (metrics): (topic, status, messages, seconds) after each
-        stored send."""
+        stored send; `create_topic`: persists and announces a group's retry or
+        dead-letter topic that a send needs and that does not exist yet (None:
+        such a send is refused like any send to an unknown topic)."""
+        self.create_topic = create_topic
         self.timer_max_delay_ms = int(timer_max_delay_s * 1000)
         self.slave_read_enable = slave_read_enable
         self.groups = groups
@@ -217,10 +241,19 @@ class MessagingService:
         """Check a send and append it to the log, without waiting for a flush
         or a slave: `settle` does, once for any number of staged sends.
 
+        A single message sent to a group's retry topic `%RETRY%<group>` (a
+        consumer's own retry, as RocketMQ 4's clients send it) is routed as
+        RocketMQ routes it: once its reconsume times reached its maximum, to
+        the group's dead-letter topic `%DLQ%<group>` (queue 0, without DELAY);
+        either topic is created on first use (`create_topic`).
+
         Raises the send's error (InvalidArgument, NotFound, PermissionDenied,
         ResourceExhausted), with nothing appended; Unavailable on a storage fault.
         """
-        config = self._writable(topic)
+        retry = topic.startswith(RETRY_TOPIC_PREFIX) and not batch and len(messages) == 1
+        if retry:
+            topic, queue_id, messages = self._retry_route(topic, queue_id, messages[0])
+        config = self._writable(topic, create=retry)
         if not messages:
             raise InvalidArgument("messages", "a batch needs at least one message")
         queue_id = self._pick_queue(config, queue_id, _message_group(messages, batch))
@@ -323,16 +356,58 @@ class MessagingService:
         return out  # type: ignore[return-value]
 
     def _message_in(self, message: MessageLike, properties: bytes, now_ms: int) -> MessageIn:
+        if type(message) is not OutgoingMessage:  # ferry.v1's entries: none of the extras
+            return MessageIn(
+                body=message.body,
+                properties=properties,
+                flag=message.flag,
+                born_timestamp=message.born_timestamp or now_ms,
+                born_host=self._born_host,
+            )
         return MessageIn(
             body=message.body,
             properties=properties,
             flag=message.flag,
             born_timestamp=message.born_timestamp or now_ms,
-            born_host=self._born_host,
+            born_host=self._born_host
+            if message.born_host is None
+            else _packed_host(message.born_host),
+            sys_flag=message.sys_flag,
+            reconsume_times=message.reconsume_times,
         )
 
-    def _writable(self, topic: str) -> TopicConfig:
-        """The topic's config, if this broker takes sends to it now."""
+    def _retry_route(
+        self, topic: str, queue_id: int | None, message: MessageLike
+    ) -> tuple[str, int | None, Sequence[MessageLike]]:
+        """Where a message sent to `%RETRY%<group>` goes: there, or to the
+        group's dead-letter topic once `reconsume_times` reached the maximum
+        (the message's `max_reconsume_times`, else the group's retryMaxTimes)."""
+        group = topic[len(RETRY_TOPIC_PREFIX) :]
+        limit = getattr(message, "max_reconsume_times", None)
+        if limit is None:
+            config = self.groups.get(group) if self.groups is not None else None
+            limit = config.retry_max_times if config is not None else DEFAULT_RETRY_MAX_TIMES
+        if getattr(message, "reconsume_times", 0) < limit:
+            return topic, queue_id, (message,)
+        properties = dict(message.properties)
+        properties.pop(PROPERTY_DELAY, None)
+        dead = OutgoingMessage(
+            body=message.body,
+            tags=message.tags,
+            keys=message.keys,
+            properties=properties,
+            flag=message.flag,
+            born_timestamp=message.born_timestamp,
+            sys_flag=getattr(message, "sys_flag", 0),
+            born_host=getattr(message, "born_host", None),
+            reconsume_times=getattr(message, "reconsume_times", 0),
+        )
+        return dlq_topic(group), 0, (dead,)
+
+    def _writable(self, topic: str, create: bool = False) -> TopicConfig:
+        """The topic's config, if this broker takes sends to it now; with
+        `create`, a missing topic is created (one queue, read-write) once the
+        broker is known to take sends."""
         check_topic(topic)
         if is_system_topic(topic):
             raise InvalidArgument(
@@ -353,6 +428,9 @@ class MessagingService:
                 "it is being drained or is read-only"
             )
         config = self.topics.get(topic)
+        if config is None and create and self.create_topic is not None:
+            config = TopicConfig(topic, read_queue_nums=1, write_queue_nums=1, perm=6)
+            self.create_topic(config)
         if config is None:
             raise NotFound(
                 f"topic {topic!r} does not exist on broker {self.broker_name}; create it with "
@@ -426,7 +504,7 @@ class MessagingService:
                 where if where == "body" else f"{where}.body", "must not be empty"
             )
         if len(body) > self.max_message_size:
-            raise ResourceExhausted(
+            raise MessageTooLarge(
                 f"{where if where == 'body' else where + '.body'} is {len(body)} bytes; "
                 f"maxMessageSize is {self.max_message_size}"
             )
@@ -589,14 +667,53 @@ class MessagingService:
 
     def queue_offsets(self, topic: str, queue_id: int) -> tuple[int, int]:
         """(min, max) queue offsets of one queue."""
+        self._known_queue(topic, queue_id)
+        return self.store.queue_min_offset(topic, queue_id), self.store.queue_max_offset(
+            topic, queue_id
+        )
+
+    async def offset_by_time(
+        self, topic: str, queue_id: int, timestamp_ms: int, upper: bool = False
+    ) -> int:
+        """The queue offset of the first message stored at or after
+        `timestamp_ms` (the max offset when there is none); with `upper`, of the
+        last one stored at or before it (the min offset when there is none)."""
+        self._known_queue(topic, queue_id)
+        return await self.store.offset_by_time(topic, queue_id, timestamp_ms, upper)
+
+    async def earliest_store_time(self, topic: str, queue_id: int) -> int:
+        """When the queue's oldest message still kept was stored (epoch ms), −1
+        for an empty queue."""
+        self._known_queue(topic, queue_id)
+        return await self.store.earliest_store_time(topic, queue_id)
+
+    async def stored_record(self, commit_offset: int) -> bytes:
+        """The record that starts at `commit_offset`, as stored (RocketMQ's
+        view by offset message id), if consumers may see it.
+
+        Raises:
+            InvalidArgument: a negative offset.
+            NotFound: no record starts there, or retention deleted it.
+        """
+        if commit_offset < 0:
+            raise InvalidArgument("offset", f"{commit_offset} is negative")
+        data = await self.store.record_bytes(commit_offset)
+        if data is None:
+            raise NotFound(
+                f"no message starts at commit offset {commit_offset} on broker "
+                f"{self.broker_name} (the commit log holds "
+                f"[{self.store.min_offset}, {self.store.confirm_offset})); it may have been "
+                "deleted by retention, or the message id names another broker"
+            )
+        return data
+
+    def _known_queue(self, topic: str, queue_id: int) -> TopicConfig:
         check_topic(topic)
         config = self.topics.get(topic)
         if config is None:
             raise NotFound(f"topic {topic!r} does not exist on broker {self.broker_name}")
         self.check_queue(config, queue_id)
-        return self.store.queue_min_offset(topic, queue_id), self.store.queue_max_offset(
-            topic, queue_id
-        )
+        return config
 
 
 def _message_group(messages: Sequence[MessageLike], batch: bool) -> str:
@@ -613,6 +730,24 @@ def _message_group(messages: Sequence[MessageLike], batch: bool) -> str:
 
 def _group_of(message: MessageLike) -> str:
     return (message.properties or {}).get(PROPERTY_SHARDING_KEY, "")
+
+
+_HOSTS: dict[tuple[str, int], bytes] = {}
+
+
+def _packed_host(host: tuple[str, int]) -> bytes:
+    """A producer's ("ip", port) as a record stores it (IPv4 only: any other
+    address is stored as 127.0.0.1:0)."""
+    packed = _HOSTS.get(host)
+    if packed is None:
+        try:
+            packed = record.pack_host(host)
+        except record.RecordError:
+            packed = record.pack_host(("127.0.0.1", 0))
+        if len(_HOSTS) > 4096:
+            _HOSTS.clear()
+        _HOSTS[host] = packed
+    return packed
 
 
 def _plain(text: str) -> bool:

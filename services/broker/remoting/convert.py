@@ -12,9 +12,11 @@ from collections.abc import Mapping
 from ferry.remoting import codes
 from ferry.remoting.codec import Command
 from ferry.runtime import errors
+from services.broker.messaging.service import MessageTooLarge
 
 _CODE_BY_ERROR: dict[type[errors.FerryError], int] = {
     errors.InvalidArgument: codes.MESSAGE_ILLEGAL,
+    MessageTooLarge: codes.MESSAGE_ILLEGAL,  # a ResourceExhausted no other broker takes either
     errors.NotFound: codes.TOPIC_NOT_EXIST,
     errors.AlreadyExists: codes.TOPIC_EXIST_ALREADY,
     errors.PermissionDenied: codes.NO_PERMISSION,

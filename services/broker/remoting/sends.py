@@ -1,10 +1,280 @@
-"""(filled in by issue 28's work)"""
+"""Sends over RocketMQ's protocol: SEND_MESSAGE (10, long header names),
+SEND_MESSAGE_V2 (310, the same fields named a–n) and SEND_BATCH_MESSAGE (320,
+a V2 header and a batch body, ferry.remoting.batch).
+
+Each handler parses and checks the header (and the batch body), turns the
+request into `OutgoingMessage`s and calls the one send use case
+(`MessagingService.send`), as ferry.v1's SendMessage does: a refused request
+stores nothing. What the header carries per message is kept in the record:
+flag, sysFlag (the compression bits), bornTimestamp, the producer's address
+as born host, reconsumeTimes. The broker strips WAIT (it says whether to wait
+for the flush and the slave); sends to `%RETRY%<group>` past their
+maxReconsumeTimes go to `%DLQ%<group>` (the use case's rule).
+
+The answer: msgId = the offset message id (store host + commit offset;
+a batch's are joined by commas), queueId, queueOffset (of the first message),
+and MSG_REGION / TRACE_ON on every answer, errors included, since a Java
+producer reads the answer's extFields whatever its code.
+"""
 
 from __future__ import annotations
 
-from ferry.remoting.server import Handler
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ferry import record
+from ferry.model import check_name
+from ferry.remoting import batch, codes
+from ferry.remoting.codec import Command
+from ferry.remoting.server import Connection, Handler
+from ferry.runtime.errors import FerryError, PermissionDenied
+from services.broker.messaging.service import OutgoingMessage, SendStatus
+from services.broker.remoting.convert import BadRequest, boolean, error_answer, integer, text
 from services.broker.remoting.deps import Deps
+
+INT32 = (-(2**31), 2**31 - 1)
+
+# The header's fields under SEND_MESSAGE's names, and SEND_MESSAGE_V2's.
+LONG_NAMES = {
+    "producerGroup": "producerGroup",
+    "topic": "topic",
+    "defaultTopic": "defaultTopic",
+    "defaultTopicQueueNums": "defaultTopicQueueNums",
+    "queueId": "queueId",
+    "sysFlag": "sysFlag",
+    "bornTimestamp": "bornTimestamp",
+    "flag": "flag",
+    "properties": "properties",
+    "reconsumeTimes": "reconsumeTimes",
+    "unitMode": "unitMode",
+    "maxReconsumeTimes": "maxReconsumeTimes",
+    "batch": "batch",
+}
+SHORT_NAMES = dict(zip(LONG_NAMES, "abcdefghijklm", strict=True))
+
+# Message sysFlag bits (RocketMQ's MessageSysFlag).
+COMPRESSED = 0x1
+MULTI_TAGS = 0x2
+TRANSACTION_PREPARED = 0x4
+TRANSACTION_TYPE = 0xC
+INNER_BATCH = 0x80
+COMPRESSION_TYPE = 0x700
+# What a record keeps of a producer's sysFlag: the compression bits and the
+# multi-tags bit. The host bits describe the record's own address fields
+# (ferry's are IPv4) and the transaction bits a half message ferry refuses.
+KEPT_SYS_FLAG = COMPRESSED | MULTI_TAGS | COMPRESSION_TYPE
+
+PROPERTY_WAIT = "WAIT"
+PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
+
+# On every answer, as Apache 4.9's broker with its default regionId and traceOn.
+ANSWER_EXT = {"MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
+
+STATUS_CODES = {
+    SendStatus.SEND_OK: codes.SUCCESS,
+    SendStatus.FLUSH_DISK_TIMEOUT: codes.FLUSH_DISK_TIMEOUT,
+    SendStatus.FLUSH_SLAVE_TIMEOUT: codes.FLUSH_SLAVE_TIMEOUT,
+    SendStatus.SLAVE_NOT_AVAILABLE: codes.SLAVE_NOT_AVAILABLE,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SendHeader:
+    """A send request's header, checked."""
+
+    producer_group: str
+    topic: str
+    queue_id: int | None  # None: the broker picks
+    sys_flag: int
+    born_timestamp: int
+    flag: int
+    properties: dict[str, str]
+    reconsume_times: int
+    max_reconsume_times: int | None  # None: the group's retryMaxTimes
+    batch: bool
+
+
+def parse_header(ext: Mapping[str, str], names: Mapping[str, str]) -> SendHeader:
+    """A send header from a request's extFields under `names` (LONG_NAMES or
+    SHORT_NAMES); errors name the fields by their long names.
+
+    Raises:
+        BadRequest: a field Apache requires is missing, or any field is malformed.
+    """
+    fields = {name: ext[key] for name, key in names.items() if key in ext}
+    producer_group = text(fields, "producerGroup")
+    check_name(producer_group, "producerGroup")
+    topic = text(fields, "topic")
+    # defaultTopic and defaultTopicQueueNums only matter for auto-creation,
+    # which ferry does not do (autoCreateTopicEnable is off): checked if sent.
+    integer(fields, "defaultTopicQueueNums", required=False, low=0, high=INT32[1])
+    queue_id = integer(fields, "queueId", low=INT32[0], high=INT32[1])
+    sys_flag = integer(fields, "sysFlag", low=INT32[0], high=INT32[1])
+    born_timestamp = integer(fields, "bornTimestamp", low=0)
+    flag = integer(fields, "flag", low=INT32[0], high=INT32[1])
+    properties = parse_properties(fields.get("properties", ""))
+    reconsume_times = integer(fields, "reconsumeTimes", required=False, low=0, high=INT32[1])
+    max_reconsume = integer(
+        fields, "maxReconsumeTimes", required=False, default=-1, low=INT32[0], high=INT32[1]
+    )
+    return SendHeader(
+        producer_group=producer_group,
+        topic=topic,
+        queue_id=queue_id if queue_id >= 0 else None,
+        sys_flag=sys_flag,
+        born_timestamp=born_timestamp,
+        flag=flag,
+        properties=properties,
+        reconsume_times=reconsume_times,
+        max_reconsume_times=max_reconsume if max_reconsume >= 0 else None,
+        batch=boolean(fields, "batch"),
+    )
+
+
+def parse_properties(raw: str | bytes, field: str = "properties") -> dict[str, str]:
+    """RocketMQ's property string `k\\x01v\\x02k\\x01v` (a trailing separator
+    allowed) as a dict.
+
+    Raises:
+        BadRequest: an item without a name/value separator, or bytes that are not UTF-8.
+    """
+    if not raw:
+        return {}
+    try:
+        return record.decode_properties(raw.encode() if isinstance(raw, str) else raw)
+    except (record.RecordError, UnicodeEncodeError) as exc:
+        raise BadRequest(field, str(exc)) from None
+
+
+def born_host(remote: str) -> tuple[str, int] | None:
+    """A connection's "ip:port" as a record's born host; None when it is not
+    IPv4 (the record then names 127.0.0.1:0)."""
+    host, _, port = remote.rpartition(":")
+    host = host.strip("[]").removeprefix("::ffff:")
+    if not port.isdigit() or host.count(".") != 3:
+        return None
+    return host, int(port)
+
+
+def kept_sys_flag(sys_flag: int, properties: Mapping[str, str]) -> int:
+    """The sysFlag a record keeps.
+
+    Raises:
+        PermissionDenied: a transactional half message (ferry has no
+            transactions; Apache answers a broker that refuses them so too).
+        BadRequest: an inner batch (RocketMQ 5's autoBatch), which ferry does not store.
+    """
+    if (
+        sys_flag & TRANSACTION_TYPE == TRANSACTION_PREPARED
+        or properties.get(PROPERTY_TRANSACTION_PREPARED, "").lower() == "true"
+    ):
+        raise PermissionDenied(
+            "transactional messages are not supported by ferry: send it as a normal message"
+        )
+    if sys_flag & INNER_BATCH:
+        raise BadRequest(
+            "sysFlag", "an inner batch (autoBatch) is not supported; turn autoBatch off"
+        )
+    return sys_flag & KEPT_SYS_FLAG
+
+
+def wait_store_msg_ok(properties: dict[str, str]) -> bool:
+    """Take WAIT out of `properties`: whether the answer waits for the flush
+    and the slave (absent means yes)."""
+    value = properties.pop(PROPERTY_WAIT, None)
+    return value is None or value.lower() == "true"
+
+
+def messages_of(
+    request: Command, header: SendHeader, remote: str
+) -> tuple[list[OutgoingMessage], bool, bool]:
+    """The messages a send request carries, whether the answer waits for the
+    store, and whether they are a batch.
+
+    Raises:
+        BadRequest, PermissionDenied: as `kept_sys_flag`, or a batch body that
+            does not parse.
+    """
+    properties = dict(header.properties)
+    wait = wait_store_msg_ok(properties)
+    sys_flag = kept_sys_flag(header.sys_flag, properties)
+    host = born_host(remote)
+    is_batch = header.batch or request.code == codes.SEND_BATCH_MESSAGE
+    if not is_batch:
+        message = OutgoingMessage(
+            body=request.body,
+            properties=properties,
+            flag=header.flag,
+            born_timestamp=header.born_timestamp,
+            sys_flag=sys_flag,
+            born_host=host,
+            reconsume_times=header.reconsume_times,
+            max_reconsume_times=header.max_reconsume_times,
+        )
+        return [message], wait, False
+    try:
+        entries = batch.decode(request.body)
+    except batch.BatchError as exc:
+        raise BadRequest("body", str(exc)) from None
+    messages = []
+    for index, entry in enumerate(entries):
+        own = parse_properties(entry.properties, f"body[{index}].properties")
+        wait_store_msg_ok(own)
+        kept_sys_flag(0, own)
+        own.update(properties)  # the batch's own properties go on every message, as Apache's
+        messages.append(
+            OutgoingMessage(
+                body=entry.body,
+                properties=own,
+                flag=entry.flag,
+                born_timestamp=header.born_timestamp,
+                sys_flag=sys_flag & ~COMPRESSED,  # batches are never compressed
+                born_host=host,
+                reconsume_times=header.reconsume_times,
+            )
+        )
+    return messages, wait, True
+
+
+class Sends:
+    def __init__(self, deps: Deps) -> None:
+        self.deps = deps
+
+    async def send_message(self, connection: Connection, request: Command) -> Command:
+        return await self._send(connection, request, LONG_NAMES)
+
+    async def send_message_v2(self, connection: Connection, request: Command) -> Command:
+        return await self._send(connection, request, SHORT_NAMES)
+
+    async def _send(
+        self, connection: Connection, request: Command, names: Mapping[str, str]
+    ) -> Command:
+        try:
+            self.deps.gate.check()
+            header = parse_header(request.ext, names)
+            messages, wait, is_batch = messages_of(request, header, connection.remote)
+            outcome = await self.deps.messaging.send(
+                header.topic, header.queue_id, messages, wait, batch=is_batch
+            )
+        except FerryError as exc:
+            return error_answer(request, exc, ANSWER_EXT)
+        return request.answer(
+            STATUS_CODES[outcome.status],
+            ext={
+                "msgId": ",".join(outcome.msg_ids),
+                # The queue the producer chose, as Apache answers it, even when
+                # the message waits elsewhere (DELAY) or went to the DLQ.
+                "queueId": header.queue_id if header.queue_id is not None else outcome.queue_id,
+                "queueOffset": outcome.queue_offset,
+                **ANSWER_EXT,
+            },
+        )
 
 
 def handlers(deps: Deps) -> dict[int, Handler]:
-    return {}
+    sends = Sends(deps)
+    return {
+        codes.SEND_MESSAGE: sends.send_message,
+        codes.SEND_MESSAGE_V2: sends.send_message_v2,
+        codes.SEND_BATCH_MESSAGE: sends.send_message_v2,
+    }

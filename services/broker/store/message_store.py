@@ -734,6 +734,65 @@ class MessageStore:
             raise record.RecordError(f"commit offset {commit_offset} holds a BLANK marker")
         return decoded
 
+    async def record_bytes(self, commit_offset: int) -> bytes | None:
+        """The whole record that starts at `commit_offset`, as stored, if one
+        does and consumers may see it (below the confirm offset); else None."""
+        low, visible = self.commit_log.min_offset, self.confirm_offset
+        if not low <= commit_offset <= visible - record.MIN_RECORD_SIZE:
+            return None
+        try:
+            size = record.peek(await self.reader.read(commit_offset, record.BLANK_SIZE))
+            if isinstance(size, record.Blank):
+                return None
+            if size > min(visible, self.commit_log.file_end(commit_offset)) - commit_offset:
+                return None
+            data = bytes(await self.reader.read(commit_offset, size))
+            stored = record.decode_stored(data, 0, size)
+        except (record.RecordError, CommitLogError):
+            return None  # not a record start (a lying offset), or deleted meanwhile
+        return data if stored.commit_offset == commit_offset else None
+
+    async def offset_by_time(
+        self, topic: str, queue_id: int, timestamp_ms: int, upper: bool = False
+    ) -> int:
+        """Binary search of a queue by store time (RocketMQ 5's boundary types):
+        the first queue offset stored at or after `timestamp_ms`, or the max
+        offset when none is; with `upper`, the last one stored at or before it,
+        or the min offset when none is. Store times rise along a queue (one
+        appender, one clock); an entry whose record retention deleted counts as
+        older than any time."""
+        queue = self.queues.get(topic, queue_id)
+        if queue is None:
+            return 0
+        first, end = queue.min_offset, queue.max_offset
+        low, high = first, end  # the answer (for `upper`: plus one) is in [low, high]
+        while low < high:
+            middle = (low + high) // 2
+            stored = await self._store_time(queue, middle)
+            if stored < timestamp_ms or (upper and stored == timestamp_ms):
+                low = middle + 1
+            else:
+                high = middle
+        return max(first, low - 1) if upper else low
+
+    async def earliest_store_time(self, topic: str, queue_id: int) -> int:
+        """The store time of a queue's first kept message; −1 if it has none."""
+        queue = self.queues.get(topic, queue_id)
+        if queue is None or queue.min_offset >= queue.max_offset:
+            return -1
+        return await self._store_time(queue, queue.min_offset)
+
+    async def _store_time(self, queue: QueueView, queue_offset: int) -> int:
+        """The store time of one entry's record; −1 if it is gone or unreadable."""
+        commit_offset, size, _ = queue.entry(queue_offset)
+        if commit_offset < self.commit_log.min_offset or size < record.STORE_TIMESTAMP_END:
+            return -1
+        try:
+            head = await self.reader.read(commit_offset, record.STORE_TIMESTAMP_END)
+            return record.store_timestamp(head)
+        except (record.RecordError, CommitLogError):
+            return -1
+
     async def wait_for_messages(
         self, topic: str, queue_id: int, queue_offset: int, timeout_s: float
     ) -> None:
