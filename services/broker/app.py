@@ -336,6 +336,7 @@ class BrokerApp:
             fence=incarnation.fence if incarnation is not None else None,
             replication_wait=self.replication.wait if self.replication is not None else None,
             on_sent=metrics.observe_send,
+            create_topic=self._create_system_topic,
         )
         if not cfg.is_slave:
             # Masters run timed delivery and pop consumption; slaves hold their

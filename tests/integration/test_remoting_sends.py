@@ -96,9 +96,6 @@ class Door:
 
 def open_door(loop: LoopThread, broker: RunningBroker) -> Door:
     app = broker.app
-    # Until app.py passes it (issue 28's integration): retry and DLQ topics
-    # are created on first use as the pop reviver creates them.
-    app.messaging.create_topic = app._create_system_topic
     deps = Deps.from_app(app)
     registry = CollectorRegistry()
     server = RemotingServer("broker", handlers(deps), RemotingMetrics(registry, "broker"))
