@@ -165,6 +165,33 @@ def test_tag_filter_skips_other_tags(harness):
     assert none.status is GetStatus.NO_MATCHED_MSG and none.next_begin_offset == 3
 
 
+def test_raw_reads_return_the_stored_bytes_and_keep_the_byte_budget(harness):
+    store = harness.open()
+    results = [
+        harness.put("T", 0, [msg(body(i, 300), tags="a" if i % 2 else "b")]) for i in range(8)
+    ]
+    harness.dispatch()
+    stored = [harness.run(store.record_bytes(r.commit_offsets[0])) for r in results]
+    assert [record.decode(s).body for s in stored] == [body(i, 300) for i in range(8)]
+    raw = harness.get("T", 0, 0, 32, frozenset({record.tags_hash("a")}), True)
+    assert raw.status is GetStatus.FOUND and raw.records == []
+    assert raw.raw == b"".join(stored[1::2]) and raw.raw_count == 4
+    assert raw.last_commit_offset == results[7].commit_offsets[0]
+    size = len(stored[0])
+    capped = harness.get("T", 0, 0, 32, None, True, 2 * size + 10)
+    assert capped.raw == b"".join(stored[:2]) and capped.next_begin_offset == 2
+    assert harness.get("T", 0, 0, 32, None, True, 1).raw == stored[0]  # the first always fits
+
+
+def test_record_bytes_only_where_a_record_starts(harness):
+    store = harness.open()
+    result = harness.put("T", 0, [msg(body(0))])
+    at = result.commit_offsets[0]
+    assert harness.run(store.record_bytes(at)) is not None
+    for nowhere in (at + 4, result.end_offset, result.end_offset + 100, -1):
+        assert harness.run(store.record_bytes(nowhere)) is None
+
+
 def test_long_poll_returns_when_a_message_is_dispatched(harness):
     store = harness.open()
 

@@ -598,7 +598,15 @@ class MessagingService:
         max_nums: int,
         max_wait_ms: int,
         sub_expression: str = "",
+        *,
+        raw: bool = False,
+        max_count: int = MAX_PULL_NUMS,
+        max_bytes: int | None = None,
     ) -> PullOutcome:
+        """Up to `max_nums` messages (at most `max_count`, and `max_bytes`
+        when given) of a queue from `queue_offset`, waiting up to
+        `max_wait_ms` for one when there is none yet. `raw`: the records'
+        bytes as stored (RocketMQ's pull body), not decoded."""
         check_name(group, "consumer_group")
         config = self.readable_topic(topic)
         self.check_queue(config, queue_id)
@@ -609,14 +617,15 @@ class MessagingService:
         if max_wait_ms < 0:
             raise InvalidArgument("max_wait_ms", f"{max_wait_ms} is negative")
         del config
-        count = min(max_nums or DEFAULT_PULL_NUMS, MAX_PULL_NUMS)
+        count = min(max_nums or DEFAULT_PULL_NUMS, max_count, MAX_PULL_NUMS)
         tag_hashes = parse_sub_expression(sub_expression)
-        result = await self.store.get_messages(topic, queue_id, queue_offset, count, tag_hashes)
+        get = self.store.get_messages
+        result = await get(topic, queue_id, queue_offset, count, tag_hashes, raw, max_bytes)
         if result.status is GetStatus.NO_NEW_MSG and max_wait_ms > 0:
             await self.store.wait_for_messages(
                 topic, queue_id, queue_offset, min(max_wait_ms, MAX_WAIT_MS) / 1000
             )
-            result = await self.store.get_messages(topic, queue_id, queue_offset, count, tag_hashes)
+            result = await get(topic, queue_id, queue_offset, count, tag_hashes, raw, max_bytes)
         return PullOutcome(result, self._suggest(group, result))
 
     def _suggest(self, group: str, result: GetResult) -> int:
@@ -629,8 +638,8 @@ class MessagingService:
         config = self.groups.get(group) if self.groups is not None else None
         slow_id = config.which_broker_when_consume_slowly if config else 1
         normal_id = config.broker_id if config else MASTER_ID
-        if result.records:
-            behind = self.store.max_offset - result.records[-1].commit_offset
+        if result.last_commit_offset >= 0:
+            behind = self.store.max_offset - result.last_commit_offset
             if behind > self.hot_bytes:
                 return slow_id
         return normal_id

@@ -16,15 +16,33 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ferry.remoting.server import Handler
+    from collections.abc import Callable
+
+    from ferry.remoting.server import Connection, Handler
     from services.broker.remoting.deps import Deps
 
 
 def handlers(deps: Deps) -> dict[int, Handler]:
     """Every request code the broker serves over RocketMQ's protocol."""
-    from services.broker.remoting import consumers, offsets, pulls, queries, sends
+    from services.broker.remoting import consumers, offsets, pulls, queries, sendback, sends
 
     table: dict[int, Handler] = {}
-    for family in (sends, offsets, queries, consumers, pulls):
+    for family in (sends, offsets, queries, consumers, pulls, sendback):
         table.update(family.handlers(deps))
     return table
+
+
+def connection_closed(deps: Deps) -> Callable[[Connection], None]:
+    """The broker RemotingServer's `on_close`: a closed client channel leaves
+    its groups (their members are told) and frees its queue locks."""
+    from services.broker.remoting import consumers
+
+    return consumers.connection_closed(deps)
+
+
+async def housekeeping(deps: Deps) -> None:
+    """The task beside the broker's RemotingServer that expires clients silent
+    for 120 s and dead queue locks (runs until cancelled)."""
+    from services.broker.remoting import consumers
+
+    await consumers.housekeeping(deps)

@@ -7,6 +7,10 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
+from services.broker.messaging.clients import ClientTables
+from services.broker.messaging.locks import QueueLocks
+from services.broker.messaging.sendback import SendBack
+
 if TYPE_CHECKING:
     from ferry.runtime.clock import Clock
     from services.broker.config import BrokerConfig
@@ -38,6 +42,22 @@ class Deps:
     # ("ip", port) written into records as their store host: this broker's
     # RocketMQ-protocol address (offsetMsgId decodes to it).
     store_host: Callable[[], tuple[str, int]]
+    # Who is connected (heartbeats) and which orderly consumer holds which
+    # queue: state of the RocketMQ door only, shared by its handler families
+    # and the server's close hook (`services.broker.remoting.connection_closed`).
+    # One Deps per broker: every port serving RocketMQ's protocol (listenPort
+    # and the VIP port) must share it, or their member lists would differ.
+    clients: ClientTables = dataclasses.field(default_factory=ClientTables)
+    locks: QueueLocks = dataclasses.field(default_factory=QueueLocks)
+    send_back: SendBack | None = None  # built from messaging and admin when not given
+
+    def __post_init__(self) -> None:
+        if self.send_back is None and self.admin is not None and self.messaging is not None:
+            self.send_back = SendBack(
+                self.messaging,
+                self.admin.update_topic,
+                self.admin.update_group if self.config.auto_create_subscription_group else None,
+            )
 
     @classmethod
     def from_app(cls, app) -> Deps:  # services.broker.app.BrokerApp, started

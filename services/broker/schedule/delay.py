@@ -124,6 +124,9 @@ class DelayScheduler:
             flag=stored.flag,
             born_timestamp=stored.born_timestamp,
             born_host=record.pack_host(stored.born_host),
+            # The body as stored: a client-compressed one stays compressed,
+            # so its sysFlag (compression bits) travels with it.
+            sys_flag=stored.sys_flag,
             reconsume_times=stored.reconsume_times,
         )
         self.store.append_due(real_topic, queue_id, [message])

@@ -165,10 +165,15 @@ class GetStatus(enum.Enum):
 @dataclass(frozen=True)
 class GetResult:
     status: GetStatus
-    records: list[record.StoredMessage]
+    records: list[record.StoredMessage]  # decoded (empty when read `raw`)
     next_begin_offset: int
     min_offset: int
     max_offset: int
+    # Read `raw`: the records found, as stored, back to back (RocketMQ's pull
+    # body), and how many there are.
+    raw: bytes = b""
+    raw_count: int = 0
+    last_commit_offset: int = -1  # of the last record found; -1 when none
 
 
 class QueueView(Protocol):
@@ -653,9 +658,14 @@ class MessageStore:
         queue_offset: int,
         max_count: int,
         tag_hashes: frozenset[int] | None = None,
+        raw: bool = False,
+        max_bytes: int | None = None,
     ) -> GetResult:
         """Up to `max_count` records from a queue, starting at `queue_offset`,
-        only those below the confirm offset; `tag_hashes` filters by tags."""
+        only those below the confirm offset; `tag_hashes` filters by tags.
+        `raw`: the records' bytes as stored (`GetResult.raw`) instead of
+        decoded ones. `max_bytes` lowers the byte budget (maxPullBytes): the
+        first record is returned whatever its size, later ones while they fit."""
         queue = self.queues.get(topic, queue_id)
         if queue is None:
             status = GetStatus.NO_NEW_MSG if queue_offset == 0 else GetStatus.OFFSET_ILLEGAL
@@ -670,36 +680,60 @@ class MessageStore:
         confirm = self.confirm_offset
         entries = queue.entries(queue_offset, max_count)
         found: list[record.StoredMessage] = []
+        pieces: list[memoryview] = []  # raw
+        last_commit_offset = -1
         decode = record.decode_stored
         next_offset = queue_offset
         budget = self.config.max_pull_bytes
+        if max_bytes is not None:
+            budget = min(budget, max_bytes)
         spans = _spans(entries, self.commit_log.file_size, max_span=budget)
         for span_start, span_end, span_entries in spans:
             if span_entries[0][0] + span_entries[0][1] > confirm:
                 break
             if span_start < self.commit_log.min_offset:
                 break  # deleted by retention meanwhile: the next pull is told OFFSET_MOVED
-            if found and span_entries[0][1] > budget:
+            if (found or pieces) and span_entries[0][1] > budget:
                 break  # full: not one more record fits
             data = await self.reader.read(span_start, span_end - span_start)
+            view = memoryview(data)
             stop = False
             for commit_offset, size, code in span_entries:
-                if commit_offset + size > confirm or (budget < size and found):
+                if commit_offset + size > confirm or (budget < size and (found or pieces)):
                     stop = True
                     break
                 next_offset += 1
                 if tag_hashes is not None and code not in tag_hashes:
                     continue
-                found.append(decode(data, commit_offset - span_start, size))
+                at = commit_offset - span_start
+                if raw:
+                    if record.peek(view[at : at + record.BLANK_SIZE]) != size:
+                        raise record.RecordError(
+                            f"commit offset {commit_offset} holds no record of {size} bytes"
+                        )
+                    pieces.append(view[at : at + size])
+                else:
+                    found.append(decode(data, at, size))
+                last_commit_offset = commit_offset
                 budget -= size
             if stop:
                 break
-        self.get_message_count += len(found)
-        if found:
+        count = len(pieces) if raw else len(found)
+        self.get_message_count += count
+        if count:
             # One event-loop turn between reading the records and building the
             # answer from them: a send waiting meanwhile goes first.
             await asyncio.sleep(0)
-            return GetResult(GetStatus.FOUND, found, next_offset, low, high)
+            return GetResult(
+                GetStatus.FOUND,
+                found,
+                next_offset,
+                low,
+                high,
+                raw=b"".join(pieces),
+                raw_count=len(pieces),
+                last_commit_offset=last_commit_offset,
+            )
         if next_offset > queue_offset:
             return GetResult(GetStatus.NO_MATCHED_MSG, [], next_offset, low, high)
         return GetResult(GetStatus.NO_NEW_MSG, [], queue_offset, low, high)
