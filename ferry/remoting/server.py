@@ -61,6 +61,7 @@ class Connection(asyncio.Protocol):
         self.remote = ""  # "ip:port" of the client
         self.state: dict[str, Any] = {}
         self.closed = asyncio.Event()
+        self._close_callbacks: list[Callable[[Connection], None]] = []
 
     # ------------------------------------------------------------ asyncio.Protocol
 
@@ -82,7 +83,23 @@ class Connection(asyncio.Protocol):
                 future.set_exception(ConnectionError(f"connection to {self.remote} closed"))
         self._waiting.clear()
         self.closed.set()
+        callbacks, self._close_callbacks = self._close_callbacks, []
+        for callback in callbacks:
+            try:
+                callback(self)
+            except Exception:
+                log.exception("remoting %s: close callback failed for %s",
+                              self._server.name, self.remote)  # fmt: skip
         self._server._closed(self)
+
+    def on_close(self, callback: Callable[[Connection], None]) -> None:
+        """Call `callback(connection)` once when this socket goes away (at
+        once if it is gone already), on the loop, before the server's
+        `on_close` hook."""
+        if self.closed.is_set():
+            callback(self)
+        else:
+            self._close_callbacks.append(callback)
 
     def data_received(self, data: bytes) -> None:
         self._server.metrics.received(len(data))
@@ -196,6 +213,11 @@ class Connection(asyncio.Protocol):
             self._transport.close()
 
     @property
+    def server_stopping(self) -> bool:
+        """The server is closing its connections (this one is not the client's doing)."""
+        return self._server.stopping
+
+    @property
     def is_open(self) -> bool:
         return self._transport is not None and not self._transport.is_closing()
 
@@ -221,6 +243,7 @@ class RemotingServer:
         self._on_close = on_close
         self._servers: list[asyncio.base_events.Server] = []
         self._complained: set[Connection] = set()
+        self.stopping = False
 
     async def listen(self, host: str, port: int) -> int:
         """Start accepting on host:port (0 picks a free port); returns the port."""
@@ -233,6 +256,7 @@ class RemotingServer:
 
     async def stop(self) -> None:
         """Stop accepting, close every connection, wait for their handlers."""
+        self.stopping = True
         for server in self._servers:
             server.close()
         for connection in list(self.connections):

@@ -7,6 +7,7 @@ from ferry.runtime.errors import InvalidArgument
 from ferry.v1 import common_pb2, namesrv_pb2
 from ferry.wire import body_crc32
 from services.namesrv.routes import (
+    GRPC,
     LiveBroker,
     QueueData,
     RegisterResult,
@@ -68,6 +69,7 @@ def registration(req: namesrv_pb2.RegisterBrokerRequest) -> Registration:
         metrics_addr=req.metrics_addr,
         incremental=req.incremental,
         epoch=req.epoch,
+        remoting_addr=req.remoting_addr,
     )
 
 
@@ -126,16 +128,20 @@ def _live_pb(live: LiveBroker) -> namesrv_pb2.BrokerLiveInfo:
 
 
 def cluster_info_pb(routes: RouteTable) -> namesrv_pb2.ClusterInfo:
+    """The cluster as ferry.v1 clients see it: brokers with a gRPC address only
+    (a RocketMQ broker registered through RocketMQ's protocol has none)."""
+    groups, clusters = routes.cluster_view(GRPC)
     msg = namesrv_pb2.ClusterInfo()
-    for name, group in routes.broker_addr_table.items():
+    for name, group in groups.items():
         entry = msg.broker_addr_table[name]
         entry.cluster = group.cluster
         entry.broker_name = group.broker_name
         entry.broker_addrs.update(group.broker_addrs)
         if group.epoch:
             msg.group_epoch_table[name] = group.epoch
-    for cluster, names in routes.cluster_addr_table.items():
-        msg.cluster_addr_table[cluster].broker_names.extend(sorted(names))
+    for cluster, names in clusters.items():
+        msg.cluster_addr_table[cluster].broker_names.extend(names)
     for addr, live in routes.live.items():
-        msg.broker_live_table[addr].CopyFrom(_live_pb(live))
+        if live.address(GRPC):
+            msg.broker_live_table[addr].CopyFrom(_live_pb(live))
     return msg

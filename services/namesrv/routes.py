@@ -31,6 +31,14 @@ Epoch 0 means failover is off and is never fenced nor remembered.
 
 Time: liveness uses the injected clock's monotonic reading; the wall clock is
 only for the timestamps users see. `expire(now)` is a pure function of `now`.
+
+Two protocols, one table: a broker registers through `ferry.v1` (ferry's
+brokers: `broker_addr` is its gRPC address, `remoting_addr` its RocketMQ-protocol
+address if it has one) or through RocketMQ's protocol (a RocketMQ 4.x broker:
+`broker_addr` is its RocketMQ-protocol address and it has no gRPC address). The
+address a broker is registered under identifies it in every table; a route or
+cluster answer asks `LiveBroker.address(protocol)` for the address its clients
+dial, and leaves out the brokers that have none in that protocol.
 """
 
 from __future__ import annotations
@@ -61,6 +69,11 @@ from ferry.runtime.errors import FailedPrecondition, InvalidArgument, NotFound
 
 DEFAULT_HEARTBEAT_TIMEOUT_S = 120.0
 MAX_HEARTBEAT_TIMEOUT_S = 24 * 3600.0
+
+# The protocol a broker registered through, and the one an answer is for.
+GRPC = "grpc"  # ferry.v1
+REMOTING = "remoting"  # RocketMQ's TCP protocol
+PROTOCOLS = (GRPC, REMOTING)
 
 # Why a broker left the tables (the `reason` label of the unregister metric).
 GRACEFUL = "graceful"
@@ -120,9 +133,17 @@ class LiveBroker:
     metrics_addr: str = ""
     keep_alive: bool = False
     epoch: int = 0
+    remoting_addr: str = ""
+    protocol: str = GRPC
 
     def alive_at(self, now_mono: float) -> bool:
         return now_mono - self.last_update_mono <= self.heartbeat_timeout_s
+
+    def address(self, protocol: str) -> str:
+        """Where a client of `protocol` reaches this broker; "" when it cannot."""
+        if protocol == self.protocol:
+            return self.broker_addr
+        return self.remoting_addr if protocol == REMOTING else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,10 +164,16 @@ class Registration:
     metrics_addr: str = ""
     incremental: bool = False
     epoch: int = 0
+    # The broker's RocketMQ-protocol address ("": none). For a registration
+    # through RocketMQ's protocol it is `broker_addr` itself.
+    remoting_addr: str = ""
+    protocol: str = GRPC
 
 
 @dataclass(frozen=True, slots=True)
 class RegisterResult:
+    """`master_addr`: the master's address in the registering broker's protocol."""
+
     master_addr: str
     ha_server_addr: str
     topic_config_applied: bool
@@ -318,6 +345,8 @@ class RouteTable:
             metrics_addr=reg.metrics_addr,
             keep_alive=keep_alive,
             epoch=reg.epoch,
+            remoting_addr=reg.remoting_addr,
+            protocol=reg.protocol,
         )
         if reg.filter_servers:
             self.filter_servers[addr] = list(reg.filter_servers)
@@ -333,7 +362,7 @@ class RouteTable:
             # copy a log the new master may overwrite. The slave waits for the new one.
             deposed = master is not None and 0 < master.epoch < group.epoch
             if master is not None and master.alive_at(now_mono) and not deposed:
-                master_addr, ha_addr = candidate or "", master.ha_server_addr
+                master_addr, ha_addr = master.address(reg.protocol), master.ha_server_addr
         behind = group.epoch if 0 < reg.epoch < group.epoch else 0
         return RegisterResult(
             master_addr,
@@ -437,6 +466,29 @@ class RouteTable:
         self._touch(live)
         return True
 
+    def delete_topic(self, topic: str, cluster_name: str = "") -> int:
+        """Forget `topic`'s queues: on every group, or with `cluster_name` only on
+        that cluster's groups. Returns how many groups' queues were removed. A
+        broker that still has the topic brings it back with its next full
+        registration whose DataVersion changed (as in RocketMQ)."""
+        check_topic(topic)
+        if cluster_name:
+            check_name(cluster_name, "cluster_name")
+        queues = self.topic_queue_table.get(topic)
+        if not queues:
+            return 0
+        if cluster_name:
+            names = [n for n in self.cluster_addr_table.get(cluster_name, ()) if n in queues]
+        else:
+            names = list(queues)
+        for name in names:
+            del queues[name]
+        if not queues:
+            del self.topic_queue_table[topic]
+        if names:
+            self.version += 1
+        return len(names)
+
     def wipe_write_perm(self, broker_name: str) -> int:
         """Drain a group: clear WRITE on its queues of every topic; returns topics changed."""
         return self._change_write_perm(broker_name, wipe=True)
@@ -447,22 +499,79 @@ class RouteTable:
 
     # ------------------------------------------------------------------ reads
 
-    def route(self, topic: str) -> Route:
+    def route(self, topic: str, protocol: str = GRPC) -> Route:
+        """The route of `topic` for clients of `protocol`: each group with the
+        addresses of its brokers in that protocol; groups with none are left
+        out (their brokers registered through the other protocol only)."""
         check_topic(topic)
         queues = self.topic_queue_table.get(topic)
-        groups = [self.broker_addr_table[n] for n in queues or () if n in self.broker_addr_table]
-        if not queues or not groups:
-            raise NotFound(f"No topic route info in name server for the topic: {topic}")
+        groups = []
+        for name in queues or ():
+            group = self.broker_addr_table.get(name)
+            view = self.group_view(group, protocol) if group is not None else None
+            if view is not None and view.broker_addrs:
+                groups.append(view)
+        if not groups:
+            message = f"No topic route info in name server for the topic: {topic}"
+            if queues:
+                other = "ferry.v1" if protocol == REMOTING else "RocketMQ's protocol"
+                message += f" (its brokers can be reached through {other} only)"
+            raise NotFound(message)
         filter_servers = {}
         if self.filter_servers:
             for group in groups:
-                for addr in group.broker_addrs.values():
-                    if addr in self.filter_servers:
-                        filter_servers[addr] = list(self.filter_servers[addr])
-        return Route([QueueData(name, *q) for name, q in queues.items()], groups, filter_servers)
+                for broker_id, addr in group.broker_addrs.items():
+                    own = self.broker_addr_table[group.broker_name].broker_addrs.get(broker_id)
+                    if own in self.filter_servers:
+                        filter_servers[addr] = list(self.filter_servers[own])
+        names = {g.broker_name for g in groups}
+        assert queues is not None
+        queue_datas = [QueueData(name, *q) for name, q in queues.items() if name in names]
+        return Route(queue_datas, groups, filter_servers)
+
+    def group_view(self, group: BrokerGroup, protocol: str) -> BrokerGroup:
+        """A copy of `group` with its brokers' addresses in `protocol`, by id,
+        leaving out brokers without one."""
+        addrs = {}
+        for broker_id in sorted(group.broker_addrs):
+            addr = self.address(group.broker_addrs[broker_id], protocol)
+            if addr:
+                addrs[broker_id] = addr
+        return BrokerGroup(group.cluster, group.broker_name, addrs, group.epoch, group.epoch_addr)
+
+    def address(self, broker_addr: str, protocol: str) -> str:
+        """The address in `protocol` of the broker registered as `broker_addr`
+        ("" when it has none). An address with no live entry is a gRPC one."""
+        live = self.live.get(broker_addr)
+        if live is None:
+            return broker_addr if protocol == GRPC else ""
+        return live.address(protocol)
+
+    def cluster_view(self, protocol: str) -> tuple[dict[str, BrokerGroup], dict[str, list[str]]]:
+        """(groups by name, sorted group names by cluster) for clients of
+        `protocol`; groups with no broker reachable in it are left out."""
+        groups = {}
+        for name in sorted(self.broker_addr_table):
+            view = self.group_view(self.broker_addr_table[name], protocol)
+            if view.broker_addrs:
+                groups[name] = view
+        clusters = {}
+        for cluster in sorted(self.cluster_addr_table):
+            names = sorted(n for n in self.cluster_addr_table[cluster] if n in groups)
+            if names:
+                clusters[cluster] = names
+        return groups, clusters
 
     def topics(self) -> list[str]:
         return sorted(self.topic_queue_table)
+
+    def topics_by_cluster(self, cluster_name: str) -> list[str]:
+        """Topics with queues on a group of `cluster_name` (none for an unknown cluster)."""
+        check_name(cluster_name, "cluster")
+        names = self.cluster_addr_table.get(cluster_name, set())
+        return sorted(
+            t for t, queues in self.topic_queue_table.items() if not names.isdisjoint(queues)
+        )
 
     def live_count(self) -> int:
         return len(self.live)
@@ -477,6 +586,9 @@ class RouteTable:
         check_role(reg.broker_role, reg.broker_id)
         check_addr(reg.ha_server_addr, "ha_server_addr", required=False)
         check_addr(reg.metrics_addr, "metrics_addr", required=False)
+        check_addr(reg.remoting_addr, "remoting_addr", required=False)
+        if reg.protocol not in PROTOCOLS:
+            raise InvalidArgument("protocol", f"{reg.protocol!r} is not one of {PROTOCOLS}")
         for i, fs in enumerate(reg.filter_servers):
             check_addr(fs, f"body.filter_server_list[{i}]")
         if reg.heartbeat_timeout_s < 0 or reg.heartbeat_timeout_s > MAX_HEARTBEAT_TIMEOUT_S:
