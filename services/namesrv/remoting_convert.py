@@ -145,6 +145,7 @@ def registration(ext: Mapping[str, str], body: bytes, instance_id: str = "") -> 
         instance_id=instance_id,
         remoting_addr=broker_addr,
         protocol=REMOTING,
+        replace_topics=False,
         **registration_fields,
     )
 

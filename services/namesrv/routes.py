@@ -168,6 +168,11 @@ class Registration:
     # through RocketMQ's protocol it is `broker_addr` itself.
     remoting_addr: str = ""
     protocol: str = GRPC
+    # A full registration's topics replace the group's (ferry.v1). False: they
+    # are added or updated and the others kept, as Apache's name server does
+    # (a 4.9 broker that created a topic registers just that one, with a new
+    # DataVersion; topics leave through DELETE_TOPIC_IN_NAMESRV).
+    replace_topics: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,7 +324,7 @@ class RouteTable:
                 self._apply_topics(reg.broker_name, reg.topics, replace=False)
                 applied = True
             elif first or previous is None or previous.data_version != reg.data_version:
-                self._apply_topics(reg.broker_name, reg.topics, replace=True)
+                self._apply_topics(reg.broker_name, reg.topics, replace=reg.replace_topics)
                 applied = True
 
         if previous is not None and reg.instance_id and previous.instance_id == reg.instance_id:

@@ -299,6 +299,18 @@ def test_a_slave_learns_its_masters_remoting_and_ha_addresses(rns, conn):
     assert group["brokerAddrs"] == {"0": FERRY_B, "1": JAVA_A_SLAVE}
 
 
+def test_a_registration_adds_topics_and_keeps_the_others_as_apaches_does(conn):
+    # A 4.9 broker that created a topic registers just that one, with a new DataVersion.
+    assert register(conn, {"A": 4, "B": 4}).code == codes.SUCCESS
+    body = java_body({"C": 2}, counter=2)
+    ext = register_ext(bodyCrc32=zlib.crc32(body) & 0x7FFFFFFF)
+    assert conn.request(codes.REGISTER_BROKER, ext, body).code == codes.SUCCESS
+    for topic in ("A", "B", "C"):
+        assert route_body(conn, topic)
+    topics = json.loads(conn.request(codes.GET_ALL_TOPIC_LIST_FROM_NAMESERVER).body)
+    assert topics == {"topicList": ["A", "B", "C"]}
+
+
 def test_a_compressed_registration_is_read(conn):
     version = json.dumps({"counter": 3, "timestamp": 1700000000003}).encode()
     parts = [len(version).to_bytes(4, "big"), version, (2).to_bytes(4, "big")]

@@ -1,0 +1,269 @@
+"""ferry's name server over RocketMQ's protocol, with Apache RocketMQ 4.9 as the oracle.
+
+One Apache 4.9 broker registers with two name servers at once (`namesrvAddr` =
+"ferry;apache"): ferry's (tests/namesrv_remoting.py) and Apache's own. ferry's also
+has a ferry broker, registered through ferry.v1 with its RocketMQ-protocol address.
+The tests show that:
+
+- the Apache broker registers with ferry's name server (103, again with a changed
+  DataVersion after a topic is created) and shows in ferry's route answers beside the
+  ferry broker, each under its RocketMQ-protocol address; it unregisters (104) when it
+  stops;
+- Apache's mqadmin prints the same for ferry's name server as for Apache's
+  (topicRoute, topicList, clusterList, updateKvConfig, updateOrderConf, deleteKvConfig,
+  wipeWritePerm, addWritePerm);
+- the same request to both name servers gets the same code and the same parsed body.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from ferry.remoting import codes
+from ferry.remoting.bodies import loads
+from ferry.remoting.client import call
+from ferry.remoting.codec import Command
+from ferry.v1 import namesrv_pb2
+from tests import namesrv_remoting
+from tests.apache import ApacheBroker, ApacheNamesrv, run_java
+from tests.conftest import LoopThread, wait_for
+from tests.helpers import register_request
+
+MQADMIN = "org.apache.rocketmq.tools.command.MQAdminStartup"
+SHARED = "SharedTopic"
+FERRY_ONLY = "FerryOnlyTopic"
+FERRY_GRPC = "127.0.0.1:40915"  # the ferry broker's gRPC address (registered, not dialled)
+FERRY_REMOTING = "127.0.0.1:40911"  # and its RocketMQ-protocol address
+
+
+class Setup:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.loop = LoopThread()
+        self.ferry: namesrv_remoting.RemotingNamesrv | None = None
+        self.apache: ApacheNamesrv | None = None
+        self.broker: ApacheBroker | None = None
+        self._runs = itertools.count(1)  # one directory per mqadmin run, threads too
+
+    def start(self) -> None:
+        self.ferry = namesrv_remoting.start(self.loop, self.root / "ferry-namesrv")
+        self.apache = ApacheNamesrv(self.root / "apache-namesrv").start()
+        self.broker = ApacheBroker(
+            self.root / "apache-broker", namesrv=f"{self.ferry.addr};{self.apache.address}"
+        ).start()
+        self.ferry.ns.stub.RegisterBroker(
+            register_request(
+                broker_name="broker-f",
+                addr=FERRY_GRPC,
+                topics={SHARED: 2, FERRY_ONLY: 1},
+                cluster="FerryCluster",
+                instance_id="ferry-f",
+                remoting_addr=FERRY_REMOTING,
+            )
+        )
+
+    def stop(self) -> None:
+        for process in (self.broker, self.apache):
+            if process is not None:
+                process.stop()
+        if self.ferry is not None:
+            self.ferry.stop()
+        self.loop.close()
+
+    @property
+    def addrs(self) -> tuple[str, str]:
+        assert self.ferry is not None and self.apache is not None
+        return self.ferry.addr, self.apache.address
+
+    def mqadmin(self, args: Sequence[str]) -> str:
+        directory = self.root / f"mqadmin-{next(self._runs)}"
+        result = run_java("rocketmq4", MQADMIN, list(args), directory=directory)
+        if not result.stdout.strip():
+            raise AssertionError(
+                f"mqadmin {' '.join(args)} printed nothing; stderr:\n{result.stderr[-3000:]}"
+            )
+        return result.stdout
+
+    def mqadmin_both(self, *args: str) -> tuple[str, str]:
+        """The same subcommand with -n ferry and with -n apache (in parallel):
+        (ferry's output, Apache's output)."""
+        with ThreadPoolExecutor(2) as pool:
+            runs = [pool.submit(self.mqadmin, [*args, "-n", addr]) for addr in self.addrs]
+            return runs[0].result(), runs[1].result()
+
+    def both(self, code: int, ext: dict[str, str] | None = None) -> tuple[Command, Command]:
+        return tuple(call(addr, Command(code, ext=dict(ext or {})), 10) for addr in self.addrs)  # type: ignore[return-value]
+
+
+def has_route(addr: str, topic: str, broker_name: str) -> bool:
+    answer = call(addr, Command(codes.GET_ROUTEINFO_BY_TOPIC, ext={"topic": topic}), 10)
+    if answer.code != codes.SUCCESS:
+        return False
+    return any(b["brokerName"] == broker_name for b in loads(answer.body)["brokerDatas"])
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory) -> Iterator[Setup]:
+    s = Setup(tmp_path_factory.mktemp("namesrv-apache"))
+    try:
+        s.start()
+        for addr in s.addrs:
+            wait_for(lambda a=addr: has_route(a, "TBW102", "broker-a"), 30, f"broker-a at {addr}")
+        # A topic created on the broker: its DataVersion changes, it registers again.
+        s.mqadmin(["updateTopic", "-n", s.apache.address, "-b", s.broker.address,
+                   "-t", SHARED, "-r", "4", "-w", "4"])  # fmt: skip
+        for addr in s.addrs:
+            wait_for(lambda a=addr: has_route(a, SHARED, "broker-a"), 60, f"{SHARED} at {addr}")
+        yield s
+    finally:
+        s.stop()
+
+
+def body(answer: Command):
+    return loads(answer.body) if answer.body else None
+
+
+# ---------------------------------------------------------------- (a) registration
+
+
+def test_an_apache_broker_shows_in_ferrys_route_beside_a_ferry_broker(setup):
+    answer = call(setup.ferry.addr, Command(codes.GET_ROUTEINFO_BY_TOPIC, ext={"topic": SHARED}))
+    route = loads(answer.body)
+    assert [(b["brokerName"], b["cluster"], b["brokerAddrs"]) for b in route["brokerDatas"]] == [
+        ("broker-a", "ApacheCluster", {"0": setup.broker.address}),
+        ("broker-f", "FerryCluster", {"0": FERRY_REMOTING}),
+    ]
+    assert [(q["brokerName"], q["writeQueueNums"]) for q in route["queueDatas"]] == [
+        ("broker-a", 4),
+        ("broker-f", 2),
+    ]
+    live = setup.loop.call(lambda: setup.ferry.ns.app.routes.live[setup.broker.address])
+    assert (live.broker_name, live.ha_server_addr) == ("broker-a", setup.broker.ha_address)
+    # ferry.v1 clients get the brokers they can dial: the ferry broker's gRPC address.
+    grpc_route = setup.ferry.ns.stub.GetRouteInfoByTopic(
+        namesrv_pb2.GetRouteInfoByTopicRequest(topic=SHARED)
+    )
+    assert [(b.broker_name, dict(b.broker_addrs)) for b in grpc_route.broker_datas] == [
+        ("broker-f", {0: FERRY_GRPC})
+    ]
+
+
+# ---------------------------------------------------------------- (b) mqadmin
+
+
+def test_mqadmin_topic_route_prints_the_same(setup):
+    ferry, apache = setup.mqadmin_both("topicRoute", "-t", "TBW102")
+    assert '"brokerName":"broker-a"' in apache
+    assert ferry == apache
+    ferry, _ = setup.mqadmin_both("topicRoute", "-t", SHARED)
+    assert FERRY_REMOTING in ferry and setup.broker.address in ferry
+
+
+def test_mqadmin_topic_list_prints_the_same_topics(setup):
+    ferry, apache = setup.mqadmin_both("topicList")
+    apache_topics = set(apache.split())
+    assert {"TBW102", SHARED, "broker-a"} <= apache_topics
+    assert set(ferry.split()) == apache_topics | {FERRY_ONLY}
+
+
+def test_mqadmin_cluster_list_prints_the_apache_broker_alike(setup):
+    ferry, apache = setup.mqadmin_both("clusterList")
+
+    def broker_line(text: str) -> list[str]:
+        lines = [line.split() for line in text.splitlines() if setup.broker.address in line]
+        assert len(lines) == 1, text
+        return lines[0][:4]  # cluster, broker name, id, address (the rest are live figures)
+
+    assert broker_line(ferry) == broker_line(apache)
+    assert broker_line(apache) == ["ApacheCluster", "broker-a", "0", setup.broker.address]
+
+
+def test_mqadmin_kv_and_order_config_print_the_same(setup):
+    put = setup.mqadmin_both("updateKvConfig", "-s", "compat", "-k", "color", "-v", "blue")
+    assert put[0] == put[1] and "success" in put[0]
+    for code, ext in [
+        (codes.GET_KV_CONFIG, {"namespace": "compat", "key": "color"}),
+        (codes.GET_KV_CONFIG, {"namespace": "compat", "key": "size"}),
+        (codes.GET_KVLIST_BY_NAMESPACE, {"namespace": "compat"}),
+        (codes.GET_KVLIST_BY_NAMESPACE, {"namespace": "nothing-here"}),
+    ]:
+        ferry, apache = setup.both(code, ext)
+        assert (ferry.code, ferry.remark, ferry.ext, body(ferry)) == (
+            apache.code, apache.remark, apache.ext, body(apache)
+        ), (code, ext)  # fmt: skip
+    assert body(setup.both(codes.GET_KVLIST_BY_NAMESPACE, {"namespace": "compat"})[0]) == {
+        "table": {"color": "blue"}
+    }
+
+    order = setup.mqadmin_both("updateOrderConf", "-t", SHARED, "-m", "put", "-v", "broker-a:4")
+    assert order[0] == order[1]
+    order = setup.mqadmin_both("updateOrderConf", "-t", SHARED, "-m", "get")
+    assert order[0] == order[1] and "broker-a:4" in order[0]
+
+    gone = setup.mqadmin_both("deleteKvConfig", "-s", "compat", "-k", "color")
+    assert gone[0] == gone[1]
+    ferry, apache = setup.both(codes.GET_KV_CONFIG, {"namespace": "compat", "key": "color"})
+    assert (ferry.code, ferry.remark) == (apache.code, apache.remark) == (
+        codes.QUERY_NOT_FOUND, "No config item, Namespace: compat Key: color"
+    )  # fmt: skip
+
+
+def test_mqadmin_wipe_and_add_write_perm_print_the_same(setup):
+    def same(text: str) -> str:
+        return re.sub(r"name server\[[^\]]*\]", "name server[ADDR]", text)
+
+    wiped = setup.mqadmin_both("wipeWritePerm", "-b", "broker-a")
+    assert same(wiped[0]) == same(wiped[1]) and "OK" in wiped[0]
+    for addr in setup.addrs:
+        route = loads(
+            call(addr, Command(codes.GET_ROUTEINFO_BY_TOPIC, ext={"topic": "TBW102"})).body
+        )
+        assert route["queueDatas"][0]["perm"] & 2 == 0, addr
+    added = setup.mqadmin_both("addWritePerm", "-b", "broker-a")
+    assert same(added[0]) == same(added[1]) and "OK" in added[0]
+    ferry, apache = setup.both(codes.GET_ROUTEINFO_BY_TOPIC, {"topic": "TBW102"})
+    assert ferry.body == apache.body
+
+
+# ---------------------------------------------------------------- (c) same request, same answer
+
+
+def test_the_same_requests_get_the_same_answers(setup):
+    for topic in ("TBW102", "BenchmarkTest", "broker-a", "NoSuchTopic"):
+        ferry, apache = setup.both(codes.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
+        assert (ferry.code, ferry.remark, body(ferry)) == (
+            apache.code, apache.remark, body(apache)
+        ), topic  # fmt: skip
+
+    ferry, apache = setup.both(codes.GET_ALL_TOPIC_LIST_FROM_NAMESERVER)
+    assert ferry.code == apache.code == codes.SUCCESS
+    assert set(body(ferry)["topicList"]) == set(body(apache)["topicList"]) | {FERRY_ONLY}
+
+    ferry, apache = setup.both(codes.GET_TOPICS_BY_CLUSTER, {"cluster": "ApacheCluster"})
+    assert ferry.code == apache.code == codes.SUCCESS
+    assert sorted(body(ferry)["topicList"]) == sorted(body(apache)["topicList"])
+
+    ferry, apache = setup.both(codes.GET_BROKER_CLUSTER_INFO)
+    ferry_info, apache_info = body(ferry), body(apache)
+    assert ferry_info["brokerAddrTable"]["broker-a"] == apache_info["brokerAddrTable"]["broker-a"]
+    assert ferry_info["clusterAddrTable"] == {
+        **apache_info["clusterAddrTable"],
+        "FerryCluster": ["broker-f"],
+    }
+
+
+def test_a_stopping_apache_broker_unregisters_from_both(setup):
+    """Last: it stops the module's broker."""
+    setup.broker.stop()
+    for addr in setup.addrs:
+        wait_for(
+            lambda a=addr: not has_route(a, "TBW102", "broker-a"), 30, f"broker-a gone at {addr}"
+        )
+    assert setup.loop.call(lambda: list(setup.ferry.ns.app.routes.live)) == [FERRY_GRPC]
+    assert has_route(setup.ferry.addr, SHARED, "broker-f")
