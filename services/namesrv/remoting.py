@@ -182,7 +182,13 @@ class _Handlers:
     # ------------------------------------------------------------ routes
 
     async def get_route(self, connection: Connection, request: Command) -> Command:
-        topic = check_topic(text(request.ext, "topic"))
+        topic = text(request.ext, "topic")
+        try:
+            check_topic(topic)
+        except errors.InvalidArgument as e:
+            # No such topic can exist: 17 as for any other topic without a route.
+            remark = f"No topic route info in name server for the topic: {topic[:200]} ({e.reason})"
+            return request.answer(codes.TOPIC_NOT_EXIST, remark + NO_ROUTE_HINT)
         boolean(
             request.ext, "acceptStandardJsonOnly"
         )  # checked; the answer is standard JSON anyway
