@@ -11,6 +11,9 @@ from collections.abc import Mapping
 
 from ferry.remoting import codes
 from ferry.remoting.codec import Command
+from ferry.remoting.headers import BadRequest, integer, text
+
+__all__ = ["BadRequest", "boolean", "code_of", "error_answer", "integer", "text"]
 from ferry.runtime import errors
 from services.broker.messaging.service import MessageTooLarge
 
@@ -27,10 +30,6 @@ _CODE_BY_ERROR: dict[type[errors.FerryError], int] = {
     errors.StorageFault: codes.SERVICE_NOT_AVAILABLE,
     errors.FailedPrecondition: codes.SYSTEM_ERROR,
 }
-
-
-class BadRequest(errors.InvalidArgument):
-    """A header field missing or malformed."""
 
 
 def code_of(error: errors.FerryError) -> int:
@@ -50,39 +49,9 @@ def error_answer(
     return request.answer(code_of(error), error.message, ext=ext)
 
 
-def text(ext: Mapping[str, str], key: str, *, required: bool = True, default: str = "") -> str:
-    value = ext.get(key)
-    if value is None or (required and value == ""):
-        if required:
-            raise BadRequest(key, "missing from the request header")
-        return default
-    return value
-
-
-def integer(
-    ext: Mapping[str, str],
-    key: str,
-    *,
-    required: bool = True,
-    default: int = 0,
-    low: int = -(2**63),
-    high: int = 2**63 - 1,
-) -> int:
-    value = ext.get(key)
-    if value is None or value == "":
-        if required:
-            raise BadRequest(key, "missing from the request header")
-        return default
-    try:
-        number = int(value)
-    except ValueError:
-        raise BadRequest(key, f"not an integer: {value[:40]!r}") from None
-    if not low <= number <= high:
-        raise BadRequest(key, f"{number} outside {low}..{high}")
-    return number
-
-
 def boolean(ext: Mapping[str, str], key: str, default: bool = False) -> bool:
+    """Lenient, unlike ferry.remoting.headers.boolean: anything but "true" is
+    false (what Java's Boolean.parseBoolean does with a send's flags)."""
     value = ext.get(key)
     if value is None or value == "":
         return default
