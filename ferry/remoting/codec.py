@@ -151,7 +151,12 @@ def _encode_json(command: Command) -> bytes:
         fields["remark"] = command.remark
     fields["serializeTypeCurrentRPC"] = "JSON"
     fields["version"] = command.version
-    return json.dumps(fields, separators=(",", ":"), ensure_ascii=False).encode()
+    try:
+        return json.dumps(fields, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        # A lone surrogate (a JSON request can carry one as a \u escape, and
+        # an answer may echo it): only the escaped form is valid UTF-8.
+        return json.dumps(fields, separators=(",", ":")).encode()
 
 
 def _encode_binary(command: Command) -> bytes:
@@ -168,15 +173,21 @@ def _encode_binary(command: Command) -> bytes:
             command.flag,
         )
     ]
-    remark = (command.remark or "").encode()
+    remark = _utf8_out(command.remark or "")
     parts += [_I32.pack(len(remark)), remark]
     pairs = []
     for key, value in command.ext.items():
-        k, v = key.encode(), value.encode()
+        k, v = _utf8_out(key), _utf8_out(value)
         pairs += [_I16.pack(len(k)), k, _I32.pack(len(v)), v]
     ext = b"".join(pairs)
     parts += [_I32.pack(len(ext)), ext]
     return b"".join(parts)
+
+
+def _utf8_out(text: str) -> bytes:
+    """UTF-8 for the binary header; a lone surrogate, which UTF-8 cannot
+    carry, becomes "?"."""
+    return text.encode("utf-8", "replace")
 
 
 # ---------------------------------------------------------------- decode

@@ -100,6 +100,17 @@ def test_lenient_json_decoding():
     assert (command.language, command.opaque, command.flag, command.remark) == ("GO", 12, 0, None)
 
 
+def test_a_lone_surrogate_still_encodes():
+    """A JSON request can carry a lone surrogate (a \\udc80 escape) that an
+    answer echoes; UTF-8 cannot hold one. JSON escapes it (lossless), the
+    binary header writes "?"."""
+    answer = Command(22, 1, 1, {"key": "k\udc80"}, b"", "no item \udc80")
+    assert codec.decode(codec.encode(answer)[4:]) == answer
+    answer.serialize_type = codec.ROCKETMQ
+    back = codec.decode(codec.encode(answer)[4:])
+    assert (back.ext, back.remark) == ({"key": "k?"}, "no item ?")
+
+
 @pytest.mark.parametrize(
     "header",
     [b"[1,2]", b'{"opaque":1}', b'{"code":"x"}', b'{"code":1,"extFields":[1]}',
