@@ -15,8 +15,9 @@ The JSON header (every client's default) is one object: `code`, `language`
 (an enum name such as "JAVA"), `version`, `opaque`, `flag` (bit 0 response,
 bit 1 oneway), optional `remark` and `extFields` (string → string). Decoding is
 lenient where clients differ (missing fields, numbers and booleans as extField
-values, which become the strings Java would print); encoding is strict (every
-extField value a string, compact, no spaces).
+values, which become the strings Java would print; a lone surrogate escape
+becomes "?", what the binary form of a Java client carries for it); encoding
+is strict (every extField value a string, compact, no spaces).
 
 The ROCKETMQ binary header:
 
@@ -42,6 +43,8 @@ import dataclasses
 import json
 import struct
 from collections.abc import Mapping
+
+from ferry.remoting.bodies import scrub
 
 MAX_FRAME = 16 * 1024 * 1024  # Apache's com.rocketmq.remoting.frameMaxLength
 JSON = 0
@@ -244,6 +247,11 @@ def _decode_json(header: bytes) -> Command:
         fields = json.loads(header)
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
         raise RemotingProtocolError(f"JSON header does not parse: {e}") from None
+    if b"\\u" in header:  # only an escape makes a lone surrogate
+        try:
+            fields = scrub(fields)
+        except RecursionError:
+            raise RemotingProtocolError("JSON header nests too deeply") from None
     if not isinstance(fields, dict):
         raise RemotingProtocolError("JSON header is not an object")
     raw_ext = fields.get("extFields") or {}
