@@ -25,7 +25,9 @@ protocol error, stores nothing, and answers the next connection.
 
 Both servers run with a fake clock: delayed and timed messages a fuzzed send
 stores never come due during the run, so the commit log grows only from the
-requests themselves.
+requests themselves. Before each code the topic and routes are put back (an
+earlier code may have deleted them) and the fuzzing connection sends a good
+heartbeat, so pulls, locks and group lookups get past "no such consumer".
 
 FERRY_FUZZ_EXAMPLES sets the examples per code (default 100; `make fuzz`
 runs 1,000); FERRY_REMOTING_FUZZ_FRAMES the broken frames per server (default
@@ -53,7 +55,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from ferry.model import TopicConfig
+from ferry.model import SubscriptionGroupConfig, TopicConfig
 from ferry.remoting import batch, codec, codes
 from ferry.remoting.codec import FLAG_ONEWAY, FLAG_RESPONSE, MAX_FRAME, Command
 from ferry.remoting.metrics import RemotingMetrics
@@ -74,6 +76,8 @@ EXAMPLES = int(os.environ.get("FERRY_FUZZ_EXAMPLES", "100"))
 FRAMES = int(os.environ.get("FERRY_REMOTING_FUZZ_FRAMES", "3000"))
 ANSWER_TIMEOUT_S = 10.0
 TOPIC = "FuzzTopic"  # 4 queues, perm 6, one message at commit offset 0
+NOW_MS = int(FakeClock().wall() * 1000)  # the servers' time: their fake clocks never move
+CLIENT_ID = "127.0.0.1@fuzz"  # the fuzzing connection's client, a member of group "fuzz"
 
 # ---------------------------------------------------------------- the servers
 
@@ -89,6 +93,8 @@ class Door:
     loop: LoopThread
     state: Callable[[], Any]  # what a refused request must not change; runs on the loop
     probe: Command  # a read-only request it answers SUCCESS
+    reset: Callable[[], None]  # brings back what the fuzz may have deleted (the topic, routes)
+    warmup: list[Command]  # sent on the fuzzing connection before each code (a heartbeat)
     close: Callable[[], None]
 
     def snapshot(self) -> Any:
@@ -124,7 +130,18 @@ def serve_beside(
 
 
 BROKER_PROBE = Command(codes.GET_MAX_OFFSET, ext={"topic": TOPIC, "queueId": "0"})
-AUTO_CREATED = TopicConfig("", read_queue_nums=1, write_queue_nums=1, perm=6)
+HEARTBEAT = Command(codes.HEART_BEAT, body=json.dumps({
+    "clientID": CLIENT_ID,
+    "producerDataSet": [{"groupName": "pg"}],
+    "consumerDataSet": [{
+        "groupName": "fuzz", "consumeType": "CONSUME_PASSIVELY", "messageModel": "CLUSTERING",
+        "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET", "unitMode": False,
+        "subscriptionDataSet": [{"topic": TOPIC, "subString": "*", "expressionType": "TAG",
+                                 "subVersion": NOW_MS, "tagsSet": [], "codeSet": [],
+                                 "classFilterMode": False}],
+    }],
+}).encode())  # fmt: skip
+AUTO_TOPIC = TopicConfig("", read_queue_nums=1, write_queue_nums=1, perm=6)
 
 
 def broker_door(broker: RunningBroker) -> Door:
@@ -141,30 +158,35 @@ def broker_door(broker: RunningBroker) -> Door:
     app = broker.app
     port, served, registry, stop = serve_beside(broker.loop, "broker", handlers(Deps.from_app(app)))
     return Door("broker", port, served, registry, broker.loop, lambda: broker_state(app),
-                BROKER_PROBE, stop)  # fmt: skip
+                BROKER_PROBE, lambda: seed_broker(broker), [HEARTBEAT], stop)  # fmt: skip
 
 
 def broker_state(app) -> Any:
-    """What a refused request must leave as it was. One thing is let pass: a
-    send to `%RETRY%<group>` creates the group's retry (or dead-letter) topic
-    on first use before the message is checked, so a send refused for its
-    queue id or body still leaves the topic behind — as Apache 4.9's
-    `msgCheck` does. Such topics and the topic table's version are left out."""
+    """What a refused request must leave as it was. Two things are let pass,
+    as Apache 4.9 does them too: a send to `%RETRY%<group>` creates the
+    group's retry (or dead-letter) topic on first use before the message is
+    checked (`msgCheck`), and a request naming a group creates the group
+    (autoCreateSubscriptionGroup) before the rest is checked. Topics and
+    groups as created on first use, and those tables' versions, are left out."""
     md = app.metadata
     topics, _ = md.topics.snapshot()
-    kept = {
-        name: config
-        for name, config in topics.items()
-        if not (
-            name.startswith(("%RETRY%", "%DLQ%"))
-            and dataclasses.replace(config, topic_name="") == AUTO_CREATED
-        )
-    }
+    groups, _ = md.subscription_groups.snapshot()
     return (
         app.store.max_offset,
-        kept,
+        {
+            name: config
+            for name, config in topics.items()
+            if not (
+                name.startswith(("%RETRY%", "%DLQ%"))
+                and dataclasses.replace(config, topic_name="") == AUTO_TOPIC
+            )
+        },
         md.consumer_offsets.snapshot(),
-        md.subscription_groups.snapshot(),
+        {
+            name: config
+            for name, config in groups.items()
+            if config != SubscriptionGroupConfig(name)
+        },
         md.delay_offsets.snapshot(),
         md.settings.broker_permission,
     )
@@ -196,7 +218,29 @@ def namesrv_door(ns: RunningNamesrv) -> Door:
             {space: dict(t) for space, t in app.kv._table.items()},  # no "list all" method
         )
 
-    return Door("namesrv", port, served, registry, ns.loop, state, NAMESRV_PROBE, stop)
+    return Door("namesrv", port, served, registry, ns.loop, state, NAMESRV_PROBE,
+                lambda: seed_namesrv(ns), [], stop)  # fmt: skip
+
+
+def seed_broker(broker: RunningBroker) -> None:
+    support.create_topic(broker.channel, TOPIC, 4)
+
+
+def seed_namesrv(ns: RunningNamesrv) -> None:
+    """broker-a's master and slave, serving TOPIC over both protocols."""
+    from tests.helpers import register_request
+
+    members = ((0, "127.0.0.1:10915", "127.0.0.1:10911", "ASYNC_MASTER"),
+               (1, "127.0.0.1:10925", "127.0.0.1:10921", "SLAVE"))  # fmt: skip
+    for broker_id, addr, remoting, role in members:
+        request = register_request(broker_id=broker_id, addr=addr, topics={TOPIC: 4},
+                                   remoting_addr=remoting, broker_role=role)  # fmt: skip
+        ns.stub.RegisterBroker(request)
+    ns.stub.PutKVConfig(
+        namesrv_pb2.PutKVConfigRequest(
+            namespace="ORDER_TOPIC_CONFIG", key=TOPIC, value="broker-a:4"
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -205,7 +249,7 @@ def broker(tmp_path_factory) -> Iterator[Door]:
     running = start_broker(
         loop, tmp_path_factory.mktemp("fuzz-broker"), clock=FakeClock(), brokerName="broker-a"
     )
-    support.create_topic(running.channel, TOPIC, 4)
+    seed_broker(running)
     running.broker.SendMessage(broker_pb2.SendMessageRequest(topic=TOPIC, body=b"seed"))
     door = broker_door(running)
     yield door
@@ -220,12 +264,7 @@ def namesrv(tmp_path_factory) -> Iterator[Door]:
     running = start_namesrv(
         loop, tmp_path_factory.mktemp("fuzz-namesrv"), metrics_port=-1, clock=FakeClock()
     )
-    support.register_group(running, {TOPIC: 4})
-    running.stub.PutKVConfig(
-        namesrv_pb2.PutKVConfigRequest(
-            namespace="ORDER_TOPIC_CONFIG", key=TOPIC, value="broker-a:4"
-        )
-    )
+    seed_namesrv(running)
     door = namesrv_door(running)
     yield door
     door.close()
@@ -304,7 +343,6 @@ NUMBERS = [
     "9223372036854775808", "-9223372036854775809", "1" + "0" * 30, "", "abc", "1.5", " 7",
     "0x10", "1e3", "+5", "-0", "\u0661\u0662", "1_0", "NaN", "9" * 5000,
 ]  # fmt: skip
-NOW_MS = int(FakeClock().wall() * 1000)
 
 texts = st.one_of(
     st.text(max_size=30),
@@ -419,11 +457,15 @@ GOOD_VALUES = {
     "brokerAddr": ["127.0.0.1:10911", "127.0.0.1:10999"],
     "clusterName cluster": ["DefaultCluster"],
     "haServerAddr": ["127.0.0.1:10912"],
-    "clientID": ["127.0.0.1@1"],
+    "clientID": [CLIENT_ID],
     "acceptStandardJsonOnly": ["true", "false"],
     "perm": ["6"],
 }  # fmt: skip
 GOOD = {n: st.sampled_from(vs) for names, vs in GOOD_VALUES.items() for n in names.split()}
+# Where a field means something else for a code: a pull's sysFlag is
+# PullSysFlag (commit offset 1, suspend 2, subscription in the header 4).
+PULL_GOOD = {"sysFlag": st.sampled_from(["0", "1", "2", "4", "5", "6"])}
+GOOD_BY_CODE = {codes.PULL_MESSAGE: PULL_GOOD, codes.LITE_PULL_MESSAGE: PULL_GOOD}
 
 # The header fields of each code (docs/reference/remoting.md; RocketMQ's
 # CommandCustomHeaders). A served code not listed draws from all of them.
@@ -542,8 +584,9 @@ def obj(required: dict[str, st.SearchStrategy], optional: dict | None = None) ->
     )
 
 
-j_topic = st.one_of(st.sampled_from(TOPICS), texts)
-j_group = st.one_of(st.sampled_from(GROUPS), texts)
+j_topic = st.one_of(st.just(TOPIC), st.sampled_from(TOPICS), texts)
+j_group = st.one_of(st.just("fuzz"), st.sampled_from(GROUPS), texts)
+j_client = st.one_of(st.just(CLIENT_ID), st.just(CLIENT_ID), texts)
 j_int = st.one_of(st.integers(-2, 8), st.integers(-(2**63), 2**63))
 subscription = obj(
     {"topic": j_topic, "subString": st.one_of(st.sampled_from(["*", "a||b", "", "a > 1", "(("]), texts)},
@@ -554,7 +597,7 @@ subscription = obj(
 queue = obj({"topic": j_topic, "brokerName": st.sampled_from(["broker-a", "broker-z", ""]),
              "queueId": j_int})  # fmt: skip
 heartbeat = obj(
-    {"clientID": texts},
+    {"clientID": j_client},
     {
         "producerDataSet": st.lists(obj({"groupName": j_group}), max_size=3),
         "consumerDataSet": st.lists(
@@ -571,9 +614,9 @@ heartbeat = obj(
         ),
     },
 )  # fmt: skip
-lock = obj({"consumerGroup": j_group, "clientId": texts, "mqSet": st.lists(queue, max_size=4)},
+lock = obj({"consumerGroup": j_group, "clientId": j_client, "mqSet": st.lists(queue, max_size=4)},
            {"onlyThisBroker": st.booleans()})  # fmt: skip
-client_config = obj({"clientId": texts, "group": j_group, "subscriptionData": subscription})
+client_config = obj({"clientId": j_client, "group": j_group, "subscriptionData": subscription})
 data_version = obj({"timestamp": j_int, "counter": j_int})
 register = obj(
     {"topicConfigSerializeWrapper": obj(
@@ -682,11 +725,12 @@ ANY_NAMES = st.lists(st.sampled_from(ALL_FIELDS), max_size=8, unique=True)
 
 
 @functools.cache
-def field_strategies(names: tuple[str, ...]) -> tuple[st.SearchStrategy, ...]:
+def field_strategies(code: int, names: tuple[str, ...]) -> tuple[st.SearchStrategy, ...]:
     """(good values for every field, up to three fields to spoil, any subset
     of fields with any values). Built once: hypothesis is slow to build."""
+    good = {**GOOD, **GOOD_BY_CODE.get(code, {})}
     return (
-        st.fixed_dictionaries({n: GOOD.get(n, spoiled(n)) for n in names}),
+        st.fixed_dictionaries({n: good.get(n, spoiled(n)) for n in names}),
         st.lists(st.sampled_from(names), max_size=3, unique=True),
         st.fixed_dictionaries({}, optional={n: spoiled(n) for n in names}),
     )
@@ -699,7 +743,7 @@ def header_fields(draw, code: int) -> dict[str, str]:
         names = draw(ANY_NAMES)
     if not names:
         return draw(EXTRA)
-    good, spoil, anything = field_strategies(tuple(names))
+    good, spoil, anything = field_strategies(code, tuple(names))
     if draw(DIGITS) < 7:  # mostly a good request with up to three fields spoiled or left out
         ext = draw(good)
         for name in draw(spoil):
@@ -776,19 +820,26 @@ class Wire:
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # two small writes
         self.buffer = bytearray()
         self.received = 0
+        self.requests: list[Command] = []
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
 
     def read(self) -> Command:
-        """The next frame the server wrote (ConnectionError at EOF)."""
+        """The next answer the server wrote (ConnectionError at EOF). Requests
+        of the server's own (a broker's NOTIFY_CONSUMER_IDS_CHANGED) are set
+        aside in `requests`."""
         while True:
             if len(self.buffer) >= 4:
                 length = codec.frame_length(self.buffer[:4])
                 if len(self.buffer) >= 4 + length:
                     frame = bytes(self.buffer[4 : 4 + length])
                     del self.buffer[: 4 + length]
-                    return codec.decode(frame)
+                    command = codec.decode(frame)
+                    if command.is_response:
+                        return command
+                    self.requests.append(command)
+                    continue
             chunk = self.sock.recv(1 << 20)
             if not chunk:
                 raise ConnectionError("the server closed the connection")
@@ -831,6 +882,13 @@ class Exchange:
         self.wire = Wire(door.port)
         self.sentinels = 0
         self.answers: dict[int, dict[int, int]] = {}  # code -> response code -> count
+
+    def warm(self) -> None:
+        """The door's warm-up requests (answered whatever their code)."""
+        for opaque, command in enumerate(self.door.warmup, start=2**30):
+            self.wire.call(dataclasses.replace(command, opaque=opaque))
+        logged = self.errors.take()
+        assert not logged, "a warm-up request logged an error:\n" + "\n".join(logged)
 
     def quiet(self) -> None:
         """Nothing came back but the answer to a request behind it."""
@@ -899,6 +957,8 @@ def fuzz_every_code(door: Door, errors: Errors) -> None:
     exchange = Exchange(door, errors)
     try:
         for code in door.codes:
+            door.reset()
+            exchange.warm()
 
             @settings(max_examples=EXAMPLES, deadline=None, database=None,
                       suppress_health_check=list(HealthCheck))  # fmt: skip
