@@ -21,7 +21,8 @@ JSON or not the binary form, frames cut short, more than 16 MiB declared,
 random and bit-flipped frames the codec refuses, a good frame behind a bad
 one. The server writes not one byte, closes the connection (at once for a
 frame that breaks the format, at EOF for one cut short), counts each
-protocol error, stores nothing, and answers the next connection.
+protocol error, stores nothing, and still answers a client that stayed
+connected throughout and the next connection.
 
 Both servers run with a fake clock: delayed and timed messages a fuzzed send
 stores never come due during the run, so the commit log grows only from the
@@ -1177,6 +1178,7 @@ def fuzz_broken_frames(door: Door, errors: Errors) -> None:
     protocol_errors = door.metric("ferry_remoting_protocol_errors_total")
     connections = door.metric("ferry_remoting_connections")
     broken = cut = skipped = probe_bytes = 0
+    kept = Wire(door.port)  # a client that stays connected throughout
     started = time.monotonic()
     for i in range(FRAMES):
         data, kind, what = broken_input(rnd, valid)
@@ -1193,6 +1195,10 @@ def fuzz_broken_frames(door: Door, errors: Errors) -> None:
         logged = errors.take()
         assert not logged, f"{what}: logged an error:\n" + "\n".join(logged)
     probe_bytes += serves_the_next_connection(door)
+    answer = kept.call(Command(door.probe.code, 424243, ext=dict(door.probe.ext)))
+    assert answer.code == codes.SUCCESS, (answer.code, answer.remark)
+    probe_bytes += kept.received
+    kept.close()
     # Not one byte went out but the answers to the probes (a reply the socket
     # lost to a reset would still show here).
     assert door.metric("ferry_remoting_sent_bytes_total") - sent_bytes == probe_bytes
