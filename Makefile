@@ -102,14 +102,20 @@ chaos: $(PROTO_STAMP) etcd  ## the chaos suite, CHAOS_ROUNDS rounds per scenario
 	$(PY) -m tests.chaos.report chaos-report.jsonl || status=1; \
 	exit $$status
 
-# Hypothesis examples per RPC for `make fuzz` (make test runs 100).
+# Hypothesis examples per RPC and per RocketMQ-protocol request code for `make fuzz`
+# (make test runs 100).
 FUZZ_EXAMPLES ?= 1000
 
 # HA frames, reports and handshakes per side for `make fuzz` (make test runs 2,000).
 HA_FUZZ_INPUTS ?= 100000
 
-fuzz: $(PROTO_STAMP)  ## FUZZ_EXAMPLES random requests per RPC and HA_FUZZ_INPUTS HA inputs per side (~12 min)
+# Broken RocketMQ-protocol frames per server for `make fuzz` (make test runs 3,000);
+# FUZZ_EXAMPLES also sets the well-formed frames per request code.
+REMOTING_FUZZ_FRAMES ?= 50000
+
+fuzz: $(PROTO_STAMP)  ## FUZZ_EXAMPLES random requests per RPC and per RocketMQ-protocol code, HA_FUZZ_INPUTS HA inputs per side, REMOTING_FUZZ_FRAMES broken frames per server (~16 min)
 	FERRY_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FERRY_HA_FUZZ_INPUTS=$(HA_FUZZ_INPUTS) \
+		FERRY_REMOTING_FUZZ_FRAMES=$(REMOTING_FUZZ_FRAMES) \
 		$(BIN)/pytest -p no:xdist -q -s --timeout 3600 tests/fuzz $(PYTEST_ARGS)
 
 lint: $(PROTO_STAMP)  ## ruff over the code

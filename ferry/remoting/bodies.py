@@ -8,7 +8,9 @@
   mqadmin parses.
 * `loads`: standard JSON, falling back to fastjson's forms Java peers send
   (unquoted numeric keys such as `{0:"addr"}`); anything else is a
-  `BodyError`.
+  `BodyError`. A lone surrogate (a `\\ud800` escape without its pair) becomes
+  "?", as a Java client's UTF-8 would carry it: no text that UTF-8, protobuf
+  or a JSON answer cannot hold gets past the door.
 """
 
 from __future__ import annotations
@@ -25,7 +27,22 @@ class BodyError(ValueError):
 
 
 def dumps(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:  # a lone surrogate: only the \\u escape is valid UTF-8
+        return json.dumps(value, separators=(",", ":")).encode()
+
+
+def scrub(value: Any) -> Any:
+    """`value` (from json.loads) with each lone surrogate in its strings,
+    keys included, replaced by "?"."""
+    if isinstance(value, str):
+        return value if value.isascii() else value.encode("utf-8", "replace").decode()
+    if isinstance(value, list):
+        return [scrub(v) for v in value]
+    if isinstance(value, dict):
+        return {scrub(k): scrub(v) for k, v in value.items()}
+    return value
 
 
 def dumps_object_keyed(pairs: Iterable[tuple[Mapping[str, Any], Any]]) -> str:
@@ -40,15 +57,20 @@ def loads(body: bytes | bytearray | memoryview) -> Any:
     except UnicodeDecodeError as e:
         raise BodyError(f"body is not UTF-8: {e}") from None
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except RecursionError:
         raise BodyError("body nests too deeply") from None
     except ValueError:
-        pass
+        try:
+            value = json.loads(_quote_bare_keys(text))
+        except (ValueError, RecursionError) as e:
+            raise BodyError(f"body is not JSON: {e}") from None
+    if "\\u" not in text:  # only an escape makes a lone surrogate
+        return value
     try:
-        return json.loads(_quote_bare_keys(text))
-    except (ValueError, RecursionError) as e:
-        raise BodyError(f"body is not JSON: {e}") from None
+        return scrub(value)
+    except RecursionError:
+        raise BodyError("body nests too deeply") from None
 
 
 def _quote_bare_keys(text: str) -> str:

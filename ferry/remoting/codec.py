@@ -15,8 +15,9 @@ The JSON header (every client's default) is one object: `code`, `language`
 (an enum name such as "JAVA"), `version`, `opaque`, `flag` (bit 0 response,
 bit 1 oneway), optional `remark` and `extFields` (string → string). Decoding is
 lenient where clients differ (missing fields, numbers and booleans as extField
-values, which become the strings Java would print); encoding is strict (every
-extField value a string, compact, no spaces).
+values, which become the strings Java would print; a lone surrogate escape
+becomes "?", what the binary form of a Java client carries for it); encoding
+is strict (every extField value a string, compact, no spaces).
 
 The ROCKETMQ binary header:
 
@@ -42,6 +43,8 @@ import dataclasses
 import json
 import struct
 from collections.abc import Mapping
+
+from ferry.remoting.bodies import scrub
 
 MAX_FRAME = 16 * 1024 * 1024  # Apache's com.rocketmq.remoting.frameMaxLength
 JSON = 0
@@ -151,7 +154,12 @@ def _encode_json(command: Command) -> bytes:
         fields["remark"] = command.remark
     fields["serializeTypeCurrentRPC"] = "JSON"
     fields["version"] = command.version
-    return json.dumps(fields, separators=(",", ":"), ensure_ascii=False).encode()
+    try:
+        return json.dumps(fields, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        # A lone surrogate (a JSON request can carry one as a \u escape, and
+        # an answer may echo it): only the escaped form is valid UTF-8.
+        return json.dumps(fields, separators=(",", ":")).encode()
 
 
 def _encode_binary(command: Command) -> bytes:
@@ -168,15 +176,21 @@ def _encode_binary(command: Command) -> bytes:
             command.flag,
         )
     ]
-    remark = (command.remark or "").encode()
+    remark = _utf8_out(command.remark or "")
     parts += [_I32.pack(len(remark)), remark]
     pairs = []
     for key, value in command.ext.items():
-        k, v = key.encode(), value.encode()
+        k, v = _utf8_out(key), _utf8_out(value)
         pairs += [_I16.pack(len(k)), k, _I32.pack(len(v)), v]
     ext = b"".join(pairs)
     parts += [_I32.pack(len(ext)), ext]
     return b"".join(parts)
+
+
+def _utf8_out(text: str) -> bytes:
+    """UTF-8 for the binary header; a lone surrogate, which UTF-8 cannot
+    carry, becomes "?"."""
+    return text.encode("utf-8", "replace")
 
 
 # ---------------------------------------------------------------- decode
@@ -233,6 +247,11 @@ def _decode_json(header: bytes) -> Command:
         fields = json.loads(header)
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
         raise RemotingProtocolError(f"JSON header does not parse: {e}") from None
+    if b"\\u" in header:  # only an escape makes a lone surrogate
+        try:
+            fields = scrub(fields)
+        except RecursionError:
+            raise RemotingProtocolError("JSON header nests too deeply") from None
     if not isinstance(fields, dict):
         raise RemotingProtocolError("JSON header is not an object")
     raw_ext = fields.get("extFields") or {}

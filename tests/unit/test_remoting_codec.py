@@ -100,6 +100,32 @@ def test_lenient_json_decoding():
     assert (command.language, command.opaque, command.flag, command.remark) == ("GO", 12, 0, None)
 
 
+def test_a_lone_surrogate_becomes_a_question_mark():
+    """A JSON header or body can carry a lone surrogate (a \\udc80 escape);
+    UTF-8, protobuf and JSON answers cannot. Decoding makes it "?", what a
+    Java client's binary header carries for it; an answer holding one still
+    encodes (JSON escapes it, the binary header writes "?")."""
+    header = b'{"code":101,"extFields":{"namespace":"n\\udc80","k\\ud800":"\\ud83d\\ude00"},' \
+             b'"remark":"\\udfff"}'  # fmt: skip
+    command = codec.decode(struct.pack(">i", len(header)) + header)
+    assert command.ext == {"namespace": "n?", "k?": "\U0001f600"}  # a real pair stays
+    assert command.remark == "?"
+    assert bodies.loads(b'{"clientID":"\\udc80x","sets":[{"\\udc80":1}]}') == {
+        "clientID": "?x",
+        "sets": [{"?": 1}],
+    }
+    nested = b"[" * 900 + b'"\\udc80"' + b"]" * 900
+    with pytest.raises(RemotingProtocolError):
+        codec.decode(struct.pack(">i", len(nested)) + nested)
+    with pytest.raises(bodies.BodyError):
+        bodies.loads(nested)
+    for kind in (codec.JSON, codec.ROCKETMQ):
+        answer = Command(22, 1, 1, {"key": "k\udc80"}, b"", "no item \udc80", serialize_type=kind)
+        back = codec.decode(codec.encode(answer)[4:])
+        assert (back.ext, back.remark) == ({"key": "k?"}, "no item ?")
+    assert bodies.dumps({"k": "\udc80"}) == b'{"k":"\\udc80"}'
+
+
 @pytest.mark.parametrize(
     "header",
     [b"[1,2]", b'{"opaque":1}', b'{"code":"x"}', b'{"code":1,"extFields":[1]}',
