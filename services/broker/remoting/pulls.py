@@ -166,8 +166,15 @@ async def _pull(deps: Deps, command: Command, header: PullHeader) -> Command:
     if header.commits and header.commit_offset >= 0 and not deps.config.is_slave:
         # Stored at once, before any wait: an UPDATE_CONSUMER_OFFSET arriving
         # while this pull waits must not be overwritten by this older offset.
-        config = messaging.readable_topic(header.topic)
-        messaging.check_queue(config, header.queue_id)
+        messaging.check_pull(
+            header.group,
+            header.topic,
+            header.queue_id,
+            header.queue_offset,
+            max(header.max_msg_nums, 0),
+            header.suspend_timeout_ms if header.suspends else 0,
+            expression,
+        )
         deps.metadata.consumer_offsets.commit(
             header.group, header.topic, header.queue_id, header.commit_offset
         )
