@@ -14,7 +14,7 @@ from ferry.runtime.errors import ConfigError, CorruptFileError
 from ferry.runtime.logs import setup_logging
 from ferry.runtime.server import run_until_signalled
 from ferry.runtime.tls import ServerTLS
-from services.namesrv.app import NamesrvApp, NamesrvConfig
+from services.namesrv.app import DEFAULT_GRPC_PORT, DEFAULT_PORT, NamesrvApp, NamesrvConfig
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +29,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--port",
         type=int,
-        default=int(env("FERRY_NAMESRV_PORT", "9876")),
-        help="gRPC port, 0 picks a free one (default 9876; $FERRY_NAMESRV_PORT)",
+        default=int(env("FERRY_NAMESRV_PORT", str(DEFAULT_PORT))),
+        help="RocketMQ-protocol port, what RocketMQ clients, mqadmin and brokers' namesrvAddr "
+        f"name; 0 picks a free one (default {DEFAULT_PORT}; $FERRY_NAMESRV_PORT)",
+    )
+    grpc_port = env("FERRY_NAMESRV_GRPC_PORT")
+    parser.add_argument(
+        "--grpc-port",
+        type=int,
+        default=int(grpc_port) if grpc_port else None,
+        help="ferry.v1 gRPC port (grpcurl, ferry's own clients; found through --port by "
+        f"discovery); 0 picks a free one (default {DEFAULT_GRPC_PORT}, or a free one when "
+        "--port is 0; $FERRY_NAMESRV_GRPC_PORT)",
     )
     parser.add_argument(
         "--metrics-port",
@@ -69,7 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--port-file",
         type=Path,
         default=None,
-        help="write {grpc_port, metrics_port, pid} as JSON here once serving (for scripts using port 0)",
+        help="write {remoting_port, grpc_port, metrics_port, health_port, pid} as JSON here once "
+        "serving (for scripts using port 0)",
     )
     parser.add_argument(
         "--admin-token",
@@ -91,7 +102,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tls-cert",
         default=env("FERRY_NAMESRV_TLS_CERT"),
         metavar="PEM",
-        help="serve gRPC over TLS with this certificate (and --tls-key)",
+        help="serve gRPC over TLS with this certificate (and --tls-key); the RocketMQ-protocol "
+        "port stays plaintext, as Apache's",
     )
     parser.add_argument(
         "--tls-key",
@@ -115,6 +127,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
+    for flag, port in (("--port", args.port), ("--grpc-port", args.grpc_port)):
+        if port is not None and not 0 <= port <= 65535:
+            log.error("%s %d is not a port (0..65535)", flag, port)
+            return 2
+    if args.port and args.port == args.grpc_port:
+        log.error("--port and --grpc-port are both %d: each protocol needs its own", args.port)
+        return 2
     if args.heartbeat_timeout <= 0 or args.scan_interval <= 0 or args.max_message_mb <= 0:
         log.error("--heartbeat-timeout, --scan-interval and --max-message-mb must be positive")
         return 2
@@ -134,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
     config = NamesrvConfig(
         host=args.host,
         port=args.port,
+        grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,
         home=args.home.expanduser(),
         heartbeat_timeout_s=args.heartbeat_timeout,
