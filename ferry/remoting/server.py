@@ -231,10 +231,15 @@ class RemotingServer:
         self._servers.append(server)
         return int(server.sockets[0].getsockname()[1])
 
-    async def stop(self) -> None:
-        """Stop accepting, close every connection, wait for their handlers."""
+    async def stop(self, grace_s: float = 0.0) -> None:
+        """Stop accepting, let requests being handled finish for `grace_s`
+        (their answers still go out), then close every connection and cancel
+        what is left."""
         for server in self._servers:
             server.close()
+        pending = [t for c in list(self.connections) for t in c._tasks]
+        if pending and grace_s > 0:
+            await asyncio.wait(pending, timeout=grace_s)
         for connection in list(self.connections):
             connection.close()
         tasks = [t for c in list(self.connections) for t in c._tasks]

@@ -9,9 +9,10 @@ own types.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass
 
+from ferry.remoting.server import Handler
 from ferry.runtime.server import GrpcServer
 from ferry.runtime.swap import ServiceSwitch
 
@@ -30,3 +31,7 @@ class Incarnation:
     # its servicers (None: the app runs its own server).
     server: GrpcServer | None = None
     switch: ServiceSwitch | None = None
+    # Serves the run's RocketMQ-protocol table on the node's listener, which
+    # outlives the run (None: every request answered SERVICE_NOT_AVAILABLE);
+    # None here: the app runs its own RocketMQ-protocol server.
+    serve_remoting: Callable[[Mapping[int, Handler] | None], None] | None = None

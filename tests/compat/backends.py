@@ -120,7 +120,7 @@ class FerryBackend(Backend):
                     start_broker(
                         self.loop,
                         d / name,
-                        self.ns.addr,
+                        self.ns.remoting_addr,
                         brokerName=name,
                         messageDelayLevel=LEVELS,
                         mappedFileSizeCommitLog=8 << 20,

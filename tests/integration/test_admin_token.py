@@ -92,9 +92,9 @@ def test_every_name_server_write_needs_the_token(ns):
 
 
 def test_a_broker_registers_with_the_token_and_guards_its_admin_rpcs(loop_thread, tmp_path, ns):
-    broker = start_broker(loop_thread, tmp_path / "b", ns.addr, adminToken=TOKEN)
+    broker = start_broker(loop_thread, tmp_path / "b", ns.remoting_addr, adminToken=TOKEN)
     stranger = start_broker(
-        loop_thread, tmp_path / "x", ns.addr, brokerName="broker-x", adminToken="wrong"
+        loop_thread, tmp_path / "x", ns.remoting_addr, brokerName="broker-x", adminToken="wrong"
     )
     try:
         names = lambda: set(  # noqa: E731
@@ -144,7 +144,7 @@ def test_a_broker_registers_with_the_token_and_guards_its_admin_rpcs(loop_thread
 
 
 def test_ferry_commands_send_the_token(loop_thread, tmp_path, ns):
-    broker = start_broker(loop_thread, tmp_path / "b", ns.addr, adminToken=TOKEN)
+    broker = start_broker(loop_thread, tmp_path / "b", ns.remoting_addr, adminToken=TOKEN)
     try:
         refused = run_ferry("topic", "create", "Cli", "-b", broker.addr)
         assert refused.returncode != 0

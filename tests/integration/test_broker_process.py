@@ -54,7 +54,7 @@ def test_sigterm_unregisters_and_shuts_down_cleanly(tmp_path, ns):
 
 
 def test_read_only_broker_registers_read_only_routes(loop_thread, tmp_path, ns):
-    b = start_broker(loop_thread, tmp_path / "s", ns.addr, brokerPermission=4)
+    b = start_broker(loop_thread, tmp_path / "s", ns.remoting_addr, brokerPermission=4)
     try:
         from tests.integration.test_broker_grpc import create_topic
 

@@ -42,11 +42,11 @@ def test_a_mutual_tls_cluster(loop_thread, tmp_path, certs):
     tls_keys = {"tlsCert": c("server.pem"), "tlsKey": c("server.key"),
                 "tlsClientCa": c("ca.pem"), "tlsCa": c("ca.pem")}  # fmt: skip
     master = start_broker(
-        loop_thread, tmp_path / "m", ns.addr, brokerName="broker-t", brokerRole="SYNC_MASTER",
+        loop_thread, tmp_path / "m", ns.remoting_addr, brokerName="broker-t", brokerRole="SYNC_MASTER",
         haListenPort=0, healthPort=0, **tls_keys,
     )  # fmt: skip
     slave = start_broker(
-        loop_thread, tmp_path / "s", ns.addr, brokerName="broker-t", brokerRole="SLAVE",
+        loop_thread, tmp_path / "s", ns.remoting_addr, brokerName="broker-t", brokerRole="SLAVE",
         brokerId=1, slaveReadEnable="true", slaveSyncDelay=0, slaveSyncInterval=200,
         haReconnectInterval=200, **tls_keys,
     )  # fmt: skip

@@ -28,11 +28,11 @@ MASTER = "broker-t"
 
 @pytest.fixture
 def group(loop_thread, tmp_path, ns):
-    master = start_broker(loop_thread, tmp_path / "m", ns.addr, brokerName=MASTER)
+    master = start_broker(loop_thread, tmp_path / "m", ns.remoting_addr, brokerName=MASTER)
     slave = start_broker(
         loop_thread,
         tmp_path / "s",
-        ns.addr,
+        ns.remoting_addr,
         brokerName=MASTER,
         brokerRole="SLAVE",
         brokerId=1,
