@@ -11,8 +11,6 @@ ferry's name servers.
 
 from __future__ import annotations
 
-import asyncio
-
 from ferry.remoting import codes
 from ferry.remoting.client import RemotingClient, call, split_addr
 from ferry.remoting.codec import Command, RemotingProtocolError
@@ -64,11 +62,11 @@ async def grpc_address(remoting_addr: str, timeout: float = 5.0) -> str:
     """The `host:port` of the gRPC server of the name server at `remoting_addr`."""
     try:
         client = await RemotingClient.connect(remoting_addr, timeout=timeout)
-    except (OSError, asyncio.TimeoutError, ValueError) as e:
+    except (TimeoutError, OSError, ValueError) as e:
         raise _failed(remoting_addr, e) from None
     try:
         answer = await client.request(_request(), timeout)
-    except (OSError, asyncio.TimeoutError, RemotingProtocolError) as e:
+    except (TimeoutError, OSError, RemotingProtocolError) as e:
         raise _failed(remoting_addr, e) from None
     finally:
         client.close()

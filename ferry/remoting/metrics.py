@@ -19,7 +19,7 @@ class RemotingMetrics:
         self._requests = Counter(
             "ferry_remoting_requests",
             "RocketMQ-protocol requests handled, by request code and the response code "
-            "answered (\"none\" for oneway requests and requests without an answer).",
+            'answered ("none" for oneway requests and requests without an answer).',
             ["server", "request_code", "response_code"],
             registry=registry,
         )
@@ -55,7 +55,9 @@ class RemotingMetrics:
         child = self._children.get(key)
         if child is None:
             child = self._requests.labels(
-                self._server, str(request_code), "none" if response_code is None else str(response_code)
+                self._server,
+                str(request_code),
+                "none" if response_code is None else str(response_code),
             )
             self._children[key] = child
         child.inc()  # type: ignore[attr-defined]

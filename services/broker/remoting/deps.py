@@ -5,17 +5,24 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from ferry.runtime.clock import Clock
-    from services.broker.api.servicer import Gate
     from services.broker.config import BrokerConfig
     from services.broker.messaging.admin import AdminService
     from services.broker.messaging.service import MessagingService
     from services.broker.metadata.tables import BrokerMetadata
     from services.broker.pop import PopService
     from services.broker.store import MessageStore
+
+
+class Gate(Protocol):
+    """Open while the broker serves (services.broker.api.servicer.Gate)."""
+
+    open: bool
+
+    def check(self) -> None: ...
 
 
 @dataclasses.dataclass

@@ -1,0 +1,229 @@
+"""ferry.remoting's codec, bodies and server: round trips, golden bytes,
+decoders that only ever raise their protocol error, and the server's
+pipelining, oneway, unknown-code and bad-frame behaviour on a real socket."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ferry.remoting import bodies, codec, codes
+from ferry.remoting.client import RemotingClient, call
+from ferry.remoting.codec import Command, RemotingProtocolError
+from ferry.remoting.server import RemotingServer
+from tests.conftest import LoopThread
+
+text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
+ext = st.dictionaries(st.text(st.characters(blacklist_categories=("Cs",)), min_size=1,
+                              max_size=12), text, max_size=6)  # fmt: skip
+
+
+@st.composite
+def commands(draw, serialize_type=None):
+    kind = (
+        draw(st.sampled_from([codec.JSON, codec.ROCKETMQ]))
+        if serialize_type is None
+        else serialize_type
+    )
+    return Command(
+        code=draw(st.integers(-32768, 32767)),
+        opaque=draw(st.integers(-(2**31), 2**31 - 1)),
+        flag=draw(st.integers(0, 3)),
+        ext=draw(ext),
+        body=draw(st.binary(max_size=200)),
+        remark=draw(st.one_of(st.none(), text.filter(bool))),
+        language=draw(st.sampled_from(codec.LANGUAGES)),
+        version=draw(st.integers(0, 32767)),
+        serialize_type=kind,
+    )
+
+
+@given(commands())
+@settings(max_examples=300, deadline=None)
+def test_round_trip(command):
+    frame = codec.encode(command)
+    assert codec.frame_length(frame[:4]) == len(frame) - 4
+    assert codec.decode(frame[4:]) == command
+
+
+@given(st.binary(max_size=300))
+@settings(max_examples=1000, deadline=None)
+def test_random_bytes_only_raise_the_protocol_error(data):
+    try:
+        codec.frame_length(data[:4].ljust(4, b"\0"))
+        codec.decode(data)
+    except RemotingProtocolError:
+        pass
+
+
+@given(commands(), st.integers(0, 400), st.integers(0, 255))
+@settings(max_examples=500, deadline=None)
+def test_mutated_frames_only_raise_the_protocol_error(command, at, value):
+    frame = bytearray(codec.encode(command)[4:])
+    frame[at % len(frame)] = value
+    with contextlib.suppress(RemotingProtocolError):
+        codec.decode(frame)
+
+
+def test_json_header_golden_bytes():
+    frame = codec.encode(Command(310, 7, 0, {"a": "pg", "b": "T"}, b"hi", None, "JAVA", 409))
+    header = b'{"code":310,"extFields":{"a":"pg","b":"T"},"flag":0,"language":"JAVA","opaque":7,' \
+             b'"serializeTypeCurrentRPC":"JSON","version":409}'  # fmt: skip
+    assert frame == struct.pack(">ii", 4 + len(header) + 2, len(header)) + header + b"hi"
+
+
+def test_binary_header_golden_bytes():
+    frame = codec.encode(
+        Command(11, 5, 1, {"k": "v"}, b"", "r", "GO", 317, serialize_type=codec.ROCKETMQ)
+    )
+    header = (
+        struct.pack(">hbhii", 11, 9, 317, 5, 1) + struct.pack(">i", 1) + b"r"
+        + struct.pack(">i", 2 + 1 + 4 + 1) + struct.pack(">h", 1) + b"k" + struct.pack(">i", 1) + b"v"
+    )  # fmt: skip
+    assert frame == struct.pack(">ii", 4 + len(header), (1 << 24) | len(header)) + header
+
+
+def test_lenient_json_decoding():
+    """Numbers and booleans as extField values (some third-party clients),
+    missing remark/extFields, a language given as its ordinal."""
+    header = json.dumps({"code": 34, "extFields": {"n": 5, "t": True, "z": None},
+                         "language": 9, "opaque": "12"}).encode()  # fmt: skip
+    command = codec.decode(struct.pack(">i", len(header)) + header)
+    assert command.ext == {"n": "5", "t": "true"}
+    assert (command.language, command.opaque, command.flag, command.remark) == ("GO", 12, 0, None)
+
+
+@pytest.mark.parametrize(
+    "header",
+    [b"[1,2]", b'{"opaque":1}', b'{"code":"x"}', b'{"code":1,"extFields":[1]}',
+     b'{"code":1,"extFields":{"a":{"b":1}}}', b"\xff\xfe", b"[" * 5000],
+)  # fmt: skip
+def test_bad_json_headers(header):
+    with pytest.raises(RemotingProtocolError):
+        codec.decode(struct.pack(">i", len(header)) + header)
+
+
+def test_frame_limits():
+    with pytest.raises(RemotingProtocolError):
+        codec.frame_length(struct.pack(">i", codec.MAX_FRAME + 1))
+    with pytest.raises(RemotingProtocolError):
+        codec.frame_length(struct.pack(">i", 3))
+    with pytest.raises(RemotingProtocolError, match="header length"):
+        codec.decode(struct.pack(">i", 100) + b"{}")
+    with pytest.raises(RemotingProtocolError, match="int16"):
+        codec.encode(Command(200050, serialize_type=codec.ROCKETMQ))
+
+
+def test_answers_use_the_request_serialize_type_and_string_values():
+    request = Command(14, 9, serialize_type=codec.ROCKETMQ)
+    answer = request.answer(0, ext={"offset": 5, "ok": True})
+    assert (answer.opaque, answer.flag, answer.serialize_type) == (9, 1, codec.ROCKETMQ)
+    assert answer.ext == {"offset": "5", "ok": "true"}
+
+
+def test_bodies():
+    assert bodies.dumps({"a": [1, "b"]}) == b'{"a":[1,"b"]}'
+    assert bodies.loads(b'{"brokerAddrs":{0:"h:1",1:"h:2"},"s":"{2:3}"}') == {
+        "brokerAddrs": {"0": "h:1", "1": "h:2"}, "s": "{2:3}"}  # fmt: skip
+    assert bodies.dumps_object_keyed([({"queueId": 0}, {"o": 1})]) == '{{"queueId":0}:{"o":1}}'
+    for bad in (b"\xff", b"{x}", b"[" * 10000):
+        with pytest.raises(bodies.BodyError):
+            bodies.loads(bad)
+
+
+# ---------------------------------------------------------------- server
+
+
+@pytest.fixture
+def served():
+    """A RemotingServer with an echo handler (code 1, answers after a delay
+    given in the request) and a handler that raises (code 2)."""
+    loop = LoopThread()
+    seen: list[Command] = []
+
+    async def echo(connection, command):
+        seen.append(command)
+        await asyncio.sleep(float(command.ext.get("delay", "0")))
+        return command.answer(0, ext={"n": command.ext.get("n", "")}, body=command.body)
+
+    async def broken(connection, command):
+        raise RuntimeError("handler bug")
+
+    server = RemotingServer("test", {1: echo, 2: broken})
+    port = loop.run(server.listen("127.0.0.1", 0))
+    yield loop, server, f"127.0.0.1:{port}", seen
+    loop.run(server.stop())
+    loop.close()
+
+
+def test_pipelined_answers_match_by_opaque_in_any_order(served):
+    loop, _, addr, _ = served
+
+    async def go():
+        client = await RemotingClient.connect(addr)
+        requests = [Command(1, ext={"n": str(i), "delay": str((50 - i) / 1000)}) for i in range(50)]
+        answers = await asyncio.gather(*(client.request(r) for r in requests))
+        client.close()
+        return answers
+
+    answers = loop.run(go())
+    assert [a.ext["n"] for a in answers] == [str(i) for i in range(50)]
+
+
+def test_unknown_code_handler_error_and_oneway(served):
+    loop, _, addr, seen = served
+    answer = call(addr, Command(77))
+    assert (answer.code, answer.remark) == (codes.REQUEST_CODE_NOT_SUPPORTED,
+                                            " request type 77 not supported")  # fmt: skip
+    answer = call(addr, Command(2))
+    assert answer.code == codes.SYSTEM_ERROR and "handler bug" in answer.remark
+
+    async def oneway():
+        client = await RemotingClient.connect(addr)
+        client.oneway(Command(1, ext={"n": "ow"}))
+        answer = await client.request(Command(1, ext={"n": "after"}))
+        client.close()
+        return answer
+
+    assert loop.run(oneway()).ext["n"] == "after"
+    assert [c.ext["n"] for c in seen][-2:] == ["ow", "after"]  # the oneway ran, unanswered
+
+
+@pytest.mark.parametrize(
+    "junk",
+    [struct.pack(">i", codec.MAX_FRAME + 1), struct.pack(">ii", 8, 100) + b"abcd",
+     struct.pack(">ii", 6, 2) + b"{}", struct.pack(">ii", 4, 7 << 24)],
+    ids=["oversized", "lying-header-length", "bad-json", "unknown-type"],
+)  # fmt: skip
+def test_bad_frames_close_only_their_connection(served, junk):
+    loop, server, addr, _ = served
+    host, port = addr.split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(junk)
+        assert sock.recv(100) == b""  # closed, no reply
+    assert call(addr, Command(1, ext={"n": "next"})).ext["n"] == "next"
+
+
+def test_server_requests_to_clients(served):
+    loop, server, addr, _ = served
+
+    async def go():
+        client = await RemotingClient.connect(
+            addr, on_request=lambda c: c.answer(0, ext={"r": "1"})
+        )
+        await client.request(Command(1))  # the server has the connection now
+        (connection,) = server.connections
+        answer = await connection.request(Command(40, ext={"consumerGroup": "g"}), timeout=5)
+        connection.oneway(Command(40))
+        client.close()
+        await connection.closed.wait()
+        return answer
+
+    assert loop.run(go()).ext == {"r": "1"}
