@@ -44,9 +44,7 @@ def _address(remoting_addr: str, answer: Command) -> str:
 
 def _failed(remoting_addr: str, e: Exception) -> DiscoveryError:
     hint = ""
-    if isinstance(e, (ConnectionResetError, RemotingProtocolError)) or (
-        type(e) is ConnectionError
-    ):
+    if isinstance(e, (ConnectionResetError, RemotingProtocolError)) or (type(e) is ConnectionError):
         # It accepted the connection but did not answer in RocketMQ's protocol.
         hint = (
             "; it does not speak RocketMQ's protocol: is it a gRPC port (a name server's "

@@ -349,7 +349,11 @@ KNOWN_KEYS: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
     ),
     "haListenPort": ("ha_listen_port", _int(0, 65535), "HA replication port"),
     "metricsPort": ("metrics_port", _int(-1, 65535), "Prometheus /metrics port, -1 off (ferry)"),
-    "brokerIP1": ("broker_ip1", _host, "advertised host of the RocketMQ-protocol and gRPC addresses"),
+    "brokerIP1": (
+        "broker_ip1",
+        _host,
+        "advertised host of the RocketMQ-protocol and gRPC addresses",
+    ),
     "brokerIP2": ("broker_ip2", _host, "advertised host of the HA address (default brokerIP1)"),
     "storePathRootDir": (
         "store_root",

@@ -38,7 +38,10 @@ def two_ns(loop_thread, tmp_path):
 @pytest.fixture
 def broker(loop_thread, tmp_path, two_ns):
     b = start_broker(
-        loop_thread, tmp_path / "store", ";".join(s.remoting_addr for s in two_ns), brokerName="broker-a"
+        loop_thread,
+        tmp_path / "store",
+        ";".join(s.remoting_addr for s in two_ns),
+        brokerName="broker-a",
     )
     yield b
     b.stop()

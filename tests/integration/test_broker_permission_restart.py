@@ -98,7 +98,9 @@ def test_the_persisted_permission_wins_over_the_config_with_a_warning(
     loop_thread, tmp_path, ns, caplog
 ):
     store = tmp_path / "store"
-    b = start_broker(loop_thread, store, ns.remoting_addr, brokerName="broker-q", brokerPermission=4)
+    b = start_broker(
+        loop_thread, store, ns.remoting_addr, brokerName="broker-q", brokerPermission=4
+    )
     try:
         assert runtime_permission(b) == 4  # no file yet: the configured value
         create_topic(b, TOPIC)
@@ -107,7 +109,9 @@ def test_the_persisted_permission_wins_over_the_config_with_a_warning(
     finally:
         b.stop()
     with caplog.at_level(logging.WARNING, logger="services.broker.app"):
-        b = start_broker(loop_thread, store, ns.remoting_addr, brokerName="broker-q", brokerPermission=4)
+        b = start_broker(
+            loop_thread, store, ns.remoting_addr, brokerName="broker-q", brokerPermission=4
+        )
     try:
         assert runtime_permission(b) == 6
         assert route_perms(ns, TOPIC, "broker-q") == [6]

@@ -25,7 +25,9 @@ def read_rows(path):
 
 def test_rounds_rows_and_a_broker_that_cannot_be_scraped(loop_thread, tmp_path, ns):
     common = dict(mappedFileSizeCommitLog=256 * 1024, metricsPort=0, brokerName="broker-x")
-    master = start_broker(loop_thread, tmp_path / "m", ns.remoting_addr, brokerRole="SYNC_MASTER", **common)
+    master = start_broker(
+        loop_thread, tmp_path / "m", ns.remoting_addr, brokerRole="SYNC_MASTER", **common
+    )
     slave = start_broker(
         loop_thread, tmp_path / "s", ns.remoting_addr, brokerRole="SLAVE", brokerId=1,
         haMasterAddress=f"127.0.0.1:{master.app.ha_master.port}", slaveSyncDelay=0, **common,

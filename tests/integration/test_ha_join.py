@@ -164,7 +164,9 @@ def test_slave_offsets_are_merged_max_wins_and_topics_never_half_visible(loop_th
         "slaveSyncDelay": 0,
         "slaveSyncInterval": 100,
     }
-    master = start_broker(loop_thread, tmp_path / "m", ns.remoting_addr, brokerName="broker-o", **common)
+    master = start_broker(
+        loop_thread, tmp_path / "m", ns.remoting_addr, brokerName="broker-o", **common
+    )
     slave = start_broker(
         loop_thread, tmp_path / "s", ns.remoting_addr, brokerName="broker-o", brokerRole="SLAVE", brokerId=1,
         slaveReadEnable="true", **common,
@@ -249,7 +251,9 @@ def test_a_master_only_one_name_server_knows_is_kept(loop_thread, tmp_path, ns):
 
     other = start_namesrv(loop_thread, tmp_path / "namesrv-2", metrics_port=-1)
     common = {"mappedFileSizeCommitLog": FILE, "haListenPort": 0, "brokerName": "broker-q"}
-    master = start_broker(loop_thread, tmp_path / "m", ns.remoting_addr, **common)  # only `ns` knows it
+    master = start_broker(
+        loop_thread, tmp_path / "m", ns.remoting_addr, **common
+    )  # only `ns` knows it
     slave = start_broker(
         loop_thread, tmp_path / "s", f"{other.remoting_addr};{ns.remoting_addr}", brokerRole="SLAVE",
         brokerId=1, haReconnectInterval=200, **common,

@@ -36,7 +36,11 @@ QUICK_LEVELS = "100ms 200ms 300ms 400ms 500ms 500ms 500ms 500ms 500ms 1s 1s 1s 1
 def cluster(loop_thread, tmp_path, ns):
     brokers = [
         start_broker(
-            loop_thread, tmp_path / name, ns.remoting_addr, brokerName=name, messageDelayLevel=QUICK_LEVELS
+            loop_thread,
+            tmp_path / name,
+            ns.remoting_addr,
+            brokerName=name,
+            messageDelayLevel=QUICK_LEVELS,
         )
         for name in BROKERS
     ]

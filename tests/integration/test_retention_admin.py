@@ -260,7 +260,9 @@ def test_store_clean_deletes_expired_files_and_consumers_resume(loop_thread, tmp
 
 def test_a_slave_cleans_its_own_files_and_keeps_replicating(loop_thread, tmp_path, ns):
     common = retention_keys(haListenPort=0, haReconnectInterval=200, slaveSyncInterval=300)
-    master = start_broker(loop_thread, tmp_path / "master", ns.remoting_addr, brokerName="b-r", **common)
+    master = start_broker(
+        loop_thread, tmp_path / "master", ns.remoting_addr, brokerName="b-r", **common
+    )
     slave = start_broker(
         loop_thread, tmp_path / "slave", ns.remoting_addr, brokerName="b-r", brokerRole="SLAVE",
         brokerId=1, **common,
