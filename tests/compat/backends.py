@@ -126,7 +126,7 @@ class FerryBackend(Backend):
                         mappedFileSizeCommitLog=8 << 20,
                     )
                 )
-            self.proxy = support.ProxyProcess(d, self.ns.addr)
+            self.proxy = support.ProxyProcess(d, self.ns.remoting_addr)
         except BaseException:
             self.stop()
             raise

@@ -44,7 +44,7 @@ class Proxied:
         broker_pb2_grpc.BrokerStub(self.broker.channel).SendMessage(
             broker_pb2.SendMessageRequest(topic="TopicTest", body=b"seed"), timeout=10
         )
-        self.app = ProxyApp(ProxyConfig((self.ns.addr,), host="127.0.0.1", port=0))
+        self.app = ProxyApp(ProxyConfig((self.ns.remoting_addr,), host="127.0.0.1", port=0))
         self.loop.run(self.app.start())
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.app.port}")
 

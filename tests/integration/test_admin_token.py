@@ -151,11 +151,11 @@ def test_ferry_commands_send_the_token(loop_thread, tmp_path, ns):
         assert "admin token" in refused.stderr + refused.stdout
         ok = run_ferry("topic", "create", "Cli", "-b", broker.addr, "--admin-token", TOKEN)
         assert ok.returncode == 0, ok.stderr
-        refused = run_ferry("kv", "put", "ns", "k", "v", "-n", ns.addr)
+        refused = run_ferry("kv", "put", "ns", "k", "v", "-n", ns.remoting_addr)
         assert refused.returncode != 0 and "admin token" in refused.stderr + refused.stdout
-        ok = run_ferry("kv", "put", "ns", "k", "v", "-n", ns.addr, env={"FERRY_ADMIN_TOKEN": TOKEN})
+        ok = run_ferry("kv", "put", "ns", "k", "v", "-n", ns.remoting_addr, env={"FERRY_ADMIN_TOKEN": TOKEN})
         assert ok.returncode == 0, ok.stderr
-        assert run_ferry("kv", "get", "ns", "k", "-n", ns.addr).stdout.strip() == "v"
+        assert run_ferry("kv", "get", "ns", "k", "-n", ns.remoting_addr).stdout.strip() == "v"
     finally:
         broker.stop()
 

@@ -50,7 +50,7 @@ def cluster(tmp_path_factory):
     env = support.child_env()
     env.pop(auth.ENV_ACCESS_KEY, None)
     env[auth.ENV_SECRET_KEY] = SK
-    proxy = support.ProxyProcess(d, ns.addr, ["--access-key", AK], env)
+    proxy = support.ProxyProcess(d, ns.remoting_addr, ["--access-key", AK], env)
     try:
         endpoint = proxy.endpoint
         support.create_topic(broker.channel, TOPIC, 4)

@@ -60,7 +60,7 @@ def test_sigkill_a_master_while_the_sdk_produces(tmp_path):
             30,
             "both brokers in the topic's route",
         )
-        proxy = support.ProxyProcess(tmp_path, ns.addr)
+        proxy = support.ProxyProcess(tmp_path, ns.remoting_addr)
         endpoint = proxy.endpoint
         producer = Producer(ClientConfiguration(endpoint, Credentials()), (TOPIC,))
         producer.startup()

@@ -217,7 +217,7 @@ def test_store_clean_deletes_expired_files_and_consumers_resume(loop_thread, tmp
         # `ferry consume` the same way.
         consumed = run_ferry(
             "consume", TOPIC, "-g", "behind-cli", "--pull", "--max", str(TOTAL - new_queue_min),
-            "--json", "-n", ns.addr,
+            "--json", "-n", ns.remoting_addr,
         )  # fmt: skip
         assert len(ok(consumed).splitlines()) == TOTAL - new_queue_min
         assert f"skipping {new_queue_min} messages" in consumed.stderr
