@@ -253,7 +253,7 @@ class FailoverGroup:
             **m.keys,
             **override,
         }
-        return broker_options(m.store, self.namesrv.addr, **keys)
+        return broker_options(m.store, self.namesrv.remoting_addr, **keys)
 
     def _start(self, m: Member, **override: Any) -> None:
         m.server.options = self._options(m, **override)

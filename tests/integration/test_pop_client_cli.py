@@ -98,7 +98,7 @@ def test_two_consume_processes_of_a_group_split_the_messages(cluster, nsc):
         for body in sorted(sent):
             producer.send("Split", body.encode())
     args = ("consume", "Split", "-g", "workers", "--max", "20", "--json", "--wait-s", "0.5",
-            "--idle-exit-s", "60", "-n", ns.addr)  # fmt: skip
+            "--idle-exit-s", "60", "-n", ns.remoting_addr)  # fmt: skip
     procs = [start_ferry(*args) for _ in range(2)]
     try:
         outs = [p.communicate(timeout=90) for p in procs]
