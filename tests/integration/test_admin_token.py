@@ -153,7 +153,9 @@ def test_ferry_commands_send_the_token(loop_thread, tmp_path, ns):
         assert ok.returncode == 0, ok.stderr
         refused = run_ferry("kv", "put", "ns", "k", "v", "-n", ns.remoting_addr)
         assert refused.returncode != 0 and "admin token" in refused.stderr + refused.stdout
-        ok = run_ferry("kv", "put", "ns", "k", "v", "-n", ns.remoting_addr, env={"FERRY_ADMIN_TOKEN": TOKEN})
+        ok = run_ferry(
+            "kv", "put", "ns", "k", "v", "-n", ns.remoting_addr, env={"FERRY_ADMIN_TOKEN": TOKEN}
+        )
         assert ok.returncode == 0, ok.stderr
         assert run_ferry("kv", "get", "ns", "k", "-n", ns.remoting_addr).stdout.strip() == "v"
     finally:

@@ -39,7 +39,9 @@ def test_bad_config_stops_startup_naming_the_key(tmp_path):
 
 
 def test_sigterm_unregisters_and_shuts_down_cleanly(tmp_path, ns):
-    server = BrokerServer(tmp_path / "store", broker_options(tmp_path / "store", ns.remoting_addr)).start()
+    server = BrokerServer(
+        tmp_path / "store", broker_options(tmp_path / "store", ns.remoting_addr)
+    ).start()
     try:
         assert server.addr in live_addrs(ns.stub)
         assert (tmp_path / "store" / "abort").exists()

@@ -92,7 +92,9 @@ def test_rounds_rows_and_a_broker_that_cannot_be_scraped(loop_thread, tmp_path, 
         assert [p.name for p in spool.iterdir()] == [newest.name]
 
         # The command line: one round, a summary line, exit 0.
-        out = run_ferry("exporter", "-n", ns.remoting_addr, "--spool", str(tmp_path / "cli"), "--once")
+        out = run_ferry(
+            "exporter", "-n", ns.remoting_addr, "--spool", str(tmp_path / "cli"), "--once"
+        )
         assert out.returncode == 0, out.stderr
         assert re.match(r"round 1: \d+ rows, 1 broker\(s\) not scraped -> metrics-", out.stdout)
     finally:

@@ -152,7 +152,9 @@ def test_timed_messages_are_not_delivered_before_their_time(cluster, nsc):
     ns, brokers = cluster
     make_topic(brokers, "Timed", 2)
     before = time.time()
-    single = ok(run_ferry("send", "Timed", "--body", "later", "--delay-ms", "6000", "-n", ns.remoting_addr))
+    single = ok(
+        run_ferry("send", "Timed", "--body", "later", "--delay-ms", "6000", "-n", ns.remoting_addr)
+    )
     after = time.time()
     at_single = dt.datetime.fromisoformat(re.search(r"deliverAt=(\S+)", single)[1]).timestamp()
     assert before + 6 - 0.01 <= at_single <= after + 6 + 0.01, single
@@ -193,7 +195,9 @@ def test_deliver_at_takes_local_time_and_bad_times_are_refused(cluster):
     both = run_ferry("send", "At", "--body", "x", "--delay-ms", "1", "--deliver-at",
                      when.isoformat(), "-n", ns.remoting_addr)  # fmt: skip
     assert both.returncode == 2 and "not allowed with" in both.stderr
-    garbled = run_ferry("send", "At", "--body", "x", "--deliver-at", "tomorrow", "-n", ns.remoting_addr)
+    garbled = run_ferry(
+        "send", "At", "--body", "x", "--deliver-at", "tomorrow", "-n", ns.remoting_addr
+    )
     assert garbled.returncode == 2 and "not an ISO 8601 time" in garbled.stderr
     too_far = run_ferry("send", "At", "--body", "x", "--delay-ms", str(4 * 86400 * 1000),
                         "-n", ns.remoting_addr)  # fmt: skip
@@ -268,7 +272,9 @@ def test_group_status_table_and_json(cluster, nsc):
         assert b["retriesPending"] == 0 and b["dlqMessages"] == 0 and b["orderly"] is False
         assert b["retryMaxTimes"] > 0 and b["dlqTopic"] == "%DLQ%watchers"
 
-    text = ok(run_ferry("group", "status", "-g", "watchers", "-t", "Status", "-n", ns.remoting_addr))
+    text = ok(
+        run_ferry("group", "status", "-g", "watchers", "-t", "Status", "-n", ns.remoting_addr)
+    )
     lines = text.splitlines()
     assert lines[0] == "group watchers on topic Status"
     assert lines[1].split() == ["BROKER", "QUEUE", "COMMITTED", "POP", "OFFSET", "MAX", "IN",
