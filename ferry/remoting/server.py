@@ -214,13 +214,19 @@ class RemotingServer:
         max_in_flight: int = MAX_IN_FLIGHT,
     ) -> None:
         self.name = name
-        self.handlers = dict(handlers)
+        self.handlers: Mapping[int, Handler] = handlers
         self.metrics = metrics or RemotingMetrics(None, name)
         self.max_in_flight = max(2, max_in_flight)
         self.connections: set[Connection] = set()
         self._on_close = on_close
         self._servers: list[asyncio.base_events.Server] = []
         self._complained: set[Connection] = set()
+
+    def serve(self, handlers: Mapping[int, Handler]) -> None:
+        """Serve `handlers` from now on, on every connection (requests being
+        handled finish with the table they started with): what a failover
+        member's next run does on the listener it keeps across roles."""
+        self.handlers = handlers
 
     async def listen(self, host: str, port: int) -> int:
         """Start accepting on host:port (0 picks a free port); returns the port."""

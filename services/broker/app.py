@@ -38,7 +38,7 @@ import logging
 import os
 import socket
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,7 +46,7 @@ from prometheus_client import CollectorRegistry
 
 from ferry.model import SCHEDULE_TOPIC, TopicConfig, order_brokers, revive_topic
 from ferry.remoting.metrics import RemotingMetrics
-from ferry.remoting.server import RemotingServer
+from ferry.remoting.server import Handler, RemotingServer
 from ferry.runtime import auth
 from ferry.runtime.clock import Clock, SystemClock
 from ferry.runtime.errors import FerryError, StorageFault
@@ -138,10 +138,12 @@ def grpc_server(
     )
 
 
-def remoting_server(registry: CollectorRegistry) -> RemotingServer:
-    """The broker's RocketMQ-protocol server, with no handlers yet (a run
-    installs its table once its use cases exist)."""
-    return RemotingServer("broker", {}, metrics=RemotingMetrics(registry, "broker"))
+def remoting_server(
+    registry: CollectorRegistry, handlers: Mapping[int, Handler]
+) -> RemotingServer:
+    """The broker's RocketMQ-protocol server serving `handlers`. A `BrokerApp`
+    builds its own; a failover node builds one for all its runs."""
+    return RemotingServer("broker", handlers, metrics=RemotingMetrics(registry, "broker"))
 
 
 async def listen_remoting(cfg: BrokerConfig, server: RemotingServer) -> tuple[int, int]:
@@ -497,8 +499,7 @@ class BrokerApp:
         else:
             self.server = grpc_server(cfg, services, self.registry)
             await self.server.start()
-            self.remoting = remoting_server(self.registry)
-            self.remoting.handlers = table
+            self.remoting = remoting_server(self.registry, table)
             self._remoting_ports = await listen_remoting(cfg, self.remoting)
         # The store host in records is the advertised address with the real
         # RocketMQ-protocol port: offsetMsgIds lead RocketMQ's clients here.

@@ -229,7 +229,7 @@ class FailoverNode:
     def _serve_remoting(self, table: Mapping[int, Handler] | None) -> None:
         """An incarnation's table on the node's listener; None: answer 14."""
         if self.remoting is not None:
-            self.remoting.handlers = self._between if table is None else table  # type: ignore[assignment]
+            self.remoting.serve(self._between if table is None else table)
 
     async def start(self) -> None:
         from services.broker.app import grpc_server, listen_remoting, remoting_server, servable
@@ -242,8 +242,7 @@ class FailoverNode:
         )
         self.server = grpc_server(cfg, self.switch.services, self.own_registry)
         self._port = await self.server.start()
-        self.remoting = remoting_server(self.own_registry)
-        self._serve_remoting(None)
+        self.remoting = remoting_server(self.own_registry, self._between)
         self._remoting_ports = await listen_remoting(cfg, self.remoting)
         if cfg.metrics_port >= 0:
             self._metrics_endpoint = start_metrics_endpoint(
