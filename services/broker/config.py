@@ -502,7 +502,7 @@ KNOWN_KEYS: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
     "enableProxy": (
         "enable_proxy",
         _bool,
-        "also serve the RocketMQ 5 SDKs' apache.rocketmq.v2.MessagingService on listenPort, "
+        "also serve the RocketMQ 5 SDKs' apache.rocketmq.v2.MessagingService on grpcListenPort, "
         "backed by this broker alone (RocketMQ's proxy in local mode); masters only, a SLAVE "
         "ignores it",
     ),
