@@ -138,9 +138,7 @@ def grpc_server(
     )
 
 
-def remoting_server(
-    registry: CollectorRegistry, handlers: Mapping[int, Handler]
-) -> RemotingServer:
+def remoting_server(registry: CollectorRegistry, handlers: Mapping[int, Handler]) -> RemotingServer:
     """The broker's RocketMQ-protocol server serving `handlers`. A `BrokerApp`
     builds its own; a failover node builds one for all its runs."""
     return RemotingServer("broker", handlers, metrics=RemotingMetrics(registry, "broker"))

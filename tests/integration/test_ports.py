@@ -31,9 +31,7 @@ def test_a_name_server_speaks_rocketmqs_protocol_on_its_port(ns):
     assert grpc_address_sync(ns.remoting_addr) == ns.addr
 
 
-def test_a_broker_speaks_rocketmqs_protocol_on_listen_port_and_the_vip_port(
-    loop_thread, tmp_path
-):
+def test_a_broker_speaks_rocketmqs_protocol_on_listen_port_and_the_vip_port(loop_thread, tmp_path):
     b = start_broker(loop_thread, tmp_path / "b")
     try:
         app = b.app

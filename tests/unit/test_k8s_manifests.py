@@ -479,7 +479,8 @@ def test_namesrv_addresses_are_the_stable_pod_names(overlay):
     assert (ports["grpc"], ports["metrics"]) == (ports["remoting"] + 3, ports["remoting"] + 1)
     args = container["args"]
     assert [int(args[args.index(flag) + 1]) for flag in ("--port", "--grpc-port")] == [
-        ports["remoting"], ports["grpc"]
+        ports["remoting"],
+        ports["grpc"],
     ]
     [svc] = [s for s in by_kind(docs, "Service") if s["metadata"]["name"] == "ferry-namesrv"]
     assert {p["name"] for p in svc["spec"]["ports"]} >= {"remoting", "grpc"}
