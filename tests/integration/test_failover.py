@@ -353,7 +353,7 @@ def test_rocketmq_protocol_connections_outlive_a_members_role_changes(rig):
         assert group.leader() is new
         for m in group.members:
             seen: list[int] = []
-            wait_for(lambda m=m: seen.append(ask(m)) or seen[-1] == 3, 20,
+            wait_for(lambda m=m, seen=seen: seen.append(ask(m)) or seen[-1] == 3, 20,
                      f"{m}'s next run to serve the same connection")  # fmt: skip
             assert set(seen) <= {3, codes.SERVICE_NOT_AVAILABLE}, seen
             assert not clients[m.id].closed.is_set()
