@@ -95,7 +95,9 @@ class Member:
             "services.broker",
             _broker_args(
                 workdir / f"m{member_id}",
-                f"listenPort={self.port}",
+                f"grpcListenPort={self.port}",
+                f"listenPort={free_port()}",
+                "fastListenPort=-1",
                 f"haListenPort={free_port()}",
                 "brokerRole=SYNC_MASTER",
                 f"brokerId={member_id}",
@@ -196,7 +198,7 @@ def throughput(workdir: Path, plan: Plan, etcd: str, server_cpus, client_cpus) -
     off_s = _slave(workdir / "off-s", workdir, "off", client_cpus, ha_port, file_size=1 << 30)
     # Both groups on 1 GiB commit-log files (the default), so the ratio is
     # the cost of failover alone.
-    on = [Member(workdir / "on", i, etcd, namesrv.target, plan.ttl_ms, file_size=1 << 30)
+    on = [Member(workdir / "on", i, etcd, namesrv.remoting_target, plan.ttl_ms, file_size=1 << 30)
           for i in (1, 2)]  # fmt: skip
     try:
         off_m.start()
@@ -314,7 +316,7 @@ class Producers:
 def failover_time(workdir: Path, plan: Plan, etcd: str) -> tuple[list[Figure], str]:
     namesrv = namesrv_process(workdir)
     namesrv.start()
-    members = {i: Member(workdir, i, etcd, namesrv.target, plan.ttl_ms) for i in (1, 2)}
+    members = {i: Member(workdir, i, etcd, namesrv.remoting_target, plan.ttl_ms) for i in (1, 2)}
     gaps: list[float] = []
     try:
         for m in members.values():

@@ -427,7 +427,7 @@ def sync_vs_async(workdir: Path, plan: Plan, master_cpus, slave_cpus) -> list[Fi
     namesrv.start()
     for role in ("SYNC_MASTER", "ASYNC_MASTER"):
         name = role.split("_")[0].lower()
-        register = [f"namesrvAddr={namesrv.target}"] if role == "SYNC_MASTER" else []
+        register = [f"namesrvAddr={namesrv.remoting_target}"] if role == "SYNC_MASTER" else []
         master, ha_port = _master(workdir / f"{name}-m", workdir, name, master_cpus,
                                   f"brokerRole={role}", *register, file_size=1 << 30)  # fmt: skip
         slave = _slave(workdir / f"{name}-s", workdir, name, slave_cpus, ha_port,

@@ -138,7 +138,7 @@ def exporter_round(workdir: Path, plan: Plan) -> Figure:
             for i in range(4):
                 name = f"broker-{'ab'[i // 2]}"
                 role = ("brokerRole=SYNC_MASTER", "brokerRole=SLAVE")[i % 2]
-                opts = [f"namesrvAddr={addr}", f"brokerName={name}", role,
+                opts = [f"namesrvAddr={namesrv.remoting_target}", f"brokerName={name}", role,
                         f"brokerId={i % 2}", "metricsPort=0", "haListenPort=0"]  # fmt: skip
                 if i % 2:
                     opts.append(f"haMasterAddress=127.0.0.1:{brokers[-1].info['ha_port']}")

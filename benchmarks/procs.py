@@ -97,7 +97,14 @@ class ServerProcess:
 
     @property
     def target(self) -> str:
+        """Its ferry.v1 gRPC address."""
         return f"127.0.0.1:{self.info['grpc_port']}"
+
+    @property
+    def remoting_target(self) -> str:
+        """A name server's or broker's RocketMQ-protocol address (what brokers'
+        namesrvAddr and the proxy's -n name)."""
+        return f"127.0.0.1:{self.info['remoting_port']}"
 
     def start(self) -> ServerProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)

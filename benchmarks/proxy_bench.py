@@ -171,7 +171,7 @@ def _cluster(workdir: Path, broker_cpus, proxy_cpus) -> Iterator[Cluster]:
                 "services.broker",
                 _broker_args(
                     workdir / "store",
-                    f"namesrvAddr={namesrv.target}",
+                    f"namesrvAddr={namesrv.remoting_target}",
                     f"brokerName={BROKER_NAME}",
                 ),
                 workdir,
@@ -185,7 +185,7 @@ def _cluster(workdir: Path, broker_cpus, proxy_cpus) -> Iterator[Cluster]:
         proxy = stack.enter_context(
             ServerProcess(
                 "services.proxy",
-                ["--host", "127.0.0.1", "--port", "0", "-n", namesrv.target],
+                ["--host", "127.0.0.1", "--port", "0", "-n", namesrv.remoting_target],
                 workdir,
                 "proxy",
                 proxy_cpus,

@@ -115,6 +115,12 @@ class RunningNamesrv:
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.app.metrics_port}/metrics"
 
+    @property
+    def remoting_addr(self) -> str:
+        """RocketMQ's protocol: what brokers' namesrvAddr, the proxy's and the
+        CLI's --namesrv name (`addr` is the ferry.v1 gRPC address)."""
+        return f"127.0.0.1:{self.app.remoting_port}"
+
     def stop(self) -> None:
         self.channel.close()
         self.loop.run(self.app.stop())
@@ -171,6 +177,11 @@ class RunningBroker:
     loop: LoopThread
     addr: str
     channel: grpc.Channel
+
+    @property
+    def remoting_addr(self) -> str:
+        """RocketMQ's protocol (`addr` is the ferry.v1 gRPC address)."""
+        return f"127.0.0.1:{self.app.remoting_port}"
 
     @property
     def broker(self):

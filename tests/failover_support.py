@@ -122,13 +122,19 @@ class Member:
     store: Path
     keys: dict[str, Any]
     server: BrokerServer
+    remoting_port: int = 0  # RocketMQ's protocol (listenPort); `port` is gRPC
     etcd_proxy: FaultProxy | None = None
     ha_proxy: FaultProxy | None = None
     paused: bool = False
 
     @property
     def addr(self) -> str:
+        """ferry.v1 gRPC."""
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def remoting_addr(self) -> str:
+        return f"127.0.0.1:{self.remoting_port}"
 
     @property
     def alive(self) -> bool:
@@ -200,8 +206,9 @@ class FailoverGroup:
         for i in range(1, size + 1):
             store = root / f"m{i}"
             member = Member(
-                i, ports.take(), ports.take(), store, dict(keys), BrokerServer(store, [])
-            )
+                i, ports.take(), ports.take(), store, dict(keys), BrokerServer(store, []),
+                remoting_port=ports.take(),
+            )  # fmt: skip
             if etcd_proxies:
                 host, _, port = etcd_endpoint.rpartition(":")
                 member.etcd_proxy = FaultProxy(host, int(port))
@@ -237,7 +244,9 @@ class FailoverGroup:
             "etcdEndpoints": m.etcd_proxy.addr if m.etcd_proxy else self.etcd_endpoint,
             "failoverLeaseTtl": TTL_MS,
             "slaveTimeout": SLAVE_TIMEOUT_MS,
-            "listenPort": m.port,
+            "listenPort": m.remoting_port,
+            "fastListenPort": -1,
+            "grpcListenPort": m.port,
             "haListenPort": m.ha_port,
             "mappedFileSizeCommitLog": FILE_SIZE,
             "slaveSyncDelay": 100,
@@ -253,13 +262,14 @@ class FailoverGroup:
             **m.keys,
             **override,
         }
-        return broker_options(m.store, self.namesrv.addr, **keys)
+        return broker_options(m.store, self.namesrv.remoting_addr, **keys)
 
     def _start(self, m: Member, **override: Any) -> None:
         m.server.options = self._options(m, **override)
         m.paused = False
         m.server.start()
         assert m.server.grpc_port == m.port, (m, m.server.grpc_port)
+        assert m.server.remoting_port == m.remoting_port, (m, m.server.remoting_port)
 
     def blackhole_etcd(self, m: Member) -> None:
         assert m.etcd_proxy is not None, "start the group with etcd_proxies=True"

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from ferry.cli import failover_cmds
-from ferry.cli.namesrv_cmds import add_admin_token_option, add_namesrv_option
+from ferry.cli.namesrv_cmds import BROKER_HELP, add_admin_token_option, add_namesrv_option
 from ferry.cli.namesrv_cmds import client as namesrv_client
 from ferry.cli.output import message_json, table
 from ferry.client.broker import BrokerClient, Consumer, NoRoute, Producer, message_properties
@@ -223,7 +223,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "how far it has read. Without -b, automatic failover as published in etcd: each "
         "group's epoch, elected master, in-sync set and members (enableFailover=true).",
     )
-    p.add_argument("-b", "--broker", default="", metavar="HOST:PORT", help="the broker")
+    p.add_argument("-b", "--broker", default="", metavar="HOST:PORT", help=BROKER_HELP)
     failover_cmds.add_status_options(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=ha_status)
@@ -234,14 +234,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         description="A broker's offsets, rates and role, then its disk use and retention "
         "settings (fileReservedTime, deleteWhen, the disk ratios) and what retention deleted.",
     )
-    p.add_argument("-b", "--broker", required=True, metavar="HOST:PORT", help="the broker")
+    p.add_argument("-b", "--broker", required=True, metavar="HOST:PORT", help=BROKER_HELP)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=runtime)
 
 
 def _target_options(p: argparse.ArgumentParser) -> None:
     target = p.add_mutually_exclusive_group(required=True)
-    target.add_argument("-b", "--broker", metavar="HOST:PORT", help="one broker")
+    target.add_argument("-b", "--broker", metavar="HOST:PORT", help="one broker: " + BROKER_HELP)
     target.add_argument("-c", "--cluster", help="every master of this cluster")
     add_namesrv_option(p)
     add_admin_token_option(p)

@@ -151,8 +151,9 @@ def add_command(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=0,
         metavar="N",
-        help="add N to every port (default 0: name servers 9876/9886, brokers 10911..10941, "
-        "proxy 8081, etcd 2379/2380), e.g. to run next to another ferry",
+        help="add N to every port (default 0: name servers 9876/9886 with gRPC on 9879/9889, "
+        "brokers 10911..10941 with their VIP ports 2 below and gRPC 4 above, proxy 8081, "
+        "etcd 2379/2380), e.g. to run next to another ferry",
     )
     p.add_argument(
         "--k8s-dir",
@@ -238,8 +239,10 @@ def _wait_ready(child: Child, deadline: float) -> dict:
 
 def _check_ports_free(topology: Topology) -> None:
     wanted = [(topology.etcd.name, p) for p in (topology.etcd.client_port, topology.etcd.peer_port)]
-    wanted += [(n.name, p) for n in topology.namesrvs for p in (n.port, n.metrics_port)]
-    wanted += [(b.name, p) for b in topology.brokers for p in (b.port, b.ha_port, b.metrics_port)]
+    wanted += [
+        (n.name, p) for n in topology.namesrvs for p in (n.port, n.grpc_port, n.metrics_port)
+    ]
+    wanted += [(b.name, p) for b in topology.brokers for p in b.ports]
     wanted += [(topology.proxy.name, p) for p in (topology.proxy.port, topology.proxy.metrics_port)]
     for owner, port in wanted:
         with socket.socket() as s:
@@ -279,7 +282,7 @@ def _wait_registered(topology: Topology, deadline: float) -> None:
 
     want = {(b.config.broker_name, b.config.broker_id) for b in topology.brokers}
     for ns in topology.namesrvs:
-        with NamesrvClient([ns.addr], timeout_s=3) as client:
+        with NamesrvClient([ns.grpc_addr], timeout_s=3) as client:
             while True:
                 info = client.cluster_info()
                 have = {
@@ -331,7 +334,7 @@ def _wait_elected(topology: Topology, deadline: float) -> dict[str, Elected]:
     the same elected master, at the same epoch, with its other members as slaves."""
     from ferry.client.namesrv import NamesrvClient
 
-    clients = [NamesrvClient([ns.addr], timeout_s=3) for ns in topology.namesrvs]
+    clients = [NamesrvClient([ns.grpc_addr], timeout_s=3) for ns in topology.namesrvs]
     try:
         while True:
             views = [_elected(topology, c.cluster_info()) for c in clients]
@@ -404,7 +407,7 @@ def _masters_first(topology: Topology, children: list[Child]) -> None:
     if len(places) < 2:
         return
     try:
-        with NamesrvClient([ns.addr for ns in topology.namesrvs], timeout_s=2) as client:
+        with NamesrvClient([ns.grpc_addr for ns in topology.namesrvs], timeout_s=2) as client:
             info = client.cluster_info()
     except (NoNameServerAnswered, grpc.RpcError):
         return
@@ -513,8 +516,8 @@ def _describe(b: LocalBroker, ports: dict, elected: dict[str, Elected]) -> str:
         role = f"slave of {group.master.name}"
         extra = f" (brokerId {b.config.broker_id})"
     return (
-        f"  {b.name:<16} grpc {b.addr:<16} metrics :{ports['metrics_port']:<6} "
-        f"pid {ports['pid']:<8} {role}{extra}"
+        f"  {b.name:<16} rocketmq {b.remoting_addr:<16} grpc {b.addr:<16} "
+        f"metrics :{ports['metrics_port']:<6} pid {ports['pid']:<8} {role}{extra}"
     )
 
 
@@ -557,6 +560,8 @@ def run(args: argparse.Namespace) -> int:
                         "127.0.0.1",
                         "--port",
                         str(ns.port),
+                        "--grpc-port",
+                        str(ns.grpc_port),
                         "--metrics-port",
                         str(ns.metrics_port),
                         "--home",
@@ -622,8 +627,9 @@ def run(args: argparse.Namespace) -> int:
         for ns in topology.namesrvs:
             r = ready[ns.name]
             lines.append(
-                f"  {ns.name:<16} grpc {ns.addr:<16} metrics :{ns.metrics_port:<6} "
-                f"pid {r['pid']:<8} name server ({ns.dns} in Kubernetes)"
+                f"  {ns.name:<16} rocketmq {ns.addr:<16} grpc {ns.grpc_addr:<16} "
+                f"metrics :{ns.metrics_port:<6} pid {r['pid']:<8} name server "
+                f"({ns.dns} in Kubernetes)"
             )
         lines += [_describe(b, ready[b.name], elected) for b in topology.brokers]
         lines.append(f"  {'exporter':<16} every 5 s into {spool}/   pid {exporter.proc.pid}")
@@ -654,7 +660,7 @@ def run(args: argparse.Namespace) -> int:
                 f"  .venv/bin/ferry failover -c {master.config.cluster_name} "
                 f"-b {master.config.broker_name}\n"
             )
-        first_ns = topology.namesrvs[0].addr
+        first_ns = topology.namesrvs[0].grpc_addr
         print(
             f"""
 Try:

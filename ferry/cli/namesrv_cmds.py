@@ -14,6 +14,10 @@ from ferry.client.namesrv import NamesrvClient, parse_addrs
 from ferry.model import perm_to_string
 from ferry.v1 import namesrv_pb2
 
+# Commands that talk to one broker take its ferry.v1 gRPC address (what
+# `ferry cluster` lists), not its RocketMQ-protocol listenPort.
+BROKER_HELP = "the broker's ferry.v1 gRPC address (its grpcListenPort, 10915 by default)"
+
 
 def add_namesrv_option(parser: argparse.ArgumentParser, json_output: bool = True) -> None:
     parser.add_argument(
@@ -21,7 +25,9 @@ def add_namesrv_option(parser: argparse.ArgumentParser, json_output: bool = True
         "--namesrv",
         default=None,
         metavar="'HOST:PORT;HOST:PORT'",
-        help="name servers to ask, in order (default $FERRY_NAMESRV_ADDR, else 127.0.0.1:9876)",
+        help="name servers to ask, in order: their RocketMQ-protocol addresses (--port, what "
+        "RocketMQ's namesrvAddr names), each asked for its ferry.v1 gRPC port "
+        "(default $FERRY_NAMESRV_ADDR, else 127.0.0.1:9876)",
     )
     parser.add_argument(
         "--timeout", type=float, default=3.0, metavar="SECONDS", help="per name server (default 3)"
@@ -67,6 +73,7 @@ def client(args: argparse.Namespace) -> NamesrvClient:
         parse_addrs(args.namesrv),
         timeout_s=args.timeout,
         admin_token=getattr(args, "admin_token", None),
+        discover=True,
     )
 
 
@@ -188,13 +195,13 @@ def _kv_write_all(c: NamesrvClient, args: argparse.Namespace) -> int:
             "DeleteKVConfig",
             namesrv_pb2.DeleteKVConfigRequest(namespace=args.namespace, key=args.key),
         )
-    failed = {a: r for a, r in results.items() if isinstance(r, grpc.RpcError)}
+    failed = {a: _failure(r) for a, r in results.items() if isinstance(r, Exception)}
     if args.json:
         print(
             json.dumps(
                 {
                     a: (
-                        {"error": f"{r.code().name}: {r.details()}"}
+                        {"error": failed[a]}
                         if a in failed
                         else (
                             {"deleted": r.deleted} if args.kv_action == "delete" else {"ok": True}
@@ -208,7 +215,7 @@ def _kv_write_all(c: NamesrvClient, args: argparse.Namespace) -> int:
     else:
         for addr, r in results.items():
             if addr in failed:
-                print(f"{addr}: FAILED {r.code().name}: {r.details()}")
+                print(f"{addr}: FAILED {failed[addr]}")
             elif args.kv_action == "put":
                 print(f"{addr}: put {args.namespace}/{args.key}")
             else:
@@ -218,6 +225,12 @@ def _kv_write_all(c: NamesrvClient, args: argparse.Namespace) -> int:
                     + f" {args.namespace}/{args.key}"
                 )
     return 1 if failed else 0
+
+
+def _failure(error: Exception) -> str:
+    if isinstance(error, grpc.RpcError):
+        return f"{error.code().name}: {error.details()}"
+    return str(error)  # its gRPC port could not be found
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ferry.cli.namesrv_cmds import add_admin_token_option, add_tls_options
+from ferry.cli.namesrv_cmds import BROKER_HELP, add_admin_token_option, add_tls_options
 from ferry.cli.output import message_json
 from ferry.client.broker import BrokerClient
 from ferry.model import check_addr
@@ -42,7 +42,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         description=_CLEAN_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("-b", "--broker", required=True, metavar="HOST:PORT", help="the broker")
+    p.add_argument("-b", "--broker", required=True, metavar="HOST:PORT", help=BROKER_HELP)
     p.add_argument(
         "--timeout",
         type=float,

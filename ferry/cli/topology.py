@@ -11,7 +11,9 @@ one machine is mapped, as `-o` overrides on the broker's command line:
   DNS names in `namesrvAddr` become the local name servers;
 - ports: the n-th name server in `namesrvAddr` and the n-th broker (in
   group, id order) add 10*n to the ports of their file (9876, 9886; 10911,
-  10921, 10931, 10941), plus `--port-offset`;
+  10921, 10931, 10941), plus `--port-offset`, and so do the ports derived
+  from them (a name server's gRPC port 9879, 9889; a broker's VIP port
+  10909…, its gRPC port 10915…);
 - the store: `<data-dir>/<broker>/store` instead of `/data/store`, with
   64 MiB commit-log files.
 
@@ -52,16 +54,29 @@ class TopologyError(Exception):
     """The overlay cannot be read as a topology; the message says what to fix."""
 
 
+# A name server's gRPC port is its RocketMQ-protocol port + 3 (9876 → 9879, the
+# default of `ferry namesrv --grpc-port`), its metrics port + 1 (9877), as in its
+# StatefulSet; a test checks the manifests agree.
+NAMESRV_GRPC_OFFSET = 3
+NAMESRV_METRICS_OFFSET = 1
+
+
 @dataclass(frozen=True)
 class LocalNamesrv:
     name: str  # namesrv-0
     dns: str  # ferry-namesrv-0.ferry-namesrv:9876, as the brokers' files name it
-    port: int
+    port: int  # RocketMQ's protocol: what namesrvAddr and -n name
+    grpc_port: int
     metrics_port: int
 
     @property
     def addr(self) -> str:
+        """RocketMQ's protocol (brokers' namesrvAddr, the CLI's -n)."""
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def grpc_addr(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
 
 
 @dataclass(frozen=True)
@@ -93,13 +108,28 @@ class LocalBroker:
     name: str  # the file's name: broker-a-master (a StatefulSet), broker-a-0 (a pod)
     conf: Path
     config: BrokerConfig  # the file as the broker reads it (no local overrides)
-    port: int
+    port: int  # listenPort: RocketMQ's protocol
+    fast_port: int  # fastListenPort (-1: off)
+    grpc_port: int  # grpcListenPort: ferry.v1
     ha_port: int
     metrics_port: int
 
     @property
     def addr(self) -> str:
+        """ferry.v1 gRPC: what ferry's CLI -b, grpcurl and the name servers' ferry.v1
+        answers name."""
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def remoting_addr(self) -> str:
+        """RocketMQ's protocol: what RocketMQ's clients are routed to."""
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def ports(self) -> tuple[int, ...]:
+        """Every port it listens on."""
+        listening = (self.port, self.fast_port, self.grpc_port, self.ha_port, self.metrics_port)
+        return tuple(p for p in listening if p >= 0)
 
     def overrides(
         self, namesrv_addr: str, etcd_endpoints: str, store: Path, ha_secret: str
@@ -112,6 +142,8 @@ class LocalBroker:
             "brokerIP1=127.0.0.1",
             f"namesrvAddr={namesrv_addr}",
             f"listenPort={self.port}",
+            f"fastListenPort={self.fast_port}",
+            f"grpcListenPort={self.grpc_port}",
             f"haListenPort={self.ha_port}",
             f"metricsPort={self.metrics_port}",
             f"storePathRootDir={store}",
@@ -132,6 +164,7 @@ class Topology:
 
     @property
     def namesrv_addr(self) -> str:
+        """RocketMQ-protocol addresses: brokers' namesrvAddr, the proxy's and the CLI's -n."""
         return ";".join(n.addr for n in self.namesrvs)
 
     @property
@@ -221,17 +254,29 @@ def load_topology(name: str, k8s_dir: Path, port_offset: int = 0) -> Topology:
         if not port_text.isdigit():
             raise TopologyError(f"namesrvAddr entry {dns!r} has no port")
         port = int(port_text) + 10 * i + port_offset
-        # The name server's metrics port is its gRPC port + 1 (9876/9877), as in
-        # its StatefulSet; a test checks the manifests agree.
-        namesrvs.append(LocalNamesrv(f"namesrv-{i}", dns, port, port + 1))
+        namesrvs.append(
+            LocalNamesrv(
+                f"namesrv-{i}",
+                dns,
+                port,
+                port + NAMESRV_GRPC_OFFSET,
+                port + NAMESRV_METRICS_OFFSET,
+            )
+        )
+
+    def moved(port: int, j: int) -> int:
+        return port + 10 * j + port_offset if port >= 0 else port
+
     brokers = tuple(
         LocalBroker(
             name=stem,
             conf=conf,
             config=config,
-            port=config.listen_port + 10 * j + port_offset,
-            ha_port=config.ha_listen_port + 10 * j + port_offset,
-            metrics_port=config.metrics_port + 10 * j + port_offset,
+            port=moved(config.listen_port, j),
+            fast_port=moved(config.fast_port, j),
+            grpc_port=moved(config.grpc_port, j),
+            ha_port=moved(config.ha_listen_port, j),
+            metrics_port=moved(config.metrics_port, j),
         )
         for j, (stem, conf, config) in enumerate(loaded)
     )

@@ -5,6 +5,12 @@ read can go to any of them: the client tries them in order and moves on when
 one does not answer (UNAVAILABLE or a deadline) or is not a name server at
 all (UNIMPLEMENTED: a broker's or some other gRPC port named by mistake). Any
 other error is the server's answer and is raised as is.
+
+Addresses are the name servers' ferry.v1 gRPC addresses, or, with
+`discover=True` (what the `ferry` command does), their RocketMQ-protocol
+addresses (RocketMQ's namesrvAddr, 9876): each is then asked for its gRPC
+port (`ferry.remoting.discovery`) when first used; one that cannot say is
+skipped like one that does not answer.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Any
 import grpc
 
 from ferry.model import check_addr
+from ferry.remoting import discovery
 from ferry.runtime import auth, tls
 from ferry.runtime.errors import InvalidArgument
 from ferry.v1 import common_pb2, namesrv_pb2, namesrv_pb2_grpc
@@ -66,18 +73,44 @@ class NamesrvClient:
         timeout_s: float = 3.0,
         max_message_bytes: int = 64 * 1024 * 1024,
         admin_token: str | None = None,
+        discover: bool = False,
     ) -> None:
+        """`discover`: `addrs` are RocketMQ-protocol addresses whose gRPC
+        ports are asked for (see the module's docstring)."""
         if not addrs:
             raise ValueError("at least one name server address is needed")
         self.addrs = list(addrs)
         self.timeout_s = timeout_s
+        self.discover = discover
         self._metadata = auth.client_metadata(admin_token)  # sent with every call
-        options = [
+        self._options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
         ]
-        self._channels = {a: tls.channel(a, options=options) for a in self.addrs}
-        self._stubs = {a: namesrv_pb2_grpc.NameServerStub(c) for a, c in self._channels.items()}
+        self._channels: dict[str, grpc.Channel] = {}
+        self._stubs: dict[str, namesrv_pb2_grpc.NameServerStub] = {}
+        self.grpc_addrs: dict[str, str] = {}  # addr -> the gRPC address it is called at
+        if not discover:
+            for a in self.addrs:
+                self._dial(a, a)
+
+    def _dial(self, addr: str, grpc_addr: str) -> namesrv_pb2_grpc.NameServerStub:
+        channel = tls.channel(grpc_addr, options=self._options)
+        self._channels[addr] = channel
+        self._stubs[addr] = stub = namesrv_pb2_grpc.NameServerStub(channel)
+        self.grpc_addrs[addr] = grpc_addr
+        return stub
+
+    def _stub(self, addr: str) -> namesrv_pb2_grpc.NameServerStub:
+        """The stub for `addr`, discovering its gRPC port first if needed.
+
+        Raises:
+            discovery.DiscoveryError: `addr` did not say (down, or not ferry's).
+        """
+        stub = self._stubs.get(addr)
+        if stub is None:
+            stub = self._dial(addr, discovery.grpc_address_sync(addr, self.timeout_s))
+        return stub
 
     def close(self) -> None:
         for channel in self._channels.values():
@@ -94,7 +127,12 @@ class NamesrvClient:
         failures = []
         for addr in self.addrs:
             try:
-                return getattr(self._stubs[addr], method)(
+                stub = self._stub(addr)
+            except discovery.DiscoveryError as exc:
+                failures.append((addr, str(exc)))
+                continue
+            try:
+                return getattr(stub, method)(
                     request, timeout=self.timeout_s, metadata=self._metadata
                 )
             except grpc.RpcError as exc:
@@ -104,11 +142,17 @@ class NamesrvClient:
         raise NoNameServerAnswered(failures)
 
     def call_each(self, method: str, request: Any) -> dict[str, Any]:
-        """Call `method` on every name server: addr -> response or the RpcError."""
+        """Call `method` on every name server: addr -> response, the RpcError,
+        or the DiscoveryError of one whose gRPC port could not be found."""
         results: dict[str, Any] = {}
         for addr in self.addrs:
             try:
-                results[addr] = getattr(self._stubs[addr], method)(
+                stub = self._stub(addr)
+            except discovery.DiscoveryError as exc:
+                results[addr] = exc
+                continue
+            try:
+                results[addr] = getattr(stub, method)(
                     request, timeout=self.timeout_s, metadata=self._metadata
                 )
             except grpc.RpcError as exc:

@@ -15,6 +15,7 @@ import itertools
 import socket
 import time
 from collections.abc import Callable
+from typing import cast
 
 from ferry.remoting.codec import (
     FLAG_ONEWAY,
@@ -58,8 +59,8 @@ class RemotingClient(asyncio.Protocol):
         return client
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # (uvloop's transports have asyncio.Transport's API without subclassing it)
+        self._transport = cast(asyncio.Transport, transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):

@@ -43,9 +43,16 @@ def _address(remoting_addr: str, answer: Command) -> str:
 
 
 def _failed(remoting_addr: str, e: Exception) -> DiscoveryError:
+    hint = ""
+    if isinstance(e, (ConnectionResetError, RemotingProtocolError)) or (type(e) is ConnectionError):
+        # It accepted the connection but did not answer in RocketMQ's protocol.
+        hint = (
+            "; it does not speak RocketMQ's protocol: is it a gRPC port (a name server's "
+            "--grpc-port, 9879 by default, which used to be 9876)?"
+        )
     return DiscoveryError(
-        f"cannot ask {remoting_addr} for its ferry.v1 gRPC port: {type(e).__name__}: {e} "
-        "(namesrvAddr names the name servers' RocketMQ-protocol port, 9876 by default)"
+        f"cannot ask {remoting_addr} for its ferry.v1 gRPC port: {type(e).__name__}: {e}{hint} "
+        "(name server addresses are their RocketMQ-protocol port, --port, 9876 by default)"
     )
 
 

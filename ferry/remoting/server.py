@@ -26,7 +26,7 @@ import itertools
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from ferry.remoting import codes
 from ferry.remoting.codec import (
@@ -66,8 +66,8 @@ class Connection(asyncio.Protocol):
     # ------------------------------------------------------------ asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # (uvloop's transports have asyncio.Transport's API without subclassing it)
+        self._transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         self.remote = f"{peer[0]}:{peer[1]}" if peer else "?"
         sock = transport.get_extra_info("socket")
@@ -236,7 +236,7 @@ class RemotingServer:
         max_in_flight: int = MAX_IN_FLIGHT,
     ) -> None:
         self.name = name
-        self.handlers = dict(handlers)
+        self.handlers: Mapping[int, Handler] = handlers
         self.metrics = metrics or RemotingMetrics(None, name)
         self.max_in_flight = max(2, max_in_flight)
         self.connections: set[Connection] = set()
@@ -244,6 +244,16 @@ class RemotingServer:
         self._servers: list[asyncio.base_events.Server] = []
         self._complained: set[Connection] = set()
         self.stopping = False
+
+    def serve(
+        self, handlers: Mapping[int, Handler], on_close: Callable[[Connection], None] | None = None
+    ) -> None:
+        """Serve `handlers` (and call `on_close` for each connection that
+        goes) from now on, on every connection (requests being handled finish
+        with the table they started with): what a failover member's next run
+        does on the listener it keeps across roles."""
+        self.handlers = handlers
+        self._on_close = on_close
 
     async def listen(self, host: str, port: int) -> int:
         """Start accepting on host:port (0 picks a free port); returns the port."""
@@ -254,11 +264,16 @@ class RemotingServer:
         self._servers.append(server)
         return int(server.sockets[0].getsockname()[1])
 
-    async def stop(self) -> None:
-        """Stop accepting, close every connection, wait for their handlers."""
+    async def stop(self, grace_s: float = 0.0) -> None:
+        """Stop accepting, let requests being handled finish for `grace_s`
+        (their answers still go out), then close every connection and cancel
+        what is left."""
         self.stopping = True
         for server in self._servers:
             server.close()
+        pending = [t for c in list(self.connections) for t in c._tasks]
+        if pending and grace_s > 0:
+            await asyncio.wait(pending, timeout=grace_s)
         for connection in list(self.connections):
             connection.close()
         tasks = [t for c in list(self.connections) for t in c._tasks]

@@ -2,14 +2,23 @@
 servicers, registrar and background tasks from a `BrokerConfig`, and owns the
 start/stop order.
 
+Two doors, one broker: `listenPort` (10911) and `fastListenPort` (10909)
+speak RocketMQ's protocol (services.broker.remoting's handlers), and
+`grpcListenPort` (10915) speaks ferry.v1 gRPC; both call the same use cases.
+Records' store host (and so every offsetMsgId) is brokerIP1 with the bound
+RocketMQ-protocol port, as RocketMQ's clients expect.
+
 Start: recover the store (before anything listens) → open metadata → bind the
-gRPC server and metrics endpoint → start the dispatcher/flusher, the delay
-scheduler (masters) and the offset persister → SERVING → register with every
-name server. Stop: NOT_SERVING → unregister from every name server → stop the
-gRPC server (grace) → close the local proxy's loopback channel → stop
-background tasks → close the store cleanly (flush, checkpoint, remove `abort`)
-→ persist metadata. A failover run (`incarnation`) binds no server: it mounts
-its servicers on the failover node's, and unmounts them where it would stop it.
+gRPC server, the RocketMQ-protocol ports and the metrics endpoint → start the
+dispatcher/flusher, the delay scheduler (masters) and the offset persister →
+SERVING → register with every name server. Stop: NOT_SERVING → unregister
+from every name server → stop the RocketMQ-protocol server, then the gRPC
+server (each with the grace) → close the local proxy's loopback channel →
+stop background tasks → close the store cleanly (flush, checkpoint, remove
+`abort`) → persist metadata. A failover run (`incarnation`) binds no server:
+it mounts its servicers on the failover node's gRPC server and installs its
+RocketMQ-protocol table on the node's listener, and takes both away where it
+would stop them.
 
 With `enableProxy=true` a master also serves `apache.rocketmq.v2.MessagingService`
 (RocketMQ's proxy in local mode) on its gRPC port: the proxy's own servicer,
@@ -29,13 +38,15 @@ import logging
 import os
 import socket
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
 from ferry.model import SCHEDULE_TOPIC, TopicConfig, order_brokers, revive_topic
+from ferry.remoting.metrics import RemotingMetrics
+from ferry.remoting.server import Connection, Handler, RemotingServer
 from ferry.runtime import auth
 from ferry.runtime.clock import Clock, SystemClock
 from ferry.runtime.errors import FerryError, StorageFault
@@ -71,6 +82,10 @@ from services.broker.metadata.metadata_log import MetadataLog
 from services.broker.metadata.tables import BrokerMetadata
 from services.broker.metrics import BrokerMetrics, BrokerStateCollector
 from services.broker.pop import PopConfig, PopService
+from services.broker.remoting import connection_closed as remoting_connection_closed
+from services.broker.remoting import handlers as remoting_handlers
+from services.broker.remoting import housekeeping as remoting_housekeeping
+from services.broker.remoting.deps import Deps
 from services.broker.schedule.delay import DelayScheduler
 from services.broker.schedule.timer import TimerService
 from services.broker.store import FlushDiskType, MessageStore, RetentionConfig, StoreConfig
@@ -100,13 +115,14 @@ _ADD = {  # how each service is added to a server
 def grpc_server(
     cfg: BrokerConfig, services: Sequence[Service], registry: CollectorRegistry
 ) -> GrpcServer:
-    """The broker's gRPC server for `services`: its options, admin-token
-    interceptors, TLS and plaintext health port. A `BrokerApp` builds its own;
-    a failover node builds one for all its runs (services.broker.failover.node)."""
+    """The broker's gRPC server for `services` on grpcListenPort: its options,
+    admin-token interceptors, TLS and plaintext health port. A `BrokerApp`
+    builds its own; a failover node builds one for all its runs
+    (services.broker.failover.node)."""
     return GrpcServer(
         services,
         cfg.bind_host,
-        cfg.listen_port,
+        cfg.grpc_port,
         cfg.grpc_max_message_size,
         interceptors=auth.interceptors(cfg.admin_token, auth.BROKER_ADMIN_METHODS),
         tls=(
@@ -122,6 +138,36 @@ def grpc_server(
         health_port=cfg.health_port,
         registry=registry,
     )
+
+
+def remoting_server(
+    registry: CollectorRegistry,
+    handlers: Mapping[int, Handler],
+    on_close: Callable[[Connection], None] | None = None,
+) -> RemotingServer:
+    """The broker's RocketMQ-protocol server serving `handlers`. A `BrokerApp`
+    builds its own; a failover node builds one for all its runs."""
+    return RemotingServer(
+        "broker", handlers, metrics=RemotingMetrics(registry, "broker"), on_close=on_close
+    )
+
+
+async def listen_remoting(cfg: BrokerConfig, server: RemotingServer) -> tuple[int, int]:
+    """Listen on listenPort and fastListenPort (unless -1); the bound ports
+    (fast: -1 when off). An OSError names the key whose port is taken."""
+    ports = []
+    for key, port in (("listenPort", cfg.listen_port), ("fastListenPort", cfg.fast_port)):
+        if port < 0:
+            ports.append(-1)
+            continue
+        try:
+            ports.append(await server.listen(cfg.bind_host, port))
+        except OSError as exc:
+            raise OSError(
+                f"cannot listen on {cfg.bind_host}:{port} ({key}, RocketMQ's protocol): "
+                f"{exc.strerror or exc}"
+            ) from None
+    return ports[0], ports[1]
 
 
 def servable(cfg: BrokerConfig) -> dict[str, Callable[[Any, Any], None]]:
@@ -194,6 +240,10 @@ class BrokerApp:
         self.metadata: BrokerMetadata | None = None
         self.registrar = None  # services.broker.cluster.registration.Registrar, with name servers
         self.server: GrpcServer | None = None
+        # RocketMQ's protocol: this app's own server (None with failover: the node's).
+        self.remoting: RemotingServer | None = None
+        self.remoting_deps: Deps | None = None  # the RocketMQ-protocol handlers' tables
+        self._remoting_ports = (0, -1)  # (listenPort, fastListenPort) bound; -1: off
         self._mount: Mount | None = None  # failover: this run's servicers on the node's server
         self.scheduler: DelayScheduler | None = None
         self.pop: PopService | None = None
@@ -221,7 +271,23 @@ class BrokerApp:
 
     @property
     def port(self) -> int:
+        """The ferry.v1 gRPC port (bound)."""
         return self.server.port if self.server else 0
+
+    @property
+    def remoting_port(self) -> int:
+        """The RocketMQ-protocol port (listenPort, bound)."""
+        return self._remoting_ports[0]
+
+    @property
+    def fast_port(self) -> int:
+        """The RocketMQ-protocol VIP port (fastListenPort, bound; -1: off)."""
+        return self._remoting_ports[1]
+
+    @property
+    def remoting_addr(self) -> str:
+        """The advertised RocketMQ-protocol address: what routes give RocketMQ's clients."""
+        return f"{self.config.broker_ip1}:{self.remoting_port}"
 
     @property
     def metrics_port(self) -> int:
@@ -231,6 +297,7 @@ class BrokerApp:
 
     @property
     def addr(self) -> str:
+        """The advertised ferry.v1 gRPC address."""
         return f"{self.config.broker_ip1}:{self.port}"
 
     @property
@@ -303,7 +370,7 @@ class BrokerApp:
                     "" if cfg.tls_cert else "-plaintext ",
                     cfg.broker_permission,
                     cfg.broker_ip1,
-                    cfg.listen_port,
+                    cfg.grpc_port,
                 )
             self.permission[0] = persisted
         if not cfg.is_slave:
@@ -428,15 +495,25 @@ class BrokerApp:
             Service(HA_ADMIN_SERVICE, HAAdminServicer(self._ha_status), _ADD[HA_ADMIN_SERVICE]),
             *extra_services,
         ]
+        self.remoting_deps = deps = Deps.from_app(self)
+        table = remoting_handlers(deps)
+        on_close = remoting_connection_closed(deps)
         if self.incarnation is not None and self.incarnation.switch is not None:
-            # Failover: the node's server outlives this run; serve on it.
+            # Failover: the node's servers outlive this run; serve on them (the
+            # node passes its bound ports in the run's config).
             self.server = self.incarnation.server
             self._mount = self.incarnation.switch.mount({s.name: s.servicer for s in services})
+            assert self.incarnation.serve_remoting is not None
+            self.incarnation.serve_remoting(table, on_close)
+            self._remoting_ports = (cfg.listen_port, cfg.fast_port)
         else:
             self.server = grpc_server(cfg, services, self.registry)
             await self.server.start()
-        # The store host in records is the advertised address with the real port.
-        store.set_store_host((_ipv4_or_loopback(cfg.broker_ip1), self.port))
+            self.remoting = remoting_server(self.registry, table, on_close)
+            self._remoting_ports = await listen_remoting(cfg, self.remoting)
+        # The store host in records is the advertised address with the real
+        # RocketMQ-protocol port: offsetMsgIds lead RocketMQ's clients here.
+        store.set_store_host((_ipv4_or_loopback(cfg.broker_ip1), self.remoting_port))
         self.registry.register(
             BrokerStateCollector(
                 store,
@@ -480,6 +557,10 @@ class BrokerApp:
             self._tasks.append(asyncio.create_task(self.timer.run(), name="timer"))
             self._tasks.append(asyncio.create_task(self.pop.run(), name="pop-revive"))
         self._tasks.append(asyncio.create_task(self._persist_offsets(), name="offset-persister"))
+        # RocketMQ's clients: members silent for 120 s and dead queue locks expire.
+        self._tasks.append(
+            asyncio.create_task(remoting_housekeeping(deps), name="remoting-housekeeping")
+        )
         self._fault_watch = asyncio.create_task(self._stop_on_storage_fault(), name="fail-stop")
         self.gate.open = True
         await self.server.set_serving(None if self._mount is None else self._mount.servicers)
@@ -495,6 +576,7 @@ class BrokerApp:
                     broker_name=cfg.broker_name,
                     broker_id=cfg.broker_id,
                     broker_addr=self.addr,
+                    remoting_addr=self.remoting_addr,
                     ha_server_addr=self.ha_addr,
                     broker_role=cfg.broker_role,
                     metrics_addr=(
@@ -518,6 +600,8 @@ class BrokerApp:
             log.warning("no name server configured (namesrvAddr): running standalone")
         if cfg.port_file:
             info = {
+                "remoting_port": self.remoting_port,
+                "fast_port": self.fast_port,
                 "grpc_port": self.port,
                 "metrics_port": self.metrics_port,
                 "ha_port": self.ha_master.port if self.ha_master else cfg.ha_listen_port,
@@ -526,12 +610,14 @@ class BrokerApp:
             }
             atomic_write_bytes(Path(cfg.port_file), json.dumps(info).encode())
         log.info(
-            "broker ready: cluster=%s name=%s id=%d role=%s grpc=%s metrics=%d store=%s "
-            "commit_log=[%d,%d)",
+            "broker ready: cluster=%s name=%s id=%d role=%s rocketmq=%s%s grpc=%s metrics=%d "
+            "store=%s commit_log=[%d,%d)",
             cfg.cluster_name,
             cfg.broker_name,
             cfg.broker_id,
             cfg.broker_role,
+            self.remoting_addr,
+            f" (vip {self.fast_port})" if self.fast_port >= 0 else "",
             self.addr,
             self.metrics_port,
             cfg.store_root,
@@ -570,6 +656,10 @@ class BrokerApp:
         if self.ha_master is not None:
             await self.ha_master.stop()
         grace_s = self.config.grace_s if grace_s is None else grace_s
+        if self.incarnation is not None and self.incarnation.serve_remoting is not None:
+            self.incarnation.serve_remoting(None)  # the listener stays
+        if self.remoting is not None:
+            await self.remoting.stop(grace_s)
         if self._mount is not None and self.incarnation is not None:
             assert self.incarnation.switch is not None
             await self.incarnation.switch.unmount(self._mount, grace_s)  # the server stays

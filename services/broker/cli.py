@@ -61,7 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--port-file",
         type=Path,
         default=None,
-        help="write {grpc_port, metrics_port, ha_port, pid} as JSON here once serving",
+        help="write {remoting_port, fast_port, grpc_port, metrics_port, ha_port, health_port, "
+        "pid} as JSON here once serving",
     )
     parser.add_argument(
         "--help-keys", action="store_true", help="list every broker.conf key with its default"

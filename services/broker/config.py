@@ -25,6 +25,8 @@ FLUSH_DISK_TYPES = ("ASYNC_FLUSH", "SYNC_FLUSH")
 REGISTER_PERIOD_MIN_S = 10.0
 REGISTER_PERIOD_MAX_S = 60.0
 ENV_NAMESRV = "FERRY_NAMESRV_ADDR"
+GRPC_PORT_OFFSET = 4  # grpcListenPort's default: listenPort + 4 (10915)
+FAST_PORT_OFFSET = -2  # fastListenPort's default: listenPort - 2 (10909), as RocketMQ
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,12 @@ class BrokerConfig:
     flush_disk_type: str = "ASYNC_FLUSH"
     namesrv_addrs: tuple[str, ...] = ()
     bind_host: str = "0.0.0.0"
-    listen_port: int = 10911
+    listen_port: int = 10911  # RocketMQ's protocol (0: a free port)
+    # RocketMQ's protocol again, the "VIP channel" of Java clients up to 4.4.
+    # None: listenPort - 2 (a free port when listenPort is 0); -1: off.
+    fast_listen_port: int | None = None
+    # ferry.v1 gRPC. None: listenPort + 4 (a free port when listenPort is 0).
+    grpc_listen_port: int | None = None
     ha_listen_port: int = 10912
     metrics_port: int = 10913
     broker_ip1: str = "127.0.0.1"
@@ -120,6 +127,20 @@ class BrokerConfig:
         if self.visibility:
             return self.visibility
         return "confirmed" if self.broker_role == "SYNC_MASTER" else "appended"
+
+    @property
+    def fast_port(self) -> int:
+        """The VIP port to listen on: -1 off, 0 a free port."""
+        if self.fast_listen_port is not None:
+            return self.fast_listen_port
+        return self.listen_port + FAST_PORT_OFFSET if self.listen_port > 2 else 0
+
+    @property
+    def grpc_port(self) -> int:
+        """The ferry.v1 gRPC port to listen on (0: a free port)."""
+        if self.grpc_listen_port is not None:
+            return self.grpc_listen_port
+        return self.listen_port + GRPC_PORT_OFFSET if self.listen_port else 0
 
     @property
     def ha_host(self) -> str:
@@ -303,12 +324,36 @@ KNOWN_KEYS: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
     "brokerId": ("broker_id", _int(0), "0 = master, > 0 = slave"),
     "brokerRole": ("broker_role", _choice(BROKER_ROLES), "ASYNC_MASTER, SYNC_MASTER or SLAVE"),
     "flushDiskType": ("flush_disk_type", _choice(FLUSH_DISK_TYPES), "ASYNC_FLUSH or SYNC_FLUSH"),
-    "namesrvAddr": ("namesrv_addrs", _namesrv, "name servers, host:port;host:port"),
+    "namesrvAddr": (
+        "namesrv_addrs",
+        _namesrv,
+        "name servers' RocketMQ-protocol addresses (their --port, 9876), host:port;host:port",
+    ),
     "bindAddress": ("bind_host", _host, "interface the servers listen on (ferry)"),
-    "listenPort": ("listen_port", _int(0, 65535), "gRPC port (0: pick a free one)"),
+    "listenPort": (
+        "listen_port",
+        _int(0, 65535),
+        "RocketMQ-protocol port, for RocketMQ's clients and mqadmin (0: pick a free one)",
+    ),
+    "fastListenPort": (
+        "fast_listen_port",
+        _int(-1, 65535),
+        "RocketMQ-protocol VIP port of Java clients up to 4.4; default listenPort - 2 "
+        "(a free port when listenPort is 0), -1 off",
+    ),
+    "grpcListenPort": (
+        "grpc_listen_port",
+        _int(0, 65535),
+        "ferry.v1 gRPC port (ferry's clients, the proxy, slaves, grpcurl); default "
+        "listenPort + 4 (a free port when listenPort is 0) (ferry)",
+    ),
     "haListenPort": ("ha_listen_port", _int(0, 65535), "HA replication port"),
     "metricsPort": ("metrics_port", _int(-1, 65535), "Prometheus /metrics port, -1 off (ferry)"),
-    "brokerIP1": ("broker_ip1", _host, "advertised host of the gRPC address"),
+    "brokerIP1": (
+        "broker_ip1",
+        _host,
+        "advertised host of the RocketMQ-protocol and gRPC addresses",
+    ),
     "brokerIP2": ("broker_ip2", _host, "advertised host of the HA address (default brokerIP1)"),
     "storePathRootDir": (
         "store_root",
@@ -457,7 +502,7 @@ KNOWN_KEYS: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
     "enableProxy": (
         "enable_proxy",
         _bool,
-        "also serve the RocketMQ 5 SDKs' apache.rocketmq.v2.MessagingService on listenPort, "
+        "also serve the RocketMQ 5 SDKs' apache.rocketmq.v2.MessagingService on grpcListenPort, "
         "backed by this broker alone (RocketMQ's proxy in local mode); masters only, a SLAVE "
         "ignores it",
     ),
@@ -607,7 +652,38 @@ def load_config(
     return config, warnings
 
 
+def _check_ports(config: BrokerConfig) -> None:
+    """Each listener its own fixed port (0 = a free port, -1 = off)."""
+    if config.grpc_port > 65535:
+        raise ConfigError(
+            "grpcListenPort",
+            f"listenPort + {GRPC_PORT_OFFSET} = {config.grpc_port} is not a port; set "
+            "grpcListenPort (or a lower listenPort)",
+        )
+    ports = [
+        ("listenPort", config.listen_port),
+        ("fastListenPort", config.fast_port),
+        ("grpcListenPort", config.grpc_port),
+        ("haListenPort", config.ha_listen_port),
+        ("metricsPort", config.metrics_port),
+        ("healthPort", config.health_port),
+    ]
+    seen: dict[int, str] = {}
+    for key, port in ports:
+        if port <= 0:
+            continue
+        if port in seen:
+            raise ConfigError(
+                key,
+                f"{port} is also {seen[port]}'s port (fastListenPort defaults to listenPort - "
+                f"{-FAST_PORT_OFFSET}, "
+                f"grpcListenPort to listenPort + {GRPC_PORT_OFFSET}): give each its own port",
+            )
+        seen[port] = key
+
+
 def _check(config: BrokerConfig) -> None:
+    _check_ports(config)
     if config.enable_failover:
         _check_failover(config)
     elif config.broker_role == "SLAVE" and config.broker_id <= 0:

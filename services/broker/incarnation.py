@@ -30,3 +30,9 @@ class Incarnation:
     # its servicers (None: the app runs its own server).
     server: GrpcServer | None = None
     switch: ServiceSwitch | None = None
+    # Serves the run's RocketMQ-protocol table on the node's listener, which
+    # outlives the run (None: every request answered SERVICE_NOT_AVAILABLE);
+    # None here: the app runs its own RocketMQ-protocol server.
+    # Installs a run's RocketMQ-protocol table and close hook on the node's
+    # listener (None: the between-runs table answering 14).
+    serve_remoting: Callable[..., None] | None = None

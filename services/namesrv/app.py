@@ -1,6 +1,14 @@
 """Composition root of the name server: builds the clock, KV store, route
-table, metrics, servicer and gRPC server, and owns the start/stop order and
-the housekeeping task (the only background task; it expires brokers)."""
+table, metrics, servicer, the RocketMQ-protocol server and the gRPC server,
+and owns the start/stop order and the housekeeping task (the only background
+task; it expires brokers).
+
+Two doors, one table: `port` (9876, RocketMQ's) speaks RocketMQ's protocol
+(services.namesrv.remoting), `grpc_port` (9879) speaks ferry.v1 gRPC; both
+read and change the same routes and KV store. Start: both listen, then
+SERVING. Stop: the RocketMQ-protocol server closes first (its clients have no
+graceful drain to wait for), then gRPC stops with its grace.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +22,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from ferry.remoting.metrics import RemotingMetrics
+from ferry.remoting.server import RemotingServer
 from ferry.runtime import auth
 from ferry.runtime.clock import Clock, SystemClock
 from ferry.runtime.files import atomic_write_bytes
@@ -21,6 +31,7 @@ from ferry.runtime.metrics_http import MetricsEndpoint, start_metrics_endpoint
 from ferry.runtime.server import DEFAULT_MAX_MESSAGE_BYTES, GrpcServer, Service
 from ferry.runtime.tls import ServerTLS
 from ferry.v1 import namesrv_pb2, namesrv_pb2_grpc
+from services.namesrv import remoting
 from services.namesrv.kvconfig import FILE_NAME, KVConfigStore
 from services.namesrv.metrics import NamesrvMetrics
 from services.namesrv.routes import DEFAULT_HEARTBEAT_TIMEOUT_S, RouteTable
@@ -29,12 +40,16 @@ from services.namesrv.servicer import NameServerServicer
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = namesrv_pb2.DESCRIPTOR.services_by_name["NameServer"].full_name
+DEFAULT_PORT = 9876  # RocketMQ's protocol, as Apache's name server
+DEFAULT_GRPC_PORT = 9879  # ferry.v1 gRPC: clashes with none of RocketMQ's ports
 
 
 @dataclass(frozen=True)
 class NamesrvConfig:
     host: str = "0.0.0.0"
-    port: int = 9876
+    port: int = DEFAULT_PORT  # RocketMQ's protocol; 0 picks a free port
+    # ferry.v1 gRPC; None: DEFAULT_GRPC_PORT, or a free port when `port` is 0.
+    grpc_port: int | None = None
     metrics_port: int = 9877  # -1: no metrics endpoint
     home: Path = field(default_factory=lambda: Path.home() / "ferry" / "namesrv")
     heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
@@ -43,8 +58,16 @@ class NamesrvConfig:
     grace_s: float = 5.0
     port_file: Path | None = None  # written with the bound ports once serving
     admin_token: str = ""  # "": state-changing RPCs are open, as in RocketMQ
+    # With an admin token: who may register brokers over RocketMQ's protocol.
+    broker_hosts: tuple[str, ...] = ()
     tls: ServerTLS | None = None  # None: plaintext gRPC
     health_port: int = -1  # >= 0: grpc.health.v1 alone, plaintext, here (probes)
+
+    @property
+    def effective_grpc_port(self) -> int:
+        if self.grpc_port is not None:
+            return self.grpc_port
+        return 0 if self.port == 0 else DEFAULT_GRPC_PORT
 
 
 class NamesrvApp:
@@ -68,18 +91,32 @@ class NamesrvApp:
                 )
             ],
             config.host,
-            config.port,
+            config.effective_grpc_port,
             config.max_message_bytes,
             interceptors=auth.interceptors(config.admin_token, auth.NAMESRV_ADMIN_METHODS),
             tls=config.tls,
             health_port=config.health_port,
             registry=self.registry,
         )
+        self.remoting = RemotingServer(
+            "namesrv",
+            remoting.handlers(
+                routes=self.routes,
+                kv=self.kv,
+                grpc_port=lambda: self.server.port,
+                metrics=self.metrics,
+                admin_token=config.admin_token,
+                broker_hosts=config.broker_hosts,
+            ),
+            metrics=RemotingMetrics(self.registry, "namesrv"),
+        )
+        self.remoting_port = 0  # bound by start()
         self._metrics_endpoint: MetricsEndpoint | None = None
         self._housekeeping: asyncio.Task | None = None
 
     @property
     def port(self) -> int:
+        """The ferry.v1 gRPC port (bound)."""
         return self.server.port
 
     @property
@@ -89,6 +126,14 @@ class NamesrvApp:
     async def start(self) -> None:
         await self.kv.save_if_recovered()
         await self.server.start()
+        try:
+            self.remoting_port = await self.remoting.listen(self.config.host, self.config.port)
+        except OSError as exc:
+            await self.server.stop(0)
+            raise OSError(
+                f"cannot listen on {self.config.host}:{self.config.port} (RocketMQ's protocol, "
+                f"--port): {exc.strerror or exc}"
+            ) from None
         if self.config.metrics_port >= 0:
             self._metrics_endpoint = start_metrics_endpoint(
                 self.config.host,
@@ -100,6 +145,7 @@ class NamesrvApp:
         await self.server.set_serving()
         if self.config.port_file:
             info = {
+                "remoting_port": self.remoting_port,
                 "grpc_port": self.port,
                 "metrics_port": self.metrics_port,
                 "health_port": self.server.health_port,
@@ -107,7 +153,9 @@ class NamesrvApp:
             }
             atomic_write_bytes(Path(self.config.port_file), json.dumps(info).encode())
         log.info(
-            "name server ready: grpc=%s:%d metrics=%d home=%s",
+            "name server ready: rocketmq=%s:%d grpc=%s:%d metrics=%d home=%s",
+            self.config.host,
+            self.remoting_port,
             self.config.host,
             self.port,
             self.metrics_port,
@@ -120,6 +168,7 @@ class NamesrvApp:
             self._housekeeping.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._housekeeping
+        await self.remoting.stop()
         await self.server.stop(self.config.grace_s)
         if self._metrics_endpoint is not None:
             self._metrics_endpoint.stop()

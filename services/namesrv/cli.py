@@ -14,7 +14,8 @@ from ferry.runtime.errors import ConfigError, CorruptFileError
 from ferry.runtime.logs import setup_logging
 from ferry.runtime.server import run_until_signalled
 from ferry.runtime.tls import ServerTLS
-from services.namesrv.app import NamesrvApp, NamesrvConfig
+from services.namesrv.app import DEFAULT_GRPC_PORT, DEFAULT_PORT, NamesrvApp, NamesrvConfig
+from services.namesrv.remoting import parse_hosts
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +30,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--port",
         type=int,
-        default=int(env("FERRY_NAMESRV_PORT", "9876")),
-        help="gRPC port, 0 picks a free one (default 9876; $FERRY_NAMESRV_PORT)",
+        default=int(env("FERRY_NAMESRV_PORT", str(DEFAULT_PORT))),
+        help="RocketMQ-protocol port, what RocketMQ clients, mqadmin and brokers' namesrvAddr "
+        f"name; 0 picks a free one (default {DEFAULT_PORT}; $FERRY_NAMESRV_PORT)",
+    )
+    grpc_port = env("FERRY_NAMESRV_GRPC_PORT")
+    parser.add_argument(
+        "--grpc-port",
+        type=int,
+        default=int(grpc_port) if grpc_port else None,
+        help="ferry.v1 gRPC port (grpcurl, ferry's own clients; found through --port by "
+        f"discovery); 0 picks a free one (default {DEFAULT_GRPC_PORT}, or a free one when "
+        "--port is 0; $FERRY_NAMESRV_GRPC_PORT)",
     )
     parser.add_argument(
         "--metrics-port",
@@ -69,7 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--port-file",
         type=Path,
         default=None,
-        help="write {grpc_port, metrics_port, pid} as JSON here once serving (for scripts using port 0)",
+        help="write {remoting_port, grpc_port, metrics_port, health_port, pid} as JSON here once "
+        "serving (for scripts using port 0)",
     )
     parser.add_argument(
         "--admin-token",
@@ -78,6 +90,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="require 'authorization: Bearer TOKEN' on state-changing RPCs (registration, "
         "heartbeats, KV writes, write-permission changes); reads stay open (default: none; "
         f"${ENV_ADMIN_TOKEN}, which keeps it out of the process list)",
+    )
+    parser.add_argument(
+        "--broker-hosts",
+        default=env("FERRY_NAMESRV_BROKER_HOSTS", ""),
+        metavar="NETS",
+        help="with --admin-token: the IP addresses or networks (comma-separated, e.g. "
+        "10.0.0.0/8,127.0.0.1) whose RocketMQ-protocol connections may register and unregister "
+        "brokers (Apache RocketMQ brokers register that way, without a token); other "
+        "RocketMQ-protocol changes are refused while a token is set (default: none; "
+        "$FERRY_NAMESRV_BROKER_HOSTS)",
     )
     parser.add_argument(
         "--health-port",
@@ -91,7 +113,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tls-cert",
         default=env("FERRY_NAMESRV_TLS_CERT"),
         metavar="PEM",
-        help="serve gRPC over TLS with this certificate (and --tls-key)",
+        help="serve gRPC over TLS with this certificate (and --tls-key); the RocketMQ-protocol "
+        "port stays plaintext, as Apache's",
     )
     parser.add_argument(
         "--tls-key",
@@ -115,6 +138,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
+    for flag, port in (("--port", args.port), ("--grpc-port", args.grpc_port)):
+        if port is not None and not 0 <= port <= 65535:
+            log.error("%s %d is not a port (0..65535)", flag, port)
+            return 2
+    if args.port and args.port == args.grpc_port:
+        log.error("--port and --grpc-port are both %d: each protocol needs its own", args.port)
+        return 2
     if args.heartbeat_timeout <= 0 or args.scan_interval <= 0 or args.max_message_mb <= 0:
         log.error("--heartbeat-timeout, --scan-interval and --max-message-mb must be positive")
         return 2
@@ -131,9 +161,16 @@ def run(args: argparse.Namespace) -> int:
         log.error("cannot start: %s", exc)
         return 2
     auth.warn_if_placeholder(log, "the admin token", args.admin_token, "ferry-admin")
+    broker_hosts = tuple(h.strip() for h in args.broker_hosts.split(",") if h.strip())
+    try:
+        parse_hosts(broker_hosts)
+    except ValueError as exc:
+        log.error("cannot start: --broker-hosts: %s", exc)
+        return 2
     config = NamesrvConfig(
         host=args.host,
         port=args.port,
+        grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,
         home=args.home.expanduser(),
         heartbeat_timeout_s=args.heartbeat_timeout,
@@ -141,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
         max_message_bytes=args.max_message_mb * 1024 * 1024,
         port_file=args.port_file,
         admin_token=args.admin_token,
+        broker_hosts=broker_hosts,
         tls=tls,
         health_port=args.health_port,
     )

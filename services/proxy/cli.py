@@ -38,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--namesrv",
         default=None,
         metavar="ADDRS",
-        help=f"name servers, 'host:port;host:port' (default ${namesrv.ENV_VAR}, else "
+        help="name servers' RocketMQ-protocol addresses (their --port), 'host:port;host:port'; "
+        f"each is asked for its ferry.v1 gRPC port (default ${namesrv.ENV_VAR}, else "
         f"{namesrv.DEFAULT_ADDR})",
     )
     parser.add_argument(

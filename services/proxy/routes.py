@@ -16,6 +16,7 @@ never talks to a name server and knows no other broker.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,8 +34,11 @@ from ferry.model import (
     TopicConfig,
     order_brokers,
 )
+from ferry.remoting import discovery
 from ferry.runtime.tls import ClientTLS, aio_channel
 from ferry.v1 import broker_pb2_grpc, common_pb2, namesrv_pb2, namesrv_pb2_grpc
+
+log = logging.getLogger(__name__)
 
 ROUTE_TTL_S = 30.0
 CALL_TIMEOUT_S = 3.0
@@ -101,6 +105,11 @@ class RouteSource(Protocol):
 
 
 class Routes:
+    """Routes from the name servers. `namesrv_addrs` are their RocketMQ-protocol
+    addresses (RocketMQ's namesrvAddr); each one's ferry.v1 gRPC port is asked
+    for (`ferry.remoting.discovery`) on first use, and again after a call to it
+    failed."""
+
     def __init__(
         self, namesrv_addrs: Sequence[str], ttl_s: float = ROUTE_TTL_S, max_message_bytes: int = 0
     ) -> None:
@@ -115,8 +124,12 @@ class Routes:
         self._options = options
         # Channels are made on first use, on the event loop that serves (a
         # grpc.aio channel belongs to the loop it was made on).
-        self._namesrv_channels: dict[str, grpc.aio.Channel] = {}
+        self._namesrv_channels: dict[str, grpc.aio.Channel] = {}  # by RocketMQ address
         self._namesrv: dict[str, namesrv_pb2_grpc.NameServerStub] = {}
+        self._namesrv_grpc: dict[str, str] = {}  # RocketMQ address -> gRPC address found
+        # Channels to a gRPC address a name server no longer gave (a fetch may
+        # still be on one): closed by close().
+        self._retired: list[grpc.aio.Channel] = []
         self._brokers: dict[str, tuple[grpc.aio.Channel, broker_pb2_grpc.BrokerStub]] = {}
         self._routes: dict[str, Route] = {}
         self._broker_addrs: dict[str, str] = {}  # broker name -> master address, last seen
@@ -132,14 +145,34 @@ class Routes:
             pending.add_done_callback(lambda _: self._fetching.pop(topic, None))
         return await asyncio.shield(pending)
 
+    async def _namesrv_stub(self, addr: str) -> namesrv_pb2_grpc.NameServerStub:
+        """The gRPC stub of the name server at RocketMQ address `addr`.
+
+        Raises:
+            discovery.DiscoveryError: it did not give its gRPC port.
+        """
+        stub = self._namesrv.get(addr)
+        if stub is not None:
+            return stub
+        grpc_addr = await discovery.grpc_address(addr, timeout=CALL_TIMEOUT_S)
+        old = self._namesrv_channels.pop(addr, None)
+        if old is not None:
+            self._retired.append(old)
+        channel = self._namesrv_channels[addr] = grpc.aio.insecure_channel(grpc_addr)
+        self._namesrv[addr] = stub = namesrv_pb2_grpc.NameServerStub(channel)
+        if self._namesrv_grpc.get(addr) != grpc_addr:
+            log.info("name server %s serves ferry.v1 gRPC at %s", addr, grpc_addr)
+        self._namesrv_grpc[addr] = grpc_addr
+        return stub
+
     async def _fetch(self, topic: str) -> Route:
         failures = []
-        if not self._namesrv:
-            self._namesrv_channels = {a: grpc.aio.insecure_channel(a) for a in self.addrs}
-            self._namesrv = {
-                a: namesrv_pb2_grpc.NameServerStub(c) for a, c in self._namesrv_channels.items()
-            }
-        for addr, stub in self._namesrv.items():
+        for addr in self.addrs:
+            try:
+                stub = await self._namesrv_stub(addr)
+            except discovery.DiscoveryError as exc:
+                failures.append(str(exc))
+                continue
             try:
                 data = await stub.GetRouteInfoByTopic(
                     namesrv_pb2.GetRouteInfoByTopicRequest(topic=topic), timeout=CALL_TIMEOUT_S
@@ -149,6 +182,7 @@ class Routes:
                     self._routes.pop(topic, None)  # no such topic, or no such name
                     raise TopicNotFound(topic) from None
                 failures.append(f"{addr}: {exc.code().name} {exc.details() or ''}".strip())
+                self._namesrv.pop(addr, None)  # ask for its gRPC port again next time
                 continue
             route = _route(topic, data)
             if not route.brokers:
@@ -174,8 +208,11 @@ class Routes:
         for channel, _ in self._brokers.values():
             await channel.close()
         self._brokers.clear()
-        for channel in self._namesrv_channels.values():
+        for channel in [*self._namesrv_channels.values(), *self._retired]:
             await channel.close()
+        self._namesrv_channels.clear()
+        self._namesrv.clear()
+        self._retired.clear()
 
 
 class LocalRoutes:

@@ -93,7 +93,10 @@ class Pair:
     def __init__(self, root: Path, **master_keys: object) -> None:
         self.root = root
         self.master_keys = master_keys
+        # gRPC (what producers and checks dial), HA, the slave's gRPC.
         self.master_port, self.ha_port, self.slave_port = fixed_port(), fixed_port(), fixed_port()
+        # RocketMQ's protocol (listenPort), fixed too: a restart binds it again.
+        self.master_remoting_port, self.slave_remoting_port = fixed_port(), fixed_port()
         # Where the slave looks for its master's HA port (a fault proxy, say).
         self.slave_ha_target = f"127.0.0.1:{self.ha_port}"
         self.master: BrokerServer
@@ -106,14 +109,15 @@ class Pair:
         self.master = BrokerServer(
             root / "master",
             broker_options(
-                root / "master", brokerRole="SYNC_MASTER", listenPort=self.master_port,
-                haListenPort=self.ha_port, **common, **self.master_keys,
+                root / "master", brokerRole="SYNC_MASTER", grpcListenPort=self.master_port,
+                listenPort=self.master_remoting_port, fastListenPort=-1, haListenPort=self.ha_port, **common, **self.master_keys,
             ),
         )  # fmt: skip
         self.slave = BrokerServer(
             root / "slave",
             broker_options(
-                root / "slave", brokerRole="SLAVE", brokerId=1, listenPort=self.slave_port,
+                root / "slave", brokerRole="SLAVE", brokerId=1, grpcListenPort=self.slave_port,
+                listenPort=self.slave_remoting_port, fastListenPort=-1,
                 haMasterAddress=self.slave_ha_target, haReconnectInterval=200,
                 slaveReadEnable="true", **common,
             ),

@@ -222,7 +222,10 @@ def test_name_server_restarts_and_losses(tmp_path):
 
     def namesrv(i: int) -> NamesrvProcess:
         return NamesrvProcess(
-            tmp_path / f"namesrv-{i}", ["--port", str(ports[i]), "--metrics-port", "0"]
+            tmp_path / f"namesrv-{i}",
+            # RocketMQ's protocol on the same port each run, gRPC wherever it
+            # lands: the broker finds it again through the first.
+            ["--port", str(ports[i]), "--grpc-port", "0", "--metrics-port", "0"],
         ).wait_ready()
 
     servers = [namesrv(0), namesrv(1)]

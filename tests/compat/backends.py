@@ -120,13 +120,13 @@ class FerryBackend(Backend):
                     start_broker(
                         self.loop,
                         d / name,
-                        self.ns.addr,
+                        self.ns.remoting_addr,
                         brokerName=name,
                         messageDelayLevel=LEVELS,
                         mappedFileSizeCommitLog=8 << 20,
                     )
                 )
-            self.proxy = support.ProxyProcess(d, self.ns.addr)
+            self.proxy = support.ProxyProcess(d, self.ns.remoting_addr)
         except BaseException:
             self.stop()
             raise

@@ -293,7 +293,7 @@ def run_fault_scenario(
             store,
             broker_options(
                 store,
-                namesrv.addr,
+                namesrv.remoting_addr,
                 brokerRole="ASYNC_MASTER",
                 flushDiskType=scenario.flush_disk_type,
                 flushIntervalCommitLog=100,

@@ -37,12 +37,14 @@ class Proxied:
     def __init__(self, root) -> None:
         self.loop = LoopThread()
         self.ns = start_namesrv(self.loop, root / "ns", metrics_port=-1)
-        self.broker = start_broker(self.loop, root / "store", self.ns.addr, brokerName="broker-a")
+        self.broker = start_broker(
+            self.loop, root / "store", self.ns.remoting_addr, brokerName="broker-a"
+        )
         support.create_topic(self.broker.channel, "TopicTest", 4)
         broker_pb2_grpc.BrokerStub(self.broker.channel).SendMessage(
             broker_pb2.SendMessageRequest(topic="TopicTest", body=b"seed"), timeout=10
         )
-        self.app = ProxyApp(ProxyConfig((self.ns.addr,), host="127.0.0.1", port=0))
+        self.app = ProxyApp(ProxyConfig((self.ns.remoting_addr,), host="127.0.0.1", port=0))
         self.loop.run(self.app.start())
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.app.port}")
 

@@ -151,7 +151,9 @@ class Servers:
     def __init__(self, root) -> None:
         self.loop = LoopThread()
         self.ns = start_namesrv(self.loop, root / "ns", metrics_port=-1)
-        self.broker = start_broker(self.loop, root / "store", self.ns.addr, brokerName="broker-a")
+        self.broker = start_broker(
+            self.loop, root / "store", self.ns.remoting_addr, brokerName="broker-a"
+        )
         broker_admin_pb2_grpc.BrokerAdminStub(self.broker.channel).UpdateAndCreateTopic(
             broker_admin_pb2.UpdateAndCreateTopicRequest(
                 topic_config=common_pb2.TopicConfig(

@@ -25,7 +25,7 @@ def two_brokers(loop_thread: LoopThread, tmp_path: Path, ns: RunningNamesrv) -> 
     """(the name server, [broker-a, broker-b]): two in-process masters registered
     with it; a broker a test stopped itself is left alone at teardown."""
     brokers = [
-        start_broker(loop_thread, tmp_path / name, ns.addr, brokerName=name)
+        start_broker(loop_thread, tmp_path / name, ns.remoting_addr, brokerName=name)
         for name in ("broker-a", "broker-b")
     ]
     yield ns, brokers

@@ -396,6 +396,7 @@ class NamesrvProcess:
             env=child_env(),
         )
         self.grpc_port = 0
+        self.remoting_port = 0
         self.metrics_port = 0
 
     def wait_ready(self, timeout_s: float = 15.0) -> NamesrvProcess:
@@ -408,11 +409,18 @@ class NamesrvProcess:
         info = json.loads(self.port_file.read_text())
         assert info["pid"] == self.proc.pid
         self.grpc_port, self.metrics_port = info["grpc_port"], info["metrics_port"]
+        self.remoting_port = info["remoting_port"]
         return self
 
     @property
     def addr(self) -> str:
+        """ferry.v1 gRPC."""
         return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def remoting_addr(self) -> str:
+        """RocketMQ's protocol: what brokers, the proxy and the CLI are given."""
+        return f"127.0.0.1:{self.remoting_port}"
 
     def log(self) -> str:
         self._log.flush()
@@ -457,6 +465,7 @@ class BrokerServer:
         self.log_path = store.parent / f"{store.name}.log"
         self.proc: subprocess.Popen | None = None
         self.grpc_port = 0
+        self.remoting_port = 0
         self.metrics_port = -1
 
     def start(self, timeout_s: float = 30.0) -> BrokerServer:
@@ -478,12 +487,18 @@ class BrokerServer:
         wait_for(ready, timeout_s, "the broker subprocess to write its port file")
         info = json.loads(self.port_file.read_text())
         self.grpc_port = info["grpc_port"]
+        self.remoting_port = info["remoting_port"]
         self.metrics_port = info["metrics_port"]
         return self
 
     @property
     def addr(self) -> str:
+        """ferry.v1 gRPC."""
         return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def remoting_addr(self) -> str:
+        return f"127.0.0.1:{self.remoting_port}"
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -499,7 +514,7 @@ class BrokerServer:
 
 class ProxyProcess:
     """`python -m services.proxy` on 127.0.0.1 with OS-picked ports, in front of
-    the name servers `namesrv_addr`; stopped by PID."""
+    the name servers `namesrv_addr` (RocketMQ-protocol addresses); stopped by PID."""
 
     def __init__(
         self,

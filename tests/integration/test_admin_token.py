@@ -92,9 +92,9 @@ def test_every_name_server_write_needs_the_token(ns):
 
 
 def test_a_broker_registers_with_the_token_and_guards_its_admin_rpcs(loop_thread, tmp_path, ns):
-    broker = start_broker(loop_thread, tmp_path / "b", ns.addr, adminToken=TOKEN)
+    broker = start_broker(loop_thread, tmp_path / "b", ns.remoting_addr, adminToken=TOKEN)
     stranger = start_broker(
-        loop_thread, tmp_path / "x", ns.addr, brokerName="broker-x", adminToken="wrong"
+        loop_thread, tmp_path / "x", ns.remoting_addr, brokerName="broker-x", adminToken="wrong"
     )
     try:
         names = lambda: set(  # noqa: E731
@@ -144,18 +144,20 @@ def test_a_broker_registers_with_the_token_and_guards_its_admin_rpcs(loop_thread
 
 
 def test_ferry_commands_send_the_token(loop_thread, tmp_path, ns):
-    broker = start_broker(loop_thread, tmp_path / "b", ns.addr, adminToken=TOKEN)
+    broker = start_broker(loop_thread, tmp_path / "b", ns.remoting_addr, adminToken=TOKEN)
     try:
         refused = run_ferry("topic", "create", "Cli", "-b", broker.addr)
         assert refused.returncode != 0
         assert "admin token" in refused.stderr + refused.stdout
         ok = run_ferry("topic", "create", "Cli", "-b", broker.addr, "--admin-token", TOKEN)
         assert ok.returncode == 0, ok.stderr
-        refused = run_ferry("kv", "put", "ns", "k", "v", "-n", ns.addr)
+        refused = run_ferry("kv", "put", "ns", "k", "v", "-n", ns.remoting_addr)
         assert refused.returncode != 0 and "admin token" in refused.stderr + refused.stdout
-        ok = run_ferry("kv", "put", "ns", "k", "v", "-n", ns.addr, env={"FERRY_ADMIN_TOKEN": TOKEN})
+        ok = run_ferry(
+            "kv", "put", "ns", "k", "v", "-n", ns.remoting_addr, env={"FERRY_ADMIN_TOKEN": TOKEN}
+        )
         assert ok.returncode == 0, ok.stderr
-        assert run_ferry("kv", "get", "ns", "k", "-n", ns.addr).stdout.strip() == "v"
+        assert run_ferry("kv", "get", "ns", "k", "-n", ns.remoting_addr).stdout.strip() == "v"
     finally:
         broker.stop()
 

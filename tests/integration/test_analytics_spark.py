@@ -142,12 +142,17 @@ def test_streaming_job_and_restart_from_the_checkpoint(spark, tmp_path):
 def test_a_blackholed_slave_is_exactly_one_incident(spark, loop_thread, tmp_path, ns):
     common = dict(mappedFileSizeCommitLog=256 * 1024, metricsPort=0, brokerName="broker-i")
     master = start_broker(
-        loop_thread, tmp_path / "m", ns.addr, brokerRole="SYNC_MASTER", slaveTimeout=300, **common
+        loop_thread,
+        tmp_path / "m",
+        ns.remoting_addr,
+        brokerRole="SYNC_MASTER",
+        slaveTimeout=300,
+        **common,
     )
     proxy = FaultProxy("127.0.0.1", master.app.ha_master.port)
     loop_thread.run(proxy.start())
     slave = start_broker(
-        loop_thread, tmp_path / "s", ns.addr, brokerRole="SLAVE", brokerId=1,
+        loop_thread, tmp_path / "s", ns.remoting_addr, brokerRole="SLAVE", brokerId=1,
         haMasterAddress=proxy.addr, haReconnectInterval=200, slaveSyncDelay=0, **common,
     )  # fmt: skip
     interval = 0.25

@@ -20,7 +20,7 @@ def ok(result) -> str:
 
 def test_topic_create_send_consume_round_trip(two_brokers):
     ns, brokers = two_brokers
-    n = ("-n", ns.addr)
+    n = ("-n", ns.remoting_addr)
     out = ok(
         run_ferry(
             "topic",
@@ -64,8 +64,8 @@ def test_topic_create_send_consume_round_trip(two_brokers):
 def test_delete_and_runtime(two_brokers):
     ns, brokers = two_brokers
     a = brokers[0].addr
-    ok(run_ferry("topic", "create", "Temp", "-b", a, "-n", ns.addr))
-    ok(run_ferry("topic", "delete", "Temp", "-b", a, "-n", ns.addr))
+    ok(run_ferry("topic", "create", "Temp", "-b", a, "-n", ns.remoting_addr))
+    ok(run_ferry("topic", "delete", "Temp", "-b", a, "-n", ns.remoting_addr))
     table = ok(run_ferry("runtime", "-b", a))
     assert "broker_role" in table and "ASYNC_MASTER" in table
     info = json.loads(ok(run_ferry("runtime", "-b", a, "--json")))
@@ -74,27 +74,35 @@ def test_delete_and_runtime(two_brokers):
 
 def test_errors_name_the_problem(two_brokers):
     ns, _ = two_brokers
-    missing = run_ferry("send", "Nope", "--body", "x", "-n", ns.addr)
+    missing = run_ferry("send", "Nope", "--body", "x", "-n", ns.remoting_addr)
     assert missing.returncode == 1 and "has no route" in missing.stderr
-    bad = run_ferry("send", "bad topic", "--body", "x", "-n", ns.addr)
+    bad = run_ferry("send", "bad topic", "--body", "x", "-n", ns.remoting_addr)
     assert bad.returncode == 2 and "characters outside" in bad.stderr
 
 
 def test_a_broker_named_as_a_name_server_is_skipped(two_brokers):
-    # -n naming a broker's port by mistake: it does not serve NameServer
-    # (UNIMPLEMENTED), so the client says so and moves on to the next address.
+    # -n naming a broker's RocketMQ-protocol port by mistake: it does not give
+    # a name server's gRPC port, so the client says so and moves on to the
+    # next address.
     ns, brokers = two_brokers
-    both = f"{brokers[0].addr};{ns.addr}"
+    both = f"{brokers[0].remoting_addr};{ns.remoting_addr}"
     assert "broker-a" in ok(run_ferry("cluster", "-n", both))
-    only = run_ferry("cluster", "-n", brokers[0].addr, "--timeout", "2")
+    only = run_ferry("cluster", "-n", brokers[0].remoting_addr, "--timeout", "2")
     assert only.returncode == 3
-    assert f"{brokers[0].addr}: not a ferry name server" in only.stderr
+    assert f"{brokers[0].remoting_addr}: {brokers[0].remoting_addr} speaks RocketMQ's" in (
+        only.stderr
+    )
+    assert "did not give its ferry.v1 gRPC port" in only.stderr
+    # Its gRPC port (the address `ferry cluster` lists): not a name server either.
+    grpc_port = run_ferry("cluster", "-n", brokers[0].addr, "--timeout", "2")
+    assert grpc_port.returncode == 3
+    assert "is it a gRPC port" in grpc_port.stderr
 
 
 def test_producer_fails_over_to_the_other_broker(two_brokers):
     ns, brokers = two_brokers
     with NamesrvClient([ns.addr]) as nsc:
-        ok(run_ferry("topic", "create", "Fail", "-c", "DefaultCluster", "-n", ns.addr))
+        ok(run_ferry("topic", "create", "Fail", "-c", "DefaultCluster", "-n", ns.remoting_addr))
         with Producer(nsc, retries=2, timeout_s=3) as producer:
             first = {producer.send("Fail", b"x%d" % i).broker_name for i in range(16)}
             assert first == {"broker-a", "broker-b"}

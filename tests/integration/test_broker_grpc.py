@@ -38,7 +38,10 @@ def two_ns(loop_thread, tmp_path):
 @pytest.fixture
 def broker(loop_thread, tmp_path, two_ns):
     b = start_broker(
-        loop_thread, tmp_path / "store", ";".join(s.addr for s in two_ns), brokerName="broker-a"
+        loop_thread,
+        tmp_path / "store",
+        ";".join(s.remoting_addr for s in two_ns),
+        brokerName="broker-a",
     )
     yield b
     b.stop()
@@ -210,7 +213,7 @@ def test_deleted_topic_leaves_the_routes(broker, two_ns):
 
 
 def test_stop_unregisters_from_every_name_server(loop_thread, tmp_path, two_ns):
-    b = start_broker(loop_thread, tmp_path / "s2", ";".join(s.addr for s in two_ns))
+    b = start_broker(loop_thread, tmp_path / "s2", ";".join(s.remoting_addr for s in two_ns))
     assert all(b.addr in live_addrs(ns.stub) for ns in two_ns)
     b.stop()
     assert all(b.addr not in live_addrs(ns.stub) for ns in two_ns)
@@ -220,7 +223,7 @@ def test_unreachable_name_server_is_not_fatal(loop_thread, tmp_path, two_ns):
     from tests.integration.support import free_port
 
     dead = f"127.0.0.1:{free_port()}"
-    b = start_broker(loop_thread, tmp_path / "s3", f"{dead};{two_ns[0].addr}")
+    b = start_broker(loop_thread, tmp_path / "s3", f"{dead};{two_ns[0].remoting_addr}")
     try:
         assert b.addr in live_addrs(two_ns[0].stub)
     finally:

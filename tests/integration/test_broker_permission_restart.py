@@ -61,7 +61,7 @@ def persisted(store) -> dict:
 
 def test_a_drained_broker_stays_read_only_across_restarts(loop_thread, tmp_path, ns):
     store = tmp_path / "store"
-    b = start_broker(loop_thread, store, ns.addr, brokerName="broker-p")
+    b = start_broker(loop_thread, store, ns.remoting_addr, brokerName="broker-p")
     try:
         create_topic(b, TOPIC)
         assert send(b, TOPIC).status == broker_pb2.SEND_OK
@@ -72,7 +72,7 @@ def test_a_drained_broker_stays_read_only_across_restarts(loop_thread, tmp_path,
         b.stop()
     assert not has_route(ns.stub, TOPIC)  # unregistered: the next route is the restart's
 
-    b = start_broker(loop_thread, store, ns.addr, brokerName="broker-p")
+    b = start_broker(loop_thread, store, ns.remoting_addr, brokerName="broker-p")
     try:
         assert runtime_permission(b) == 4
         # Registered read-only by the first registration of the new run.
@@ -85,7 +85,7 @@ def test_a_drained_broker_stays_read_only_across_restarts(loop_thread, tmp_path,
     finally:
         b.stop()
 
-    b = start_broker(loop_thread, store, ns.addr, brokerName="broker-p")
+    b = start_broker(loop_thread, store, ns.remoting_addr, brokerName="broker-p")
     try:
         assert runtime_permission(b) == 6
         assert route_perms(ns, TOPIC, "broker-p") == [6]
@@ -98,7 +98,9 @@ def test_the_persisted_permission_wins_over_the_config_with_a_warning(
     loop_thread, tmp_path, ns, caplog
 ):
     store = tmp_path / "store"
-    b = start_broker(loop_thread, store, ns.addr, brokerName="broker-q", brokerPermission=4)
+    b = start_broker(
+        loop_thread, store, ns.remoting_addr, brokerName="broker-q", brokerPermission=4
+    )
     try:
         assert runtime_permission(b) == 4  # no file yet: the configured value
         create_topic(b, TOPIC)
@@ -107,7 +109,9 @@ def test_the_persisted_permission_wins_over_the_config_with_a_warning(
     finally:
         b.stop()
     with caplog.at_level(logging.WARNING, logger="services.broker.app"):
-        b = start_broker(loop_thread, store, ns.addr, brokerName="broker-q", brokerPermission=4)
+        b = start_broker(
+            loop_thread, store, ns.remoting_addr, brokerName="broker-q", brokerPermission=4
+        )
     try:
         assert runtime_permission(b) == 6
         assert route_perms(ns, TOPIC, "broker-q") == [6]
@@ -128,8 +132,8 @@ def test_a_slave_keeps_its_own_permission_through_slave_sync_and_restarts(
 ):
     slave_keys = {"brokerName": "broker-s", "brokerRole": "SLAVE", "brokerId": 1,
                   "haListenPort": 10999}  # fmt: skip
-    master = start_broker(loop_thread, tmp_path / "m", ns.addr, brokerName="broker-s")
-    slave = start_broker(loop_thread, tmp_path / "s", ns.addr, **slave_keys)
+    master = start_broker(loop_thread, tmp_path / "m", ns.remoting_addr, brokerName="broker-s")
+    slave = start_broker(loop_thread, tmp_path / "s", ns.remoting_addr, **slave_keys)
     try:
         create_topic(master, TOPIC)
         set_permission(slave, 4)
@@ -140,7 +144,7 @@ def test_a_slave_keeps_its_own_permission_through_slave_sync_and_restarts(
         assert persisted(tmp_path / "s") == {"brokerPermission": 4}
         assert not (tmp_path / "m" / "config" / "broker.json").exists()
         slave.stop()
-        slave = start_broker(loop_thread, tmp_path / "s", ns.addr, **slave_keys)
+        slave = start_broker(loop_thread, tmp_path / "s", ns.remoting_addr, **slave_keys)
         assert runtime_permission(slave) == 4
         assert runtime_permission(master) == 6
     finally:

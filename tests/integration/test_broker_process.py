@@ -39,7 +39,9 @@ def test_bad_config_stops_startup_naming_the_key(tmp_path):
 
 
 def test_sigterm_unregisters_and_shuts_down_cleanly(tmp_path, ns):
-    server = BrokerServer(tmp_path / "store", broker_options(tmp_path / "store", ns.addr)).start()
+    server = BrokerServer(
+        tmp_path / "store", broker_options(tmp_path / "store", ns.remoting_addr)
+    ).start()
     try:
         assert server.addr in live_addrs(ns.stub)
         assert (tmp_path / "store" / "abort").exists()
@@ -53,8 +55,36 @@ def test_sigterm_unregisters_and_shuts_down_cleanly(tmp_path, ns):
         server.stop()
 
 
+def test_a_taken_rocketmq_protocol_port_stops_startup_naming_the_key(tmp_path):
+    """listenPort (RocketMQ's protocol) already taken: exit 1, the key and port named,
+    and no port file (nothing half-started is advertised)."""
+    from tests.integration.support import HeldPort
+
+    with HeldPort() as held:
+        held.sock.listen()
+        store = tmp_path / "store"
+        options = broker_options(store, listenPort=held.port, grpcListenPort=0, fastListenPort=-1)
+        server = BrokerServer(store, options)
+        server.port_file.unlink(missing_ok=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.broker", "--port-file", str(server.port_file),
+             *[x for o in server.options for x in ("-o", o)]],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+            env=child_env(),
+        )  # fmt: skip
+        try:
+            out, _ = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    assert proc.returncode == 1, out
+    assert f"cannot listen on 127.0.0.1:{held.port} (listenPort, RocketMQ's protocol)" in out
+    assert not server.port_file.exists()
+
+
 def test_read_only_broker_registers_read_only_routes(loop_thread, tmp_path, ns):
-    b = start_broker(loop_thread, tmp_path / "s", ns.addr, brokerPermission=4)
+    b = start_broker(loop_thread, tmp_path / "s", ns.remoting_addr, brokerPermission=4)
     try:
         from tests.integration.test_broker_grpc import create_topic
 

@@ -10,7 +10,7 @@ from tests.integration.support import has_route, live_addrs
 
 
 def test_force_register_false_asks_for_the_version_first(loop_thread, tmp_path, ns):
-    b = start_broker(loop_thread, tmp_path / "s", ns.addr, forceRegister="false")
+    b = start_broker(loop_thread, tmp_path / "s", ns.remoting_addr, forceRegister="false")
     try:
         registrar = b.app.registrar
         before = registrar.registrations
@@ -27,12 +27,15 @@ def test_force_register_false_asks_for_the_version_first(loop_thread, tmp_path, 
 
 def test_a_restarted_name_server_gets_the_broker_back_at_once(loop_thread, tmp_path):
     first = start_namesrv(loop_thread, tmp_path / "ns", metrics_port=-1)
-    port = first.app.port
-    b = start_broker(loop_thread, tmp_path / "s", first.addr)
+    port = first.app.remoting_port
+    b = start_broker(loop_thread, tmp_path / "s", first.remoting_addr)
     try:
         assert b.addr in live_addrs(first.stub)
         first.stop()
-        second = start_namesrv(loop_thread, tmp_path / "ns", port=port, metrics_port=-1)
+        # Same RocketMQ-protocol port, another gRPC port: the broker finds it again.
+        second = start_namesrv(
+            loop_thread, tmp_path / "ns", port=port, grpc_port=0, metrics_port=-1
+        )
         try:
             # Not the 30 s period: the broken KeepAlive stream triggers it.
             wait_for(lambda: b.addr in live_addrs(second.stub), 10, "the broker to re-register")
@@ -43,11 +46,11 @@ def test_a_restarted_name_server_gets_the_broker_back_at_once(loop_thread, tmp_p
 
 
 def test_slave_learns_its_masters_address(loop_thread, tmp_path, ns):
-    master = start_broker(loop_thread, tmp_path / "m", ns.addr, brokerName="broker-x")
+    master = start_broker(loop_thread, tmp_path / "m", ns.remoting_addr, brokerName="broker-x")
     slave = start_broker(
         loop_thread,
         tmp_path / "s",
-        ns.addr,
+        ns.remoting_addr,
         brokerName="broker-x",
         brokerRole="SLAVE",
         brokerId=1,
@@ -63,7 +66,7 @@ def test_slave_learns_its_masters_address(loop_thread, tmp_path, ns):
 def test_a_stopping_broker_unregisters_before_closing_its_keep_alive(loop_thread, tmp_path, ns):
     """The name server counts a clean stop as graceful, not as a lost connection
     (the KeepAlive stream used to be closed first, and removed the broker)."""
-    b = start_broker(loop_thread, tmp_path / "s", ns.addr)
+    b = start_broker(loop_thread, tmp_path / "s", ns.remoting_addr)
     wait_for(lambda: b.addr in live_addrs(ns.stub), 10, "the broker to register")
     wait_for(lambda: ns.app.routes.live_count() == 1, 10, "the broker to be live")
     b.stop()

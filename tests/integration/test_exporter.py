@@ -25,9 +25,11 @@ def read_rows(path):
 
 def test_rounds_rows_and_a_broker_that_cannot_be_scraped(loop_thread, tmp_path, ns):
     common = dict(mappedFileSizeCommitLog=256 * 1024, metricsPort=0, brokerName="broker-x")
-    master = start_broker(loop_thread, tmp_path / "m", ns.addr, brokerRole="SYNC_MASTER", **common)
+    master = start_broker(
+        loop_thread, tmp_path / "m", ns.remoting_addr, brokerRole="SYNC_MASTER", **common
+    )
     slave = start_broker(
-        loop_thread, tmp_path / "s", ns.addr, brokerRole="SLAVE", brokerId=1,
+        loop_thread, tmp_path / "s", ns.remoting_addr, brokerRole="SLAVE", brokerId=1,
         haMasterAddress=f"127.0.0.1:{master.app.ha_master.port}", slaveSyncDelay=0, **common,
     )  # fmt: skip
     dead = HeldPort()
@@ -90,7 +92,9 @@ def test_rounds_rows_and_a_broker_that_cannot_be_scraped(loop_thread, tmp_path, 
         assert [p.name for p in spool.iterdir()] == [newest.name]
 
         # The command line: one round, a summary line, exit 0.
-        out = run_ferry("exporter", "-n", ns.addr, "--spool", str(tmp_path / "cli"), "--once")
+        out = run_ferry(
+            "exporter", "-n", ns.remoting_addr, "--spool", str(tmp_path / "cli"), "--once"
+        )
         assert out.returncode == 0, out.stderr
         assert re.match(r"round 1: \d+ rows, 1 broker\(s\) not scraped -> metrics-", out.stdout)
     finally:

@@ -164,9 +164,11 @@ def test_slave_offsets_are_merged_max_wins_and_topics_never_half_visible(loop_th
         "slaveSyncDelay": 0,
         "slaveSyncInterval": 100,
     }
-    master = start_broker(loop_thread, tmp_path / "m", ns.addr, brokerName="broker-o", **common)
+    master = start_broker(
+        loop_thread, tmp_path / "m", ns.remoting_addr, brokerName="broker-o", **common
+    )
     slave = start_broker(
-        loop_thread, tmp_path / "s", ns.addr, brokerName="broker-o", brokerRole="SLAVE", brokerId=1,
+        loop_thread, tmp_path / "s", ns.remoting_addr, brokerName="broker-o", brokerRole="SLAVE", brokerId=1,
         slaveReadEnable="true", **common,
     )  # fmt: skip
     try:
@@ -223,13 +225,13 @@ def test_slave_started_before_its_master_finds_it_without_waiting_a_period(
 
     common = {"mappedFileSizeCommitLog": FILE, "haListenPort": 0, "brokerName": "broker-p"}
     slave = start_broker(
-        loop_thread, tmp_path / "s", ns.addr, brokerRole="SLAVE", brokerId=1,
+        loop_thread, tmp_path / "s", ns.remoting_addr, brokerRole="SLAVE", brokerId=1,
         registerNameServerPeriod=30_000, haReconnectInterval=200, **common,
     )  # fmt: skip
     master = None
     try:
         assert slave.app.config.register_period_s == 30.0
-        master = start_broker(loop_thread, tmp_path / "m", ns.addr, **common)
+        master = start_broker(loop_thread, tmp_path / "m", ns.remoting_addr, **common)
         create_topic(master, "P", queues=1)
         master.broker.SendMessage(broker_pb2.SendMessageRequest(topic="P", body=b"p"))
         end = master.app.store.max_offset
@@ -249,9 +251,11 @@ def test_a_master_only_one_name_server_knows_is_kept(loop_thread, tmp_path, ns):
 
     other = start_namesrv(loop_thread, tmp_path / "namesrv-2", metrics_port=-1)
     common = {"mappedFileSizeCommitLog": FILE, "haListenPort": 0, "brokerName": "broker-q"}
-    master = start_broker(loop_thread, tmp_path / "m", ns.addr, **common)  # only `ns` knows it
+    master = start_broker(
+        loop_thread, tmp_path / "m", ns.remoting_addr, **common
+    )  # only `ns` knows it
     slave = start_broker(
-        loop_thread, tmp_path / "s", f"{other.addr};{ns.addr}", brokerRole="SLAVE",
+        loop_thread, tmp_path / "s", f"{other.remoting_addr};{ns.remoting_addr}", brokerRole="SLAVE",
         brokerId=1, haReconnectInterval=200, **common,
     )  # fmt: skip
     try:

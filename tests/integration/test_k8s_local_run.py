@@ -315,7 +315,7 @@ def test_rendered_overlay_forms_a_cluster(tmp_path, overlay, tls):
         def grpc_port(pod: str) -> int:
             if pod.startswith("ferry-proxy"):
                 return 8081
-            return 9876 if pod.startswith("ferry-namesrv") else 10911
+            return 9879 if pod.startswith("ferry-namesrv") else 10915
 
         def probe_port(pod: str) -> int | None:  # where the kubelet's gRPC probe goes
             if not tls:
@@ -358,7 +358,7 @@ def test_rendered_overlay_forms_a_cluster(tmp_path, overlay, tls):
         # brokerId, the master's failover epoch), by pod. With failover the
         # group's members elect the master (broker 0, epoch >= 1); the other
         # is its slave under its own brokerId (its pod's ordinal + 1).
-        by_addr = {f"127.0.0.1:{by_name[p].ports[10911]}": p for p in brokers}
+        by_addr = {f"127.0.0.1:{by_name[p].ports[10915]}": p for p in brokers}
         views = []
         for ns in ("ferry-namesrv-0", "ferry-namesrv-1"):
             stub = namesrv_pb2_grpc.NameServerStub(channel(ns))

@@ -39,8 +39,8 @@ from tests.integration.support import LineReader, child_env, grpcurl_path, run_f
 REPO = Path(__file__).resolve().parents[2]
 # Ports of the 2m-2s topology before the offset: name servers, brokers, the proxy, etcd.
 BASE_PORTS = (
-    [9876, 9877, 9886, 9887]
-    + [p + 10 * i for i in range(4) for p in (10911, 10912, 10913)]
+    [9876, 9877, 9879, 9886, 9887, 9889]
+    + [p + 10 * i for i in range(4) for p in (10909, 10911, 10912, 10913, 10915)]
     + [8081, 8082]
     + [2379, 2380]
 )
@@ -128,7 +128,10 @@ def check_elected(text: str, namesrv: str) -> dict[str, tuple[str, str, int]]:
     member "elected master (epoch N)", registered as broker 0 at its address
     with that epoch, and the other "slave of" it under its own brokerId.
     Returns group -> (master's name, master's address, epoch)."""
-    line = r"^  (broker-[ab])-(\d) +grpc (127\.0\.0\.1:\d+) +metrics :\d+ +pid \d+ +(.+)$"
+    line = (
+        r"^  (broker-[ab])-(\d) +rocketmq 127\.0\.0\.1:\d+ +grpc (127\.0\.0\.1:\d+) "
+        r"+metrics :\d+ +pid \d+ +(.+)$"
+    )
     members: dict[str, dict[str, tuple[str, str]]] = {}
     for group, i, addr, role in re.findall(line, text, re.M):
         members.setdefault(group, {})[f"{group}-{i}"] = (addr, role)
@@ -146,7 +149,7 @@ def check_elected(text: str, namesrv: str) -> dict[str, tuple[str, str, int]]:
         master_addr, slave_addr = lines[master][0], lines[slave][0]
         elected[group] = (master, master_addr, epoch)
         for ns in namesrv.split(";"):
-            with NamesrvClient([ns], timeout_s=5) as client:
+            with NamesrvClient([ns], timeout_s=5, discover=True) as client:
                 info = client.cluster_info()
             routes = dict(info.broker_addr_table[group].broker_addrs)
             assert routes == {0: master_addr, slave_id: slave_addr}, (ns, info)
@@ -267,7 +270,10 @@ def test_make_run_serves_and_stops_on_ctrl_c(tmp_path, topology):
         else:
             assert "failover is off" in etcd_role, text
             assert "FERRY_ETCD_ENDPOINTS" not in text and "ferry failover" not in text
-            line = r"^  (broker-\S+) +grpc 127\.0\.0\.1:\d+ +metrics :\d+ +pid \d+ +([A-Z_]+)"
+            line = (
+                r"^  (broker-\S+) +rocketmq 127\.0\.0\.1:\d+ +grpc 127\.0\.0\.1:\d+ "
+                r"+metrics :\d+ +pid \d+ +([A-Z_]+)"
+            )
             assert dict(re.findall(line, text, re.M)) == roles, text
             # The `ferry cluster` table lists the brokers with their roles.
             table = re.findall(r"^DefaultCluster +(broker-[ab]) +([01]) +\S+ +(\S+)", text, re.M)

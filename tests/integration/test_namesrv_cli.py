@@ -40,7 +40,7 @@ def rows(text: str) -> list[list[str]]:
 
 
 def test_route_prints_queues_and_addresses(populated):
-    out = ok(run_ferry("route", "TopicTest", "-n", populated.addr))
+    out = ok(run_ferry("route", "TopicTest", "-n", populated.remoting_addr))
     lines = out.splitlines()
     assert lines[0] == "topic TopicTest"
     queue_table, addr_table = out.split("\n\n")
@@ -59,7 +59,7 @@ def test_route_prints_queues_and_addresses(populated):
 
 
 def test_route_json(populated):
-    data = json.loads(ok(run_ferry("route", "Orders", "-n", populated.addr, "--json")))
+    data = json.loads(ok(run_ferry("route", "Orders", "-n", populated.remoting_addr, "--json")))
     assert data["queueDatas"] == [
         {
             "brokerName": "broker-a",
@@ -80,14 +80,14 @@ def test_route_json(populated):
 
 
 def test_route_of_a_missing_topic_exits_1_with_the_message(populated):
-    result = run_ferry("route", "Missing", "-n", populated.addr)
+    result = run_ferry("route", "Missing", "-n", populated.remoting_addr)
     assert result.returncode == 1
     assert "NOT_FOUND" in result.stderr
     assert "No topic route info in name server for the topic: Missing" in result.stderr
 
 
 def test_cluster_table(populated):
-    out = ok(run_ferry("cluster", "-n", populated.addr))
+    out = ok(run_ferry("cluster", "-n", populated.remoting_addr))
     table = [[c.strip() for c in r] for r in rows(out)]
     assert table[0] == ["CLUSTER", "BROKER", "ID", "ADDRESS", "ROLE", "LAST HEARTBEAT"]
     assert [r[:5] for r in table[1:]] == [
@@ -98,7 +98,7 @@ def test_cluster_table(populated):
 
 
 def test_cluster_json(populated):
-    info = json.loads(ok(run_ferry("cluster", "-n", populated.addr, "--json")))
+    info = json.loads(ok(run_ferry("cluster", "-n", populated.remoting_addr, "--json")))
     assert info["clusterAddrTable"] == {"DefaultCluster": {"brokerNames": ["broker-a"]}}
     assert info["brokerAddrTable"]["broker-a"]["brokerAddrs"] == {"0": MASTER, "1": SLAVE}
     assert set(info["brokerLiveTable"]) == {MASTER, SLAVE}
@@ -106,16 +106,16 @@ def test_cluster_json(populated):
 
 
 def test_cluster_with_no_brokers(ns):
-    assert ok(run_ferry("cluster", "-n", ns.addr)).strip() == "no brokers registered"
+    assert ok(run_ferry("cluster", "-n", ns.remoting_addr)).strip() == "no brokers registered"
 
 
 def test_kv_put_get_list_delete_round_trip(ns):
-    n = ("-n", ns.addr)
+    n = ("-n", ns.remoting_addr)
     assert ok(run_ferry("kv", "put", "app", "color", "blue", *n)).strip() == (
-        f"{ns.addr}: put app/color"
+        f"{ns.remoting_addr}: put app/color"
     )
     assert json.loads(ok(run_ferry("kv", "put", "app", "size", "XL", *n, "--json"))) == {
-        ns.addr: {"ok": True}
+        ns.remoting_addr: {"ok": True}
     }
     assert ok(run_ferry("kv", "get", "app", "color", *n)).strip() == "blue"
     assert json.loads(ok(run_ferry("kv", "get", "app", "size", *n, "--json"))) == {"value": "XL"}
@@ -128,10 +128,10 @@ def test_kv_put_get_list_delete_round_trip(ns):
     }
 
     assert json.loads(ok(run_ferry("kv", "delete", "app", "color", *n, "--json"))) == {
-        ns.addr: {"deleted": True}
+        ns.remoting_addr: {"deleted": True}
     }
     again = ok(run_ferry("kv", "delete", "app", "color", *n))
-    assert again.strip() == f"{ns.addr}: did not exist app/color"
+    assert again.strip() == f"{ns.remoting_addr}: did not exist app/color"
 
     missing = run_ferry("kv", "get", "app", "color", *n)
     assert missing.returncode == 1
@@ -175,10 +175,10 @@ def test_two_independent_name_servers_and_failover(loop_thread: LoopThread, tmp_
         assert info_a.broker_addr_table == info_b.broker_addr_table
         assert info_a.cluster_addr_table == info_b.cluster_addr_table
 
-        both = f"{a.addr};{b.addr}"
+        both = f"{a.remoting_addr};{b.remoting_addr}"
         # Writes go to every name server.
         put = json.loads(ok(run_ferry("kv", "put", "app", "k", "v", "-n", both, "--json")))
-        assert put == {a.addr: {"ok": True}, b.addr: {"ok": True}}
+        assert put == {a.remoting_addr: {"ok": True}, b.remoting_addr: {"ok": True}}
         for ns in (a, b):
             got = ns.stub.GetKVConfig(namesrv_pb2.GetKVConfigRequest(namespace="app", key="k"))
             assert got.value == "v"
@@ -193,7 +193,7 @@ def test_two_independent_name_servers_and_failover(loop_thread: LoopThread, tmp_
 
         a.stop()
         a_running = False
-        with HeldPort(int(a.addr.rsplit(":", 1)[1])):
+        with HeldPort(int(a.remoting_addr.rsplit(":", 1)[1])):
             route = json.loads(ok(run_ferry("route", "TopicTest", "-n", both, "--json")))
             assert route["brokerDatas"][0]["brokerAddrs"] == {"0": MASTER, "1": SLAVE}
             assert "OnlyB" in ok(run_ferry("route", "OnlyB", "-n", both))
@@ -202,8 +202,8 @@ def test_two_independent_name_servers_and_failover(loop_thread: LoopThread, tmp_
             # A write with one name server down reports it and exits 1.
             partial = run_ferry("kv", "put", "app", "k2", "v2", "-n", both)
             assert partial.returncode == 1
-            assert f"{a.addr}: FAILED UNAVAILABLE" in partial.stdout
-            assert f"{b.addr}: put app/k2" in partial.stdout
+            assert f"{a.remoting_addr}: FAILED cannot ask {a.remoting_addr}" in partial.stdout
+            assert f"{b.remoting_addr}: put app/k2" in partial.stdout
     finally:
         if a_running:
             a.stop()

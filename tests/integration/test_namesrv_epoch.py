@@ -251,7 +251,7 @@ def test_a_groups_epoch_is_forgotten_with_its_last_broker(ns):
 
 def registrar(ns: RunningNamesrv, identity: BrokerIdentity, fenced: list[str]) -> Registrar:
     return Registrar(
-        [ns.addr],
+        [ns.remoting_addr],
         identity,
         topics=lambda: ({"TopicTest": TopicConfig("TopicTest", 4, 4, 6)}, DataVersion(1, 1)),
         permission=lambda: 6,
@@ -324,7 +324,7 @@ def test_a_fenced_registrar_calls_on_fenced_and_can_rejoin_as_a_slave(
 
         # What the failover controller does on the callback: follow the new master.
         r.identity = dataclasses.replace(r.identity, broker_id=1, broker_role="SLAVE", epoch=5)
-        assert loop_thread.run(r.register_all()) == {ns.addr: True}
+        assert loop_thread.run(r.register_all()) == {ns.remoting_addr: True}
         assert group_addrs(ns) == {0: B, 1: A}
         # The KeepAlive task, idle while fenced, opens its stream once registered.
         wait_for(

@@ -80,10 +80,23 @@ def test_corrupt_kv_file_with_backup_starts_from_it(namesrv_process, tmp_path):
 
 def test_a_port_in_use_stops_startup(namesrv_process, tmp_path):
     first = namesrv_process(tmp_path / "first").wait_ready()
-    second = namesrv_process(
-        tmp_path / "second", ["--port", str(first.grpc_port), "--metrics-port", "-1"]
-    )
-    assert second.proc.wait(15) == 1
-    assert "cannot start" in second.log()
-    assert str(first.grpc_port) in second.log()
+    for flag, port in (("--port", first.remoting_port), ("--grpc-port", first.grpc_port)):
+        second = namesrv_process(
+            tmp_path / f"second{flag}", [flag, str(port), "--metrics-port", "-1"]
+        )
+        assert second.proc.wait(15) == 1, flag
+        assert "cannot start" in second.log()
+        assert str(port) in second.log()
+        assert not second.port_file.exists()
     assert first.proc.poll() is None  # the first one is unharmed
+
+
+def test_the_port_file_and_the_ready_line_name_both_protocols(namesrv_process):
+    server = namesrv_process().wait_ready()
+    info = json.loads(server.port_file.read_text())
+    assert info["remoting_port"] > 0 and info["grpc_port"] > 0
+    assert info["remoting_port"] != info["grpc_port"]
+    assert (
+        f"rocketmq=127.0.0.1:{info['remoting_port']} grpc=127.0.0.1:{info['grpc_port']}"
+        in server.log()
+    )

@@ -550,7 +550,7 @@ def test_order_topic_config_on_the_name_server_makes_an_ordered_topic(
         ),
         timeout=10,
     )
-    b = start_broker(loop_thread, tmp_path / "store", namesrv.addr, brokerName="broker-o")
+    b = start_broker(loop_thread, tmp_path / "store", namesrv.remoting_addr, brokerName="broker-o")
     try:
         support.create_topic(b.channel, "Ledger", 4)  # registered at once: the answer says ordered
 

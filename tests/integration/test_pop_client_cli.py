@@ -36,7 +36,11 @@ QUICK_LEVELS = "100ms 200ms 300ms 400ms 500ms 500ms 500ms 500ms 500ms 1s 1s 1s 1
 def cluster(loop_thread, tmp_path, ns):
     brokers = [
         start_broker(
-            loop_thread, tmp_path / name, ns.addr, brokerName=name, messageDelayLevel=QUICK_LEVELS
+            loop_thread,
+            tmp_path / name,
+            ns.remoting_addr,
+            brokerName=name,
+            messageDelayLevel=QUICK_LEVELS,
         )
         for name in BROKERS
     ]
@@ -94,7 +98,7 @@ def test_two_consume_processes_of_a_group_split_the_messages(cluster, nsc):
         for body in sorted(sent):
             producer.send("Split", body.encode())
     args = ("consume", "Split", "-g", "workers", "--max", "20", "--json", "--wait-s", "0.5",
-            "--idle-exit-s", "60", "-n", ns.addr)  # fmt: skip
+            "--idle-exit-s", "60", "-n", ns.remoting_addr)  # fmt: skip
     procs = [start_ferry(*args) for _ in range(2)]
     try:
         outs = [p.communicate(timeout=90) for p in procs]
@@ -114,7 +118,7 @@ def test_two_consume_processes_of_a_group_split_the_messages(cluster, nsc):
     assert {m["topic"] for lines in got for m in lines} == {"Split"}
     # Everything acknowledged: the group has nothing in flight and no lag.
     status = json.loads(ok(run_ferry("group", "status", "-g", "workers", "-t", "Split",
-                                     "-n", ns.addr, "--json")))  # fmt: skip
+                                     "-n", ns.remoting_addr, "--json")))  # fmt: skip
     assert len(status["queues"]) == 4
     assert sum(q["maxOffset"] for q in status["queues"]) == 40
     assert all(q["inFlight"] == 0 and q["lag"] == 0 for q in status["queues"]), status
@@ -126,7 +130,7 @@ def test_no_ack_shows_the_message_again_with_attempt_2(cluster, nsc):
     with Producer(nsc) as producer:
         sent = producer.send("Again", b"twice please", tags="t1")
     first = ok(run_ferry("consume", "Again", "-g", "g", "--max", "1", "--no-ack",
-                         "--invisible-s", "1", "--idle-exit-s", "30", "-n", ns.addr,
+                         "--invisible-s", "1", "--idle-exit-s", "30", "-n", ns.remoting_addr,
                          timeout_s=60))  # fmt: skip
     line = first.strip()
     assert re.fullmatch(
@@ -134,7 +138,7 @@ def test_no_ack_shows_the_message_again_with_attempt_2(cluster, nsc):
     ), line
     # Not acknowledged: after its invisible time (and the retry backoff) it comes back.
     second = ok(run_ferry("consume", "Again", "-g", "g", "--max", "1", "--json",
-                          "--idle-exit-s", "60", "-n", ns.addr, timeout_s=90))  # fmt: skip
+                          "--idle-exit-s", "60", "-n", ns.remoting_addr, timeout_s=90))  # fmt: skip
     again = json.loads(second)
     assert again["deliveryAttempt"] == 2
     assert again["msgId"] == sent.result.msg_id and again["topic"] == "Again"
@@ -148,12 +152,14 @@ def test_timed_messages_are_not_delivered_before_their_time(cluster, nsc):
     ns, brokers = cluster
     make_topic(brokers, "Timed", 2)
     before = time.time()
-    single = ok(run_ferry("send", "Timed", "--body", "later", "--delay-ms", "6000", "-n", ns.addr))
+    single = ok(
+        run_ferry("send", "Timed", "--body", "later", "--delay-ms", "6000", "-n", ns.remoting_addr)
+    )
     after = time.time()
     at_single = dt.datetime.fromisoformat(re.search(r"deliverAt=(\S+)", single)[1]).timestamp()
     assert before + 6 - 0.01 <= at_single <= after + 6 + 0.01, single
     batch = ok(run_ferry("send", "Timed", "--count", "3", "--batch", "3", "--size", "20",
-                         "--delay-ms", "6000", "-n", ns.addr))  # fmt: skip
+                         "--delay-ms", "6000", "-n", ns.remoting_addr))  # fmt: skip
     assert "sent 3 messages" in batch and "SEND_OK=3" in batch
     at_batch = dt.datetime.fromisoformat(re.search(r"deliverAt=(\S+)", batch)[1]).timestamp()
 
@@ -181,18 +187,20 @@ def test_deliver_at_takes_local_time_and_bad_times_are_refused(cluster):
     make_topic(brokers, "At", 1)
     when = (dt.datetime.now() + dt.timedelta(minutes=5)).replace(microsecond=0)  # naive: local
     out = ok(run_ferry("send", "At", "--body", "x", "--deliver-at", when.isoformat(),
-                       "-n", ns.addr))  # fmt: skip
+                       "-n", ns.remoting_addr))  # fmt: skip
     printed = dt.datetime.fromisoformat(re.search(r"deliverAt=(\S+)", out)[1])
     assert printed.timestamp() == when.timestamp()
     assert printed.utcoffset() is not None  # shown with the local offset
 
     both = run_ferry("send", "At", "--body", "x", "--delay-ms", "1", "--deliver-at",
-                     when.isoformat(), "-n", ns.addr)  # fmt: skip
+                     when.isoformat(), "-n", ns.remoting_addr)  # fmt: skip
     assert both.returncode == 2 and "not allowed with" in both.stderr
-    garbled = run_ferry("send", "At", "--body", "x", "--deliver-at", "tomorrow", "-n", ns.addr)
+    garbled = run_ferry(
+        "send", "At", "--body", "x", "--deliver-at", "tomorrow", "-n", ns.remoting_addr
+    )
     assert garbled.returncode == 2 and "not an ISO 8601 time" in garbled.stderr
     too_far = run_ferry("send", "At", "--body", "x", "--delay-ms", str(4 * 86400 * 1000),
-                        "-n", ns.addr)  # fmt: skip
+                        "-n", ns.remoting_addr)  # fmt: skip
     assert too_far.returncode == 1 and "INVALID_ARGUMENT" in too_far.stderr, too_far.stderr
 
 
@@ -203,27 +211,27 @@ def test_a_message_group_lands_in_one_queue(cluster, nsc):
     h = zlib.crc32(group.encode())
     broker, queue = sorted(BROKERS)[h % 2], h % 4
     single = ok(run_ferry("send", "Fifo", "--body", "first", "--message-group", group,
-                          "-n", ns.addr))  # fmt: skip
+                          "-n", ns.remoting_addr))  # fmt: skip
     assert f"broker={broker} " in single and f"queueId={queue} " in single, single
     assert f"messageGroup={group}" in single
     ok(run_ferry("send", "Fifo", "--count", "6", "--size", "24", "--batch", "3",
-                 "--message-group", group, "-n", ns.addr))  # fmt: skip
+                 "--message-group", group, "-n", ns.remoting_addr))  # fmt: skip
     with Producer(nsc) as producer:
         sent = [producer.send("Fifo", b"lib-%d" % i, message_group=group) for i in range(3)]
     assert {(s.broker_name, s.result.queue_id) for s in sent} == {(broker, queue)}
 
     out = ok(run_ferry("consume", "Fifo", "-g", "fifo", "--max", "10", "--json",
-                       "--idle-exit-s", "30", "-n", ns.addr, timeout_s=60))  # fmt: skip
+                       "--idle-exit-s", "30", "-n", ns.remoting_addr, timeout_s=60))  # fmt: skip
     got = [json.loads(line) for line in out.splitlines()]
     assert len(got) == 10
     assert {(m["broker"], m["queueId"]) for m in got} == {(broker, queue)}
     assert {m["messageGroup"] for m in got} == {group}
     assert sorted(m["queueOffset"] for m in got) == list(range(10))
     text = ok(run_ferry("send", "Fifo", "--body", "shown", "--message-group", group,
-                        "-n", ns.addr))  # fmt: skip
+                        "-n", ns.remoting_addr))  # fmt: skip
     assert "queueOffset=10" in text
     shown = ok(run_ferry("consume", "Fifo", "-g", "fifo", "--max", "1", "--idle-exit-s", "30",
-                         "-n", ns.addr, timeout_s=60))  # fmt: skip
+                         "-n", ns.remoting_addr, timeout_s=60))  # fmt: skip
     assert f"attempt=1 group={group} shown" in shown
 
 
@@ -243,7 +251,7 @@ def test_group_status_table_and_json(cluster, nsc):
 
     def status() -> dict:
         return json.loads(ok(run_ferry("group", "status", "-g", "watchers", "-t", "Status",
-                                       "-n", ns.addr, "--json")))  # fmt: skip
+                                       "-n", ns.remoting_addr, "--json")))  # fmt: skip
 
     def settled() -> dict | None:
         doc = status()
@@ -264,7 +272,9 @@ def test_group_status_table_and_json(cluster, nsc):
         assert b["retriesPending"] == 0 and b["dlqMessages"] == 0 and b["orderly"] is False
         assert b["retryMaxTimes"] > 0 and b["dlqTopic"] == "%DLQ%watchers"
 
-    text = ok(run_ferry("group", "status", "-g", "watchers", "-t", "Status", "-n", ns.addr))
+    text = ok(
+        run_ferry("group", "status", "-g", "watchers", "-t", "Status", "-n", ns.remoting_addr)
+    )
     lines = text.splitlines()
     assert lines[0] == "group watchers on topic Status"
     assert lines[1].split() == ["BROKER", "QUEUE", "COMMITTED", "POP", "OFFSET", "MAX", "IN",
@@ -278,7 +288,7 @@ def test_group_status_table_and_json(cluster, nsc):
     assert [r.split()[:4] for r in per_broker[1:3]] == [[b, "0", "0", "no"] for b in BROKERS]
     assert "dead letters go to %DLQ%watchers" in text
 
-    missing = run_ferry("group", "status", "-g", "watchers", "-t", "Nope", "-n", ns.addr)
+    missing = run_ferry("group", "status", "-g", "watchers", "-t", "Nope", "-n", ns.remoting_addr)
     assert missing.returncode == 1 and "has no route" in missing.stderr
 
 
@@ -358,8 +368,8 @@ def test_consume_options_of_the_other_mode_are_refused(cluster, capsys):
         (("--wait-ms", "100"), "--wait-ms"),
         (("--invisible-s", "0.5"), "--invisible-s"),
     ):
-        code = ferry_main(["consume", "Any", "-g", "g", *args, "-n", ns.addr])
+        code = ferry_main(["consume", "Any", "-g", "g", *args, "-n", ns.remoting_addr])
         err = capsys.readouterr().err
         assert code == 2 and f"ferry: {option}:" in err, (args, err)
-    assert ferry_main(["consume", "Nope", "-g", "g", "--max", "1", "-n", ns.addr]) == 1
+    assert ferry_main(["consume", "Nope", "-g", "g", "--max", "1", "-n", ns.remoting_addr]) == 1
     assert "has no route" in capsys.readouterr().err

@@ -110,14 +110,14 @@ def _ready(prom: Prometheus, expr: str):
 def test_prometheus_sees_the_lag_ha_status_reports_and_the_dashboard_works(loop_thread, tmp_path):
     ns = start_namesrv(loop_thread, tmp_path / "ns")
     master = start_broker(
-        loop_thread, tmp_path / "m", ns.addr, brokerName="broker-p",
+        loop_thread, tmp_path / "m", ns.remoting_addr, brokerName="broker-p",
         brokerRole="SYNC_MASTER", mappedFileSizeCommitLog=256 * 1024, slaveTimeout=3000,
         metricsPort=0,
     )  # fmt: skip
     proxy = FaultProxy("127.0.0.1", master.app.ha_master.port)
     loop_thread.run(proxy.start())
     slave = start_broker(
-        loop_thread, tmp_path / "s", ns.addr, brokerName="broker-p", brokerRole="SLAVE",
+        loop_thread, tmp_path / "s", ns.remoting_addr, brokerName="broker-p", brokerRole="SLAVE",
         brokerId=1, mappedFileSizeCommitLog=256 * 1024, haMasterAddress=proxy.addr,
         haReconnectInterval=200, slaveSyncDelay=0, metricsPort=0,
     )  # fmt: skip

@@ -46,11 +46,11 @@ def cluster(tmp_path_factory):
     d = tmp_path_factory.mktemp("proxy-auth")
     loop = LoopThread()
     ns = start_namesrv(loop, d / "ns")
-    broker = start_broker(loop, d / "broker-a", ns.addr, brokerName="broker-a")
+    broker = start_broker(loop, d / "broker-a", ns.remoting_addr, brokerName="broker-a")
     env = support.child_env()
     env.pop(auth.ENV_ACCESS_KEY, None)
     env[auth.ENV_SECRET_KEY] = SK
-    proxy = support.ProxyProcess(d, ns.addr, ["--access-key", AK], env)
+    proxy = support.ProxyProcess(d, ns.remoting_addr, ["--access-key", AK], env)
     try:
         endpoint = proxy.endpoint
         support.create_topic(broker.channel, TOPIC, 4)

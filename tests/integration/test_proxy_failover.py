@@ -45,7 +45,7 @@ def test_sigkill_a_master_while_the_sdk_produces(tmp_path):
     ns = start_namesrv(loop, tmp_path / "ns")
     brokers = {
         name: support.BrokerServer(
-            tmp_path / name, broker_options(tmp_path / name, ns.addr, brokerName=name)
+            tmp_path / name, broker_options(tmp_path / name, ns.remoting_addr, brokerName=name)
         ).start()
         for name in ("broker-a", "broker-b")
     }
@@ -60,7 +60,7 @@ def test_sigkill_a_master_while_the_sdk_produces(tmp_path):
             30,
             "both brokers in the topic's route",
         )
-        proxy = support.ProxyProcess(tmp_path, ns.addr)
+        proxy = support.ProxyProcess(tmp_path, ns.remoting_addr)
         endpoint = proxy.endpoint
         producer = Producer(ClientConfiguration(endpoint, Credentials()), (TOPIC,))
         producer.startup()

@@ -44,18 +44,19 @@ def quiet(stderr: str) -> list[str]:
 
 
 @pytest.fixture
-def topic(two_brokers) -> tuple[str, str]:
+def topic(two_brokers) -> tuple[object, str]:
+    """(the name server, the topic)."""
     ns, brokers = two_brokers
     for b in brokers:
         support.create_topic(b.channel, "Quiet", 4)
     with NamesrvClient([ns.addr]) as nsc:
         wait_for(lambda: len(nsc.route("Quiet").queue_datas) == 2, 10, "Quiet's route")
-    return ns.addr, "Quiet"
+    return ns, "Quiet"
 
 
 def test_cli_send_and_consume_end_quietly(topic):
     namesrv, name = topic
-    n = ("-n", namesrv)
+    n = ("-n", namesrv.remoting_addr)
     runs = [
         # Pipelined (a PipelinedProducer on its own loop): three runs, as the
         # noise came at about one exit in three.
@@ -75,7 +76,7 @@ def test_cli_send_and_consume_end_quietly(topic):
 def test_pipelined_producers_closed_in_one_process_end_quietly(topic):
     namesrv, name = topic
     result = subprocess.run(
-        [sys.executable, "-c", PRODUCERS_CHILD, namesrv, name],
+        [sys.executable, "-c", PRODUCERS_CHILD, namesrv.addr, name],
         capture_output=True, text=True, timeout=120, cwd=support.REPO, env=support.child_env(),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr

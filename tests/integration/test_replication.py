@@ -32,12 +32,17 @@ def pair(loop_thread, tmp_path, ns, role="ASYNC_MASTER", **keys):
         **keys,
     )
     master = start_broker(
-        loop_thread, tmp_path / "master", ns.addr, brokerName="broker-r", brokerRole=role, **common
+        loop_thread,
+        tmp_path / "master",
+        ns.remoting_addr,
+        brokerName="broker-r",
+        brokerRole=role,
+        **common,
     )
     slave = start_broker(
         loop_thread,
         tmp_path / "slave",
-        ns.addr,
+        ns.remoting_addr,
         brokerName="broker-r",
         brokerRole="SLAVE",
         brokerId=1,

@@ -138,7 +138,7 @@ def ok(result) -> str:
 def test_store_clean_deletes_expired_files_and_consumers_resume(loop_thread, tmp_path, ns, caplog):
     root = tmp_path / "broker"
     broker = start_broker(
-        loop_thread, root, ns.addr, adminToken=TOKEN, metricsPort=0, **retention_keys()
+        loop_thread, root, ns.remoting_addr, adminToken=TOKEN, metricsPort=0, **retention_keys()
     )
     try:
         client = BrokerClient(broker.addr, admin_token=TOKEN)
@@ -217,7 +217,7 @@ def test_store_clean_deletes_expired_files_and_consumers_resume(loop_thread, tmp
         # `ferry consume` the same way.
         consumed = run_ferry(
             "consume", TOPIC, "-g", "behind-cli", "--pull", "--max", str(TOTAL - new_queue_min),
-            "--json", "-n", ns.addr,
+            "--json", "-n", ns.remoting_addr,
         )  # fmt: skip
         assert len(ok(consumed).splitlines()) == TOTAL - new_queue_min
         assert f"skipping {new_queue_min} messages" in consumed.stderr
@@ -260,9 +260,11 @@ def test_store_clean_deletes_expired_files_and_consumers_resume(loop_thread, tmp
 
 def test_a_slave_cleans_its_own_files_and_keeps_replicating(loop_thread, tmp_path, ns):
     common = retention_keys(haListenPort=0, haReconnectInterval=200, slaveSyncInterval=300)
-    master = start_broker(loop_thread, tmp_path / "master", ns.addr, brokerName="b-r", **common)
+    master = start_broker(
+        loop_thread, tmp_path / "master", ns.remoting_addr, brokerName="b-r", **common
+    )
     slave = start_broker(
-        loop_thread, tmp_path / "slave", ns.addr, brokerName="b-r", brokerRole="SLAVE",
+        loop_thread, tmp_path / "slave", ns.remoting_addr, brokerName="b-r", brokerRole="SLAVE",
         brokerId=1, **common,
     )  # fmt: skip
     try:

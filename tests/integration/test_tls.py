@@ -42,11 +42,11 @@ def test_a_mutual_tls_cluster(loop_thread, tmp_path, certs):
     tls_keys = {"tlsCert": c("server.pem"), "tlsKey": c("server.key"),
                 "tlsClientCa": c("ca.pem"), "tlsCa": c("ca.pem")}  # fmt: skip
     master = start_broker(
-        loop_thread, tmp_path / "m", ns.addr, brokerName="broker-t", brokerRole="SYNC_MASTER",
+        loop_thread, tmp_path / "m", ns.remoting_addr, brokerName="broker-t", brokerRole="SYNC_MASTER",
         haListenPort=0, healthPort=0, **tls_keys,
     )  # fmt: skip
     slave = start_broker(
-        loop_thread, tmp_path / "s", ns.addr, brokerName="broker-t", brokerRole="SLAVE",
+        loop_thread, tmp_path / "s", ns.remoting_addr, brokerName="broker-t", brokerRole="SLAVE",
         brokerId=1, slaveReadEnable="true", slaveSyncDelay=0, slaveSyncInterval=200,
         haReconnectInterval=200, **tls_keys,
     )  # fmt: skip
@@ -104,12 +104,12 @@ def test_a_mutual_tls_cluster(loop_thread, tmp_path, certs):
         env = {"FERRY_TLS_CA": c("ca.pem"), "FERRY_TLS_CERT": c("client.pem"),
                "FERRY_TLS_KEY": c("client.key")}  # fmt: skip
         got = run_ferry("consume", "Tls", "-g", "g", "--from-beginning", "--max", "1",
-                        "-n", ns.addr, env=env)  # fmt: skip
+                        "-n", ns.remoting_addr, env=env)  # fmt: skip
         assert got.returncode == 0 and "over tls" in got.stdout, got.stderr
-        flags = run_ferry("route", "Tls", "-n", ns.addr, "--tls-ca", c("ca.pem"),
+        flags = run_ferry("route", "Tls", "-n", ns.remoting_addr, "--tls-ca", c("ca.pem"),
                           "--tls-cert", c("client.pem"), "--tls-key", c("client.key"))  # fmt: skip
         assert flags.returncode == 0 and "broker-t" in flags.stdout, flags.stderr
-        plain = run_ferry("route", "Tls", "-n", ns.addr)
+        plain = run_ferry("route", "Tls", "-n", ns.remoting_addr)
         assert plain.returncode != 0 and "--tls-ca" in plain.stderr  # says what to do
 
         # grpcurl, as an operator would.

@@ -28,11 +28,11 @@ MASTER = "broker-t"
 
 @pytest.fixture
 def group(loop_thread, tmp_path, ns):
-    master = start_broker(loop_thread, tmp_path / "m", ns.addr, brokerName=MASTER)
+    master = start_broker(loop_thread, tmp_path / "m", ns.remoting_addr, brokerName=MASTER)
     slave = start_broker(
         loop_thread,
         tmp_path / "s",
-        ns.addr,
+        ns.remoting_addr,
         brokerName=MASTER,
         brokerRole="SLAVE",
         brokerId=1,
@@ -98,7 +98,15 @@ def _topics_json(broker) -> str:
 def test_the_message_type_is_persisted_synced_to_the_slave_and_routed(group):
     ns, master, slave = group
     out = run_ferry(
-        "topic", "create", "Orders", "-b", master.addr, "-n", ns.addr, "--message-type", "FIFO"
+        "topic",
+        "create",
+        "Orders",
+        "-b",
+        master.addr,
+        "-n",
+        ns.remoting_addr,
+        "--message-type",
+        "FIFO",
     )
     assert out.returncode == 0, out.stderr
     assert "attributes +message.type=FIFO" in out.stdout
@@ -121,7 +129,9 @@ def test_the_message_type_is_persisted_synced_to_the_slave_and_routed(group):
 
     assert wait_for(routed, 30, "Orders in the route") == {MASTER: {"message.type": "FIFO"}}
     # `--order` is another thing (ordered consumption); the type stays as it was.
-    out = run_ferry("topic", "update", "Orders", "-b", master.addr, "-n", ns.addr, "--order")
+    out = run_ferry(
+        "topic", "update", "Orders", "-b", master.addr, "-n", ns.remoting_addr, "--order"
+    )
     assert out.returncode == 0, out.stderr
     assert _attributes(master, "Orders") == {"message.type": "FIFO"}
 

@@ -91,6 +91,11 @@ def test_unknown_keys_are_warned_with_a_suggestion():
         ("brokerName=bad name", "brokerName", "characters outside"),
         ("mappedFileSizeConsumeQueue=1001", "mappedFileSizeConsumeQueue", "multiple of 20"),
         ("listenPort", "listenPort", "key=value"),
+        ("fastListenPort=-2", "fastListenPort", "outside"),
+        ("listenPort=65533", "grpcListenPort", "65537 is not a port"),
+        ("grpcListenPort=10911", "grpcListenPort", "also listenPort's port"),
+        ("listenPort=10909", "metricsPort", "also grpcListenPort's port"),
+        ("listenPort=10914", "haListenPort", "also fastListenPort's port"),
     ],
 )
 def test_bad_values_stop_startup_naming_the_key(option, key, text):
@@ -160,3 +165,30 @@ def test_the_default_shown_for_each_key_parses_back_to_the_default(key: str) -> 
         assert default in ("", (), None), f"{key}: shown empty, default {default!r}"
         return
     assert parse(key, shown) == default, f"{key}: {shown!r} parses to another value"
+
+
+@pytest.mark.parametrize(
+    ("options", "ports"),
+    [
+        # RocketMQ's defaults; gRPC beside them, clashing with none.
+        ([], (10911, 10909, 10915)),
+        (["listenPort=20911"], (20911, 20909, 20915)),
+        # Port 0: every listener on a free port of its own.
+        (["listenPort=0"], (0, 0, 0)),
+        # Set explicitly: kept, whatever listenPort is.
+        (["listenPort=20911", "grpcListenPort=7000", "fastListenPort=-1"], (20911, -1, 7000)),
+        (["listenPort=0", "grpcListenPort=7000", "fastListenPort=7001"], (0, 7001, 7000)),
+    ],
+)
+def test_the_ports_derive_from_listen_port_unless_set(options, ports):
+    c, _ = load_config(None, options, env={})
+    assert (c.listen_port, c.fast_port, c.grpc_port) == ports
+
+
+def test_derived_ports_follow_a_replaced_listen_port():
+    """A default is derived when read, so replacing listenPort (as a failover
+    node does for each run) moves the ports that were not set."""
+    from dataclasses import replace
+
+    c = replace(BrokerConfig(), listen_port=30911)
+    assert (c.fast_port, c.grpc_port) == (30909, 30915)

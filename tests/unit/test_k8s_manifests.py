@@ -432,9 +432,12 @@ def test_broker_confs_load_with_the_brokers_own_loader(overlay, tmp_path):
         assert list(config.namesrv_addrs) == NAMESRV_ADDRS
         assert str(config.store_root) == "/data/store"
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-        assert (config.listen_port, config.ha_listen_port, config.metrics_port) == (
-            ports["grpc"], ports["ha"], ports["metrics"],
-        )  # fmt: skip
+        assert (config.listen_port, config.fast_port, config.grpc_port, config.ha_listen_port,
+                config.metrics_port) == (ports["remoting"], ports["remoting-vip"], ports["grpc"],
+                                         ports["ha"], ports["metrics"])  # fmt: skip
+        # Every Service of a broker names both protocols' ports.
+        published = {p["name"] for p in services[service]["spec"]["ports"]}
+        assert {"remoting", "remoting-vip", "grpc"} <= published, (service, published)
         assert config.enable_failover is (name == "2m-2s-failover")
         if config.enable_failover:
             # It elects in the etcd StatefulSet, and leads with an HA address
@@ -466,11 +469,21 @@ def test_namesrv_addresses_are_the_stable_pod_names(overlay):
     [sts] = [s for s in by_kind(docs, "StatefulSet") if s["metadata"]["name"] == "ferry-namesrv"]
     [container] = sts["spec"]["template"]["spec"]["containers"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    pods = [f"{sts['metadata']['name']}-{i}.{sts['spec']['serviceName']}:{ports['grpc']}"
+    # Brokers, the proxy and the exporter name the RocketMQ-protocol port (and
+    # find the gRPC port through it).
+    pods = [f"{sts['metadata']['name']}-{i}.{sts['spec']['serviceName']}:{ports['remoting']}"
             for i in range(sts["spec"]["replicas"])]  # fmt: skip
     assert pods == NAMESRV_ADDRS
-    # ferry dev gives each local name server metrics on its gRPC port + 1, as here.
-    assert ports["metrics"] == ports["grpc"] + 1
+    # ferry dev gives each local name server gRPC on its RocketMQ-protocol port + 3 and
+    # metrics on + 1, as here; the arguments say the same ports.
+    assert (ports["grpc"], ports["metrics"]) == (ports["remoting"] + 3, ports["remoting"] + 1)
+    args = container["args"]
+    assert [int(args[args.index(flag) + 1]) for flag in ("--port", "--grpc-port")] == [
+        ports["remoting"],
+        ports["grpc"],
+    ]
+    [svc] = [s for s in by_kind(docs, "Service") if s["metadata"]["name"] == "ferry-namesrv"]
+    assert {p["name"] for p in svc["spec"]["ports"]} >= {"remoting", "grpc"}
     [exporter] = [w for w in workloads(docs) if w["metadata"]["name"] == "ferry-exporter"]
     args = exporter["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("-n") + 1] == ";".join(NAMESRV_ADDRS)
@@ -489,8 +502,9 @@ def test_make_run_starts_the_overlays_own_files(overlay, tls_variant, tmp_path):
     assert [b.name for b in topology.brokers] == sorted(pods)
     for i, b in enumerate(topology.brokers):
         assert b.conf.read_text() == pods[b.name].conf
-        assert (b.port, b.ha_port, b.metrics_port) == (10911 + 10 * i, 10912 + 10 * i,
-                                                       10913 + 10 * i)  # fmt: skip
+        assert (b.port, b.fast_port, b.grpc_port, b.ha_port, b.metrics_port) == (
+            10911 + 10 * i, 10909 + 10 * i, 10915 + 10 * i, 10912 + 10 * i, 10913 + 10 * i
+        )  # fmt: skip
         local, warnings = load_config(
             b.conf, b.overrides(topology.namesrv_addr, "127.0.0.1:2379", tmp_path / b.name, "s")
         )
@@ -504,7 +518,9 @@ def test_make_run_starts_the_overlays_own_files(overlay, tls_variant, tmp_path):
         }  # fmt: skip
         assert topology.masters() == [] and topology.slaves() == []
     assert [n.dns for n in topology.namesrvs] == NAMESRV_ADDRS
-    assert [(n.port, n.metrics_port) for n in topology.namesrvs] == [(9876, 9877), (9886, 9887)]
+    assert [(n.port, n.grpc_port, n.metrics_port) for n in topology.namesrvs] == [
+        (9876, 9879, 9877), (9886, 9889, 9887)
+    ]  # fmt: skip
     if tls_variant:
         return  # no proxy there (see test_the_proxy)
     # The proxy: its Service's name and port, its container's ports.

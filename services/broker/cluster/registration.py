@@ -22,6 +22,16 @@ epoch. A name server that has seen a newer one refuses this broker as master
 `on_fenced` (the failover controller steps down) and asked again no sooner
 than the next period.
 
+`namesrvAddr` names the name servers' RocketMQ-protocol addresses, as in
+RocketMQ. Registration itself is ferry.v1 gRPC: the broker asks each name
+server for its gRPC port (`ferry.remoting.discovery`: GET_KV_CONFIG
+`ferry.v1`/`grpcPort`), keeps the answer, and asks again after a failed call
+(a restarted name server may serve gRPC elsewhere). An address that does not
+answer the question (Apache's name server, or a name server's gRPC port) is
+logged saying so and retried like an unreachable one. Each registration
+carries both of the broker's addresses: gRPC (`broker_addr`) and RocketMQ's
+protocol (`remoting_addr`, what route answers give RocketMQ's clients).
+
 This is a gRPC client adapter: it owns one channel per name server and the
 loop and KeepAlive tasks, all on the broker's event loop.
 """
@@ -37,6 +47,7 @@ from dataclasses import dataclass
 import grpc
 
 from ferry.model import PERM_READ_WRITE, DataVersion, TopicConfig
+from ferry.remoting import discovery
 from ferry.runtime import auth
 from ferry.runtime.clock import Clock, wait_event
 from ferry.runtime.tasks import cancel_and_wait
@@ -64,6 +75,7 @@ class BrokerIdentity:
     ha_server_addr: str  # advertised HA host:port
     broker_role: str
     metrics_addr: str = ""
+    remoting_addr: str = ""  # advertised RocketMQ-protocol host:port
     # Failover epoch: the leader election this broker won (id 0) or follows; 0 = failover off.
     epoch: int = 0
 
@@ -86,9 +98,14 @@ def topic_pb(config: TopicConfig, broker_permission: int) -> common_pb2.TopicCon
 
 class _NameServer:
     def __init__(self, addr: str) -> None:
-        self.addr = addr
+        self.addr = addr  # RocketMQ's protocol, as namesrvAddr names it
+        self.grpc_addr = ""  # discovered through `addr`
+        self.rediscover = True  # ask `addr` for its gRPC port before the next call
         self.channel: grpc.aio.Channel | None = None
         self.stub: namesrv_pb2_grpc.NameServerStub | None = None
+        # Channels to a gRPC address the name server no longer gave: a
+        # KeepAlive call may still be on one; closed at stop.
+        self.retired: list[grpc.aio.Channel] = []
         self.registered = asyncio.Event()
         self.last_success_wall = 0.0
         self.failures = 0
@@ -146,16 +163,6 @@ class Registrar:
     # ------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        for server in self._servers:
-            server.channel = aio_channel(
-                server.addr,
-                self.tls,
-                options=[
-                    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-                    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-                ],
-            )
-            server.stub = namesrv_pb2_grpc.NameServerStub(server.channel)
         await self.register_all(force=True)
         for server in self._servers:
             server.keepalive = asyncio.create_task(
@@ -172,9 +179,10 @@ class Registrar:
         await asyncio.gather(*(self._unregister(s) for s in self._servers))
         await cancel_and_wait(*(s.keepalive for s in self._servers if s.keepalive))
         for server in self._servers:
-            if server.channel is not None:
-                await server.channel.close()
-                server.channel = None
+            for channel in [*server.retired, server.channel]:
+                if channel is not None:
+                    await channel.close()
+            server.channel, server.stub, server.retired = None, None, []
 
     def status(self) -> dict[str, float]:
         return {s.addr: s.last_success_wall for s in self._servers}
@@ -234,11 +242,47 @@ class Registrar:
             metrics_addr=ident.metrics_addr,
             incremental=incremental,
             epoch=ident.epoch,
+            remoting_addr=ident.remoting_addr,
         )
+
+    async def _connect(self, server: _NameServer) -> bool:
+        """A stub for `server`'s gRPC port, found through its RocketMQ-protocol
+        address the first time and after each failed call."""
+        if not server.rediscover and server.stub is not None:
+            return True
+        try:
+            grpc_addr = await discovery.grpc_address(server.addr, timeout=self.timeout_s)
+        except discovery.DiscoveryError as exc:
+            server.failures += 1
+            server.master = ("", "")
+            log.warning(
+                "registration with name server %s failed: %s (retrying next round)",
+                server.addr,
+                exc,
+            )
+            return False
+        server.rediscover = False
+        if grpc_addr != server.grpc_addr:
+            if server.channel is not None:
+                server.retired.append(server.channel)
+            server.grpc_addr = grpc_addr
+            server.channel = aio_channel(
+                grpc_addr,
+                self.tls,
+                options=[
+                    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+                    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                ],
+            )
+            server.stub = namesrv_pb2_grpc.NameServerStub(server.channel)
+            log.info("name server %s serves ferry.v1 gRPC at %s", server.addr, grpc_addr)
+        return True
 
     async def _register_one(
         self, server: _NameServer, request: namesrv_pb2.RegisterBrokerRequest, force: bool
     ) -> bool:
+        if not await self._connect(server):
+            return False
         assert server.stub is not None
         try:
             if not force and server.registered.is_set():
@@ -269,12 +313,14 @@ class Registrar:
         except grpc.aio.AioRpcError as exc:
             server.failures += 1
             server.master = ("", "")  # an answer it cannot give any more
+            server.rediscover = True
             if self._is_fenced(exc):
                 self._fenced(server, exc.details() or "")
                 return False
             log.warning(
-                "registration with name server %s failed: %s: %s (retrying next round)",
+                "registration with name server %s (gRPC %s) failed: %s: %s (retrying next round)",
                 server.addr,
+                server.grpc_addr,
                 exc.code().name,
                 exc.details(),
             )
@@ -387,6 +433,7 @@ class Registrar:
                 await asyncio.sleep(self._backoff(attempt))
                 attempt += 1
             server.registered.clear()
+            server.rediscover = True  # it may have restarted with another gRPC port
 
     async def _pings(self, stop: asyncio.Event):
         """The KeepAlive request stream: the broker's name, then a ping per interval."""

@@ -7,7 +7,11 @@ change (an *incarnation*: the store closes cleanly and reopens; a follower's
 HA stream reconnects). One gRPC server serves every incarnation: the node
 builds it once (ports, TLS, health, reflection) and each incarnation mounts
 its servicers on it (`ferry.runtime.swap`); between two, calls get
-UNAVAILABLE (retry), never CANCELLED. A master that steps down serves
+UNAVAILABLE (retry), never CANCELLED. Likewise one RocketMQ-protocol server
+(listenPort, fastListenPort) keeps its connections across roles: each
+incarnation installs its handler table on it; between two, every request is
+answered SERVICE_NOT_AVAILABLE (14), which a RocketMQ producer retries at
+another broker. A master that steps down serves
 nothing until it knows its next role (the new leader is in etcd), or for
 one lease TTL at most: then it serves reads as a follower of nobody.
 
@@ -54,11 +58,14 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Iterator, Mapping
 
 import aetcd.exceptions
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from ferry.remoting import codes
+from ferry.remoting.codec import Command
+from ferry.remoting.server import Connection, Handler, RemotingServer
 from ferry.runtime.errors import Unavailable
 from ferry.runtime.metrics_http import MetricsEndpoint, start_metrics_endpoint
 from ferry.runtime.server import GrpcServer
@@ -81,6 +88,29 @@ JOIN_GAP = 4 << 20
 def replica_key(member_id: int) -> tuple[str, int]:
     """How services.ha.master keys an authenticated replica's acks."""
     return ("replica", member_id)
+
+
+class _Unavailable(Mapping[int, Handler]):
+    """The RocketMQ-protocol table between two incarnations: every code is
+    answered SERVICE_NOT_AVAILABLE, saying why (RocketMQ's producers send to
+    another broker, its consumers try again)."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+        async def answer(connection: Connection, request: Command) -> Command:
+            return request.answer(codes.SERVICE_NOT_AVAILABLE, self.why)
+
+        self._answer = answer
+
+    def __getitem__(self, code: int) -> Handler:
+        return self._answer
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
 
 
 class _Delegating:
@@ -125,9 +155,17 @@ class FailoverNode:
         self._isr_lock = asyncio.Lock()
         self._isr_pending: set[int] = set()
         self._disconnected_since: dict[int, float] = {}
-        self._port = config.listen_port  # 0 until the server binds one, then kept
+        self._port = config.grpc_port  # 0 until the server binds one, then kept
         self.server: GrpcServer | None = None  # one for all incarnations
         self.switch: ServiceSwitch | None = None
+        # RocketMQ's protocol, one listener for all incarnations: (listenPort,
+        # fastListenPort) once bound, fast -1 when off.
+        self.remoting: RemotingServer | None = None
+        self._remoting_ports = (config.listen_port, config.fast_port)
+        self._between = _Unavailable(
+            f"member {self.member_id} of {config.broker_name} is starting or changing its role "
+            "(automatic failover); try another broker"
+        )
         self._idle_since = 0.0  # monotonic: when a step-down left this member without a run
         self._tasks: list[asyncio.Task] = []
         self._app_watch: asyncio.Task | None = None
@@ -177,10 +215,28 @@ class FailoverNode:
 
     @property
     def port(self) -> int:
+        """The ferry.v1 gRPC port (bound)."""
         return self._port
 
+    @property
+    def remoting_port(self) -> int:
+        return self._remoting_ports[0]
+
+    @property
+    def remoting_addr(self) -> str:
+        return f"{self.config.broker_ip1}:{self.remoting_port}"
+
+    def _serve_remoting(
+        self,
+        table: Mapping[int, Handler] | None,
+        on_close: Callable[[Connection], None] | None = None,
+    ) -> None:
+        """An incarnation's table on the node's listener; None: answer 14."""
+        if self.remoting is not None:
+            self.remoting.serve(*((self._between, None) if table is None else (table, on_close)))
+
     async def start(self) -> None:
-        from services.broker.app import grpc_server, servable
+        from services.broker.app import grpc_server, listen_remoting, remoting_server, servable
 
         cfg = self.config
         self.switch = ServiceSwitch(
@@ -190,6 +246,8 @@ class FailoverNode:
         )
         self.server = grpc_server(cfg, self.switch.services, self.own_registry)
         self._port = await self.server.start()
+        self.remoting = remoting_server(self.own_registry, self._between)
+        self._remoting_ports = await listen_remoting(cfg, self.remoting)
         if cfg.metrics_port >= 0:
             self._metrics_endpoint = start_metrics_endpoint(
                 cfg.bind_host, cfg.metrics_port, _Delegating(self),  # type: ignore[arg-type]
@@ -222,6 +280,8 @@ class FailoverNode:
         self._tasks = []
         if self.app is not None:
             await self.app.stop()
+        if self.remoting is not None:
+            await self.remoting.stop()  # nothing is installed by now
         if self.server is not None:
             await self.server.stop(SWITCH_GRACE_S)  # nothing is mounted by now
         if self.lease_id:
@@ -310,6 +370,7 @@ class FailoverNode:
         value = {
             "id": self.member_id,
             "addr": f"{self.config.broker_ip1}:{self.port}",
+            "remoting_addr": self.remoting_addr,
             "role": self.role,
             "epoch": self.epoch,
             "max_offset": store.max_offset if store is not None else -1,
@@ -453,6 +514,7 @@ class FailoverNode:
         return {
             "id": self.member_id,
             "addr": f"{self.config.broker_ip1}:{self.port}",
+            "remoting_addr": self.remoting_addr,
             "ha_addr": ha_addr,
             "epoch": epoch,
             "history": epochs.to_json(self.history.entries),
@@ -779,7 +841,9 @@ class FailoverNode:
         self.m_isr.set(1 if role == "leader" else 0)
         cfg = self.config
         common = dict(
-            listen_port=self._port,
+            grpc_listen_port=self._port,
+            listen_port=self._remoting_ports[0],
+            fast_listen_port=self._remoting_ports[1],
             metrics_port=-1,
             enable_failover=False,
         )
@@ -806,6 +870,7 @@ class FailoverNode:
             metrics_port=self._metrics_endpoint.port if self._metrics_endpoint else -1,
             server=self.server,
             switch=self.switch,
+            serve_remoting=self._serve_remoting,
         )
         app = BrokerApp(run_cfg, clock=self.clock, incarnation=incarnation)
         try:
