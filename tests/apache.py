@@ -594,6 +594,25 @@ def _java_env(home: Path) -> dict[str, str]:
     return env
 
 
+def java_program(
+    kit: str,
+    main_class: str,
+    args: Sequence[str],
+    *,
+    directory: Path,
+    heap: str = "256m",
+    system_properties: Sequence[str] = (),
+) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of a Java program of one kit, its home (logs,
+    configuration) in `directory/home`: for `run_java`, and for tests that keep a program
+    running (tests/compat/clients.py)."""
+    home = Path(directory) / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    _install_conf(home)
+    command = [*_java_command(home, kit, heap, system_properties), main_class, *args]
+    return command, _java_env(home)
+
+
 def run_java(
     kit: str,
     main_class: str,
@@ -608,11 +627,9 @@ def run_java(
     """Run a short-lived Java program of one kit (mqadmin, a test program) and return its
     output; `check` fails on a non-zero exit with what it printed. Killed (by PID, with its
     process group) when it overruns `timeout_s`."""
-    home = Path(directory) / "home"
-    home.mkdir(parents=True, exist_ok=True)
-    _install_conf(home)
-    command = [*_java_command(home, kit, heap, system_properties), main_class, *args]
-    env = _java_env(home)
+    command, env = java_program(
+        kit, main_class, args, directory=directory, heap=heap, system_properties=system_properties
+    )
     proc = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,
