@@ -88,7 +88,7 @@ go-clients: $(GO_STAMP)  ## the Go RocketMQ client's test programs (tests/compat
 $(GO_STAMP): $(GO_SOURCES)
 	$(call apt_tool,go,golang-go,Go to build the Go client's test programs,make go-clients)
 	@mkdir -p $(dir $@)
-	cd tests/compat/go && GOFLAGS=-mod=mod go build -o $(abspath $(dir $@)) ./cmd/...
+	cd tests/compat/go && GOFLAGS="-mod=mod -buildvcs=false" go build -o $(abspath $(dir $@)) ./cmd/...
 	touch $@
 
 etcd:  ## etcd (Debian package etcd-server: failover's consensus store), via apt-get when missing
