@@ -29,7 +29,11 @@ ARGS ?=
 APACHE_STAMP := .cache/rocketmq/.stamp
 COMPAT_SOURCES := $(shell find tests/compat -name pom.xml -o -name '*.java' 2>/dev/null)
 
-.PHONY: help venv proto tools etcd apache bench-tools test run lint bench bench-quick chaos fuzz clean
+# The Go RocketMQ client's test programs (tests/compat/go), built into .cache/go/bin.
+GO_STAMP := .cache/go/bin/.stamp
+GO_SOURCES := $(shell find tests/compat/go -name '*.go' -o -name go.mod -o -name go.sum 2>/dev/null)
+
+.PHONY: help venv proto tools etcd apache go-clients bench-tools test run lint bench bench-quick chaos fuzz clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -67,10 +71,10 @@ apt_tool = @command -v $(1) >/dev/null 2>&1 || { \
 	    exit 1; \
 	  fi; }
 
-tools: etcd apache  ## what the tests use besides Python: promtool (Debian package prometheus), etcd, Apache RocketMQ's jars
+tools: etcd apache go-clients  ## what the tests use besides Python: promtool (Debian package prometheus), etcd, Apache RocketMQ's jars, the Go client's programs
 	$(call apt_tool,promtool,prometheus,for promtool,make test)
 
-apache: $(APACHE_STAMP)  ## Apache RocketMQ 4.9 and 5.x and the RocketMQ 5 Java SDK from Maven Central (tests/compat), the test oracle and benchmark peer
+apache: $(APACHE_STAMP)  ## Apache RocketMQ 4.9 and 5.x, its 4.9.8 Java client and the RocketMQ 5 Java SDK from Maven Central (tests/compat), the test oracle and benchmark peer
 
 $(APACHE_STAMP): $(COMPAT_SOURCES)
 	$(call apt_tool,java,openjdk-17-jdk-headless,Java 17 to run Apache RocketMQ,make apache)
@@ -78,6 +82,14 @@ $(APACHE_STAMP): $(COMPAT_SOURCES)
 	@echo "resolving Apache RocketMQ's jars from Maven Central into .cache/rocketmq (the first time takes a few minutes)"
 	mvn -q -B -f tests/compat/pom.xml package
 	@mkdir -p $(dir $@) && touch $@
+
+go-clients: $(GO_STAMP)  ## the Go RocketMQ client's test programs (tests/compat/go, rocketmq-client-go/v2 from the Go module proxy) in .cache/go/bin
+
+$(GO_STAMP): $(GO_SOURCES)
+	$(call apt_tool,go,golang-go,Go to build the Go client's test programs,make go-clients)
+	@mkdir -p $(dir $@)
+	cd tests/compat/go && GOFLAGS="-mod=mod -buildvcs=false" go build -o $(abspath $(dir $@)) ./cmd/...
+	touch $@
 
 etcd:  ## etcd (Debian package etcd-server: failover's consensus store), via apt-get when missing
 	$(call apt_tool,etcd,etcd-server,automatic failover's etcd,ferry)
@@ -129,4 +141,4 @@ bench-quick: $(PROTO_STAMP) bench-tools  ## every benchmark as a short smoke run
 	$(PY) -m benchmarks --quick
 
 clean:  ## remove the venv, generated code and caches (not ./var)
-	rm -rf $(VENV) .cache/rocketmq tests/compat/*/target ferry/v1/*_pb2*.py ferry/v1/*_pb2*.pyi $(RMQ_OUT)/*_pb2*.py $(RMQ_OUT)/*_pb2*.pyi $(PROTO_STAMP) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .cache/rocketmq .cache/go tests/compat/*/target ferry/v1/*_pb2*.py ferry/v1/*_pb2*.pyi $(RMQ_OUT)/*_pb2*.py $(RMQ_OUT)/*_pb2*.pyi $(PROTO_STAMP) .pytest_cache .ruff_cache *.egg-info

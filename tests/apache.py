@@ -1,13 +1,15 @@
 """Apache RocketMQ for tests and benchmarks: its published jars, run as child JVMs on loopback.
 
 The jars come from Maven Central through ferry's own Maven project (tests/compat/pom.xml,
-`make apache`), which copies three class paths under `.cache/rocketmq/` (outside git):
+`make apache`), which copies four class paths under `.cache/rocketmq/` (outside git):
 
 - `rocketmq4`: Apache RocketMQ 4.9 (name server, broker, mqadmin, the remoting client, the
   benchmark tools) and ferry's 4.x test programs (tests/compat/rocketmq4/src);
 - `rocketmq5`: Apache RocketMQ 5.x (name server, broker, the proxy in local mode, mqadmin)
   and ferry's admin program (tests/compat/rocketmq5/src);
-- `sdk5`: the RocketMQ 5 Java SDK and ferry's parity programs (tests/compat/sdk5/src).
+- `sdk5`: the RocketMQ 5 Java SDK and ferry's parity programs (tests/compat/sdk5/src);
+- `client49`: the 4.x Java client (rocketmq-client 4.9.8) alone and ferry's client programs
+  for the remoting tests (tests/compat/client49/src, run by tests/compat/clients.py).
 
 `ApacheNamesrv`, `ApacheBroker` and `ApacheProxy` each own one JVM: free loopback ports,
 small heaps, `ROCKETMQ_HOME` and `user.home` inside the process's own directory (logs,
@@ -81,7 +83,8 @@ def java_binary() -> str:
 
 
 def classpath(kit: str) -> str:
-    """The class path of one kit ("rocketmq4", "rocketmq5" or "sdk5"), checked to exist."""
+    """The class path of one kit ("rocketmq4", "rocketmq5", "sdk5" or "client49"), checked
+    to exist."""
     lib = CACHE / kit / "lib"
     if not (lib / "ferry-compat-programs.jar").exists():
         hint = "" if shutil.which("mvn") else " (Maven is missing: sudo apt-get install -y maven)"
@@ -594,6 +597,25 @@ def _java_env(home: Path) -> dict[str, str]:
     return env
 
 
+def java_program(
+    kit: str,
+    main_class: str,
+    args: Sequence[str],
+    *,
+    directory: Path,
+    heap: str = "256m",
+    system_properties: Sequence[str] = (),
+) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of a Java program of one kit, its home (logs,
+    configuration) in `directory/home`: for `run_java`, and for tests that keep a program
+    running (tests/compat/clients.py)."""
+    home = Path(directory) / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    _install_conf(home)
+    command = [*_java_command(home, kit, heap, system_properties), main_class, *args]
+    return command, _java_env(home)
+
+
 def run_java(
     kit: str,
     main_class: str,
@@ -608,11 +630,9 @@ def run_java(
     """Run a short-lived Java program of one kit (mqadmin, a test program) and return its
     output; `check` fails on a non-zero exit with what it printed. Killed (by PID, with its
     process group) when it overruns `timeout_s`."""
-    home = Path(directory) / "home"
-    home.mkdir(parents=True, exist_ok=True)
-    _install_conf(home)
-    command = [*_java_command(home, kit, heap, system_properties), main_class, *args]
-    env = _java_env(home)
+    command, env = java_program(
+        kit, main_class, args, directory=directory, heap=heap, system_properties=system_properties
+    )
     proc = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,

@@ -1,0 +1,196 @@
+"""The clusters RocketMQ 4.x clients (tests/compat/clients.py) run against, speaking
+RocketMQ's own TCP protocol: a name server's address and brokers' addresses, nothing else.
+A test takes its cluster from `start_remoting_backend(name, topology, dir)`, one per test
+module (JVMs take seconds to start), and uses only what `RemotingBackend` offers, so the same
+test runs against every back end in `BACKENDS`.
+
+Back ends:
+- "apache": Apache RocketMQ 4.9's name server and brokers (tests/apache.py), the oracle;
+- "ferry" (to come, issue 28): ferry's name server and brokers on their RocketMQ-protocol
+  ports — `namesrv` is `NamesrvApp.remoting_port`'s address, each `Node.address` its broker's
+  `BrokerApp.remoting_addr`; see `start_remoting_backend` for where it goes.
+
+Topologies:
+- `SINGLE`: one ASYNC_MASTER (broker-a);
+- `TWO_SYNC_GROUPS`: broker-a and broker-b, each a SYNC_MASTER with one SLAVE (a master's
+  SEND_OK means its slave has the message: the failover test's "acknowledged").
+
+Both run with short delay levels (`DELAY_LEVELS`): level 1 is 1 s, level 2 is 2 s, every
+other level 1 s, so delayed sends and consumer retries (level 3 + reconsume times) come back
+within about a second.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from tests.apache import ApacheAdmin, ApacheBroker, ApacheNamesrv, JavaProcess
+from tests.conftest import wait_for
+
+J = TypeVar("J", bound=JavaProcess)
+
+BACKENDS = ("apache",)  # "ferry" joins once ferry's servers speak RocketMQ's protocol
+SINGLE = "1m"
+TWO_SYNC_GROUPS = "2m-2s-sync"
+# Apache 4.9 parses seconds at the least ("1s"); 18 levels, as RocketMQ's default has.
+DELAY_LEVELS = " ".join(["1s", "2s"] + ["1s"] * 16)
+DELAY_S = {1: 1.0, 2: 2.0}  # what the tests' delayed sends wait, by level
+STOP_S = 3.0  # a JVM's time to stop on SIGTERM before SIGKILL (test data is thrown away)
+
+
+@dataclass
+class Node:
+    """One broker: its group (brokerName), brokerId (0: master) and RocketMQ-protocol
+    address host:port."""
+
+    broker_name: str
+    broker_id: int
+    address: str
+
+
+class RemotingBackend:
+    """What a RocketMQ 4.x client test needs of a cluster (see the module doc)."""
+
+    name = ""
+
+    def __init__(self) -> None:
+        self.namesrv = ""  # the name server's RocketMQ-protocol address, host:port
+        self.nodes: list[Node] = []
+
+    def masters(self) -> list[Node]:
+        return [n for n in self.nodes if n.broker_id == 0]
+
+    def create_topic(self, topic: str, queues: int = 4) -> None:
+        """`topic` with `queues` read and write queues on every master, routed by the name
+        server when this returns."""
+        raise NotImplementedError
+
+    def kill(self, node: Node) -> None:
+        """SIGKILL one broker (no shutdown hook, no unregistration)."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+
+class ApacheRemoting(RemotingBackend):
+    """Apache RocketMQ 4.9: a name server, the topology's brokers, and ferry's Admin5
+    (tests/compat/rocketmq5: mqadmin's updateTopic in one JVM for the module)."""
+
+    name = "apache"
+
+    def __init__(self, d: Path, topology: str) -> None:
+        super().__init__()
+        self.dir = d
+        self._namesrv: ApacheNamesrv | None = None
+        self._brokers: dict[tuple[str, int], ApacheBroker] = {}
+        self._admin: ApacheAdmin | None = None
+        try:
+            self._namesrv = _started(lambda n: ApacheNamesrv(d / f"namesrv-{n}"))
+            self.namesrv = self._namesrv.address
+            settings = {"messageDelayLevel": DELAY_LEVELS}
+            if topology == SINGLE:
+                layout = [("broker-a", 0, "ASYNC_MASTER")]
+            elif topology == TWO_SYNC_GROUPS:
+                layout = [
+                    (name, broker_id, role)
+                    for name in ("broker-a", "broker-b")
+                    for broker_id, role in ((0, "SYNC_MASTER"), (1, "SLAVE"))
+                ]
+            else:
+                raise ValueError(f"unknown topology {topology!r}")
+
+            def broker(name: str, broker_id: int, role: str) -> ApacheBroker:
+                return _started(
+                    lambda n: ApacheBroker(
+                        d / f"{name}-{broker_id}-{n}",
+                        name=f"apache-{name}-{broker_id}",
+                        broker_name=name,
+                        broker_id=broker_id,
+                        role=role,
+                        namesrv=self.namesrv,
+                        settings=settings,
+                    )
+                )
+
+            with ThreadPoolExecutor(len(layout) + 1) as pool:
+                starts = {(n, i): pool.submit(broker, n, i, role) for n, i, role in layout}
+                admin = pool.submit(ApacheAdmin(d / "admin", self.namesrv).start)
+            # Keep every JVM that did start, so that stop() ends it when another did not.
+            failures = []
+            for key, started in starts.items():
+                try:
+                    self._brokers[key] = started.result()
+                except Exception as e:  # noqa: BLE001 - raised below, after the others
+                    failures.append(e)
+            self._admin = admin.result()
+            if failures:
+                raise failures[0]
+        except BaseException:
+            self.stop()
+            raise
+        self.nodes = [
+            Node(name, broker_id, b.address) for (name, broker_id), b in self._brokers.items()
+        ]
+        self._wait_registered({name for name, _, _ in layout})
+
+    def _wait_registered(self, groups: set[str], timeout_s: float = 60) -> None:
+        """Until every group's master has registered with the name server, so that a topic
+        created now lands on all of them. A master with autoCreateTopicEnable registers
+        TBW102, the template topic, with its first registration."""
+        admin = self._admin
+        assert admin is not None
+
+        def registered() -> bool:
+            try:
+                return set(admin.call(op="route", topic="TBW102")["queues"]) >= groups
+            except RuntimeError:  # no route yet
+                return False
+
+        wait_for(registered, timeout_s, f"{sorted(groups)} registered with the name server", 0.1)
+
+    def create_topic(self, topic: str, queues: int = 4) -> None:
+        assert self._admin is not None
+        self._admin.call(op="topic", topic=topic, queues=queues)
+
+    def kill(self, node: Node) -> None:
+        self._brokers[(node.broker_name, node.broker_id)].kill()
+
+    def stop(self) -> None:
+        """Every JVM by PID, all at once; each is stopped (and reaped) even when another's
+        stop fails."""
+        jvms = [j for j in (self._admin, *self._brokers.values(), self._namesrv) if j]
+        if not jvms:
+            return
+        with ThreadPoolExecutor(len(jvms)) as pool:
+            stops = [pool.submit(j.stop, timeout_s=STOP_S) for j in jvms]
+        for stopped in stops:
+            stopped.result()
+
+
+def _started(make: Callable[[int], J], attempts: int = 3) -> J:
+    """make(attempt).start(), again with fresh ports when the JVM lost its port to another
+    process between choosing it and binding it (free ports are only free when chosen)."""
+    for attempt in range(attempts):
+        try:
+            return make(attempt).start()
+        except RuntimeError as e:
+            if "Address already in use" not in str(e) or attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def start_remoting_backend(name: str, topology: str, d: Path) -> RemotingBackend:
+    if name == "apache":
+        return ApacheRemoting(d, topology)
+    # name == "ferry": ferry's name server and brokers as tests/compat/backends.py's
+    # FerryBackend starts them (start_namesrv, start_broker with messageDelayLevel=
+    # DELAY_LEVELS, brokerRole, brokerId, haMasterAddress for a slave), then namesrv =
+    # f"127.0.0.1:{ns.app.remoting_port}" and each Node's address = broker.app.remoting_addr;
+    # create_topic through ferry's admin API (support.create_topic on every master); kill =
+    # SIGKILL of a broker run as its own process.
+    raise ValueError(f"unknown back end {name!r} (known: {', '.join(BACKENDS)})")
