@@ -1,5 +1,5 @@
 """Apache RocketMQ 4.x's own client API (MQClientAPIImpl, under the push consumer) against a
-ferry broker's RocketMQ-protocol consumer side, without a name server: heartbeat, member
+ferry broker's own RocketMQ-protocol port (listenPort), without a name server: heartbeat, member
 list, a push consumer's pull decoded by the client's MessageDecoder, send-back and the
 retry copy, queue locks and the SQL92 refusal (tests/compat/rocketmq4/.../ConsumerWire4)."""
 
@@ -9,10 +9,7 @@ import json
 
 import pytest
 
-from ferry.remoting.server import RemotingServer
 from ferry.v1 import broker_pb2
-from services.broker.remoting import connection_closed, handlers
-from services.broker.remoting.deps import Deps
 from tests.apache import ApacheUnavailable, classpath, run_java
 from tests.conftest import start_broker
 from tests.integration import support
@@ -31,15 +28,7 @@ def door(loop_thread, tmp_path):
     b = start_broker(
         loop_thread, tmp_path / "store", brokerName=BROKER, messageDelayLevel="1s 1s 1s"
     )
-
-    async def start():
-        deps = Deps.from_app(b.app)
-        server = RemotingServer("broker", handlers(deps), on_close=connection_closed(deps))
-        return server, await server.listen("127.0.0.1", 0)
-
-    server, port = loop_thread.run(start())
-    yield b, f"127.0.0.1:{port}"
-    loop_thread.run(server.stop())
+    yield b, b.remoting_addr
     b.stop()
 
 

@@ -1,5 +1,5 @@
 """The broker's consumer side over RocketMQ's protocol, against a real
-in-process broker with a RemotingServer beside it and ferry's RemotingClient:
+in-process broker's own RocketMQ-protocol port and ferry's RemotingClient:
 heartbeats and member lists, NOTIFY_CONSUMER_IDS_CHANGED, long-polling pulls,
 tag filters, the commit-offset flag, OFFSET_MOVED, queue locks and send-back
 to %RETRY% / %DLQ%. Messages are sent through ferry.v1."""
@@ -22,7 +22,6 @@ from ferry.remoting.codec import Command
 from ferry.remoting.server import RemotingServer
 from ferry.runtime.clock import FakeClock
 from ferry.v1 import broker_pb2
-from services.broker.remoting import connection_closed, handlers
 from services.broker.remoting.deps import Deps
 from tests.conftest import LoopThread, RunningBroker, start_broker, wait_for
 from tests.integration import support
@@ -33,7 +32,8 @@ GROUP = "cg"
 
 @dataclass
 class Door:
-    """A broker, its RocketMQ-protocol door, and clients to it."""
+    """A broker, its own RocketMQ-protocol door (`app.remoting`) with the
+    tables its handlers use (`app.remoting_deps`), and clients to it."""
 
     broker: RunningBroker
     loop: LoopThread
@@ -72,40 +72,50 @@ def command(code: int, body: Any = b"", **ext: Any) -> Command:
     return Command(code, ext={k: str(v) for k, v in ext.items()}, body=body, language="JAVA")
 
 
-def start_door(broker: RunningBroker, clock: Any = None) -> Door:
-    async def start():
-        deps = Deps.from_app(broker.app)
-        if clock is not None:
-            deps = dataclasses.replace(deps, clock=clock)
-        server = RemotingServer("broker", handlers(deps), on_close=connection_closed(deps))
-        port = await server.listen("127.0.0.1", 0)
-        return server, deps, port
-
-    server, deps, port = broker.loop.run(start())
-    return Door(broker, broker.loop, server, deps, f"127.0.0.1:{port}")
+def door_of(broker: RunningBroker) -> Door:
+    """The broker app's own RocketMQ-protocol door (listenPort)."""
+    app = broker.app
+    assert app.remoting is not None and app.remoting_deps is not None, "no RocketMQ door"
+    return Door(broker, broker.loop, app.remoting, app.remoting_deps, broker.remoting_addr)
 
 
-def stop_door(door: Door) -> None:
+def close_clients(door: Door) -> None:
+    """Close the test's clients; the door is the broker's and stops with it."""
     for client in door.clients:
         door.loop.call(client.close)
-    door.loop.run(door.server.stop())
+
+
+def start_test_broker(loop_thread: LoopThread, root, name: str = "broker-r", clock: Any = None):
+    b = start_broker(loop_thread, root, clock=clock, brokerName=name, messageDelayLevel="1s 1s 1s")
+    support.create_topic(b.channel, TOPIC, 2)
+    return b
 
 
 @pytest.fixture
 def broker(loop_thread, tmp_path):
-    b = start_broker(
-        loop_thread, tmp_path / "store", brokerName="broker-r", messageDelayLevel="1s 1s 1s"
-    )
-    support.create_topic(b.channel, TOPIC, 2)
+    b = start_test_broker(loop_thread, tmp_path / "store")
+    yield b
+    b.stop()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def timed_broker(loop_thread, tmp_path, clock):
+    """A broker whose clock (client and lock expiry) the test moves."""
+    b = start_test_broker(loop_thread, tmp_path / "store", clock=clock)
     yield b
     b.stop()
 
 
 @pytest.fixture
 def door(broker):
-    d = start_door(broker)
+    d = door_of(broker)
     yield d
-    stop_door(d)
+    close_clients(d)
 
 
 def heartbeat(client_id: str, *topics: tuple[str, str], group: str = GROUP) -> dict:
@@ -189,7 +199,7 @@ def test_heartbeat_then_member_list_and_a_joiner_is_announced_to_the_first_membe
 
 def test_two_brokers_answer_the_member_list_alike(broker, loop_thread, tmp_path):
     other = start_broker(loop_thread, tmp_path / "store-b", brokerName="broker-s")
-    doors = [start_door(broker), start_door(other)]
+    doors = [door_of(broker), door_of(other)]
     try:
         for client_id in ("c2", "c1", "c3"):
             for d in doors:
@@ -201,13 +211,12 @@ def test_two_brokers_answer_the_member_list_alike(broker, loop_thread, tmp_path)
         assert lists[0] == lists[1] == b'{"consumerIdList":["c1","c2","c3"]}'
     finally:
         for d in doors:
-            stop_door(d)
+            close_clients(d)
         other.stop()
 
 
-def test_a_client_silent_for_120_s_expires_and_the_group_is_told(broker):
-    clock = FakeClock()
-    door = start_door(broker, clock)
+def test_a_client_silent_for_120_s_expires_and_the_group_is_told(timed_broker, clock):
+    door = door_of(timed_broker)
     try:
         quiet, chatty = door.connect(), door.connect()
         door.call(quiet, codes.HEART_BEAT, heartbeat("quiet"))
@@ -222,7 +231,7 @@ def test_a_client_silent_for_120_s_expires_and_the_group_is_told(broker):
         # As RocketMQ does, the broker closes the silent client's channel.
         wait_for(lambda: quiet.closed.is_set(), what="the silent client's channel closed")
     finally:
-        stop_door(door)
+        close_clients(door)
 
 
 def test_check_client_config_takes_tags_and_refuses_sql92(door):
@@ -385,9 +394,8 @@ def test_queue_locks_are_exclusive_and_freed_when_the_owner_leaves(door):
     assert locked(door.call(two, codes.LOCK_BATCH_MQ, lock_body("c2", 0, 1, 2))) == [0, 1, 2]
 
 
-def test_queue_locks_expire_after_60_s(broker):
-    clock = FakeClock()
-    door = start_door(broker, clock)
+def test_queue_locks_expire_after_60_s(timed_broker, clock):
+    door = door_of(timed_broker)
     try:
         one, two = door.connect(), door.connect()
         assert locked(door.call(one, codes.LOCK_BATCH_MQ, lock_body("c1", 0))) == [0]
@@ -397,7 +405,7 @@ def test_queue_locks_expire_after_60_s(broker):
         assert locked(door.call(two, codes.LOCK_BATCH_MQ, lock_body("c2", 0))) == [0]
         assert locked(door.call(one, codes.LOCK_BATCH_MQ, lock_body("c1", 0))) == []
     finally:
-        stop_door(door)
+        close_clients(door)
 
 
 def _queue(queue_id: int):

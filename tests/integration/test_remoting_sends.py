@@ -1,13 +1,15 @@
 """A real broker's RocketMQ-protocol sends, offsets and lookups (codes 10,
 310, 320, 14, 15, 29-33), driven by ferry's RemotingClient and read back
 through ferry.v1: one message and one offset table whichever door was used.
-
-Until the broker app serves RocketMQ's protocol itself, each test starts a
-`RemotingServer` with the broker's handlers beside a started BrokerApp.
+Each test connects to the broker app's own RocketMQ-protocol port
+(listenPort, `remoting_addr`) and reads its request counters from the app's
+metrics registry.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,13 +23,11 @@ from ferry.model import SCHEDULE_TOPIC
 from ferry.remoting import batch, codes
 from ferry.remoting.client import RemotingClient
 from ferry.remoting.codec import ROCKETMQ, Command
-from ferry.remoting.metrics import RemotingMetrics
 from ferry.remoting.server import RemotingServer
 from ferry.runtime.clock import FakeClock
-from ferry.runtime.errors import StorageFault
 from ferry.v1 import broker_admin_pb2, broker_pb2
-from services.broker.remoting import handlers
 from services.broker.remoting.deps import Deps
+from services.broker.store import commitlog as commitlog_module
 from tests.conftest import LoopThread, RunningBroker, start_broker, wait_for
 from tests.integration import support
 
@@ -37,7 +37,9 @@ PROPS = "\x01".join  # one name/value pair of a property string
 
 @dataclass
 class Door:
-    """A broker and its RocketMQ-protocol door, with a connected client."""
+    """A broker, its own RocketMQ-protocol door (`app.remoting` on listenPort)
+    with the tables its handlers use (`app.remoting_deps`), and a connected
+    client."""
 
     broker: RunningBroker
     deps: Deps
@@ -90,29 +92,23 @@ class Door:
         return self.loop.call(lambda: self.broker.app.store.max_offset)
 
     def close(self) -> None:
+        """Close the client; the door is the broker's and stops with it."""
         self.loop.call(self.client.close)
-        self.loop.run(self.server.stop())
 
 
-def open_door(loop: LoopThread, broker: RunningBroker) -> Door:
+def connect_door(loop: LoopThread, broker: RunningBroker) -> Door:
+    """A client connected to the broker app's own RocketMQ-protocol port."""
     app = broker.app
-    deps = Deps.from_app(app)
-    registry = CollectorRegistry()
-    server = RemotingServer("broker", handlers(deps), RemotingMetrics(registry, "broker"))
-
-    async def start() -> tuple[int, RemotingClient]:
-        port = await server.listen("127.0.0.1", 0)
-        return port, await RemotingClient.connect(f"127.0.0.1:{port}")
-
-    _, client = loop.run(start())
-    return Door(broker, deps, server, client, loop, registry)
+    assert app.remoting is not None and app.remoting_deps is not None, "no RocketMQ door"
+    client = loop.run(RemotingClient.connect(broker.remoting_addr))
+    return Door(broker, app.remoting_deps, app.remoting, client, loop, app.registry)
 
 
 @pytest.fixture
 def door(loop_thread: LoopThread, tmp_path: Path) -> Iterator[Door]:
     broker = start_broker(loop_thread, tmp_path / "store", brokerName="broker-a")
     support.create_topic(broker.channel, TOPIC, 4)
-    d = open_door(loop_thread, broker)
+    d = connect_door(loop_thread, broker)
     yield d
     d.close()
     if broker.app.gate.open:
@@ -156,6 +152,7 @@ def test_send_v2_is_the_message_ferry_v1_reads(door: Door):
     assert (answer.ext["MSG_REGION"], answer.ext["TRACE_ON"]) == ("DefaultRegion", "true")
     msg_id = answer.ext["msgId"]
     host, port = door.deps.store_host()
+    assert (host, port) == ("127.0.0.1", door.broker.app.remoting_port)  # the door's own port
     assert msg_id[:16] == record.message_id((host, port), 0)[:16]
 
     (message,) = door.pulled(TOPIC, 2, 1)
@@ -338,12 +335,36 @@ def test_full_disk_answers_service_not_available(door: Door):
     assert "disk" in answer.remark
 
 
-def test_fail_stop_answers_service_not_available(door: Door):
-    store = door.broker.app.store
-    door.loop.call(
-        store.failstop.trip, StorageFault("pwrite", "commitlog", OSError(5, "Input/output error"))
+def test_fail_stop_answers_service_not_available_then_the_door_closes(
+    loop_thread: LoopThread, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The send whose write fails (EIO) trips fail-stop: it is answered 1 and
+    stores nothing, and the broker stops, its RocketMQ door with it. The grace
+    lets the answer being written go out before the door closes."""
+    broker = start_broker(
+        loop_thread, tmp_path / "store", brokerName="broker-f", shutdownGraceSeconds=5
     )
-    refused(door, v2(TOPIC, b"x"), codes.SERVICE_NOT_AVAILABLE)
+    support.create_topic(broker.channel, TOPIC, 4)
+    door = connect_door(loop_thread, broker)
+    try:
+        assert door.call(v2(TOPIC, b"before", 0)).code == codes.SUCCESS
+        real = commitlog_module.pwrite_all
+
+        def pwrite_all(fd: int, data: bytes, offset: int) -> None:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+        monkeypatch.setattr(commitlog_module, "pwrite_all", pwrite_all)
+        answer = refused(door, v2(TOPIC, b"x"), codes.SERVICE_NOT_AVAILABLE)
+        assert "storage failure" in answer.remark, answer.remark
+        monkeypatch.setattr(commitlog_module, "pwrite_all", real)
+        assert broker.app.store.failstop.tripped
+        wait_for(broker.app.failed.is_set, what="the broker to fail-stop")
+        wait_for(door.client.closed.is_set, what="the door to close the client's connection")
+        with pytest.raises(OSError):
+            loop_thread.run(RemotingClient.connect(broker.remoting_addr))
+    finally:
+        door.close()
+        broker.stop()
 
 
 # ---------------------------------------------------------------- offsets
@@ -435,7 +456,7 @@ def timed_door(loop_thread: LoopThread, tmp_path: Path) -> Iterator[tuple[Door, 
     clock = FakeClock()
     broker = start_broker(loop_thread, tmp_path / "store", clock=clock, brokerName="broker-t")
     support.create_topic(broker.channel, TOPIC, 1)
-    d = open_door(loop_thread, broker)
+    d = connect_door(loop_thread, broker)
     yield d, clock
     d.close()
     broker.stop()
@@ -482,7 +503,7 @@ def test_a_sync_master_without_a_slave_answers_slave_not_available(loop_thread, 
         loop_thread, tmp_path / "store", brokerName="broker-s", brokerRole="SYNC_MASTER"
     )
     support.create_topic(broker.channel, TOPIC, 1)
-    door = open_door(loop_thread, broker)
+    door = connect_door(loop_thread, broker)
     try:
         before = door.max_offset()
         answer = door.call(v2(TOPIC, b"unreplicated", 0))
