@@ -1,8 +1,10 @@
 """ferry's name server over RocketMQ's protocol, with Apache RocketMQ 4.9 as the oracle.
 
 One Apache 4.9 broker registers with two name servers at once (`namesrvAddr` =
-"ferry;apache"): ferry's (tests/namesrv_remoting.py) and Apache's own. ferry's also
-has a ferry broker, registered through ferry.v1 with its RocketMQ-protocol address.
+"ferry;apache"): ferry's (an in-process NamesrvApp, on its own RocketMQ-protocol
+port) and Apache's own. ferry's also has a real ferry broker (namesrvAddr = ferry's
+RocketMQ-protocol address), which registers itself through ferry.v1 with its
+RocketMQ-protocol address.
 The tests show that:
 
 - the Apache broker registers with ferry's name server (103, again with a changed
@@ -30,56 +32,77 @@ from ferry.remoting.bodies import loads
 from ferry.remoting.client import call
 from ferry.remoting.codec import Command
 from ferry.v1 import namesrv_pb2
-from tests import namesrv_remoting
 from tests.apache import ApacheBroker, ApacheNamesrv, run_java
-from tests.conftest import LoopThread, wait_for
-from tests.helpers import register_request
+from tests.conftest import (
+    LoopThread,
+    RunningBroker,
+    RunningNamesrv,
+    start_broker,
+    start_namesrv,
+    wait_for,
+)
+from tests.integration import support
 
 MQADMIN = "org.apache.rocketmq.tools.command.MQAdminStartup"
 SHARED = "SharedTopic"
 FERRY_ONLY = "FerryOnlyTopic"
-FERRY_GRPC = "127.0.0.1:40915"  # the ferry broker's gRPC address (registered, not dialled)
-FERRY_REMOTING = "127.0.0.1:40911"  # and its RocketMQ-protocol address
 
 
 class Setup:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.loop = LoopThread()
-        self.ferry: namesrv_remoting.RemotingNamesrv | None = None
+        self.ferry: RunningNamesrv | None = None
         self.apache: ApacheNamesrv | None = None
         self.broker: ApacheBroker | None = None
+        self.ferry_broker: RunningBroker | None = None
         self._runs = itertools.count(1)  # one directory per mqadmin run, threads too
 
     def start(self) -> None:
-        self.ferry = namesrv_remoting.start(self.loop, self.root / "ferry-namesrv")
+        self.ferry = start_namesrv(self.loop, self.root / "ferry-namesrv", metrics_port=-1)
         self.apache = ApacheNamesrv(self.root / "apache-namesrv").start()
         self.broker = ApacheBroker(
-            self.root / "apache-broker", namesrv=f"{self.ferry.addr};{self.apache.address}"
+            self.root / "apache-broker",
+            namesrv=f"{self.ferry.remoting_addr};{self.apache.address}",
         ).start()
-        self.ferry.ns.stub.RegisterBroker(
-            register_request(
-                broker_name="broker-f",
-                addr=FERRY_GRPC,
-                topics={SHARED: 2, FERRY_ONLY: 1},
-                cluster="FerryCluster",
-                instance_id="ferry-f",
-                remoting_addr=FERRY_REMOTING,
-            )
-        )
+        self.ferry_broker = start_broker(
+            self.loop, self.root / "ferry-broker", self.ferry.remoting_addr,
+            brokerName="broker-f", brokerClusterName="FerryCluster",
+        )  # fmt: skip
+        support.create_topic(self.ferry_broker.channel, SHARED, 2)
+        support.create_topic(self.ferry_broker.channel, FERRY_ONLY, 1)
 
     def stop(self) -> None:
         for process in (self.broker, self.apache):
             if process is not None:
                 process.stop()
-        if self.ferry is not None:
-            self.ferry.stop()
+        for server in (self.ferry_broker, self.ferry):
+            if server is not None:
+                server.stop()
         self.loop.close()
+
+    @property
+    def ferry_addr(self) -> str:
+        """ferry's name server, RocketMQ's protocol."""
+        assert self.ferry is not None
+        return self.ferry.remoting_addr
+
+    @property
+    def ferry_remoting(self) -> str:
+        """The ferry broker's RocketMQ-protocol address (what RocketMQ's routes give)."""
+        assert self.ferry_broker is not None
+        return self.ferry_broker.remoting_addr
+
+    @property
+    def ferry_grpc(self) -> str:
+        """The ferry broker's ferry.v1 gRPC address (what ferry.v1 routes give)."""
+        assert self.ferry_broker is not None
+        return self.ferry_broker.addr
 
     @property
     def addrs(self) -> tuple[str, str]:
         assert self.ferry is not None and self.apache is not None
-        return self.ferry.addr, self.apache.address
+        return self.ferry.remoting_addr, self.apache.address
 
     def mqadmin(self, args: Sequence[str]) -> str:
         directory = self.root / f"mqadmin-{next(self._runs)}"
@@ -101,11 +124,18 @@ class Setup:
         return tuple(call(addr, Command(code, ext=dict(ext or {})), 10) for addr in self.addrs)  # type: ignore[return-value]
 
 
-def has_route(addr: str, topic: str, broker_name: str) -> bool:
+def has_route(addr: str, topic: str, broker_name: str, queues: int | None = None) -> bool:
+    """`broker_name` in `addr`'s route for `topic` (with `queues` write queues, if given)."""
     answer = call(addr, Command(codes.GET_ROUTEINFO_BY_TOPIC, ext={"topic": topic}), 10)
     if answer.code != codes.SUCCESS:
         return False
-    return any(b["brokerName"] == broker_name for b in loads(answer.body)["brokerDatas"])
+    route = loads(answer.body)
+    if queues is not None:
+        return any(
+            q["brokerName"] == broker_name and q["writeQueueNums"] == queues
+            for q in route["queueDatas"]
+        )
+    return any(b["brokerName"] == broker_name for b in route["brokerDatas"])
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +150,12 @@ def setup(tmp_path_factory) -> Iterator[Setup]:
                    "-t", SHARED, "-r", "4", "-w", "4"])  # fmt: skip
         for addr in s.addrs:
             wait_for(lambda a=addr: has_route(a, SHARED, "broker-a"), 60, f"{SHARED} at {addr}")
+        for topic, queues in ((SHARED, 2), (FERRY_ONLY, 1)):
+            wait_for(
+                lambda t=topic, q=queues: has_route(s.ferry_addr, t, "broker-f", q),
+                30,
+                f"the ferry broker's {topic} at ferry's name server",
+            )
         yield s
     finally:
         s.stop()
@@ -133,24 +169,24 @@ def body(answer: Command):
 
 
 def test_an_apache_broker_shows_in_ferrys_route_beside_a_ferry_broker(setup):
-    answer = call(setup.ferry.addr, Command(codes.GET_ROUTEINFO_BY_TOPIC, ext={"topic": SHARED}))
+    answer = call(setup.ferry_addr, Command(codes.GET_ROUTEINFO_BY_TOPIC, ext={"topic": SHARED}))
     route = loads(answer.body)
     assert [(b["brokerName"], b["cluster"], b["brokerAddrs"]) for b in route["brokerDatas"]] == [
         ("broker-a", "ApacheCluster", {"0": setup.broker.address}),
-        ("broker-f", "FerryCluster", {"0": FERRY_REMOTING}),
+        ("broker-f", "FerryCluster", {"0": setup.ferry_remoting}),
     ]
     assert [(q["brokerName"], q["writeQueueNums"]) for q in route["queueDatas"]] == [
         ("broker-a", 4),
         ("broker-f", 2),
     ]
-    live = setup.loop.call(lambda: setup.ferry.ns.app.routes.live[setup.broker.address])
+    live = setup.loop.call(lambda: setup.ferry.app.routes.live[setup.broker.address])
     assert (live.broker_name, live.ha_server_addr) == ("broker-a", setup.broker.ha_address)
     # ferry.v1 clients get the brokers they can dial: the ferry broker's gRPC address.
-    grpc_route = setup.ferry.ns.stub.GetRouteInfoByTopic(
+    grpc_route = setup.ferry.stub.GetRouteInfoByTopic(
         namesrv_pb2.GetRouteInfoByTopicRequest(topic=SHARED)
     )
     assert [(b.broker_name, dict(b.broker_addrs)) for b in grpc_route.broker_datas] == [
-        ("broker-f", {0: FERRY_GRPC})
+        ("broker-f", {0: setup.ferry_grpc})
     ]
 
 
@@ -189,7 +225,7 @@ def test_mqadmin_topic_route_prints_the_same(setup):
     assert '"brokerName":"broker-a"' in apache
     assert ferry == apache
     ferry, _ = setup.mqadmin_both("topicRoute", "-t", SHARED)
-    assert FERRY_REMOTING in ferry and setup.broker.address in ferry
+    assert setup.ferry_remoting in ferry and setup.broker.address in ferry
 
 
 def test_mqadmin_topic_list_prints_the_same_topics(setup):
@@ -272,5 +308,5 @@ def test_a_stopping_apache_broker_unregisters_from_both(setup):
         wait_for(
             lambda a=addr: not has_route(a, "TBW102", "broker-a"), 30, f"broker-a gone at {addr}"
         )
-    assert setup.loop.call(lambda: list(setup.ferry.ns.app.routes.live)) == [FERRY_GRPC]
-    assert has_route(setup.ferry.addr, SHARED, "broker-f")
+    assert setup.loop.call(lambda: list(setup.ferry.app.routes.live)) == [setup.ferry_grpc]
+    assert has_route(setup.ferry_addr, SHARED, "broker-f")

@@ -1,7 +1,8 @@
-"""The name server over RocketMQ's protocol (in-process, 127.0.0.1:0, beside its
-ferry.v1 gRPC server; tests/namesrv_remoting.py): every code it serves, bad
-input changing nothing, one route table for brokers registered through either
-protocol, removal when a broker's connection closes, and the admin token."""
+"""The name server over RocketMQ's protocol (an in-process NamesrvApp on
+127.0.0.1:0: its own --port, `remoting_addr`, beside its ferry.v1 gRPC port):
+every code it serves, bad input changing nothing, one route table for brokers
+registered through either protocol (a real ferry broker registering itself),
+removal when a broker's connection closes, and the admin token."""
 
 from __future__ import annotations
 
@@ -13,17 +14,18 @@ from pathlib import Path
 
 import pytest
 
+from ferry.model import SCHEDULE_TOPIC
 from ferry.remoting import codes
 from ferry.remoting.codec import Command, decode, encode, frame_length
 from ferry.v1 import namesrv_pb2
-from tests import namesrv_remoting
-from tests.conftest import LoopThread
+from tests.conftest import LoopThread, start_broker, start_namesrv, wait_for
 from tests.helpers import register_request
+from tests.integration import support
 
 JAVA_A = "127.0.0.1:30911"  # a RocketMQ broker (registers over RocketMQ's protocol)
 JAVA_A_SLAVE = "127.0.0.1:30921"
-FERRY_B_GRPC = "127.0.0.1:40915"  # a ferry broker: gRPC address ...
-FERRY_B = "127.0.0.1:40911"  # ... and its RocketMQ-protocol address
+FERRY_B_GRPC = "127.0.0.1:40915"  # a ferry broker registered by hand, without a
+# RocketMQ-protocol address (real ferry brokers register their own: `ferry_broker`)
 NO_ROUTE = (
     "No topic route info in name server for the topic: {}"
     "\nSee http://rocketmq.apache.org/docs/faq/ for further details."
@@ -63,14 +65,14 @@ class Conn:
 
 @pytest.fixture
 def rns(loop_thread: LoopThread, tmp_path: Path):
-    server = namesrv_remoting.start(loop_thread, tmp_path / "namesrv")
-    yield server
-    server.stop()
+    ns = start_namesrv(loop_thread, tmp_path / "namesrv", metrics_port=-1)
+    yield ns
+    ns.stop()
 
 
 @pytest.fixture
 def conn(rns):
-    c = Conn(rns.addr)
+    c = Conn(rns.remoting_addr)
     yield c
     c.close()
 
@@ -126,8 +128,8 @@ def route_body(conn: Conn, topic: str) -> bytes:
     return answer.body
 
 
-def register_ferry_broker(rns, topics: dict[str, int], remoting_addr: str = FERRY_B):
-    return rns.ns.stub.RegisterBroker(
+def register_ferry_broker(rns, topics: dict[str, int], remoting_addr: str):
+    return rns.stub.RegisterBroker(
         register_request(
             broker_name="broker-b",
             addr=FERRY_B_GRPC,
@@ -140,8 +142,44 @@ def register_ferry_broker(rns, topics: dict[str, int], remoting_addr: str = FERR
     )
 
 
+def queue_nums(conn: Conn, topic: str) -> dict[str, int]:
+    """brokerName -> writeQueueNums in the name server's route for `topic` ({}: none)."""
+    answer = conn.request(codes.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
+    if answer.code != codes.SUCCESS:
+        return {}
+    return {q["brokerName"]: q["writeQueueNums"] for q in json.loads(answer.body)["queueDatas"]}
+
+
+@pytest.fixture
+def ferry_broker(rns, conn, loop_thread: LoopThread, tmp_path: Path):
+    """A real ferry broker ("broker-b" in "FerryCluster", namesrvAddr = the name
+    server's RocketMQ-protocol address) that registers itself, through ferry.v1
+    with its RocketMQ-protocol address, once it has created `topics`."""
+    started = []
+
+    def start(topics: dict[str, int]):
+        broker = start_broker(
+            loop_thread, tmp_path / "broker-b", rns.remoting_addr,
+            brokerName="broker-b", brokerClusterName="FerryCluster",
+        )  # fmt: skip
+        started.append(broker)
+        for topic, queues in topics.items():
+            support.create_topic(broker.channel, topic, queues)
+        for topic, queues in topics.items():
+            wait_for(
+                lambda t=topic, q=queues: queue_nums(conn, t).get("broker-b") == q,
+                10,
+                f"broker-b's {topic} ({queues} queues) in the name server's route",
+            )
+        return broker
+
+    yield start
+    for broker in started:
+        broker.stop()
+
+
 def grpc_route(rns, topic: str):
-    return rns.ns.stub.GetRouteInfoByTopic(namesrv_pb2.GetRouteInfoByTopicRequest(topic=topic))
+    return rns.stub.GetRouteInfoByTopic(namesrv_pb2.GetRouteInfoByTopicRequest(topic=topic))
 
 
 # ---------------------------------------------------------------- routes
@@ -159,14 +197,16 @@ def test_a_registered_brokers_route_is_compact_quoted_json_with_its_address(conn
     )
 
 
-def test_a_java_broker_and_a_ferry_broker_share_one_route(rns, conn):
+def test_a_java_broker_and_a_ferry_broker_share_one_route(rns, conn, ferry_broker):
     assert register(conn, {"Shared": 4, "JavaOnly": 2}).code == codes.SUCCESS
-    register_ferry_broker(rns, {"Shared": 8, "FerryOnly": 1})
+    broker = ferry_broker({"Shared": 8, "FerryOnly": 1})
+    ferry_b, ferry_b_grpc = broker.remoting_addr, broker.addr
+    assert ferry_b != ferry_b_grpc
 
     shared = json.loads(route_body(conn, "Shared"))
     assert [(b["brokerName"], b["brokerAddrs"]) for b in shared["brokerDatas"]] == [
         ("broker-a", {"0": JAVA_A}),
-        ("broker-b", {"0": FERRY_B}),  # the RocketMQ-protocol address, not the gRPC one
+        ("broker-b", {"0": ferry_b}),  # the RocketMQ-protocol address, not the gRPC one
     ]
     assert [(q["brokerName"], q["writeQueueNums"]) for q in shared["queueDatas"]] == [
         ("broker-a", 4),
@@ -175,7 +215,7 @@ def test_a_java_broker_and_a_ferry_broker_share_one_route(rns, conn):
     # ferry.v1 clients see the brokers they can reach through gRPC only.
     data = grpc_route(rns, "Shared")
     assert [(b.broker_name, dict(b.broker_addrs)) for b in data.broker_datas] == [
-        ("broker-b", {0: FERRY_B_GRPC})
+        ("broker-b", {0: ferry_b_grpc})
     ]
     assert [q.broker_name for q in data.queue_datas] == ["broker-b"]
     with pytest.raises(Exception, match="reached through RocketMQ's protocol only"):
@@ -185,17 +225,18 @@ def test_a_java_broker_and_a_ferry_broker_share_one_route(rns, conn):
     assert info == {
         "brokerAddrTable": {
             "broker-a": {"brokerAddrs": {"0": JAVA_A}, "brokerName": "broker-a", "cluster": "JavaCluster"},
-            "broker-b": {"brokerAddrs": {"0": FERRY_B}, "brokerName": "broker-b", "cluster": "FerryCluster"},
+            "broker-b": {"brokerAddrs": {"0": ferry_b}, "brokerName": "broker-b", "cluster": "FerryCluster"},
         },
         "clusterAddrTable": {"FerryCluster": ["broker-b"], "JavaCluster": ["broker-a"]},
     }  # fmt: skip
-    grpc_info = rns.ns.stub.GetBrokerClusterInfo(namesrv_pb2.GetBrokerClusterInfoRequest())
+    grpc_info = rns.stub.GetBrokerClusterInfo(namesrv_pb2.GetBrokerClusterInfoRequest())
     assert set(grpc_info.broker_addr_table) == {"broker-b"}
-    assert set(grpc_info.broker_live_table) == {FERRY_B_GRPC}
+    assert set(grpc_info.broker_live_table) == {ferry_b_grpc}
     assert set(grpc_info.cluster_addr_table) == {"FerryCluster"}
 
     topics = json.loads(conn.request(codes.GET_ALL_TOPIC_LIST_FROM_NAMESERVER).body)
-    assert topics == {"topicList": ["FerryOnly", "JavaOnly", "Shared"]}
+    # The ferry broker registers its system topic too, as a 4.9 broker does its own.
+    assert topics == {"topicList": ["FerryOnly", "JavaOnly", SCHEDULE_TOPIC, "Shared"]}
     by_cluster = conn.request(codes.GET_TOPICS_BY_CLUSTER, {"cluster": "JavaCluster"})
     assert json.loads(by_cluster.body) == {"topicList": ["JavaOnly", "Shared"]}
     unknown = conn.request(codes.GET_TOPICS_BY_CLUSTER, {"cluster": "NoSuchCluster"})
@@ -203,6 +244,7 @@ def test_a_java_broker_and_a_ferry_broker_share_one_route(rns, conn):
 
 
 def test_a_ferry_broker_without_a_remoting_address_is_not_in_remoting_routes(rns, conn):
+    # A ferry broker of before RocketMQ's protocol: registered without the address.
     register_ferry_broker(rns, {"FerryOnly": 2}, remoting_addr="")
     answer = conn.request(codes.GET_ROUTEINFO_BY_TOPIC, {"topic": "FerryOnly"})
     assert answer.code == codes.TOPIC_NOT_EXIST
@@ -284,28 +326,29 @@ def test_kv_config_put_get_list_delete(conn):
 
 def test_the_ferry_namespace_answers_the_grpc_port_and_cannot_be_changed(rns, conn):
     got = conn.request(codes.GET_KV_CONFIG, {"namespace": "ferry.v1", "key": "grpcPort"})
-    assert got.ext == {"value": str(rns.ns.app.port)}
+    assert got.ext == {"value": str(rns.app.port)}
     put = conn.request(
         codes.PUT_KV_CONFIG, {"namespace": "ferry.v1", "key": "grpcPort", "value": "1"}
     )
     assert put.code == codes.NO_PERMISSION
     gone = conn.request(codes.DELETE_KV_CONFIG, {"namespace": "ferry.v1", "key": "grpcPort"})
     assert gone.code == codes.NO_PERMISSION
-    assert rns.ns.app.kv.namespace("ferry.v1") is None
+    assert rns.app.kv.namespace("ferry.v1") is None
 
 
 # ---------------------------------------------------------------- brokers
 
 
-def test_a_slave_learns_its_masters_remoting_and_ha_addresses(rns, conn):
-    register_ferry_broker(rns, {"T": 4})
+def test_a_slave_learns_its_masters_remoting_and_ha_addresses(conn, ferry_broker):
+    master = ferry_broker({"T": 4})
+    assert master.app.ha_addr.startswith("127.0.0.1:")
     slave = register(
         conn, {"T": 4}, addr=JAVA_A_SLAVE, broker_id=1, name="broker-b", cluster="FerryCluster"
     )
     assert slave.code == codes.SUCCESS, slave.remark
-    assert slave.ext == {"masterAddr": FERRY_B, "haServerAddr": "127.0.0.1:40912"}
+    assert slave.ext == {"masterAddr": master.remoting_addr, "haServerAddr": master.app.ha_addr}
     group = json.loads(route_body(conn, "T"))["brokerDatas"][0]
-    assert group["brokerAddrs"] == {"0": FERRY_B, "1": JAVA_A_SLAVE}
+    assert group["brokerAddrs"] == {"0": master.remoting_addr, "1": JAVA_A_SLAVE}
 
 
 def test_a_registration_adds_topics_and_keeps_the_others_as_apaches_does(conn):
@@ -355,7 +398,7 @@ def test_query_data_version_and_unregister(rns, conn):
 
     assert conn.request(codes.UNREGISTER_BROKER, ext).code == codes.SUCCESS
     assert conn.request(codes.GET_ROUTEINFO_BY_TOPIC, {"topic": "T"}).code == codes.TOPIC_NOT_EXIST
-    assert JAVA_A not in rns.ns.app.routes.live
+    assert JAVA_A not in rns.app.routes.live
     assert conn.request(codes.UNREGISTER_BROKER, ext).code == codes.SUCCESS  # twice: still fine
 
 
@@ -368,29 +411,29 @@ def wait_until(predicate, what: str, timeout_s: float = 5.0) -> None:
 
 
 def test_a_broker_whose_connection_closes_leaves_the_routes(rns, loop_thread):
-    live = rns.ns.app.routes.live
-    first = Conn(rns.addr)
+    live = rns.app.routes.live
+    first = Conn(rns.remoting_addr)
     assert register(first, {"T": 4}).code == codes.SUCCESS
-    second = Conn(rns.addr)
+    second = Conn(rns.remoting_addr)
     try:
         # The same broker registering again on a new connection (it reconnected):
         # the old connection's end no longer removes it.
         assert register(second, {"T": 4}).code == codes.SUCCESS
         first.close()
-        connections = rns.server.connections
+        connections = rns.app.remoting.connections
         wait_until(lambda: loop_thread.call(lambda: len(connections)) == 1, "the first close")
         assert loop_thread.call(lambda: JAVA_A in live)
     finally:
         second.close()
     wait_until(lambda: loop_thread.call(lambda: JAVA_A not in live), "the broker's removal")
-    assert loop_thread.call(lambda: "T" not in rns.ns.app.routes.topic_queue_table)
+    assert loop_thread.call(lambda: "T" not in rns.app.routes.topic_queue_table)
 
 
 # ---------------------------------------------------------------- bad input
 
 
 def snapshot(rns, loop_thread):
-    routes = rns.ns.app.routes
+    routes = rns.app.routes
 
     def take():
         return (
@@ -481,12 +524,12 @@ def test_a_body_that_does_not_match_its_crc_is_refused_as_apache_does(rns, conn,
 def test_bad_headers_answer_system_error_naming_the_field(rns, conn, loop_thread, code, ext):
     register(conn, {"T": 4})
     before = snapshot(rns, loop_thread)
-    kv_before = loop_thread.call(lambda: rns.ns.app.kv.namespace("n"))
+    kv_before = loop_thread.call(lambda: rns.app.kv.namespace("n"))
     answer = conn.request(code, ext)
     assert answer.code == codes.SYSTEM_ERROR
     assert answer.remark and ":" in answer.remark
     assert snapshot(rns, loop_thread) == before
-    assert loop_thread.call(lambda: rns.ns.app.kv.namespace("n")) == kv_before
+    assert loop_thread.call(lambda: rns.app.kv.namespace("n")) == kv_before
 
 
 def test_a_bad_data_version_body_is_refused(conn):
@@ -506,11 +549,12 @@ def test_a_bad_data_version_body_is_refused(conn):
 @pytest.fixture
 def guarded(loop_thread: LoopThread, tmp_path: Path):
     def start(broker_hosts=()):
-        server = namesrv_remoting.start(
+        server = start_namesrv(
             loop_thread,
             tmp_path / f"ns{len(started)}",
+            metrics_port=-1,
             admin_token="s3cret",
-            broker_hosts=broker_hosts,
+            broker_hosts=tuple(broker_hosts),
         )
         started.append(server)
         return server
@@ -523,7 +567,7 @@ def guarded(loop_thread: LoopThread, tmp_path: Path):
 
 def test_with_an_admin_token_remoting_changes_are_refused_and_reads_served(guarded):
     rns = guarded()
-    c = Conn(rns.addr)
+    c = Conn(rns.remoting_addr)
     try:
         for code, ext in [
             (codes.PUT_KV_CONFIG, {"namespace": "n", "key": "k", "value": "v"}),
@@ -540,7 +584,7 @@ def test_with_an_admin_token_remoting_changes_are_refused_and_reads_served(guard
         answer = register(c)
         assert answer.code == codes.NO_PERMISSION
         assert "broker hosts" in answer.remark
-        assert rns.ns.app.kv.namespace("n") is None and not rns.ns.app.routes.live
+        assert rns.app.kv.namespace("n") is None and not rns.app.routes.live
         assert c.request(codes.GET_ALL_TOPIC_LIST_FROM_NAMESERVER).code == codes.SUCCESS
         assert (
             c.request(codes.GET_KV_CONFIG, {"namespace": "ferry.v1", "key": "grpcPort"}).code == 0
@@ -551,7 +595,7 @@ def test_with_an_admin_token_remoting_changes_are_refused_and_reads_served(guard
 
 def test_with_an_admin_token_brokers_register_from_their_hosts_only(guarded):
     rns = guarded(broker_hosts=["127.0.0.0/8"])
-    c = Conn(rns.addr)
+    c = Conn(rns.remoting_addr)
     try:
         assert register(c).code == codes.SUCCESS
         assert (
