@@ -5,10 +5,10 @@ over 4 KiB arrive zlib-compressed and flagged, and come back inflated), tags,
 keys, user properties, the producer's UNIQ_KEY as message id and the broker's
 offset message id.
 
-The name server here is a stand-in that answers only GET_ROUTEINFO_BY_TOPIC
-with a route to the broker's RocketMQ-protocol door; the producer's
-heartbeats, which the door does not serve yet, are answered "not supported",
-which Java logs and gets over.
+The producer finds the broker as it would in production: through a real ferry
+name server (its RocketMQ-protocol port), with which the ferry broker
+(namesrvAddr = that address) has registered itself; the route (105) gives the
+broker's RocketMQ-protocol address, where the producer sends.
 """
 
 from __future__ import annotations
@@ -19,73 +19,57 @@ from collections.abc import Iterator
 import pytest
 
 from ferry.remoting import bodies, codes
+from ferry.remoting.client import call
 from ferry.remoting.codec import Command
-from ferry.remoting.server import Connection, RemotingServer
 from tests.apache import run_java
 from tests.compat.specs import json_lines, message_specs, pull_all, user_view, write_specs
-from tests.conftest import LoopThread, start_broker
+from tests.conftest import LoopThread, start_broker, start_namesrv, wait_for
 from tests.integration import support
-from tests.integration.test_remoting_sends import Door, open_door
+from tests.integration.test_remoting_sends import Door, connect_door
 
 TOPIC = "JavaToFerry"
 COUNT = 40
 QUEUES = 4
 
 
-class RouteOnlyNamesrv:
-    """Answers GET_ROUTEINFO_BY_TOPIC for one topic with one broker; 17 otherwise."""
-
-    def __init__(self, broker_addr: str) -> None:
-        self.broker_addr = broker_addr
-        self.server = RemotingServer("namesrv", {codes.GET_ROUTEINFO_BY_TOPIC: self.route})
-
-    async def route(self, connection: Connection, request: Command) -> Command:
-        if request.ext.get("topic") != TOPIC:
-            return request.answer(codes.TOPIC_NOT_EXIST, f"no route for {request.ext.get('topic')}")
-        route = {
-            "brokerDatas": [
-                {
-                    "brokerAddrs": {"0": self.broker_addr},
-                    "brokerName": "broker-j",
-                    "cluster": "DefaultCluster",
-                }
-            ],
-            "filterServerTable": {},
-            "queueDatas": [
-                {
-                    "brokerName": "broker-j",
-                    "perm": 6,
-                    "readQueueNums": QUEUES,
-                    "topicSysFlag": 0,
-                    "writeQueueNums": QUEUES,
-                }
-            ],
-        }
-        return request.answer(codes.SUCCESS, body=bodies.dumps(route))
+def route(namesrv: str, topic: str) -> dict | None:
+    """The name server's GET_ROUTEINFO_BY_TOPIC answer for `topic` (None: no route)."""
+    answer = call(namesrv, Command(codes.GET_ROUTEINFO_BY_TOPIC, ext={"topic": topic}), 10)
+    return bodies.loads(answer.body) if answer.code == codes.SUCCESS else None
 
 
 @pytest.fixture
 def java_door(loop_thread: LoopThread, tmp_path) -> Iterator[tuple[Door, str]]:
+    ns = start_namesrv(loop_thread, tmp_path / "namesrv", metrics_port=-1)
     broker = start_broker(
         loop_thread,
         tmp_path / "store",
+        ns.remoting_addr,
         brokerName="broker-j",
         mappedFileSizeCommitLog=4 << 20,
         maxMessageSize=1 << 20,
     )
     support.create_topic(broker.channel, TOPIC, QUEUES)
-    door = open_door(loop_thread, broker)
-    door_port = loop_thread.run(_port_of(door.server))
-    namesrv = RouteOnlyNamesrv(f"127.0.0.1:{door_port}")
-    ns_port = loop_thread.run(namesrv.server.listen("127.0.0.1", 0))
-    yield door, f"127.0.0.1:{ns_port}"
-    loop_thread.run(namesrv.server.stop())
+    door = connect_door(loop_thread, broker)
+    # The broker registered itself: the route names it by its RocketMQ-protocol address.
+    wait_for(
+        lambda: (
+            (r := route(ns.remoting_addr, TOPIC)) is not None
+            and [q["writeQueueNums"] for q in r["queueDatas"]] == [QUEUES]
+        ),
+        10,
+        f"broker-j's {TOPIC} in the name server's route",
+    )
+    got = route(ns.remoting_addr, TOPIC)
+    assert got is not None
+    assert [(b["brokerName"], b["cluster"], b["brokerAddrs"]) for b in got["brokerDatas"]] == [
+        ("broker-j", "DefaultCluster", {"0": broker.remoting_addr})
+    ]
+    assert broker.remoting_addr != broker.addr
+    yield door, ns.remoting_addr
     door.close()
     broker.stop()
-
-
-async def _port_of(server: RemotingServer) -> int:
-    return int(server._servers[0].sockets[0].getsockname()[1])
+    ns.stop()
 
 
 @pytest.mark.parametrize(
