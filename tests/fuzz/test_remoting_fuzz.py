@@ -59,8 +59,6 @@ from prometheus_client import CollectorRegistry
 from ferry.model import SubscriptionGroupConfig, TopicConfig
 from ferry.remoting import batch, codec, codes
 from ferry.remoting.codec import FLAG_ONEWAY, FLAG_RESPONSE, MAX_FRAME, Command
-from ferry.remoting.metrics import RemotingMetrics
-from ferry.remoting.server import RemotingServer
 from ferry.runtime.clock import FakeClock
 from ferry.v1 import broker_pb2, namesrv_pb2
 from tests.conftest import (
@@ -90,13 +88,12 @@ class Door:
     name: str  # the `server` label of its metrics
     port: int
     codes: list[int]  # every request code its handler table serves
-    registry: CollectorRegistry  # where its RemotingMetrics live
+    registry: CollectorRegistry  # the app's registry, where its RemotingMetrics live
     loop: LoopThread
     state: Callable[[], Any]  # what a refused request must not change; runs on the loop
     probe: Command  # a read-only request it answers SUCCESS
     reset: Callable[[], None]  # brings back what the fuzz may have deleted (the topic, routes)
     warmup: list[Command]  # sent on the fuzzing connection before each code (a heartbeat)
-    close: Callable[[], None]
 
     def snapshot(self) -> Any:
         return self.loop.call(self.state)
@@ -118,18 +115,6 @@ class Door:
         return out
 
 
-def serve_beside(
-    loop: LoopThread, name: str, handlers: dict
-) -> tuple[int, list[int], CollectorRegistry, Callable[[], None]]:
-    """A RemotingServer for `handlers` on 127.0.0.1:0, beside an app that does
-    not serve RocketMQ's protocol itself yet (as tests/integration/
-    test_remoting_sends.py's `open_door`)."""
-    registry = CollectorRegistry()
-    server = RemotingServer(name, handlers, RemotingMetrics(registry, name))
-    port = loop.run(server.listen("127.0.0.1", 0))
-    return port, sorted(server.handlers), registry, lambda: loop.run(server.stop())
-
-
 BROKER_PROBE = Command(codes.GET_MAX_OFFSET, ext={"topic": TOPIC, "queueId": "0"})
 HEARTBEAT = Command(codes.HEART_BEAT, body=json.dumps({
     "clientID": CLIENT_ID,
@@ -146,20 +131,13 @@ AUTO_TOPIC = TopicConfig("", read_queue_nums=1, write_queue_nums=1, perm=6)
 
 
 def broker_door(broker: RunningBroker) -> Door:
-    """The broker's RocketMQ-protocol door.
-
-    TODO(integrator): once BrokerApp serves RocketMQ's protocol on its own port,
-    use `broker.app.remoting_port`, the codes of the app's RemotingServer
-    (`sorted(server.handlers)`) and `broker.app.registry` here instead of a
-    server beside the app, and drop `serve_beside` when the name server's door
-    below has switched too."""
-    from services.broker.remoting import handlers
-    from services.broker.remoting.deps import Deps
-
+    """The broker app's own RocketMQ-protocol door (listenPort): its port, the
+    codes of its handler table and its metrics registry."""
     app = broker.app
-    port, served, registry, stop = serve_beside(broker.loop, "broker", handlers(Deps.from_app(app)))
-    return Door("broker", port, served, registry, broker.loop, lambda: broker_state(app),
-                BROKER_PROBE, lambda: seed_broker(broker), [HEARTBEAT], stop)  # fmt: skip
+    assert app.remoting is not None, "the broker serves no RocketMQ-protocol port"
+    return Door("broker", app.remoting_port, sorted(app.remoting.handlers), app.registry,
+                broker.loop, lambda: broker_state(app), BROKER_PROBE,
+                lambda: seed_broker(broker), [HEARTBEAT])  # fmt: skip
 
 
 def broker_state(app) -> Any:
@@ -197,17 +175,9 @@ NAMESRV_PROBE = Command(codes.GET_KV_CONFIG, ext={"namespace": "ferry.v1", "key"
 
 
 def namesrv_door(ns: RunningNamesrv) -> Door:
-    """The name server's RocketMQ-protocol door.
-
-    TODO(integrator): once NamesrvApp serves RocketMQ's protocol on its own
-    port, use `ns.app.remoting_port`, the codes of its RemotingServer and
-    `ns.app.registry` instead of a server beside the app."""
-    from services.namesrv.remoting import handlers
-
+    """The name server app's own RocketMQ-protocol door (--port): its port, the
+    codes of its handler table and its metrics registry."""
     app = ns.app
-    port, served, registry, stop = serve_beside(
-        ns.loop, "namesrv", handlers(app.routes, app.kv, lambda: app.port)
-    )
     routes = app.routes
 
     def state() -> Any:
@@ -219,8 +189,8 @@ def namesrv_door(ns: RunningNamesrv) -> Door:
             {space: dict(t) for space, t in app.kv._table.items()},  # no "list all" method
         )
 
-    return Door("namesrv", port, served, registry, ns.loop, state, NAMESRV_PROBE,
-                lambda: seed_namesrv(ns), [], stop)  # fmt: skip
+    return Door("namesrv", app.remoting_port, sorted(app.remoting.handlers), app.registry,
+                ns.loop, state, NAMESRV_PROBE, lambda: seed_namesrv(ns), [])  # fmt: skip
 
 
 def seed_broker(broker: RunningBroker) -> None:
@@ -252,9 +222,7 @@ def broker(tmp_path_factory) -> Iterator[Door]:
     )
     seed_broker(running)
     running.broker.SendMessage(broker_pb2.SendMessageRequest(topic=TOPIC, body=b"seed"))
-    door = broker_door(running)
-    yield door
-    door.close()
+    yield broker_door(running)
     running.stop()
     loop.close()
 
@@ -266,9 +234,7 @@ def namesrv(tmp_path_factory) -> Iterator[Door]:
         loop, tmp_path_factory.mktemp("fuzz-namesrv"), metrics_port=-1, clock=FakeClock()
     )
     seed_namesrv(running)
-    door = namesrv_door(running)
-    yield door
-    door.close()
+    yield namesrv_door(running)
     running.stop()
     loop.close()
 
