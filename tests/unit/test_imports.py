@@ -161,10 +161,16 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
             if len(comp) > 1:
                 sccs.append(comp)
 
-    sys.setrecursionlimit(10_000)
-    for v in sorted(edges):
-        if v not in index:
-            visit(v)
+    # Deep import chains recurse deeply; the limit is put back after, as other
+    # tests (decoders refusing deep nesting) depend on the interpreter's own.
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10_000))
+    try:
+        for v in sorted(edges):
+            if v not in index:
+                visit(v)
+    finally:
+        sys.setrecursionlimit(limit)
     return [_cycle_in(set(comp), edges) for comp in sccs]
 
 
