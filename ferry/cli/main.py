@@ -90,7 +90,12 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_UNREACHABLE
     except grpc.RpcError as exc:
         print(f"ferry: {exc.code().name}: {exc.details()}", file=sys.stderr)
-        return EXIT_UNREACHABLE if exc.code() == grpc.StatusCode.UNAVAILABLE else EXIT_ERROR
+        if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            hint = _rocketmq_port_hint(getattr(args, "broker", None))
+            if hint:
+                print(f"ferry: {hint}", file=sys.stderr)
+            return EXIT_UNREACHABLE
+        return EXIT_ERROR
     except (InvalidArgument, ConfigError) as exc:
         print(f"ferry: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -99,6 +104,25 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
+
+
+def _rocketmq_port_hint(addr: object) -> str:
+    """When -b names a port that answers RocketMQ's protocol (a broker's
+    listenPort, not its gRPC port), say so: gRPC only reports "Socket closed"."""
+    if not isinstance(addr, str) or not addr:
+        return ""
+    from ferry.remoting import codes
+    from ferry.remoting.client import call
+    from ferry.remoting.codec import Command
+
+    try:
+        call(addr, Command(codes.GET_KV_CONFIG), timeout=1.0)
+    except Exception:  # noqa: BLE001 - no answer in RocketMQ's protocol: no hint
+        return ""
+    return (
+        f"{addr} speaks RocketMQ's protocol (a broker's listenPort); -b wants the broker's "
+        "ferry.v1 gRPC address, its grpcListenPort (10915 by default; `ferry cluster` lists it)"
+    )
 
 
 if __name__ == "__main__":

@@ -41,16 +41,36 @@ class NoNameServerAnswered(Exception):
 
     def __init__(self, failures: Sequence[tuple[str, str]]) -> None:
         tried = "; ".join(f"{addr}: {why}" for addr, why in failures)
-        tls_hint = (
-            " If they serve TLS, pass --tls-ca (or set $FERRY_TLS_CA)."
-            if not os.environ.get(tls.ENV_CA) and "Socket closed" in tried
-            else ""
-        )
+        closed = [addr for addr, why in failures if "Socket closed" in why]
+        rocketmq = [addr for addr in closed if _speaks_rocketmq(addr)]
+        if rocketmq:
+            tls_hint = (
+                f" {', '.join(rocketmq)} speak RocketMQ's protocol, not ferry.v1 gRPC: give "
+                "NamesrvClient discover=True to find each name server's gRPC port from its "
+                "RocketMQ-protocol address (ferry's CLI does), or name the gRPC ports "
+                "(--grpc-port, 9879 by default)."
+            )
+        elif closed and not os.environ.get(tls.ENV_CA):
+            tls_hint = " If they serve TLS, pass --tls-ca (or set $FERRY_TLS_CA)."
+        else:
+            tls_hint = ""
         super().__init__(
             f"no name server answered (tried {tried}). Is one running? "
             f"Name them with -n 'host:port;host:port' or {ENV_VAR}.{tls_hint}"
         )
         self.failures = list(failures)
+
+
+def _speaks_rocketmq(addr: str) -> bool:
+    """Whether `addr` answers a RocketMQ-protocol request (for error hints)."""
+    from ferry.remoting.client import call
+    from ferry.remoting.codec import Command
+
+    try:
+        call(addr, Command(0), timeout=1.0)
+    except Exception:  # noqa: BLE001 - anything else: it does not
+        return False
+    return True
 
 
 def parse_addrs(text: str | None) -> list[str]:

@@ -123,3 +123,29 @@ def test_between_two_failover_runs_every_code_is_answered_service_not_available(
         answer = asyncio.run(handler(None, Command(code, opaque=7)))  # type: ignore[arg-type]
         assert answer.code == codes.SERVICE_NOT_AVAILABLE
         assert "changing its role" in (answer.remark or "")
+
+
+def test_the_cli_and_client_say_when_a_rocketmq_protocol_port_was_given_for_grpc(
+    loop_thread, tmp_path, ns, capsys
+):
+    """gRPC alone only says "Socket closed" when it dials a RocketMQ-protocol
+    port; ferry's CLI (-b) and NamesrvClient (without discovery) say what the
+    port is and what to give instead."""
+    from ferry.cli.main import main
+    from ferry.client.namesrv import NamesrvClient, NoNameServerAnswered
+
+    b = start_broker(loop_thread, tmp_path / "b")
+    try:
+        assert main(["runtime", "-b", b.remoting_addr]) != 0
+        err = capsys.readouterr().err
+        assert f"{b.remoting_addr} speaks RocketMQ's protocol" in err, err
+        assert "grpcListenPort" in err
+        with (
+            pytest.raises(NoNameServerAnswered) as raised,
+            NamesrvClient([ns.remoting_addr], timeout_s=2) as client,
+        ):
+            client.topics()
+        assert "speak RocketMQ's protocol, not ferry.v1 gRPC" in str(raised.value)
+        assert "discover=True" in str(raised.value)
+    finally:
+        b.stop()
