@@ -253,3 +253,39 @@ def test_server_requests_to_clients(served):
         return answer
 
     assert loop.run(go()).ext == {"r": "1"}
+
+
+def _reference_json_header(command: Command) -> bytes:
+    """The JSON header as json.dumps writes it (what the hand-built encoder must match)."""
+    fields: dict[str, object] = {"code": command.code}
+    if command.ext:
+        fields["extFields"] = command.ext
+    fields.update(flag=command.flag, language=command.language, opaque=command.opaque)
+    if command.remark is not None:
+        fields["remark"] = command.remark
+    fields.update(serializeTypeCurrentRPC="JSON", version=command.version)
+    try:
+        return json.dumps(fields, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return json.dumps(fields, separators=(",", ":")).encode()
+
+
+any_text = st.text(max_size=20)  # lone surrogates and control characters included
+
+
+@given(commands(codec.JSON), st.dictionaries(any_text, any_text, max_size=4),
+       st.one_of(st.none(), any_text))  # fmt: skip
+@settings(max_examples=300, deadline=None)
+def test_json_headers_are_what_json_dumps_writes(command, ext, remark):
+    for c in (command, Command(command.code, ext=ext, remark=remark)):
+        frame = codec.encode(c)
+        assert frame[8:] == _reference_json_header(c) + c.body
+
+
+def test_control_character_escapes_are_not_scrubbed():
+    """A send's properties arrive as \\u0001/\\u0002 escapes: decoded as themselves, and
+    the decoded extFields are the strings as parsed."""
+    header = b'{"code":310,"extFields":{"i":"K\\u0001v\\u0002W\\u0001true","b":"T",' \
+             b'"x":"\\\\ud800"},"opaque":3}'  # fmt: skip
+    command = codec.decode(struct.pack(">i", len(header)) + header)
+    assert command.ext == {"i": "K\x01v\x02W\x01true", "b": "T", "x": "\\ud800"}
