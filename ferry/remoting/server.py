@@ -13,6 +13,13 @@ Backpressure: a connection with `max_in_flight` requests being handled stops
 being read until one finishes, so a fast producer fills its own socket buffer
 instead of the broker's memory.
 
+Runs: a handler that is a `Batchable` (one with a `many`) gets, in one call,
+every request of its code that arrived back to back in one read (64
+producer threads on one connection send that way under load), and its
+answers go out in one socket write: one task, one use-case call and one write
+for the run instead of one per request. A run ends at a request of another
+code, so requests are handled in the order they came. A run of one is a run.
+
 The broker talks back over the same connection (`Connection.request` and
 `Connection.oneway`, e.g. NOTIFY_CONSUMER_IDS_CHANGED), with its own opaque
 counter; answers to those are matched here and never reach the handlers.
@@ -25,12 +32,13 @@ import contextlib
 import itertools
 import logging
 import socket
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, cast
 
 from ferry.remoting import codes
 from ferry.remoting.codec import (
     FLAG_ONEWAY,
+    FLAG_RESPONSE,
     Command,
     RemotingProtocolError,
     decode,
@@ -43,6 +51,23 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[["Connection", Command], Awaitable[Command | None]]
 MAX_IN_FLIGHT = 256
+
+
+class Batchable:
+    """A handler that can also take a run of requests of its code at once:
+    `many(connection, requests)` returns one answer (or None) per request, in
+    their order. Called with one request, it is an ordinary `Handler`."""
+
+    def __init__(
+        self,
+        one: Handler,
+        many: Callable[[Connection, list[Command]], Awaitable[list[Command | None]]],
+    ) -> None:
+        self.one = one
+        self.many = many
+
+    def __call__(self, connection: Connection, command: Command) -> Awaitable[Command | None]:
+        return self.one(connection, command)
 
 
 class Connection(asyncio.Protocol):
@@ -106,6 +131,9 @@ class Connection(asyncio.Protocol):
         buffer = self._buffer
         buffer += data
         pos = 0
+        handlers = self._server.handlers
+        run: list[Command] = []  # requests of one Batchable's code, back to back
+        run_handler: Batchable | None = None
         try:
             while len(buffer) - pos >= 4:
                 length = frame_length(memoryview(buffer)[pos : pos + 4])
@@ -113,14 +141,29 @@ class Connection(asyncio.Protocol):
                     break
                 command = decode(memoryview(buffer)[pos + 4 : pos + 4 + length])
                 pos += 4 + length
+                handler = None if command.flag & FLAG_RESPONSE else handlers.get(command.code)
+                if type(handler) is Batchable:
+                    if run and run[0].code != command.code:
+                        self._dispatch_run(cast(Batchable, run_handler), run)
+                        run = []
+                    run.append(command)
+                    run_handler = handler
+                    continue
+                if run:
+                    self._dispatch_run(cast(Batchable, run_handler), run)
+                    run = []
                 self._dispatch(command)
         except RemotingProtocolError as e:
+            if run:  # whole frames before the bad one are served, as they would be alone
+                self._dispatch_run(cast(Batchable, run_handler), run)
             self._server._protocol_error(self, e)
             self.close()
             return
         finally:
             if pos:
                 del buffer[:pos]
+        if run:
+            self._dispatch_run(cast(Batchable, run_handler), run)
 
     # ------------------------------------------------------------ requests in
 
@@ -141,14 +184,30 @@ class Connection(asyncio.Protocol):
                     )
                 )
             return
-        self._in_flight += 1
+        self._started(1)
+        task = asyncio.get_running_loop().create_task(self._handle(handler, command))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _dispatch_run(self, handler: Batchable, commands: list[Command]) -> None:
+        self._started(len(commands))
+        task = asyncio.get_running_loop().create_task(self._handle_run(handler, commands))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _started(self, n: int) -> None:
+        self._in_flight += n
         if self._in_flight >= self._server.max_in_flight and not self._paused:
             self._paused = True
             if self._transport is not None:
                 self._transport.pause_reading()
-        task = asyncio.get_running_loop().create_task(self._handle(handler, command))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+
+    def _finished(self, n: int) -> None:
+        self._in_flight -= n
+        if self._paused and self._in_flight < self._server.max_in_flight // 2:
+            self._paused = False
+            if self._transport is not None:
+                self._transport.resume_reading()
 
     async def _handle(self, handler: Handler, command: Command) -> None:
         try:
@@ -166,27 +225,57 @@ class Connection(asyncio.Protocol):
                 answer.serialize_type = command.serialize_type
                 self.write(answer)
         finally:
-            self._in_flight -= 1
-            if self._paused and self._in_flight < self._server.max_in_flight // 2:
-                self._paused = False
-                if self._transport is not None:
-                    self._transport.resume_reading()
+            self._finished(1)
+
+    async def _handle_run(self, handler: Batchable, commands: list[Command]) -> None:
+        try:
+            try:
+                answers = await handler.many(self, commands)
+                if len(answers) != len(commands):
+                    raise RuntimeError(f"{len(answers)} answers to {len(commands)} requests")
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a handler's bug must not take the connection down
+                log.exception("remoting %s: a run of %d requests of code %d from %s failed",
+                              self._server.name, len(commands), commands[0].code,
+                              self.remote)  # fmt: skip
+                answers = [
+                    c.answer(codes.SYSTEM_ERROR, f"{type(e).__name__}: {e}") for c in commands
+                ]
+            out = []
+            for command, answer in zip(commands, answers, strict=True):
+                self._server.metrics.request(command.code, None if answer is None else answer.code)
+                if answer is not None and not command.is_oneway:
+                    answer.opaque = command.opaque
+                    answer.serialize_type = command.serialize_type
+                    out.append(answer)
+            self.write_many(out)
+        finally:
+            self._finished(len(commands))
 
     # ------------------------------------------------------------ out
 
     def write(self, command: Command) -> None:
         """Send `command` if the socket is still open (an answer to a client
         that left is dropped)."""
-        if self._transport is None or self._transport.is_closing():
+        self.write_many((command,))
+
+    def write_many(self, commands: Sequence[Command]) -> None:
+        """Send `commands` in one socket write if the socket is still open."""
+        if not commands or self._transport is None or self._transport.is_closing():
             return
+        frames = [self._encode(command) for command in commands]
+        frame = frames[0] if len(frames) == 1 else b"".join(frames)
+        self._server.metrics.sent(len(frame))
+        self._transport.write(frame)
+
+    def _encode(self, command: Command) -> bytes:
         try:
-            frame = encode(command)
+            return encode(command)
         except RemotingProtocolError as e:
             log.error("remoting %s: cannot encode code %d for %s: %s",
                       self._server.name, command.code, self.remote, e)  # fmt: skip
-            frame = encode(command.answer(codes.SYSTEM_ERROR, str(e)))
-        self._server.metrics.sent(len(frame))
-        self._transport.write(frame)
+            return encode(command.answer(codes.SYSTEM_ERROR, str(e)))
 
     async def request(self, command: Command, timeout: float) -> Command:
         """Send a request of the server's own to this client and wait for its

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import socket
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from ferry import record
 from ferry.model import SCHEDULE_TOPIC
-from ferry.remoting import batch, codes
+from ferry.remoting import batch, codec, codes
 from ferry.remoting.client import RemotingClient
 from ferry.remoting.codec import ROCKETMQ, Command
 from ferry.remoting.server import RemotingServer
@@ -246,6 +247,48 @@ def test_many_sends_in_flight_on_one_connection(door: Door):
     answers = door.loop.run(burst())
     assert all(a.code == codes.SUCCESS for a in answers)
     assert sorted(int(a.ext["queueOffset"]) for a in answers) == list(range(50))
+
+
+def test_a_run_of_sends_in_one_read_is_answered_each_as_alone(door: Door):
+    """Sends written back to back (one read on the broker: one run) are appended in
+    their order, a retry-topic send in the middle taking its own place; a refused one
+    is answered as alone and the others go on; WAIT=false and WAIT=true both SEND_OK."""
+    requests = [
+        v2(TOPIC, b"r0", 0),
+        v2(TOPIC, b"r1", 1),
+        v2("NoSuchTopic", b"x", 0),
+        v2(TOPIC, b"bad", 0, e="not-a-number"),
+        v2("%RETRY%cg", b"again", 0, props(DELAY="4"), j="1", l="3"),
+        v2(TOPIC, b"r3", 0, props(WAIT="false")),
+        v2(TOPIC, b"r4", 0),
+    ]
+    for opaque, request in enumerate(requests, 1):
+        request.opaque = opaque
+    host, port = door.client._transport.get_extra_info("peername")[:2]  # type: ignore[union-attr]
+    answers: dict[int, Command] = {}
+    with socket.create_connection((host, port), timeout=10) as sock:
+        sock.sendall(b"".join(codec.encode(r) for r in requests))
+        data = b""
+        while len(answers) < len(requests):
+            chunk = sock.recv(65536)
+            assert chunk, f"closed after {len(answers)} answers"
+            data += chunk
+            while len(data) >= 4 and len(data) - 4 >= codec.frame_length(data[:4]):
+                length = codec.frame_length(data[:4])
+                answer = codec.decode(data[4 : 4 + length])
+                data = data[4 + length :]
+                answers[answer.opaque] = answer
+    codes_by_request = [answers[i].code for i in range(1, len(requests) + 1)]
+    assert codes_by_request == [codes.SUCCESS, codes.SUCCESS, codes.TOPIC_NOT_EXIST,
+                                codes.MESSAGE_ILLEGAL, codes.SUCCESS, codes.SUCCESS,
+                                codes.SUCCESS]  # fmt: skip
+    assert [answers[i].ext["queueOffset"] for i in (1, 6, 7)] == ["0", "1", "2"]
+    assert (answers[2].ext["queueId"], answers[2].ext["queueOffset"]) == ("1", "0")
+    assert all(a.ext["MSG_REGION"] == "DefaultRegion" for a in answers.values())
+    messages = door.pulled(TOPIC, 0, 3)
+    assert [m.body for m in messages] == [b"r0", b"r3", b"r4"]
+    assert [m.msg_id for m in messages] == [answers[i].ext["msgId"] for i in (1, 6, 7)]
+    assert door.requests(codes.SEND_MESSAGE_V2) == 5
 
 
 def test_delay_level_waits_in_the_schedule_topic(door: Door):

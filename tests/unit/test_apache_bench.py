@@ -1,16 +1,33 @@
 """The apache benchmark's readers of Apache's benchmark tools (rocketmq-example's
-Producer and Consumer report lines) and its rule for when a tool run has warmed up."""
+Producer and Consumer report lines), its rule for when a tool run has warmed up, and
+how runs become topics, groups and figures (ferry over Apache, the issue's targets)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from benchmarks.apache_bench import (
+    APACHE,
+    FERRY,
+    QUICK,
+    TOOLS_TOPICS,
     ConsumerLine,
     ProducerLine,
+    Singles,
+    ToolRun,
+    _singles_figure,
+    _tool_role_figures,
     parse_consumer,
     parse_producer,
     settled,
+    singles_topic,
     steady,
+    tool_group,
+    tool_topic,
+    tools_topics,
 )
+from benchmarks.load import LoadResult
+from benchmarks.report import Target
 
 # As rocketmq-example 4.7.0 prints them (seen in a run), with the lines around them.
 PRODUCER_4_7 = """\
@@ -75,3 +92,69 @@ def test_the_last_two_lines_are_reported():
     lines = _lines(1, 2, 3)
     assert steady(lines) == lines[1:]
     assert steady(lines[:1]) == lines[:1]
+
+
+def _run(side: str, role: str, sends: tuple[int, ...], consumed: tuple[int, ...] = ()):
+    return ToolRun(
+        side, role, _lines(*sends), [ConsumerLine(t, 0, 1.0, 1.0, 1, 1) for t in consumed],
+        broker_cpu_s=5.0, seconds=10.0,
+    )  # fmt: skip
+
+
+def test_every_run_gets_its_own_topic_and_group():
+    """No run's consumer may start on an earlier run's backlog: topics and groups are
+    fresh per round, per role and (groups) per side; the masters hold what their runs use."""
+    plan = dataclasses.replace(QUICK, tool_rounds=3)
+    topics = tools_topics(plan)
+    assert topics["SYNC_MASTER"] == [tool_topic("SYNC_MASTER", r) for r in range(3)]
+    assert topics["ASYNC_MASTER"] == [tool_topic("ASYNC_MASTER", r) for r in range(3)] + [
+        singles_topic(r) for r in range(3)
+    ]
+    every = [t for ts in topics.values() for t in ts]
+    assert len(set(every)) == len(every) == 9
+    groups = {tool_group(s, role, r) for s in (FERRY, APACHE) for role in TOOLS_TOPICS
+              for r in range(3)}  # fmt: skip
+    assert len(groups) == 12
+
+
+def test_a_run_reports_the_mean_of_its_last_two_lines():
+    run = _run(FERRY, "ASYNC_MASTER", (1_000, 9_000, 11_000), (800, 8_000, 10_000))
+    assert run.send_tps == 10_000 and run.consume_tps == 9_000
+    assert run.failed == 0 and run.broker_share == 0.5
+    # 5 CPU-seconds over 21,000 lines' TPS x 10 s each
+    assert abs(run.broker_us_per_msg - 5.0 / 210_000 * 1e6) < 1e-6
+    assert _run(FERRY, "ASYNC_MASTER", (5,)).consume_tps == 0.0  # the Producer alone
+
+
+def test_tool_figures_are_ferry_over_apache_with_the_issue_targets():
+    pairs = [
+        {FERRY: _run(FERRY, "SYNC_MASTER", (7_000, 7_000), (7_000, 7_000)),
+         APACHE: _run(APACHE, "SYNC_MASTER", (20_000, 20_000), (10_000, 10_000))},
+        {FERRY: _run(FERRY, "SYNC_MASTER", (9_000, 9_000), (9_000, 9_000)),
+         APACHE: _run(APACHE, "SYNC_MASTER", (10_000, 10_000), (9_000, 9_000))},
+    ]  # fmt: skip
+    plan = dataclasses.replace(QUICK, tool_rounds=2, tool_min_lines=2, tool_max_lines=5)
+    sends, rt, consumed = _tool_role_figures("SYNC_MASTER", pairs, plan)
+    # Of two rounds the one with the lower ratio is shown (the one less kind to ferry).
+    assert (sends.value, sends.baseline) == (7_000, 20_000)
+    assert sends.target == Target("ratio", ">=", 0.7) and sends.met is False
+    assert "Ratios by round: 0.35, 0.90." in sends.detail
+    assert "SYNC_MASTER with its SLAVE" in sends.name
+    assert rt.target is None and rt.unit == "ms"
+    assert (consumed.value, consumed.baseline) == (7_000, 10_000)
+    assert consumed.target == Target("ratio", ">=", 1.0)
+
+
+def test_the_singles_figure_is_the_producer_over_ferry_v1_unary():
+    def unary(rate: float) -> LoadResult:
+        return LoadResult(int(rate * 5), 0, 5.0, 20.0, 40.0, 0.9, 0.5)
+
+    singles = [
+        Singles(_run(FERRY, "ASYNC_MASTER", (9_000, 9_000)), unary(2_000)),
+        Singles(_run(FERRY, "ASYNC_MASTER", (8_000, 8_000)), unary(2_000)),
+        Singles(_run(FERRY, "ASYNC_MASTER", (15_000, 15_000)), unary(3_000)),
+    ]
+    figure = _singles_figure(singles, dataclasses.replace(QUICK, tool_rounds=3))
+    assert (figure.value, figure.baseline) == (9_000, 2_000)  # the median ratio, 4.5
+    assert figure.target == Target("ratio", ">=", 3.0) and figure.met is True
+    assert "ratios by round: 4.50, 4.00, 5.00" in figure.detail

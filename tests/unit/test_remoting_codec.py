@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from ferry.remoting import bodies, codec, codes
 from ferry.remoting.client import RemotingClient, call
 from ferry.remoting.codec import Command, RemotingProtocolError
-from ferry.remoting.server import RemotingServer
-from tests.conftest import LoopThread
+from ferry.remoting.server import Batchable, RemotingServer
+from tests.conftest import LoopThread, wait_for
 
 text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
 ext = st.dictionaries(st.text(st.characters(blacklist_categories=("Cs",)), min_size=1,
@@ -253,3 +253,103 @@ def test_server_requests_to_clients(served):
         return answer
 
     assert loop.run(go()).ext == {"r": "1"}
+
+
+def test_runs_of_a_batchable_code_reach_its_handler_together_and_in_order():
+    """Frames of a Batchable's code that arrive back to back in one read are one call
+    of `many`; a frame of another code ends the run (the order is kept); a oneway in a
+    run gets no answer; answers go out matched by opaque; a `many` that raises answers
+    SYSTEM_ERROR to each of its run."""
+    loop = LoopThread()
+    calls: list[list[str]] = []
+    order: list[str] = []
+
+    async def one(connection, command):
+        calls.append([command.ext["n"]])
+        order.append(command.ext["n"])
+        return command.answer(0, ext={"n": command.ext["n"]})
+
+    async def many(connection, commands):
+        calls.append([c.ext["n"] for c in commands])
+        order.extend(c.ext["n"] for c in commands)
+        if any(c.ext["n"] == "boom" for c in commands):
+            raise RuntimeError("many failed")
+        return [c.answer(0, ext={"n": c.ext["n"]}) for c in commands]
+
+    async def plain(connection, command):
+        order.append(command.ext["n"])
+        return command.answer(0, ext={"n": command.ext["n"]})
+
+    server = RemotingServer("test", {5: Batchable(one, many), 6: plain})
+    port = loop.run(server.listen("127.0.0.1", 0))
+
+    def frames(*items: tuple[int, str, int]) -> bytes:
+        return b"".join(codec.encode(Command(c, opaque, flag, {"n": n})) for c, n, opaque, flag
+                        in ((c, n, i + 1, flag) for i, (c, n, flag) in enumerate(items)))  # fmt: skip
+
+    def answers(sock: socket.socket, count: int) -> dict[int, str]:
+        got: dict[int, str] = {}
+        data = b""
+        while len(got) < count:
+            chunk = sock.recv(65536)
+            assert chunk, f"closed after {len(got)} answers"
+            data += chunk
+            while len(data) >= 4 and len(data) - 4 >= codec.frame_length(data[:4]):
+                length = codec.frame_length(data[:4])
+                answer = codec.decode(data[4 : 4 + length])
+                data = data[4 + length :]
+                got[answer.opaque] = (answer.code, answer.ext.get("n"))
+        return got
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(frames((5, "a", 0), (5, "b", 0), (5, "ow", codec.FLAG_ONEWAY),
+                                (6, "x", 0), (5, "c", 0)))  # fmt: skip
+            got = answers(sock, 4)
+            assert got == {1: (0, "a"), 2: (0, "b"), 4: (0, "x"), 5: (0, "c")}
+            wait_for(lambda: len(order) == 5, what="every request handled")
+            assert calls == [["a", "b", "ow"], ["c"]] and order == ["a", "b", "ow", "x", "c"]
+            sock.sendall(frames((5, "boom", 0), (5, "d", 0)))
+            assert answers(sock, 2) == {
+                1: (codes.SYSTEM_ERROR, None),
+                2: (codes.SYSTEM_ERROR, None),
+            }
+    finally:
+        loop.run(server.stop())
+        loop.close()
+
+
+def _reference_json_header(command: Command) -> bytes:
+    """The JSON header as json.dumps writes it (what the hand-built encoder must match)."""
+    fields: dict[str, object] = {"code": command.code}
+    if command.ext:
+        fields["extFields"] = command.ext
+    fields.update(flag=command.flag, language=command.language, opaque=command.opaque)
+    if command.remark is not None:
+        fields["remark"] = command.remark
+    fields.update(serializeTypeCurrentRPC="JSON", version=command.version)
+    try:
+        return json.dumps(fields, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return json.dumps(fields, separators=(",", ":")).encode()
+
+
+any_text = st.text(max_size=20)  # lone surrogates and control characters included
+
+
+@given(commands(codec.JSON), st.dictionaries(any_text, any_text, max_size=4),
+       st.one_of(st.none(), any_text))  # fmt: skip
+@settings(max_examples=300, deadline=None)
+def test_json_headers_are_what_json_dumps_writes(command, ext, remark):
+    for c in (command, Command(command.code, ext=ext, remark=remark)):
+        frame = codec.encode(c)
+        assert frame[8:] == _reference_json_header(c) + c.body
+
+
+def test_control_character_escapes_are_not_scrubbed():
+    """A send's properties arrive as \\u0001/\\u0002 escapes: decoded as themselves, and
+    the decoded extFields are the strings as parsed."""
+    header = b'{"code":310,"extFields":{"i":"K\\u0001v\\u0002W\\u0001true","b":"T",' \
+             b'"x":"\\\\ud800"},"opaque":3}'  # fmt: skip
+    command = codec.decode(struct.pack(">i", len(header)) + header)
+    assert command.ext == {"i": "K\x01v\x02W\x01true", "b": "T", "x": "\\ud800"}

@@ -15,6 +15,14 @@ The answer: msgId = the offset message id (store host + commit offset;
 a batch's are joined by commas), queueId, queueOffset (of the first message),
 and MSG_REGION / TRACE_ON on every answer, errors included, since a Java
 producer reads the answer's extFields whatever its code.
+
+Runs (ferry.remoting.server's `Batchable`): the sends of one code that arrived
+back to back on a connection are checked one by one, the plain single messages
+among them appended together (`MessagingService.stage_each`: one append per
+queue, in their order), a batch or a send to a retry topic on its own
+(`stage`, as alone) in its place in the order, then one `settle` waits for
+the flush and the slave for all of them. A request refused is answered as it
+would be alone; the others go on.
 """
 
 from __future__ import annotations
@@ -26,9 +34,15 @@ from ferry import record
 from ferry.model import check_name
 from ferry.remoting import batch, codes
 from ferry.remoting.codec import Command
-from ferry.remoting.server import Connection, Handler
-from ferry.runtime.errors import FerryError, PermissionDenied
-from services.broker.messaging.service import OutgoingMessage, SendStatus
+from ferry.remoting.server import Batchable, Connection, Handler
+from ferry.runtime.errors import FerryError, PermissionDenied, StorageFault, Unavailable
+from services.broker.messaging.service import (
+    RETRY_TOPIC_PREFIX,
+    OutgoingMessage,
+    SendOutcome,
+    SendStatus,
+    Staged,
+)
 from services.broker.remoting.convert import BadRequest, boolean, error_answer, integer, text
 from services.broker.remoting.deps import Deps
 
@@ -258,23 +272,91 @@ class Sends:
             )
         except FerryError as exc:
             return error_answer(request, exc, ANSWER_EXT)
-        return request.answer(
-            STATUS_CODES[outcome.status],
-            ext={
-                "msgId": ",".join(outcome.msg_ids),
-                # The queue the producer chose, as Apache answers it, even when
-                # the message waits elsewhere (DELAY) or went to the DLQ.
-                "queueId": header.queue_id if header.queue_id is not None else outcome.queue_id,
-                "queueOffset": outcome.queue_offset,
-                **ANSWER_EXT,
-            },
-        )
+        return answer(request, header, outcome)
+
+    async def send_many(
+        self, connection: Connection, requests: list[Command]
+    ) -> list[Command | None]:
+        """A run of sends (one code): each checked alone, appended together, settled
+        once. The answers, in the requests' order."""
+        names = LONG_NAMES if requests[0].code == codes.SEND_MESSAGE else SHORT_NAMES
+        messaging = self.deps.messaging
+        answers: list[Command | None] = [None] * len(requests)
+        staged: dict[int, tuple[Staged, SendHeader, bool]] = {}
+        singles: list[tuple[int, SendHeader, bool, OutgoingMessage]] = []
+
+        def append_singles() -> None:
+            results = messaging.stage_each([(h.topic, h.queue_id, m) for _, h, _, m in singles])
+            for (i, header, wait, _), result in zip(singles, results, strict=True):
+                if isinstance(result, FerryError):
+                    answers[i] = error_answer(requests[i], result, ANSWER_EXT)
+                else:
+                    staged[i] = (result, header, wait)
+            singles.clear()
+
+        try:
+            self.deps.gate.check()
+            for i, request in enumerate(requests):
+                try:
+                    header = parse_header(request.ext, names)
+                    messages, wait, is_batch = messages_of(request, header, connection.remote)
+                except FerryError as exc:
+                    answers[i] = error_answer(request, exc, ANSWER_EXT)
+                    continue
+                if not is_batch and not header.topic.startswith(RETRY_TOPIC_PREFIX):
+                    singles.append((i, header, wait, messages[0]))
+                    continue
+                if singles:
+                    append_singles()
+                try:
+                    one = messaging.stage(header.topic, header.queue_id, messages, is_batch)
+                except (Unavailable, StorageFault):  # nothing more is taken
+                    raise
+                except FerryError as exc:
+                    answers[i] = error_answer(request, exc, ANSWER_EXT)
+                    continue
+                staged[i] = (one, header, wait)
+            if singles:
+                append_singles()
+        except FerryError as exc:  # the gate, a storage fault, a fence: every one unanswered
+            return [
+                a or error_answer(r, exc, ANSWER_EXT)
+                for a, r in zip(answers, requests, strict=True)
+            ]
+        for wait in (False, True):
+            members = [i for i, (_, _, w) in staged.items() if w is wait]
+            if not members:
+                continue
+            try:
+                status = await messaging.settle([staged[i][0] for i in members], wait)
+            except FerryError as exc:
+                for i in members:
+                    answers[i] = error_answer(requests[i], exc, ANSWER_EXT)
+                continue
+            for i in members:
+                one, header, _ = staged[i]
+                answers[i] = answer(requests[i], header, one.outcome(status))
+        return answers
+
+
+def answer(request: Command, header: SendHeader, outcome: SendOutcome) -> Command:
+    return request.answer(
+        STATUS_CODES[outcome.status],
+        ext={
+            "msgId": ",".join(outcome.msg_ids),
+            # The queue the producer chose, as Apache answers it, even when
+            # the message waits elsewhere (DELAY) or went to the DLQ.
+            "queueId": header.queue_id if header.queue_id is not None else outcome.queue_id,
+            "queueOffset": outcome.queue_offset,
+            **ANSWER_EXT,
+        },
+    )
 
 
 def handlers(deps: Deps) -> dict[int, Handler]:
     sends = Sends(deps)
     return {
-        codes.SEND_MESSAGE: sends.send_message,
-        codes.SEND_MESSAGE_V2: sends.send_message_v2,
-        codes.SEND_BATCH_MESSAGE: sends.send_message_v2,
+        codes.SEND_MESSAGE: Batchable(sends.send_message, sends.send_many),
+        codes.SEND_MESSAGE_V2: Batchable(sends.send_message_v2, sends.send_many),
+        codes.SEND_BATCH_MESSAGE: Batchable(sends.send_message_v2, sends.send_many),
     }
