@@ -34,7 +34,7 @@ from tests.compat import clients
 from tests.compat.ferry_remoting import group_addrs
 from tests.conftest import wait_for
 from tests.failover_support import BROKER, TOPIC, FailoverGroup, Member
-from tests.integration.support import PortRange, free_port
+from tests.integration.support import FreePorts
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -43,17 +43,6 @@ EACH = 20  # Java SEND_OKs stored by each master in turn
 # those a broker answers): TOPIC_NOT_EXIST, SERVICE_NOT_AVAILABLE, SYSTEM_ERROR, NO_PERMISSION.
 RETRIED = {codes.TOPIC_NOT_EXIST, codes.SERVICE_NOT_AVAILABLE, codes.SYSTEM_ERROR,
            codes.NO_PERMISSION}  # fmt: skip
-
-
-class FreePorts(PortRange):
-    """Ports for FailoverGroup's members, free when taken (no member restarts here, so none
-    needs a fixed range of its own)."""
-
-    def __init__(self) -> None:
-        super().__init__(0, 0)
-
-    def take(self) -> int:
-        return free_port()
 
 
 @dataclass
@@ -140,6 +129,18 @@ def wait_route(group: FailoverGroup, want: dict[int, Member], what: str) -> None
     wait_for(lambda: routes(group) == (expected, expected), 20, what)
 
 
+def reader(group: FailoverGroup, tmp_path, name: str) -> clients.Client:
+    """Apache's push consumer 4.9.8 of TOPIC in the group `name` (not yet started)."""
+    assert group.namesrv is not None
+    return clients.java(
+        "PushConsumer49",
+        ["--namesrv", group.namesrv.remoting_addr, "--topic", TOPIC, "--group", name,
+         "--instance", name, "--stdin-stop", "--from", "first"],
+        tmp_path / name,
+        name,
+    )  # fmt: skip
+
+
 @pytest.fixture
 def group(tmp_path, etcd, loop_thread):
     g = FailoverGroup(tmp_path / "group", etcd.endpoint, FreePorts(), loop_thread, size=2)
@@ -177,8 +178,10 @@ def test_java_producer_follows_the_elected_master_and_a_deposed_one_is_retried_e
         ]
 
     probe = Probe(first.remoting_addr, TOPIC)
-    with sender.start():
+    live = reader(group, tmp_path, "live")
+    with sender.start(), live.start():
         sender.wait(lambda c: len(stored_on(first)) >= EACH, 60, f"{EACH} SEND_OKs of {first}")
+        live.wait(lambda c: c.of("msg"), 30, "the live consumer's first message")
         probe.start()
         wait_for(lambda: any(a.code == codes.SUCCESS for a in probe.answers), 10,
                  f"the probe's first SEND_OK from {first}")  # fmt: skip
@@ -209,6 +212,17 @@ def test_java_producer_follows_the_elected_master_and_a_deposed_one_is_retried_e
                     f"{EACH} SEND_OKs of {first} after the kill")  # fmt: skip
         probe.stop()
         sender.stop()
+        live_caught_up = time.monotonic()
+        live.wait(
+            lambda c: (
+                {e["msgId"] for e in c.of("msg")}
+                >= {s["msgId"] for s in sender.of("send") if s["status"] == "SEND_OK"}
+            ),
+            60,
+            "the live consumer to have every acknowledged message",
+        )
+        print(f"the live consumer caught up {time.monotonic() - live_caught_up:.1f} s "
+              "after the last send")  # fmt: skip
 
     # The deposed master's answers, from its thaw until its successor was killed.
     deposed = [a for a in probe.answers if thawed <= a.at < deposed_until]
@@ -227,25 +241,18 @@ def test_java_producer_follows_the_elected_master_and_a_deposed_one_is_retried_e
     assert {s["status"] for s in sends} <= {"SEND_OK", "EXCEPTION"}, {s["status"] for s in sends}
     print(f"Java: {len(acked)} SEND_OK, {len(errors)} failed: {Counter(errors).most_common(3)}")
 
-    # Everything acknowledged is read from the last master, where its producer was told.
-    reader = clients.java(
-        "PushConsumer49",
-        ["--namesrv", group.namesrv.remoting_addr, "--topic", TOPIC, "--group",
-         "failover-reader", "--instance", "reader", "--stdin-stop"],
-        tmp_path / "reader",
-        "reader",
-    )  # fmt: skip
-    with reader.start():
-        reader.wait(
-            lambda c: {e["msgId"] for e in c.of("msg")} >= {s["msgId"] for s in acked},
-            60,
-            "every acknowledged message consumed",
-        )
-    consumed: dict[str, set[tuple[int, int]]] = defaultdict(set)
-    for e in reader.of("msg"):
-        consumed[e["msgId"]].add((e["queueId"], e["queueOffset"]))
-    for s in acked:
-        assert (s["queueId"], s["queueOffset"]) in consumed[s["msgId"]], s
+    # Everything acknowledged is read from the last master, where its producer was told: by
+    # the consumer that ran through both faults, and by a new group afterwards.
+    after = reader(group, tmp_path, "after")
+    with after.start():
+        after.wait(lambda c: {e["msgId"] for e in c.of("msg")} >= {s["msgId"] for s in acked},
+                   60, "every acknowledged message consumed")  # fmt: skip
+    for c in (live, after):
+        consumed: dict[str, set[tuple[int, int]]] = defaultdict(set)
+        for e in c.of("msg"):
+            consumed[e["msgId"]].add((e["queueId"], e["queueOffset"]))
+        for s in acked:
+            assert (s["queueId"], s["queueOffset"]) in consumed[s["msgId"]], (c.name, s)
 
     stored = {body.decode(errors="replace"): at for at, body in group.pull(first).items()}
     for a in probe.answers:
