@@ -13,8 +13,11 @@ One run, two faults:
 Throughout, the 105 route names the elected master's RocketMQ-protocol address as id 0 (the
 same table, and the same epoch fencing, as the ferry.v1 route), the Java producer's sends
 land on whoever it names, and every message it was told SEND_OK — and every success a
-probe pinned to the first master was answered — is read afterwards from the last master
-by Apache's push consumer, at the queue and offset its producer was told.
+probe pinned to the first master was answered — is read from the last master by Apache's
+push consumer, at the queue and offset its producer was told: by one that consumed through
+both faults, and by a new group afterwards. (A consumer's pulls long-polling on the killed
+master wait out their 30 s timeout: Java 4.9 fails a request early only when it closes the
+connection itself. Apache's brokers leave it the same wait.)
 """
 
 from __future__ import annotations
@@ -238,7 +241,6 @@ def test_java_producer_follows_the_elected_master_and_a_deposed_one_is_retried_e
     errors = [s["error"] for s in sends if s["status"] == "EXCEPTION"]
     # A code Java does not retry reaches the application as MQBrokerException.
     assert not [e for e in errors if e.startswith("MQBrokerException")], errors
-    assert {s["status"] for s in sends} <= {"SEND_OK", "EXCEPTION"}, {s["status"] for s in sends}
     print(f"Java: {len(acked)} SEND_OK, {len(errors)} failed: {Counter(errors).most_common(3)}")
 
     # Everything acknowledged is read from the last master, where its producer was told: by

@@ -58,8 +58,14 @@ def pair(loop_thread, tmp_path, namesrv):
         )
         wait_for(lambda: slave.app.store.queue_max_offset(TOPIC, 0) == SENT, 15,
                  "the slave to hold every message")  # fmt: skip
-        wait_for(lambda: slave.app.metadata.subscription_groups.get(STEERED) is not None, 15,
-                 f"the slave to copy group {STEERED}")  # fmt: skip
+        wait_for(
+            lambda: (
+                slave.app.metadata.topics.get(TOPIC) is not None
+                and slave.app.metadata.subscription_groups.get(STEERED) is not None
+            ),
+            15,
+            f"the slave to copy topic {TOPIC} and group {STEERED}",
+        )
         yield master, slave
     finally:
         slave.stop()
