@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
+from typing import Any
 
 from ferry.runtime.server import GrpcServer
 from ferry.runtime.swap import ServiceSwitch
@@ -36,3 +37,9 @@ class Incarnation:
     # Installs a run's RocketMQ-protocol table and close hook on the node's
     # listener (None: the between-runs table answering 14).
     serve_remoting: Callable[..., None] | None = None
+    # The RocketMQ door's tables of its connections (services.broker.messaging's
+    # ClientTables and QueueLocks: who sent which heartbeat, which orderly
+    # consumer holds which queue), which outlive the run as the connections on
+    # the node's listener do; None: the run keeps tables of its own.
+    remoting_clients: Any = None
+    remoting_locks: Any = None

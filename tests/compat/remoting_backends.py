@@ -6,9 +6,9 @@ test runs against every back end in `BACKENDS`.
 
 Back ends:
 - "apache": Apache RocketMQ 4.9's name server and brokers (tests/apache.py), the oracle;
-- "ferry" (to come, issue 28): ferry's name server and brokers on their RocketMQ-protocol
-  ports — `namesrv` is `NamesrvApp.remoting_port`'s address, each `Node.address` its broker's
-  `BrokerApp.remoting_addr`; see `start_remoting_backend` for where it goes.
+- "ferry": ferry's name server and brokers on their RocketMQ-protocol ports, each its own
+  process (tests/compat/ferry_remoting.py) — `namesrv` is the name server's `--port`, each
+  `Node.address` its broker's listenPort.
 
 Topologies:
 - `SINGLE`: one ASYNC_MASTER (broker-a);
@@ -33,7 +33,7 @@ from tests.conftest import wait_for
 
 J = TypeVar("J", bound=JavaProcess)
 
-BACKENDS = ("apache",)  # "ferry" joins once ferry's servers speak RocketMQ's protocol
+BACKENDS = ("apache", "ferry")
 SINGLE = "1m"
 TWO_SYNC_GROUPS = "2m-2s-sync"
 # Apache 4.9 parses seconds at the least ("1s"); 18 levels, as RocketMQ's default has.
@@ -187,10 +187,8 @@ def _started(make: Callable[[int], J], attempts: int = 3) -> J:
 def start_remoting_backend(name: str, topology: str, d: Path) -> RemotingBackend:
     if name == "apache":
         return ApacheRemoting(d, topology)
-    # name == "ferry": ferry's name server and brokers as tests/compat/backends.py's
-    # FerryBackend starts them (start_namesrv, start_broker with messageDelayLevel=
-    # DELAY_LEVELS, brokerRole, brokerId, haMasterAddress for a slave), then namesrv =
-    # f"127.0.0.1:{ns.app.remoting_port}" and each Node's address = broker.app.remoting_addr;
-    # create_topic through ferry's admin API (support.create_topic on every master); kill =
-    # SIGKILL of a broker run as its own process.
+    if name == "ferry":
+        from tests.compat.ferry_remoting import FerryRemoting
+
+        return FerryRemoting(d, topology)
     raise ValueError(f"unknown back end {name!r} (known: {', '.join(BACKENDS)})")

@@ -91,6 +91,18 @@ class PortRange:
         pytest.fail(f"no free loopback port left in {self.start}-{self.end}")
 
 
+class FreePorts(PortRange):
+    """A `PortRange` whose ports come from bind(0): for failover groups whose members never
+    restart (a member restarted on its port could find it taken), so that they need no
+    fixed range of their own."""
+
+    def __init__(self) -> None:
+        super().__init__(0, 0)
+
+    def take(self) -> int:
+        return free_port()
+
+
 class HeldPort:
     """Keep a loopback port bound but not listening: connecting is refused, and
     no server started by a parallel test can take the port meanwhile (a reused

@@ -10,7 +10,13 @@ import pytest
 
 from ferry.model import SCHEDULE_TOPIC, TopicConfig
 from ferry.runtime.clock import FakeClock
-from ferry.runtime.errors import InvalidArgument, NotFound, PermissionDenied, ResourceExhausted
+from ferry.runtime.errors import (
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    Unavailable,
+)
 from services.broker.messaging.service import (
     PROPERTY_REAL_TOPIC,
     MessagingService,
@@ -167,6 +173,27 @@ def test_long_poll_answers_as_soon_as_a_message_arrives(env):
     outcome = env.run(scenario())
     assert outcome.result.status is GetStatus.FOUND
     assert outcome.result.records[0].body == b"wake"
+
+
+def test_a_long_poll_when_the_store_stops_is_refused_not_answered_as_an_empty_queue(env):
+    """A pull waiting at the end of a queue when its broker stops (a failover member
+    changing its role keeps its listener and connections): the store closed under it must
+    not answer "no such offset" (a RocketMQ consumer then moves its offset back to 0 and
+    reads the whole queue again) but Unavailable, which every client retries as it was."""
+    env.send(queue_id=1, bodies=[b"a", b"b", b"c"])
+    env.store.dispatcher.dispatch_all()
+
+    async def scenario():
+        pull = asyncio.create_task(env.service.pull("g", "T", 1, 3, 32, 30_000))
+        await asyncio.sleep(0.05)
+        assert not pull.done()
+        await env.store.stop()
+        return await asyncio.wait_for(pull, 5)
+
+    with pytest.raises(Unavailable, match="closed"):
+        env.run(scenario())
+    with pytest.raises(Unavailable, match="closed"):
+        env.run(env.store.get_messages("T", 1, 0, 32))
 
 
 def test_long_poll_times_out_with_no_new_message(env):

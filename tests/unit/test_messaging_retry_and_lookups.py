@@ -86,6 +86,21 @@ def test_no_topic_is_created_where_sends_are_refused(env):
         send_one(env, "%RETRY%g")
 
 
+@pytest.mark.parametrize(
+    ("fields", "refused"),
+    [
+        ({"queue_id": 5}, "queue_id"),  # the new topic has one queue
+        ({"properties": {"TIMER_DELIVER_MS": "soon"}}, "epoch milliseconds"),
+    ],
+)
+def test_a_retry_refused_for_its_message_creates_no_topic(env, fields, refused):
+    """Nothing changes for a refused send, the retry topic included (found by
+    tests/fuzz/test_rpc_fuzz.py: a SendMessage to %RETRY%g with a bad queue id)."""
+    with pytest.raises(InvalidArgument, match=refused):
+        send_one(env, "%RETRY%g", **fields)
+    assert env.created == [] and "%RETRY%g" not in env.topics
+
+
 def test_a_batch_to_a_retry_topic_is_not_rerouted(env):
     env.topics["%RETRY%g"] = TopicConfig("%RETRY%g", 1, 1, 6)
     messages = [OutgoingMessage(b"a", reconsume_times=99), OutgoingMessage(b"b")]

@@ -8,7 +8,8 @@ HA stream reconnects). One gRPC server serves every incarnation: the node
 builds it once (ports, TLS, health, reflection) and each incarnation mounts
 its servicers on it (`ferry.runtime.swap`); between two, calls get
 UNAVAILABLE (retry), never CANCELLED. Likewise one RocketMQ-protocol server
-(listenPort, fastListenPort) keeps its connections across roles: each
+(listenPort, fastListenPort) keeps its connections across roles, and what
+they told it (consumers' heartbeats, orderly consumers' queue locks): each
 incarnation installs its handler table on it; between two, every request is
 answered SERVICE_NOT_AVAILABLE (14), which a RocketMQ producer retries at
 another broker. A master that steps down serves
@@ -75,6 +76,8 @@ from services.broker.failover import epochs
 from services.broker.failover.epochs import EpochHistory
 from services.broker.failover.etcd import Etcd, EtcdUnavailable, GroupState, dumps, group_prefix
 from services.broker.incarnation import Incarnation
+from services.broker.messaging.clients import ClientTables
+from services.broker.messaging.locks import QueueLocks
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +165,10 @@ class FailoverNode:
         # fastListenPort) once bound, fast -1 when off.
         self.remoting: RemotingServer | None = None
         self._remoting_ports = (config.listen_port, config.fast_port)
+        # What the connections on that listener said (heartbeats) and hold
+        # (orderly consumers' queue locks): theirs, so kept across runs too.
+        self.remoting_clients = ClientTables()
+        self.remoting_locks = QueueLocks()
         self._between = _Unavailable(
             f"member {self.member_id} of {config.broker_name} is starting or changing its role "
             "(automatic failover); try another broker"
@@ -231,9 +238,20 @@ class FailoverNode:
         table: Mapping[int, Handler] | None,
         on_close: Callable[[Connection], None] | None = None,
     ) -> None:
-        """An incarnation's table on the node's listener; None: answer 14."""
+        """An incarnation's table on the node's listener; None: answer 14 (a
+        connection that closes meanwhile still leaves its groups and locks)."""
         if self.remoting is not None:
-            self.remoting.serve(*((self._between, None) if table is None else (table, on_close)))
+            if table is None:
+                self.remoting.serve(self._between, self._closed_between_runs)
+            else:
+                self.remoting.serve(table, on_close)
+
+    def _closed_between_runs(self, connection: Connection) -> None:
+        """A connection closed between two runs: its registrations and locks go
+        (its groups' other members see it at their next rebalance: with no run,
+        nobody is notified)."""
+        self.remoting_clients.channel_closed(connection)
+        self.remoting_locks.channel_closed(connection)
 
     async def start(self) -> None:
         from services.broker.app import grpc_server, listen_remoting, remoting_server, servable
@@ -871,6 +889,8 @@ class FailoverNode:
             server=self.server,
             switch=self.switch,
             serve_remoting=self._serve_remoting,
+            remoting_clients=self.remoting_clients,
+            remoting_locks=self.remoting_locks,
         )
         app = BrokerApp(run_cfg, clock=self.clock, incarnation=incarnation)
         try:

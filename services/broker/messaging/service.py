@@ -254,6 +254,7 @@ class MessagingService:
         if retry:
             topic, queue_id, messages = self._retry_route(topic, queue_id, messages[0])
         config = self._writable(topic, create=retry)
+        new_topic = retry and self.topics.get(topic) is None
         if not messages:
             raise InvalidArgument("messages", "a batch needs at least one message")
         queue_id = self._pick_queue(config, queue_id, _message_group(messages, batch))
@@ -283,6 +284,8 @@ class MessagingService:
                 f"{timed} of {len(encoded)} messages carry {PROPERTY_TIMER_DELIVER_MS}: a batch "
                 "is timed as a whole or not at all; send them separately",
             )
+        if new_topic and self.create_topic is not None:
+            self.create_topic(config)  # the send passed every check: a refusal changes nothing
         started = time.perf_counter()
         result = self.store.append_internal(store_topic, store_queue, encoded)
         return Staged(topic, result, started)
@@ -406,8 +409,8 @@ class MessagingService:
 
     def _writable(self, topic: str, create: bool = False) -> TopicConfig:
         """The topic's config, if this broker takes sends to it now; with
-        `create`, a missing topic is created (one queue, read-write) once the
-        broker is known to take sends."""
+        `create`, a missing topic gets a new config (one queue, read-write),
+        which the caller creates once its send has passed every check."""
         check_topic(topic)
         if is_system_topic(topic):
             raise InvalidArgument(
@@ -430,7 +433,6 @@ class MessagingService:
         config = self.topics.get(topic)
         if config is None and create and self.create_topic is not None:
             config = TopicConfig(topic, read_queue_nums=1, write_queue_nums=1, perm=6)
-            self.create_topic(config)
         if config is None:
             raise NotFound(
                 f"topic {topic!r} does not exist on broker {self.broker_name}; create it with "

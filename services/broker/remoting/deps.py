@@ -61,6 +61,13 @@ class Deps:
 
     @classmethod
     def from_app(cls, app) -> Deps:  # services.broker.app.BrokerApp, started
+        """The app's use cases and tables; a failover member's run takes the
+        member's connection tables (`Incarnation.remoting_clients` and
+        `remoting_locks`), which outlive the run as its connections do."""
+        incarnation = getattr(app, "incarnation", None)
+        shared = {}
+        if incarnation is not None and incarnation.remoting_clients is not None:
+            shared = {"clients": incarnation.remoting_clients, "locks": incarnation.remoting_locks}
         return cls(
             config=app.config,
             clock=app.clock,
@@ -71,4 +78,5 @@ class Deps:
             store=app.store,
             pop=app.pop,
             store_host=lambda: app.store.store_host,
+            **shared,
         )

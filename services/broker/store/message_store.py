@@ -665,7 +665,12 @@ class MessageStore:
         only those below the confirm offset; `tag_hashes` filters by tags.
         `raw`: the records' bytes as stored (`GetResult.raw`) instead of
         decoded ones. `max_bytes` lowers the byte budget (maxPullBytes): the
-        first record is returned whatever its size, later ones while they fit."""
+        first record is returned whatever its size, later ones while they fit.
+
+        Raises:
+            Unavailable: the store is closed (see `_check_readable`).
+        """
+        self._check_readable()
         queue = self.queues.get(topic, queue_id)
         if queue is None:
             status = GetStatus.NO_NEW_MSG if queue_offset == 0 else GetStatus.OFFSET_ILLEGAL
@@ -743,6 +748,7 @@ class MessageStore:
     ) -> list[record.StoredMessage | None]:
         """The records consume-queue entries point at, in order (off the loop when
         cold); None for one that retention deleted meanwhile or that is unreadable."""
+        self._check_readable()
         out: list[record.StoredMessage | None] = []
         spans = _spans(
             list(entries), self.commit_log.file_size, max_span=self.config.max_pull_bytes
@@ -795,6 +801,7 @@ class MessageStore:
         or the min offset when none is. Store times rise along a queue (one
         appender, one clock); an entry whose record retention deleted counts as
         older than any time."""
+        self._check_readable()
         queue = self.queues.get(topic, queue_id)
         if queue is None:
             return 0
@@ -811,6 +818,7 @@ class MessageStore:
 
     async def earliest_store_time(self, topic: str, queue_id: int) -> int:
         """The store time of a queue's first kept message; −1 if it has none."""
+        self._check_readable()
         queue = self.queues.get(topic, queue_id)
         if queue is None or queue.min_offset >= queue.max_offset:
             return -1
@@ -826,6 +834,20 @@ class MessageStore:
             return record.store_timestamp(head)
         except (record.RecordError, CommitLogError):
             return -1
+
+    def _check_readable(self) -> None:
+        """A closed store has no queues: a read that reached it after it closed
+        (a long poll released by `stop`, a request the broker took just before
+        it stopped or changed its role) must not answer as if a queue were
+        empty, or a consumer would move its offset back to the queue's start.
+
+        Raises:
+            Unavailable: the store is closed; the reader retries (elsewhere).
+        """
+        if not self._opened:
+            raise Unavailable(
+                "the store is closed: the broker is stopping or changing its role; retry"
+            )
 
     async def wait_for_messages(
         self, topic: str, queue_id: int, queue_offset: int, timeout_s: float
