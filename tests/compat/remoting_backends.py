@@ -210,6 +210,7 @@ class FerryRemoting(RemotingBackend):
         self._namesrv: support.NamesrvProcess | None = None
         self._brokers: dict[tuple[str, int], support.BrokerServer] = {}
         self._channels: list[grpc.Channel] = []
+        self._proxy: support.ProxyProcess | None = None
         try:
             self._namesrv = support.NamesrvProcess(d / "namesrv").wait_ready()
             self.namesrv = self._namesrv.remoting_addr
@@ -280,14 +281,25 @@ class FerryRemoting(RemotingBackend):
             0.05,
         )
 
+    def proxy_endpoint(self) -> str:
+        """ferry's proxy (`python -m services.proxy`) in front of this name server, started
+        on first use: where RocketMQ 5 SDKs connect (ferry's back end only)."""
+        if self._proxy is None:
+            workdir = self.dir / "proxy"
+            workdir.mkdir(exist_ok=True)
+            self._proxy = support.ProxyProcess(workdir, self.namesrv)
+        return self._proxy.endpoint
+
     def kill(self, node: Node) -> None:
         self._brokers[(node.broker_name, node.broker_id)].kill()
 
     def stop(self) -> None:
-        """Brokers, then the name server, each by PID (each even when another's stop
-        fails)."""
+        """The proxy, the brokers, then the name server, each by PID (each even when
+        another's stop fails)."""
         for channel in self._channels:
             channel.close()
+        if self._proxy is not None:
+            self._proxy.stop()
         servers = list(self._brokers.values())
         errors = []
         if servers:
