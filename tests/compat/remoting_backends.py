@@ -262,6 +262,9 @@ class FerryRemoting(RemotingBackend):
             master = self._brokers[(name, 0)]
             keys["haMasterAddress"] = f"127.0.0.1:{master.ha_port}"
             keys["haReconnectInterval"] = 200
+            # Topics, groups and offsets from the master every second, not every 10 s: a
+            # topic a test just created is on the slave before the test kills the master.
+            keys["slaveSyncInterval"] = 1000
         server = support.BrokerServer(store, broker_options(store, self.namesrv, **keys))
         self._brokers[(name, broker_id)] = server
         try:
