@@ -3,6 +3,8 @@ protocol: Apache's Java client 4.9.8 (DefaultMQProducer, DefaultMQPushConsumer c
 and orderly, DefaultLitePullConsumer) and the Go client (rocketmq-client-go/v2), through the
 programs of tests/compat/clients.py, against every back end of tests/compat/remoting_backends
 (one ASYNC_MASTER). Each test waits on the programs' events with a bound, never a sleep.
+The tests marked `ferry_only` run on ferry alone: what the 4.x clients send read through
+ferry's other doors (ferry.v1, the v5 SDK through ferry's proxy), and the other way round.
 
 What holds on Apache is what ferry must do: these tests are the contract, and Apache RocketMQ
 4.9 is their oracle.
