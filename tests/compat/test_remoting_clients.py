@@ -476,7 +476,7 @@ def sdk_config(cluster) -> ClientConfiguration:
 def test_what_java_sent_is_read_over_ferry_v1_and_by_the_v5_sdk(cluster, tmp_path, names):
     topic = names("ToFerry")
     cluster.create_topic(topic, 2)
-    # Before the sends: a new v5 group starts at the end of the queues.
+    # Running before the sends, as an application's consumer would be.
     sdk = SimpleConsumer(sdk_config(cluster), names("gSdk"), {topic: FilterExpression("*")}, 2)
     sdk.startup()
     try:
