@@ -216,15 +216,15 @@ class FerryRemoting(RemotingBackend):
             self.namesrv = self._namesrv.remoting_addr
             self._ns_stub = namesrv_pb2_grpc.NameServerStub(self._channel(self._namesrv.addr))
             layout = _layout(topology)
-            masters = [(n, i, r) for n, i, r in layout if i == 0]
-            with ThreadPoolExecutor(len(masters)) as pool:
-                started = list(pool.map(lambda spec: self._start_broker(*spec), masters))
-            slaves = [(n, i, r) for n, i, r in layout if i != 0]
-            if slaves:
-                with ThreadPoolExecutor(len(slaves)) as pool:
-                    started += list(pool.map(lambda spec: self._start_broker(*spec), slaves))
-            for failure in [f for f in started if isinstance(f, BaseException)]:
-                raise failure
+            # The masters side by side, then their slaves (which need the masters' HA ports).
+            for wave in ([s for s in layout if s[1] == 0], [s for s in layout if s[1] != 0]):
+                if not wave:
+                    continue
+                with ThreadPoolExecutor(len(wave)) as pool:
+                    failures = list(pool.map(lambda spec: self._start_broker(*spec), wave))
+                for failure in failures:
+                    if failure is not None:
+                        raise failure
             self.nodes = [
                 Node(name, broker_id, b.remoting_addr)
                 for (name, broker_id), b in self._brokers.items()
@@ -301,19 +301,22 @@ class FerryRemoting(RemotingBackend):
         another's stop fails)."""
         for channel in self._channels:
             channel.close()
+        errors: list[Exception] = []
+
+        def stopping(stop: Callable[[], None]) -> None:
+            try:
+                stop()
+            except Exception as e:  # noqa: BLE001 - raised below, after the others
+                errors.append(e)
+
         if self._proxy is not None:
-            self._proxy.stop()
+            stopping(self._proxy.stop)
         servers = list(self._brokers.values())
-        errors = []
         if servers:
             with ThreadPoolExecutor(len(servers)) as pool:
-                for stopped in [pool.submit(s.stop) for s in servers]:
-                    try:
-                        stopped.result()
-                    except Exception as e:  # noqa: BLE001 - raised below, after the others
-                        errors.append(e)
+                list(pool.map(lambda server: stopping(server.stop), servers))
         if self._namesrv is not None:
-            self._namesrv.stop()
+            stopping(self._namesrv.stop)
         if errors:
             raise errors[0]
 

@@ -303,7 +303,10 @@ def test_orderly_consumers_keep_queue_order_across_a_join_and_a_leave(cluster, t
     )
     bad = [s for s in sends if s["status"] != "SEND_OK" or s["queueId"] != s["i"] % 4]
     assert len(sends) == total and not bad, bad
-    orderly = ("--orderly", "--consume-ms", "40")
+    # 80 ms a message, each queue in its own thread: the first member alone would take some
+    # 8 s, so the second (a JVM starting, seconds on a busy machine) joins while there is
+    # still work to hand over.
+    orderly = ("--orderly", "--consume-ms", "80")
     first = push_consumer(cluster, tmp_path, topic, group, *orderly, name="first").start()
     second = push_consumer(cluster, tmp_path, topic, group, *orderly, name="second")
     try:
