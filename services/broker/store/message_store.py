@@ -665,7 +665,17 @@ class MessageStore:
         only those below the confirm offset; `tag_hashes` filters by tags.
         `raw`: the records' bytes as stored (`GetResult.raw`) instead of
         decoded ones. `max_bytes` lowers the byte budget (maxPullBytes): the
-        first record is returned whatever its size, later ones while they fit."""
+        first record is returned whatever its size, later ones while they fit.
+
+        Raises:
+            Unavailable: the store is closed (a long poll woken by the broker's stop
+            gets here): no answer about the queue, whose tables are gone.
+        """
+        if not self._opened:
+            raise Unavailable(
+                "the broker is stopping or changing its role (its store is closed); pull "
+                "again from the same offset once a broker serves the queue"
+            )
         queue = self.queues.get(topic, queue_id)
         if queue is None:
             status = GetStatus.NO_NEW_MSG if queue_offset == 0 else GetStatus.OFFSET_ILLEGAL
