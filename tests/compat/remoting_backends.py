@@ -32,7 +32,7 @@ from typing import TypeVar
 
 import grpc
 
-from ferry.v1 import namesrv_pb2_grpc
+from ferry.v1 import namesrv_pb2_grpc, slave_sync_pb2, slave_sync_pb2_grpc
 from tests.apache import ApacheAdmin, ApacheBroker, ApacheNamesrv, JavaProcess
 from tests.conftest import broker_options, wait_for
 from tests.integration import support
@@ -262,8 +262,9 @@ class FerryRemoting(RemotingBackend):
             master = self._brokers[(name, 0)]
             keys["haMasterAddress"] = f"127.0.0.1:{master.ha_port}"
             keys["haReconnectInterval"] = 200
-            # Topics, groups and offsets from the master every second, not every 10 s: a
-            # topic a test just created is on the slave before the test kills the master.
+            # Topics, groups and offsets from the master every second from the start, not
+            # every 10 s after 3 s: create_topic waits for the slaves to have the topic.
+            keys["slaveSyncDelay"] = 0
             keys["slaveSyncInterval"] = 1000
         server = support.BrokerServer(store, broker_options(store, self.namesrv, **keys))
         self._brokers[(name, broker_id)] = server
@@ -274,6 +275,10 @@ class FerryRemoting(RemotingBackend):
         return None
 
     def create_topic(self, topic: str, queues: int = 4) -> None:
+        """Also waits for every slave to have copied the topic from its master: a slave
+        serves reads only of the topics it knows (as Apache's), and a test may kill the
+        master right away (Apache's slaves copy theirs in their first 3-13 s, while a test
+        is still waiting for its JVMs)."""
         masters = [self._brokers[(n.broker_name, 0)] for n in self.masters()]
         for b in masters:
             support.create_topic(self._channel(b.addr), topic, queues)
@@ -283,6 +288,17 @@ class FerryRemoting(RemotingBackend):
             f"{topic} on every master in the name server's route",
             0.05,
         )
+        for node in self.nodes:
+            if node.broker_id != 0:
+                stub = slave_sync_pb2_grpc.SlaveSyncStub(
+                    self._channel(self._brokers[(node.broker_name, node.broker_id)].addr)
+                )
+                wait_for(
+                    lambda stub=stub: topic in _topics(stub),
+                    30,
+                    f"{topic} on the slave {node}",
+                    0.05,
+                )
 
     def proxy_endpoint(self) -> str:
         """ferry's proxy (`python -m services.proxy`) in front of this name server, started
@@ -319,6 +335,15 @@ class FerryRemoting(RemotingBackend):
             stopping(self._namesrv.stop)
         if errors:
             raise errors[0]
+
+
+def _topics(stub: slave_sync_pb2_grpc.SlaveSyncStub) -> set[str]:
+    """The topics a broker holds (its SlaveSync table); none while it does not answer."""
+    try:
+        tables = stub.GetAllTopicConfig(slave_sync_pb2.GetAllTopicConfigRequest(), timeout=3)
+    except grpc.RpcError:
+        return set()
+    return set(tables.topic_config_table)
 
 
 def start_remoting_backend(name: str, topology: str, d: Path) -> RemotingBackend:
