@@ -20,6 +20,13 @@ answers go out in one socket write: one task, one use-case call and one write
 for the run instead of one per request. A run ends at a request of another
 code, so requests are handled in the order they came. A run of one is a run.
 
+A client that goes away: asyncio stops reading a socket at its first failed
+write (an answer to a client that has closed), while requests the client sent
+before it closed may still wait in the socket. Those whose effect outlives the
+connection (the server's `after_close` codes: a send, an offset commit) are
+read out and handled anyway, their answers going nowhere; the others are
+dropped, as after any close.
+
 The broker talks back over the same connection (`Connection.request` and
 `Connection.oneway`, e.g. NOTIFY_CONSUMER_IDS_CHANGED), with its own opaque
 counter; answers to those are matched here and never reach the handlers.
@@ -31,8 +38,9 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 import socket
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any, cast
 
 from ferry.remoting import codes
@@ -51,6 +59,8 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[["Connection", Command], Awaitable[Command | None]]
 MAX_IN_FLIGHT = 256
+# What is read out of a broken connection's socket at most (its kernel buffer holds less).
+LEFTOVER_LIMIT = 64 * 1024 * 1024
 
 
 class Batchable:
@@ -102,7 +112,9 @@ class Connection(asyncio.Protocol):
         self._server._opened(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._transport = None
+        transport, self._transport = self._transport, None
+        if exc is not None and transport is not None and self._server.after_close:
+            self._handle_leftovers(transport)
         for future in self._waiting.values():
             if not future.done():
                 future.set_exception(ConnectionError(f"connection to {self.remote} closed"))
@@ -128,8 +140,14 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._server.metrics.received(len(data))
+        self._buffer += data
+        self._frames()
+
+    def _frames(self, only: frozenset[int] | None = None) -> None:
+        """Dispatch every whole frame in the buffer (with `only`: just the
+        requests with those codes); a frame that breaks the protocol closes
+        the connection."""
         buffer = self._buffer
-        buffer += data
         pos = 0
         handlers = self._server.handlers
         run: list[Command] = []  # requests of one Batchable's code, back to back
@@ -141,6 +159,8 @@ class Connection(asyncio.Protocol):
                     break
                 command = decode(memoryview(buffer)[pos + 4 : pos + 4 + length])
                 pos += 4 + length
+                if only is not None and (command.is_response or command.code not in only):
+                    continue
                 handler = None if command.flag & FLAG_RESPONSE else handlers.get(command.code)
                 if type(handler) is Batchable:
                     if run and run[0].code != command.code:
@@ -164,6 +184,36 @@ class Connection(asyncio.Protocol):
                 del buffer[:pos]
         if run:
             self._dispatch_run(cast(Batchable, run_handler), run)
+
+    def _handle_leftovers(self, transport: asyncio.Transport) -> None:
+        """Read what the client sent before the connection broke and asyncio
+        stopped reading (see the module doc), and handle its `after_close`
+        requests. The socket is still open here: asyncio closes it after
+        connection_lost."""
+        sock = transport.get_extra_info("socket")
+        if sock is None:
+            return
+        try:
+            copy = socket.socket(fileno=os.dup(sock.fileno()))
+        except (OSError, ValueError):
+            return
+        read = 0
+        with copy:
+            copy.setblocking(False)
+            while read < LEFTOVER_LIMIT:
+                try:
+                    chunk = copy.recv(256 * 1024)
+                except OSError:  # nothing more (EAGAIN), or the reset itself
+                    break
+                if not chunk:
+                    break
+                self._buffer += chunk
+                read += len(chunk)
+        if read:
+            self._server.metrics.received(read)
+        # (A frame the close cut short stays unread; a malformed one ends the
+        # reading, as it would have closed the connection.)
+        self._frames(only=self._server.after_close)
 
     # ------------------------------------------------------------ requests in
 
@@ -323,8 +373,12 @@ class RemotingServer:
         metrics: RemotingMetrics | None = None,
         on_close: Callable[[Connection], None] | None = None,
         max_in_flight: int = MAX_IN_FLIGHT,
+        after_close: Collection[int] = (),
     ) -> None:
+        """`after_close`: the request codes still handled when the client sent
+        them just before its connection broke (see the module doc)."""
         self.name = name
+        self.after_close = frozenset(after_close)
         self.handlers: Mapping[int, Handler] = handlers
         self.metrics = metrics or RemotingMetrics(None, name)
         self.max_in_flight = max(2, max_in_flight)

@@ -82,6 +82,7 @@ from services.broker.metadata.metadata_log import MetadataLog
 from services.broker.metadata.tables import BrokerMetadata
 from services.broker.metrics import BrokerMetrics, BrokerStateCollector
 from services.broker.pop import PopConfig, PopService
+from services.broker.remoting import after_close as remoting_after_close
 from services.broker.remoting import connection_closed as remoting_connection_closed
 from services.broker.remoting import handlers as remoting_handlers
 from services.broker.remoting import housekeeping as remoting_housekeeping
@@ -148,7 +149,11 @@ def remoting_server(
     """The broker's RocketMQ-protocol server serving `handlers`. A `BrokerApp`
     builds its own; a failover node builds one for all its runs."""
     return RemotingServer(
-        "broker", handlers, metrics=RemotingMetrics(registry, "broker"), on_close=on_close
+        "broker",
+        handlers,
+        metrics=RemotingMetrics(registry, "broker"),
+        on_close=on_close,
+        after_close=remoting_after_close(),
     )
 
 

@@ -3,6 +3,8 @@ protocol: Apache's Java client 4.9.8 (DefaultMQProducer, DefaultMQPushConsumer c
 and orderly, DefaultLitePullConsumer) and the Go client (rocketmq-client-go/v2), through the
 programs of tests/compat/clients.py, against every back end of tests/compat/remoting_backends
 (one ASYNC_MASTER). Each test waits on the programs' events with a bound, never a sleep.
+The tests marked `ferry_only` run on ferry alone: what the 4.x clients send read through
+ferry's other doors (ferry.v1, the v5 SDK through ferry's proxy), and the other way round.
 
 What holds on Apache is what ferry must do: these tests are the contract, and Apache RocketMQ
 4.9 is their oracle.
@@ -16,7 +18,12 @@ from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, SimpleConsumer
+from rocketmq import Producer as SdkProducer
 
+from ferry.client.broker import Consumer as FerryConsumer
+from ferry.client.broker import Producer as FerryProducer
+from ferry.client.namesrv import NamesrvClient
 from tests.compat import clients
 from tests.compat.clients import Client
 from tests.compat.remoting_backends import BACKENDS, DELAY_S, SINGLE, start_remoting_backend
@@ -32,7 +39,16 @@ SYSTEM = {
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
+def pytest_generate_tests(metafunc):
+    """Each test runs on every back end, a `ferry_only` one on ferry's alone; one cluster
+    per back end for the module (pytest runs a back end's tests together)."""
+    if "cluster" in metafunc.fixturenames:
+        only = metafunc.definition.get_closest_marker("ferry_only")
+        backends = ["ferry"] if only else list(BACKENDS)
+        metafunc.parametrize("cluster", backends, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
 def cluster(request, tmp_path_factory):
     backend = start_remoting_backend(
         request.param, SINGLE, tmp_path_factory.mktemp(f"remoting-{request.param}")
@@ -287,7 +303,10 @@ def test_orderly_consumers_keep_queue_order_across_a_join_and_a_leave(cluster, t
     )
     bad = [s for s in sends if s["status"] != "SEND_OK" or s["queueId"] != s["i"] % 4]
     assert len(sends) == total and not bad, bad
-    orderly = ("--orderly", "--consume-ms", "40")
+    # 80 ms a message, each queue in its own thread: the first member alone would take some
+    # 8 s, so the second (a JVM starting, seconds on a busy machine) joins while there is
+    # still work to hand over.
+    orderly = ("--orderly", "--consume-ms", "80")
     first = push_consumer(cluster, tmp_path, topic, group, *orderly, name="first").start()
     second = push_consumer(cluster, tmp_path, topic, group, *orderly, name="second")
     try:
@@ -447,3 +466,113 @@ def test_java_reads_what_go_sent_and_go_reads_what_java_sent(cluster, tmp_path, 
             assert user_properties(e["properties"]) == {"seq": e["keys"].split("-")[-1],
                                                          "colour": "grün"}  # fmt: skip
             assert e["body"] == f"{e['keys']} payload"
+
+
+# ---------------------------------------------------------------- ferry's other doors
+
+
+def sdk_config(cluster) -> ClientConfiguration:
+    return ClientConfiguration(cluster.proxy_endpoint(), Credentials(), request_timeout=10)
+
+
+@pytest.mark.ferry_only("ferry.v1 and ferry's proxy are ferry's own doors to the same store")
+def test_what_java_sent_is_read_over_ferry_v1_and_by_the_v5_sdk(cluster, tmp_path, names):
+    topic = names("ToFerry")
+    cluster.create_topic(topic, 2)
+    # Running before the sends, as an application's consumer would be.
+    sdk = SimpleConsumer(sdk_config(cluster), names("gSdk"), {topic: FilterExpression("*")}, 2)
+    sdk.startup()
+    try:
+        props = ("--tag", "TagJ", "--prop", "colour=grün", "--prop", "trace-id=青-7f3a")
+        sends = produce_all(
+            [
+                producer(cluster, tmp_path, "jsync", topic, "sync", 4, *props),
+                producer(cluster, tmp_path, "jbatch", topic, "batch", 4, "--batch", "2", *props),
+            ]
+        )
+        every = {s["msgId"]: s for lines in sends.values() for s in lines}
+        assert len(every) == 8
+
+        def expected_properties(s: dict) -> dict[str, str]:
+            return {"seq": str(s["i"]), "colour": "grün", "trace-id": "青-7f3a"}
+
+        with (
+            NamesrvClient([cluster.namesrv], discover=True) as namesrv,
+            FerryConsumer(namesrv, names("gV1"), topic, from_beginning=True) as consumer,
+        ):
+            pulled = []
+            deadline = time.monotonic() + 30
+            while len(pulled) < len(every) and time.monotonic() < deadline:
+                pulled += consumer.poll(32, 500)
+        assert len(pulled) == len(every), pulled
+        for consumed in pulled:
+            m = consumed.message
+            s = every[m.properties["UNIQ_KEY"]]  # the Java client's message id
+            assert (m.topic, m.queue_id, m.queue_offset) == (topic, s["queueId"], s["queueOffset"])
+            assert m.msg_id == s["offsetMsgId"]
+            assert (m.tags, m.keys, m.body) == ("TagJ", s["key"], f"{s['key']} payload".encode())
+            assert user_properties(dict(m.properties)) == expected_properties(s), m
+
+        received = []
+        deadline = time.monotonic() + 30
+        while len(received) < len(every) and time.monotonic() < deadline:
+            for m in sdk.receive(32, 30):
+                received.append(m)
+                sdk.ack(m)
+        assert sorted(m.message_id for m in received) == sorted(every)
+        for m in received:
+            s = every[m.message_id]
+            assert (m.topic, m.tag, m.keys) == (topic, "TagJ", {s["key"]})
+            assert m.body == f"{s['key']} payload".encode()
+            assert m.properties == expected_properties(s), m
+    finally:
+        sdk.shutdown()
+
+
+@pytest.mark.ferry_only("ferry.v1 and ferry's proxy are ferry's own doors to the same store")
+def test_push_consumer_reads_what_ferry_v1_and_the_v5_sdk_sent(cluster, tmp_path, names):
+    topic = names("FromFerry")
+    cluster.create_topic(topic, 2)
+    ids: dict[str, str] = {}  # key -> the message id the sender was given
+    with (
+        NamesrvClient([cluster.namesrv], discover=True) as namesrv,
+        FerryProducer(namesrv) as v1,
+    ):
+        for i in range(4):
+            key = f"v1-{i}"
+            sent = v1.send(
+                topic,
+                f"{key} payload".encode(),
+                tags="TagV1",
+                keys=key,
+                properties={"seq": str(i), "colour": "grün"},
+            )
+            ids[key] = sent.result.msg_id
+    sdk = SdkProducer(sdk_config(cluster), (topic,))
+    sdk.startup()
+    try:
+        for i in range(4):
+            key = f"sdk-{i}"
+            m = Message()
+            m.topic, m.body, m.tag, m.keys = topic, f"{key} payload".encode(), "TagSdk", key
+            m.add_property("seq", str(i))
+            m.add_property("colour", "grün")
+            ids[key] = sdk.send(m).message_id
+    finally:
+        sdk.shutdown()
+
+    consumer = push_consumer(cluster, tmp_path, topic, names("gPush")).start()
+    try:
+        consumer.wait(
+            lambda c: {e["keys"] for e in successes(c)} >= set(ids), 30, "all eight messages"
+        )
+    finally:
+        consumer.stop()
+    got = by_msg_id(successes(consumer))
+    assert sorted(got) == sorted(ids.values())
+    for key, msg_id in ids.items():
+        [m] = got[msg_id]
+        assert (m["topic"], m["keys"], m["body"]) == (topic, key, f"{key} payload")
+        assert m["tags"] == ("TagV1" if key.startswith("v1") else "TagSdk")
+        assert m["reconsumeTimes"] == 0
+        assert user_properties(m["properties"]) == {"seq": key.split("-")[1], "colour": "grün"}

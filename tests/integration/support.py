@@ -479,6 +479,7 @@ class BrokerServer:
         self.grpc_port = 0
         self.remoting_port = 0
         self.metrics_port = -1
+        self.ha_port = 0
 
     def start(self, timeout_s: float = 30.0) -> BrokerServer:
         self.port_file.unlink(missing_ok=True)
@@ -501,6 +502,7 @@ class BrokerServer:
         self.grpc_port = info["grpc_port"]
         self.remoting_port = info["remoting_port"]
         self.metrics_port = info["metrics_port"]
+        self.ha_port = info["ha_port"]
         return self
 
     @property

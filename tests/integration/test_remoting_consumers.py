@@ -318,6 +318,29 @@ def test_a_suspended_pull_returns_when_a_message_arrives(door):
     assert [r.body for r in records(answer.body)] == [b"late"]
 
 
+def test_a_suspended_pull_keeps_the_consumers_offset_when_the_broker_stops(door):
+    # The broker stops while its RocketMQ door keeps the connection (as a failover member's
+    # listener does across roles): closing the store wakes every long poll, and the answer
+    # must not move the consumer. A Java or Go consumer takes OFFSET_MOVED's
+    # nextBeginOffset as its new offset and commits it: with 0, the next master would hand
+    # the whole queue out again.
+    for body in (b"one", b"two"):
+        door.send(body, queue_id=1)
+    client = door.connect()
+    pending = door.start_call(
+        client, codes.PULL_MESSAGE, consumerGroup=GROUP, topic=TOPIC, queueId=1,
+        queueOffset=2, maxMsgNums=32, sysFlag=0x2 | 0x4, commitOffset=0,
+        suspendTimeoutMillis=20_000, subscription="*", subVersion=0,
+    )  # fmt: skip
+    waiting = door.deps.store.long_polls._waiters
+    wait_for(lambda: door.loop.call(lambda: (TOPIC, 1) in waiting), what="the pull to wait")
+    door.broker.stop()
+    answer = pending.result(10)
+    assert answer.code == codes.SERVICE_NOT_AVAILABLE, (answer.code, answer.remark)
+    assert "stopping" in answer.remark
+    assert answer.ext["nextBeginOffset"] == "2"
+
+
 def test_a_suspended_pull_answers_not_found_after_its_timeout(door):
     client = door.connect()
     started = time.monotonic()

@@ -12,6 +12,7 @@ import pytest
 
 from ferry import record
 from ferry.runtime.clock import FakeClock
+from ferry.runtime.errors import Unavailable
 from services.broker.store import (
     FlushDiskType,
     GetStatus,
@@ -205,6 +206,25 @@ def test_long_poll_returns_when_a_message_is_dispatched(harness):
 
     result = harness.run(scenario())
     assert result.status is GetStatus.FOUND and result.records[0].body == b"hello"
+
+
+def test_a_long_poll_woken_by_the_stop_reads_nothing_from_the_closed_store(harness):
+    # Not "no such queue" (OFFSET_ILLEGAL at 0, which a consumer would take as its new
+    # offset): the store says it is closed.
+    store = harness.open()
+
+    async def scenario():
+        await store.put("T", 0, [msg(b"one"), msg(b"two")])
+        store.dispatcher.dispatch_all()
+        waiter = asyncio.create_task(store.wait_for_messages("T", 0, 2, 10.0))
+        await asyncio.sleep(0.01)
+        await store.stop()
+        await asyncio.wait_for(waiter, 5.0)
+        with pytest.raises(Unavailable, match="stopping"):
+            await store.get_messages("T", 0, 2, 10)
+
+    harness.run(scenario())
+    harness.store = None
 
 
 # ---------------------------------------------------------------- flushing

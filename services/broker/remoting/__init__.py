@@ -22,6 +22,26 @@ if TYPE_CHECKING:
     from services.broker.remoting.deps import Deps
 
 
+def after_close() -> frozenset[int]:
+    """The requests the broker's RemotingServer still handles when a client
+    sent them just before its connection broke (ferry.remoting.server): those
+    whose effect does not need the connection — sends (a oneway send is done,
+    for its client, once written), offset commits, send-backs, unregistering.
+    Not a heartbeat or a lock, which would tie the group to a closed channel."""
+    from ferry.remoting import codes
+
+    return frozenset(
+        {
+            codes.SEND_MESSAGE,
+            codes.SEND_MESSAGE_V2,
+            codes.SEND_BATCH_MESSAGE,
+            codes.UPDATE_CONSUMER_OFFSET,
+            codes.CONSUMER_SEND_MSG_BACK,
+            codes.UNREGISTER_CLIENT,
+        }
+    )
+
+
 def handlers(deps: Deps) -> dict[int, Handler]:
     """Every request code the broker serves over RocketMQ's protocol."""
     from services.broker.remoting import consumers, offsets, pulls, queries, sendback, sends
