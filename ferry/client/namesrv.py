@@ -39,10 +39,13 @@ _UNANSWERED = (
 class NoNameServerAnswered(Exception):
     """None of the name servers could be reached."""
 
-    def __init__(self, failures: Sequence[tuple[str, str]]) -> None:
+    def __init__(self, failures: Sequence[tuple[str, str]], dialled_as_given: bool = True) -> None:
+        """`dialled_as_given`: the addresses were dialled as gRPC addresses
+        (not discovered from RocketMQ-protocol ones), so one that answers
+        RocketMQ's protocol was the wrong kind of address."""
         tried = "; ".join(f"{addr}: {why}" for addr, why in failures)
         closed = [addr for addr, why in failures if "Socket closed" in why]
-        rocketmq = [addr for addr in closed if _speaks_rocketmq(addr)]
+        rocketmq = [addr for addr in closed if dialled_as_given and _speaks_rocketmq(addr)]
         if rocketmq:
             tls_hint = (
                 f" {', '.join(rocketmq)} speak RocketMQ's protocol, not ferry.v1 gRPC: give "
@@ -159,7 +162,7 @@ class NamesrvClient:
                 if exc.code() not in _UNANSWERED:
                     raise
                 failures.append((addr, _short(exc)))
-        raise NoNameServerAnswered(failures)
+        raise NoNameServerAnswered(failures, dialled_as_given=not self.discover)
 
     def call_each(self, method: str, request: Any) -> dict[str, Any]:
         """Call `method` on every name server: addr -> response, the RpcError,

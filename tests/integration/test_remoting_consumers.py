@@ -335,7 +335,15 @@ def test_a_suspended_pull_keeps_the_consumers_offset_when_the_broker_stops(door)
     waiting = door.deps.store.long_polls._waiters
     wait_for(lambda: door.loop.call(lambda: (TOPIC, 1) in waiting), what="the pull to wait")
     door.broker.stop()
-    answer = pending.result(10)
+    # A broker of its own closes its RocketMQ door when it stops (after its grace), so the
+    # client may see the connection close instead of an answer; an answer that does come
+    # must not move the consumer. (A failover member's listener outlives its runs: there
+    # the answer always comes, see test_failover_remoting.py; the store's refusal to read
+    # once closed is tests/unit/test_store.py's.)
+    try:
+        answer = pending.result(30)
+    except ConnectionError:
+        return
     assert answer.code == codes.SERVICE_NOT_AVAILABLE, (answer.code, answer.remark)
     assert "stopping" in answer.remark
     assert answer.ext["nextBeginOffset"] == "2"
