@@ -40,8 +40,19 @@ public final class LitePull49 {
     long timeout = cli.integer("timeout-ms", 30_000);
     long deadline = System.currentTimeMillis() + timeout;
 
-    DefaultLitePullConsumer consumer =
-        new DefaultLitePullConsumer(cli.text("group", "ferry-compat-lite"));
+    // Assign mode reading from the first offset without --group: a group of its own, which
+    // has no offsets, so the pull tasks start at the first offset (CONSUME_FROM_FIRST_OFFSET)
+    // with no seek. (A seek right after assign races with the pull tasks assign starts: a
+    // pull already in flight from offset 0 is delivered, then the seek reads it again.)
+    boolean freshFirst =
+        mode.equals("assign")
+            && cli.text("group", null) == null
+            && !"committed".equals(cli.text("from", "first"));
+    String group =
+        freshFirst
+            ? "ferry-compat-lite-" + ProcessHandle.current().pid() + "-" + System.nanoTime()
+            : cli.text("group", "ferry-compat-lite");
+    DefaultLitePullConsumer consumer = new DefaultLitePullConsumer(group);
     consumer.setNamesrvAddr(cli.required("namesrv"));
     consumer.setInstanceName("l49-" + ProcessHandle.current().pid());
     consumer.setVipChannelEnabled(false);
@@ -69,7 +80,7 @@ public final class LitePull49 {
       if (mode.equals("assign")) {
         Collection<MessageQueue> queues = queues(consumer, topic, deadline);
         consumer.assign(queues);
-        if (!"committed".equals(cli.text("from", "first"))) {
+        if (!freshFirst && !"committed".equals(cli.text("from", "first"))) {
           for (MessageQueue mq : queues) {
             consumer.seek(mq, 0);
           }
