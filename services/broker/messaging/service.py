@@ -604,38 +604,14 @@ class MessagingService:
         raw: bool = False,
         max_count: int = MAX_PULL_NUMS,
         max_bytes: int | None = None,
+        on_checked: Callable[[], None] | None = None,
     ) -> PullOutcome:
         """Up to `max_nums` messages (at most `max_count`, and `max_bytes`
         when given) of a queue from `queue_offset`, waiting up to
         `max_wait_ms` for one when there is none yet. `raw`: the records'
-        bytes as stored (RocketMQ's pull body), not decoded."""
-        tag_hashes = self.check_pull(
-            group, topic, queue_id, queue_offset, max_nums, max_wait_ms, sub_expression
-        )
-        count = min(max_nums or DEFAULT_PULL_NUMS, max_count, MAX_PULL_NUMS)
-        get = self.store.get_messages
-        result = await get(topic, queue_id, queue_offset, count, tag_hashes, raw, max_bytes)
-        if result.status is GetStatus.NO_NEW_MSG and max_wait_ms > 0:
-            await self.store.wait_for_messages(
-                topic, queue_id, queue_offset, min(max_wait_ms, MAX_WAIT_MS) / 1000
-            )
-            result = await get(topic, queue_id, queue_offset, count, tag_hashes, raw, max_bytes)
-        return PullOutcome(result, self._suggest(group, result))
-
-    def check_pull(
-        self,
-        group: str,
-        topic: str,
-        queue_id: int,
-        queue_offset: int,
-        max_nums: int,
-        max_wait_ms: int,
-        sub_expression: str = "",
-    ) -> frozenset[int] | None:
-        """Every check of `pull`, without reading: raises what `pull` would
-        raise for these arguments; returns the sub-expression's tag hashes.
-        (RocketMQ's pull commits the consumer's offset before it waits, and
-        only for a request that passes these.)"""
+        bytes as stored (RocketMQ's pull body), not decoded. `on_checked`:
+        called once the request has passed every check, before any read or
+        wait (RocketMQ's pull commits the consumer's offset there)."""
         check_name(group, "consumer_group")
         config = self.readable_topic(topic)
         self.check_queue(config, queue_id)
@@ -645,7 +621,18 @@ class MessagingService:
             raise InvalidArgument("max_msg_nums", f"{max_nums} is negative")
         if max_wait_ms < 0:
             raise InvalidArgument("max_wait_ms", f"{max_wait_ms} is negative")
-        return parse_sub_expression(sub_expression)
+        tag_hashes = parse_sub_expression(sub_expression)
+        if on_checked is not None:
+            on_checked()
+        count = min(max_nums or DEFAULT_PULL_NUMS, max_count, MAX_PULL_NUMS)
+        get = self.store.get_messages
+        result = await get(topic, queue_id, queue_offset, count, tag_hashes, raw, max_bytes)
+        if result.status is GetStatus.NO_NEW_MSG and max_wait_ms > 0:
+            await self.store.wait_for_messages(
+                topic, queue_id, queue_offset, min(max_wait_ms, MAX_WAIT_MS) / 1000
+            )
+            result = await get(topic, queue_id, queue_offset, count, tag_hashes, raw, max_bytes)
+        return PullOutcome(result, self._suggest(group, result))
 
     def _suggest(self, group: str, result: GetResult) -> int:
         """Which broker id the consumer should pull from next (RocketMQ's

@@ -163,21 +163,16 @@ async def _pull(deps: Deps, command: Command, header: PullHeader) -> Command:
         return command.answer(
             codes.SYSTEM_ERROR, SQL92_REFUSAL.format(type=kind), ext=_positions(command.ext)
         )
+    commit = None
     if header.commits and header.commit_offset >= 0 and not deps.config.is_slave:
-        # Stored at once, before any wait: an UPDATE_CONSUMER_OFFSET arriving
-        # while this pull waits must not be overwritten by this older offset.
-        messaging.check_pull(
-            header.group,
-            header.topic,
-            header.queue_id,
-            header.queue_offset,
-            max(header.max_msg_nums, 0),
-            header.suspend_timeout_ms if header.suspends else 0,
-            expression,
-        )
-        deps.metadata.consumer_offsets.commit(
-            header.group, header.topic, header.queue_id, header.commit_offset
-        )
+        # Stored once the pull has passed its checks, before any wait: an
+        # UPDATE_CONSUMER_OFFSET arriving while this pull waits must not be
+        # overwritten by this older offset.
+        def commit() -> None:
+            deps.metadata.consumer_offsets.commit(
+                header.group, header.topic, header.queue_id, header.commit_offset
+            )
+
     outcome = await messaging.pull(
         header.group,
         header.topic,
@@ -189,6 +184,7 @@ async def _pull(deps: Deps, command: Command, header: PullHeader) -> Command:
         raw=True,
         max_count=MAX_MESSAGES,
         max_bytes=MAX_BYTES,
+        on_checked=commit,
     )
     result = outcome.result
     code = _CODES[result.status]
