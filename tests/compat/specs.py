@@ -80,3 +80,13 @@ def pull_all(broker, topic: str, queue_ids) -> dict[tuple[int, int], broker_pb2.
                 found[(m.queue_id, m.queue_offset)] = m
             offset = answer.next_begin_offset
     return found
+
+
+def parametrize_cluster(metafunc, backends) -> None:
+    """A compat module's `pytest_generate_tests`: each test that takes `cluster` runs on
+    every one of `backends`, a `ferry_only` one on ferry's alone; one cluster per back end
+    for the module (pytest runs a back end's tests together)."""
+    if "cluster" in metafunc.fixturenames:
+        only = metafunc.definition.get_closest_marker("ferry_only")
+        chosen = ["ferry"] if only else list(backends)
+        metafunc.parametrize("cluster", chosen, indirect=True, scope="module")

@@ -27,6 +27,7 @@ from ferry.client.namesrv import NamesrvClient
 from tests.compat import clients
 from tests.compat.clients import Client
 from tests.compat.remoting_backends import BACKENDS, DELAY_S, SINGLE, start_remoting_backend
+from tests.compat.specs import parametrize_cluster
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -40,12 +41,7 @@ SYSTEM = {
 
 
 def pytest_generate_tests(metafunc):
-    """Each test runs on every back end, a `ferry_only` one on ferry's alone; one cluster
-    per back end for the module (pytest runs a back end's tests together)."""
-    if "cluster" in metafunc.fixturenames:
-        only = metafunc.definition.get_closest_marker("ferry_only")
-        backends = ["ferry"] if only else list(BACKENDS)
-        metafunc.parametrize("cluster", backends, indirect=True, scope="module")
+    parametrize_cluster(metafunc, BACKENDS)
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,7 @@ from ferry.client.broker import Producer as FerryProducer
 from ferry.client.namesrv import NamesrvClient
 from ferry.client.pop import PopConsumer
 from tests.compat.backends import BACKENDS, BROKER_MAX_BODY, start_backend
+from tests.compat.specs import parametrize_cluster
 from tests.conftest import wait_for
 from tests.integration import support
 
@@ -45,12 +46,7 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def pytest_generate_tests(metafunc):
-    """Each test runs on both back ends, a `ferry_only` one on ferry's alone; one cluster
-    per back end for the module (pytest runs a back end's tests together)."""
-    if "cluster" in metafunc.fixturenames:
-        only = metafunc.definition.get_closest_marker("ferry_only")
-        backends = ["ferry"] if only else list(BACKENDS)
-        metafunc.parametrize("cluster", backends, indirect=True, scope="module")
+    parametrize_cluster(metafunc, BACKENDS)
 
 
 @pytest.fixture(scope="module")
