@@ -21,9 +21,8 @@ from ferry.remoting.codec import (
     FLAG_ONEWAY,
     Command,
     RemotingProtocolError,
-    decode,
     encode,
-    frame_length,
+    next_frame,
 )
 
 
@@ -78,12 +77,8 @@ class RemotingClient(asyncio.Protocol):
         self._buffer += data
         pos = 0
         try:
-            while len(self._buffer) - pos >= 4:
-                length = frame_length(memoryview(self._buffer)[pos : pos + 4])
-                if len(self._buffer) - pos - 4 < length:
-                    break
-                command = decode(memoryview(self._buffer)[pos + 4 : pos + 4 + length])
-                pos += 4 + length
+            while (found := next_frame(self._buffer, pos)) is not None:
+                command, pos = found
                 self._arrived(command)
         except RemotingProtocolError:
             self.close()
@@ -142,14 +137,13 @@ def call(addr: str, command: Command, timeout: float = 5.0) -> Command:
         sock.sendall(encode(command))
         buffer = bytearray()
         while True:
-            if len(buffer) >= 4:
-                length = frame_length(buffer[:4])
-                if len(buffer) - 4 >= length:
-                    answer = decode(memoryview(buffer)[4 : 4 + length])
-                    if answer.is_response and answer.opaque == command.opaque:
-                        return answer
-                    del buffer[: 4 + length]
-                    continue
+            found = next_frame(buffer)
+            if found is not None:
+                answer, end = found
+                if answer.is_response and answer.opaque == command.opaque:
+                    return answer
+                del buffer[:end]
+                continue
             sock.settimeout(max(0.01, deadline - time.monotonic()))
             chunk = sock.recv(65536)
             if not chunk:

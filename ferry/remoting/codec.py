@@ -214,6 +214,20 @@ def frame_length(prefix: bytes | bytearray | memoryview) -> int:
     return length
 
 
+def next_frame(buffer: bytes | bytearray, pos: int = 0) -> tuple[Command, int] | None:
+    """The command whose frame (length word included) starts at `pos` of
+    `buffer`, and the position just past it; None while the frame is not
+    whole yet. Raises RemotingProtocolError as `frame_length` and `decode`."""
+    if len(buffer) - pos < 4:
+        return None
+    view = memoryview(buffer)
+    length = frame_length(view[pos : pos + 4])
+    end = pos + 4 + length
+    if len(buffer) < end:
+        return None
+    return decode(view[pos + 4 : end]), end
+
+
 def decode(frame: bytes | bytearray | memoryview) -> Command:
     """A command from the bytes after the length word."""
     if len(frame) < 4:

@@ -49,9 +49,8 @@ from ferry.remoting.codec import (
     FLAG_RESPONSE,
     Command,
     RemotingProtocolError,
-    decode,
     encode,
-    frame_length,
+    next_frame,
 )
 from ferry.remoting.metrics import RemotingMetrics
 
@@ -153,12 +152,8 @@ class Connection(asyncio.Protocol):
         run: list[Command] = []  # requests of one Batchable's code, back to back
         run_handler: Batchable | None = None
         try:
-            while len(buffer) - pos >= 4:
-                length = frame_length(memoryview(buffer)[pos : pos + 4])
-                if len(buffer) - pos - 4 < length:
-                    break
-                command = decode(memoryview(buffer)[pos + 4 : pos + 4 + length])
-                pos += 4 + length
+            while (found := next_frame(buffer, pos)) is not None:
+                command, pos = found
                 if only is not None and (command.is_response or command.code not in only):
                     continue
                 handler = None if command.flag & FLAG_RESPONSE else handlers.get(command.code)

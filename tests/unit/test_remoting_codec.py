@@ -353,3 +353,15 @@ def test_control_character_escapes_are_not_scrubbed():
              b'"x":"\\\\ud800"},"opaque":3}'  # fmt: skip
     command = codec.decode(struct.pack(">i", len(header)) + header)
     assert command.ext == {"i": "K\x01v\x02W\x01true", "b": "T", "x": "\\ud800"}
+
+
+def test_next_frame_waits_for_a_whole_frame_and_says_where_the_next_starts():
+    one, two = codec.encode(Command(1, opaque=1)), codec.encode(Command(2, opaque=2, body=b"x"))
+    buffer = one + two
+    for cut in range(len(one)):
+        assert codec.next_frame(buffer[:cut]) is None
+    first, end = codec.next_frame(buffer)
+    assert (first.code, end) == (1, len(one))
+    second, end = codec.next_frame(buffer, end)
+    assert (second.code, second.body, end) == (2, b"x", len(buffer))
+    assert codec.next_frame(buffer, end) is None
