@@ -147,7 +147,7 @@ class SendBack:
         """
         messaging = self.messaging
         config = await self.group(group)
-        self._check_writable()
+        self.messaging.check_broker_writable()
         if config.retry_queue_nums <= 0:
             return None
         data = await messaging.store.record_bytes(commit_offset)
@@ -195,21 +195,6 @@ class SendBack:
         else:
             self.sent_back += 1
         return SendBackOutcome(topic, level, message.reconsume_times + 1, status)
-
-    def _check_writable(self) -> None:
-        messaging = self.messaging
-        if messaging.is_slave:
-            raise PermissionDenied(
-                f"broker {messaging.broker_name} here is a SLAVE and takes no writes; send "
-                "messages back to its master"
-            )
-        if messaging.fence is not None:
-            messaging.fence(True)
-        perm = messaging.broker_permission()
-        if not perm & PERM_WRITE:
-            raise PermissionDenied(
-                f"broker {messaging.broker_name} is not writable (brokerPermission={perm})"
-            )
 
     async def _ensure_topic(self, topic: str, queue_nums: int) -> TopicConfig:
         config = self.messaging.topics.get(topic)

@@ -407,17 +407,9 @@ class MessagingService:
         )
         return dlq_topic(group), 0, (dead,)
 
-    def _writable(self, topic: str, create: bool = False) -> TopicConfig:
-        """The topic's config, if this broker takes sends to it now; with
-        `create`, a missing topic gets a new config (one queue, read-write),
-        which the caller creates once its send has passed every check."""
-        check_topic(topic)
-        if is_system_topic(topic):
-            raise InvalidArgument(
-                "topic",
-                f"{topic} is a system topic; send with the DELAY or {PROPERTY_TIMER_DELIVER_MS} "
-                "property instead",
-            )
+    def check_broker_writable(self) -> None:
+        """Raises PermissionDenied unless this broker takes writes now (a
+        master, not fenced, brokerPermission with WRITE)."""
         if self.is_slave:
             raise PermissionDenied(
                 f"broker {self.broker_name} here is a SLAVE and takes no writes; send to its master"
@@ -430,6 +422,19 @@ class MessagingService:
                 f"broker {self.broker_name} is not writable (brokerPermission={perm}); "
                 "it is being drained or is read-only"
             )
+
+    def _writable(self, topic: str, create: bool = False) -> TopicConfig:
+        """The topic's config, if this broker takes sends to it now; with
+        `create`, a missing topic gets a new config (one queue, read-write),
+        which the caller creates once its send has passed every check."""
+        check_topic(topic)
+        if is_system_topic(topic):
+            raise InvalidArgument(
+                "topic",
+                f"{topic} is a system topic; send with the DELAY or {PROPERTY_TIMER_DELIVER_MS} "
+                "property instead",
+            )
+        self.check_broker_writable()
         config = self.topics.get(topic)
         if config is None and create and self.create_topic is not None:
             config = TopicConfig(topic, read_queue_nums=1, write_queue_nums=1, perm=6)
