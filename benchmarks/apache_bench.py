@@ -99,6 +99,7 @@ from benchmarks.report import BenchResult, Figure, Target
 from ferry.v1 import broker_pb2, ha_admin_pb2, ha_admin_pb2_grpc
 from services.proxy.convert import timestamp
 from tests.apache import (
+    APACHE_FLOW_CONTROL,
     ROCKETMQ4_VERSION,
     ROCKETMQ5_VERSION,
     ApacheBroker,
@@ -436,6 +437,7 @@ def _apache_side(workdir: Path, groups: Sequence[str]) -> tuple[ApacheNamesrv, A
         # An empty receive answers at once, as ferry's does (Apache's default holds it
         # for at least 5 s, which would count in the last drain's time).
         proxy_settings={"grpcClientConsumerMinLongPollingTimeoutMillis": 0},
+        broker_settings=APACHE_FLOW_CONTROL,
     )
     write_apache_metadata(
         proxy.store_dir, {SEND_TOPIC: QUEUES, DRAIN_TOPIC: QUEUES}, groups, "NORMAL"
@@ -770,7 +772,11 @@ def _apache_copy(
         broker_name="repl",
         broker_id=1,
         role="SLAVE",
-        settings={"mappedFileSizeCommitLog": file_size, "haMasterAddress": master.ha_address},
+        settings={
+            "mappedFileSizeCommitLog": file_size,
+            "haMasterAddress": master.ha_address,
+            **APACHE_FLOW_CONTROL,
+        },
     )
     slave.port = free_port_pair()
     watcher = JavaProgram(
@@ -825,7 +831,7 @@ def replication(workdir: Path, plan: Plan, master_cpus, slave_cpus) -> Figure:
         name="apache-master",
         broker_name="repl",
         role="ASYNC_MASTER",
-        settings={"mappedFileSizeCommitLog": file_size},
+        settings={"mappedFileSizeCommitLog": file_size, **APACHE_FLOW_CONTROL},
     )
     first_file = f"{0:020d}"
     apache_master.commit_log_dir.mkdir(parents=True)
@@ -1083,7 +1089,8 @@ class ToolsCluster:
             name = f"bench-{role.split('_')[0].lower()}"
             masters[role] = ApacheBroker(
                 workdir / name, name=name, broker_name=name, role=role,
-                namesrv=namesrv.address, settings={"autoCreateTopicEnable": False},
+                namesrv=namesrv.address,
+                settings={"autoCreateTopicEnable": False, **APACHE_FLOW_CONTROL},
             )  # fmt: skip
             write_apache_metadata(masters[role].store_dir, dict.fromkeys(topics[role], QUEUES))
         sync = masters["SYNC_MASTER"]
@@ -1091,7 +1098,8 @@ class ToolsCluster:
         slave = ApacheBroker(
             workdir / "bench-sync-slave", name="bench-sync-slave", broker_name=sync.broker_name,
             broker_id=1, role="SLAVE", namesrv=namesrv.address,
-            settings={"autoCreateTopicEnable": False, "haMasterAddress": sync.ha_address},
+            settings={"autoCreateTopicEnable": False, "haMasterAddress": sync.ha_address,
+                      **APACHE_FLOW_CONTROL},
         )  # fmt: skip
         write_apache_metadata(slave.store_dir, dict.fromkeys(topics["SYNC_MASTER"], QUEUES))
         return cls(namesrv, masters, slave)

@@ -36,6 +36,18 @@ JAVA_PROPERTIES = (
     "-Drocketmq.client.unlockDelayTimeMills=1000",
 )
 STOP_TIMEOUT_S = 30.0
+JAVA_CLIENT_LOG = "home/logs/rocketmqlogs/rocketmq_client.log"  # under a Java program's directory
+
+
+def _described(what: str | Callable[[Client], str], client: Client) -> str:
+    return what if isinstance(what, str) else what(client)
+
+
+def _read_tail(path: Path, chars: int) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except FileNotFoundError:
+        return ""
 
 
 class Client:
@@ -88,9 +100,15 @@ class Client:
         with self._changed:
             return [e for e in self.events if e["event"] == event]
 
-    def wait(self, predicate: Callable[[Client], object], timeout_s: float, what: str):
+    def wait(
+        self,
+        predicate: Callable[[Client], object],
+        timeout_s: float,
+        what: str | Callable[[Client], str],
+    ):
         """Until `predicate(self)` is truthy; fails with what the program printed when the
-        time runs out or the program exits first."""
+        time runs out or the program exits first. `what` names the condition, or describes
+        what is still missing when it is a function (called only on failure)."""
         deadline = time.monotonic() + timeout_s
         with self._changed:
             while True:
@@ -98,11 +116,14 @@ class Client:
                 if value:
                     return value
                 if self._reader is not None and not self._reader.is_alive():
-                    raise AssertionError(f"{self.name} exited before {what}: {self.tail()}")
+                    raise AssertionError(
+                        f"{self.name} exited before {_described(what, self)}: {self.tail()}"
+                    )
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise AssertionError(
-                        f"timed out after {timeout_s}s waiting for {what}: {self.tail()}"
+                        f"timed out after {timeout_s}s waiting for {_described(what, self)}: "
+                        f"{self.tail()}"
                     )
                 self._changed.wait(min(left, 0.5))
 
@@ -145,12 +166,16 @@ class Client:
         return None if self._proc is None else self._proc.poll()
 
     def tail(self, chars: int = 3000) -> str:
+        """The last events, stderr and the Java client's own warnings (its log under the
+        program's home: rebalances, pull failures, flow control)."""
         out = "\n".join(json.dumps(e) for e in self.events[-15:])
-        try:
-            err = self.stderr_path.read_text(errors="replace")[-chars:]
-        except FileNotFoundError:
-            err = ""
-        return f"\n--- {self.name} printed (last events):\n{out}\n--- stderr:\n{err}"
+        err = _read_tail(self.stderr_path, chars)
+        log = _read_tail(self.directory / JAVA_CLIENT_LOG, 20 * chars)
+        warnings = "\n".join(line for line in log.splitlines() if " INFO " not in line)
+        return (
+            f"\n--- {self.name} printed (last events):\n{out}\n--- stderr:\n{err}"
+            f"\n--- client log, besides INFO:\n{warnings[-chars:]}"
+        )
 
     def __enter__(self) -> Client:
         return self.start() if self._proc is None else self

@@ -148,14 +148,21 @@ def test_java_producer_sends_arrive_once_with_their_properties(cluster, tmp_path
         cluster, tmp_path, topic, names("gB"), "--sub", "TagB", name="tagB"
     ).start()
     want_b = {s["msgId"] for name, lines in sends.items() for s in lines if tags[name] == "TagB"}
+    keys = {s["msgId"]: s["key"] for s in every}
+
+    def missing(c: Client, want) -> str:
+        return ", ".join(sorted(keys[m] for m in set(want) - {e["msgId"] for e in successes(c)}))
+
     try:
         all_tags.wait(
-            lambda c: {e["msgId"] for e in successes(c)} >= {s["msgId"] for s in every},
+            lambda c: not missing(c, keys),
             30,
-            "every message at the consumer",
+            lambda c: f"every message at the consumer (missing: {missing(c, keys)})",
         )
         only_b.wait(
-            lambda c: {e["msgId"] for e in successes(c)} >= want_b, 30, "every TagB message"
+            lambda c: not missing(c, want_b),
+            30,
+            lambda c: f"every TagB message (missing: {missing(c, want_b)})",
         )
     finally:
         all_tags.stop()
