@@ -46,6 +46,8 @@ import struct
 from collections.abc import Mapping
 from json.encoder import encode_basestring, encode_basestring_ascii  # type: ignore[attr-defined]
 
+import orjson
+
 from ferry.remoting.bodies import scrub
 
 MAX_FRAME = 16 * 1024 * 1024  # Apache's com.rocketmq.remoting.frameMaxLength
@@ -147,14 +149,42 @@ def encode(command: Command) -> bytes:
 
 def _encode_json(command: Command) -> bytes:
     """The header as `json.dumps(fields, separators=(",", ":"), ensure_ascii=False)`
-    writes it, keys in this order, built by hand (half the time; every send's answer
-    passes here)."""
+    writes it, keys in this order. orjson writes those same bytes in a quarter of the
+    time (every send's answer passes here); what it refuses (a lone surrogate, which
+    UTF-8 cannot carry; a value that is not yet a string) goes the hand-built way."""
+    fields: dict[str, object] = {"code": command.code}
+    if command.ext:
+        fields["extFields"] = command.ext
+    fields["flag"] = command.flag
+    fields["language"] = command.language
+    fields["opaque"] = command.opaque
+    if command.remark is not None:
+        fields["remark"] = command.remark
+    fields["serializeTypeCurrentRPC"] = "JSON"
+    fields["version"] = command.version
+    if _plain(fields):
+        try:
+            return orjson.dumps(fields)
+        except TypeError:  # a lone surrogate
+            pass
     try:
         return _json_header(command, encode_basestring).encode()
     except UnicodeEncodeError:
         # A lone surrogate (a JSON request can carry one as a \u escape, and
         # an answer may echo it): only the escaped form is valid UTF-8.
         return _json_header(command, encode_basestring_ascii).encode()
+
+
+def _plain(fields: dict[str, object]) -> bool:
+    """Every value as the header writes it: ints for the numbers (not bools), strings
+    for the rest and for every extField."""
+    for key in ("code", "flag", "opaque", "version"):
+        if type(fields[key]) is not int:
+            return False
+    if type(fields["language"]) is not str or type(fields.get("remark", "")) is not str:
+        return False
+    ext = fields.get("extFields")
+    return ext is None or all(type(v) is str for v in ext.values())  # type: ignore[attr-defined]
 
 
 def _json_header(command: Command, quote) -> str:
@@ -271,6 +301,40 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
 
 
 def _decode_json(header: bytes) -> Command:
+    """orjson parses the header when it is what every client writes: an object whose
+    numbers are ints and whose remark, language and extFields are strings (orjson turns
+    an int beyond 64 bits into a float, and refuses NaN, a BOM or a lone surrogate).
+    Anything else goes to the stdlib's lenient path, which decides it exactly as before."""
+    try:
+        fields = orjson.loads(header)
+    except orjson.JSONDecodeError:
+        return _decode_json_lenient(header)
+    if type(fields) is not dict:
+        return _decode_json_lenient(header)
+    ext = fields.get("extFields")
+    if ext is None:
+        ext = {}
+    elif type(ext) is not dict or not all(type(v) is str for v in ext.values()):
+        return _decode_json_lenient(header)
+    code = fields.get("code")
+    opaque = fields.get("opaque", 0)
+    flag = fields.get("flag", 0)
+    version = fields.get("version", 0)
+    remark = fields.get("remark")
+    language = fields.get("language", "JAVA")
+    if (
+        type(code) is not int
+        or type(opaque) is not int
+        or type(flag) is not int
+        or type(version) is not int
+        or (remark is not None and type(remark) is not str)
+        or type(language) is not str
+    ):
+        return _decode_json_lenient(header)
+    return Command(code, opaque, flag, ext, b"", remark, language, version, JSON)
+
+
+def _decode_json_lenient(header: bytes) -> Command:
     try:
         fields = json.loads(header)
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError

@@ -32,6 +32,9 @@ from typing import TypeVar
 
 import grpc
 
+from ferry.remoting import codes
+from ferry.remoting.client import call
+from ferry.remoting.codec import Command
 from ferry.v1 import namesrv_pb2_grpc, slave_sync_pb2, slave_sync_pb2_grpc
 from tests.apache import ApacheAdmin, ApacheBroker, ApacheNamesrv, JavaProcess
 from tests.conftest import broker_options, wait_for
@@ -160,8 +163,22 @@ class ApacheRemoting(RemotingBackend):
         wait_for(registered, timeout_s, f"{sorted(groups)} registered with the name server", 0.1)
 
     def create_topic(self, topic: str, queues: int = 4) -> None:
+        """On every master (mqadmin's updateTopic), then until every slave has it, as
+        ferry's backend waits for its slaves: a 4.9 slave copies its master's topics
+        every 10 s (and refuses to create one itself), and a slave without the topic
+        answers its consumers 17 (topic not exist) for good once its master is dead."""
         assert self._admin is not None
         self._admin.call(op="topic", topic=topic, queues=queues)
+        quoted = f'"{topic}"'.encode()
+        for (_, broker_id), broker in self._brokers.items():
+            if broker_id == 0:
+                continue
+
+            def copied(addr: str = broker.address) -> bool:
+                answer = call(addr, Command(codes.GET_ALL_TOPIC_CONFIG), timeout=10)
+                return answer.code == codes.SUCCESS and quoted in answer.body
+
+            wait_for(copied, 60, f"{topic} on the slave {broker.address}", 0.5)
 
     def kill(self, node: Node) -> None:
         self._brokers[(node.broker_name, node.broker_id)].kill()

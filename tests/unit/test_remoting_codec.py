@@ -365,3 +365,53 @@ def test_next_frame_waits_for_a_whole_frame_and_says_where_the_next_starts():
     second, end = codec.next_frame(buffer, end)
     assert (second.code, second.body, end) == (2, b"x", len(buffer))
     assert codec.next_frame(buffer, end) is None
+
+
+json_scalar = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True),
+    any_text,
+)  # fmt: skip
+
+
+@st.composite
+def json_headers(draw) -> bytes:
+    """JSON headers as clients write them and as they should not: numbers as floats or
+    beyond 64 bits, extField values of any JSON type, lone surrogate escapes, fields
+    missing, whitespace and a BOM."""
+    fields: dict[str, object] = {}
+    for key in ("code", "opaque", "flag", "version"):
+        if draw(st.integers(0, 9)):
+            fields[key] = draw(st.one_of(st.integers(-(2**31), 2**31 - 1), json_scalar))
+    if draw(st.booleans()):
+        fields["language"] = draw(st.one_of(st.sampled_from(codec.LANGUAGES), json_scalar))
+    if draw(st.booleans()):
+        fields["remark"] = draw(json_scalar)
+    if draw(st.booleans()):
+        fields["extFields"] = draw(
+            st.one_of(
+                st.dictionaries(any_text, any_text, max_size=5),
+                st.dictionaries(any_text, json_scalar, max_size=5),
+                json_scalar,
+            )
+        )
+    text = json.dumps(fields, ensure_ascii=draw(st.booleans()))
+    if draw(st.integers(0, 9)) == 0:
+        text = " " + text + "\n"
+    raw = text.encode("utf-8", "surrogatepass") if not text.isascii() else text.encode()
+    return (b"\xef\xbb\xbf" if draw(st.integers(0, 19)) == 0 else b"") + raw
+
+
+def _decoded(decoder, header: bytes):
+    try:
+        c = decoder(header)
+    except RemotingProtocolError:
+        return "refused"
+    return (c.code, c.opaque, c.flag, c.ext, c.remark, c.language, c.version)
+
+
+@given(json_headers())
+@settings(max_examples=500, deadline=None)
+def test_orjson_decodes_json_headers_as_the_stdlib_path_does(header):
+    """The fast path (orjson) only ever answers what the lenient stdlib path would:
+    the same command, or the same refusal."""
+    assert _decoded(codec._decode_json, header) == _decoded(codec._decode_json_lenient, header)

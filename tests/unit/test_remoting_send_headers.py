@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ferry.remoting import batch, codes
@@ -16,6 +16,8 @@ from services.broker.remoting.convert import BadRequest
 from services.broker.remoting.sends import (
     LONG_NAMES,
     SHORT_NAMES,
+    _parse_checked,
+    _parse_plain,
     born_host,
     kept_sys_flag,
     messages_of,
@@ -90,6 +92,44 @@ def test_malformed_fields_are_named_by_their_long_names(field, value, named):
 def test_any_field_values_parse_or_raise_invalid_argument(garbage):
     with contextlib.suppress(InvalidArgument):
         parse_header({**V2, **garbage}, SHORT_NAMES)
+
+
+field_value = st.one_of(
+    st.text(max_size=30),
+    st.integers(-5, 5).map(str),
+    st.sampled_from([2**31 - 1, 2**31, -(2**31), -(2**31) - 1, 2**63 - 1, 2**63]).map(str),
+    st.integers(-(2**64), 2**64).map(str),
+    st.sampled_from(["", " 7", "0x10", "1_0", "+3", "-0", "TRUE", "true", "false", "\u0663"]),
+    st.text("0", min_size=20, max_size=30),  # long but small: refused
+)
+
+
+@given(
+    st.dictionaries(st.sampled_from(sorted(V2)), field_value, max_size=2),
+    st.sets(st.sampled_from(sorted(V2)), max_size=2),
+    st.sampled_from([SHORT_NAMES, LONG_NAMES]),
+)
+@settings(max_examples=500)
+def test_the_plain_path_returns_what_the_checked_path_does(changes, removed, names):
+    """parse_header's fast path answers only what the field-by-field path would, and
+    leaves every refusal to it."""
+    ext = {k: v for k, v in {**V2, **changes}.items() if k not in removed}
+    ext = {names[long]: ext[short] for long, short in SHORT_NAMES.items() if short in ext}
+    try:
+        expected: object = _parse_checked(ext, names)
+    except FerryError as e:
+        expected = type(e)
+    try:
+        fast: object = _parse_plain(ext, names)
+    except Exception:  # noqa: BLE001 - any refusal hands the header to the checked path
+        return
+    assert fast == expected
+
+
+def test_the_plain_path_takes_the_common_header():
+    _parse_checked(V2, SHORT_NAMES)  # the group has been checked once
+    assert _parse_plain(V2, SHORT_NAMES) == _parse_checked(V2, SHORT_NAMES)
+    assert _parse_plain(V1, LONG_NAMES) == parse_header(V1, LONG_NAMES)
 
 
 def test_what_a_record_keeps_of_the_request():
