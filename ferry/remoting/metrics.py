@@ -50,7 +50,8 @@ class RemotingMetrics:
         ).labels(server)
         self._children: dict[tuple[int, int | None], object] = {}
 
-    def request(self, request_code: int, response_code: int | None) -> None:
+    def request(self, request_code: int, response_code: int | None, count: int = 1) -> None:
+        """`count` requests of `request_code` answered with `response_code`."""
         key = (request_code, response_code)
         child = self._children.get(key)
         if child is None:
@@ -60,7 +61,7 @@ class RemotingMetrics:
                 "none" if response_code is None else str(response_code),
             )
             self._children[key] = child
-        child.inc()  # type: ignore[attr-defined]
+        child.inc(count)  # type: ignore[attr-defined]
 
     def protocol_error(self) -> None:
         self._errors.inc()

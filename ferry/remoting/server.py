@@ -288,12 +288,16 @@ class Connection(asyncio.Protocol):
                     c.answer(codes.SYSTEM_ERROR, f"{type(e).__name__}: {e}") for c in commands
                 ]
             out = []
+            counts: dict[tuple[int, int | None], int] = {}  # one counter step per kind
             for command, answer in zip(commands, answers, strict=True):
-                self._server.metrics.request(command.code, None if answer is None else answer.code)
+                key = (command.code, None if answer is None else answer.code)
+                counts[key] = counts.get(key, 0) + 1
                 if answer is not None and not command.is_oneway:
                     answer.opaque = command.opaque
                     answer.serialize_type = command.serialize_type
                     out.append(answer)
+            for (code, answered), n in counts.items():
+                self._server.metrics.request(code, answered, n)
             self.write_many(out)
         finally:
             self._finished(len(commands))

@@ -290,6 +290,45 @@ class MessagingService:
         result = self.store.append_internal(store_topic, store_queue, encoded)
         return Staged(topic, result, started)
 
+    def stage_many(
+        self, sends: Sequence[tuple[str, int | None, Sequence[MessageLike], bool]]
+    ) -> list[Staged | FerryError]:
+        """A run of sends (topic, queue id or None, messages, batch) as they
+        arrived back to back, each checked on its own, a refusal taking its
+        place in the answer. The single plain messages among them are
+        appended together (`stage_each`); a batch, or a message to a retry
+        topic (which `stage` may route to the dead-letter topic), is staged
+        alone (`stage`) in its place in the order, after the single messages
+        that came before it. `settle` then waits once for all of them.
+
+        Raises Unavailable or StorageFault on a storage fault (nothing of the
+        call is answered).
+        """
+        out: list[Staged | FerryError | None] = [None] * len(sends)
+        singles: list[tuple[int, tuple[str, int | None, MessageLike]]] = []
+
+        def append_singles() -> None:
+            results = self.stage_each([send for _, send in singles])
+            for (i, _), result in zip(singles, results, strict=True):
+                out[i] = result
+            singles.clear()
+
+        for i, (topic, queue_id, messages, batch) in enumerate(sends):
+            if not batch and len(messages) == 1 and not topic.startswith(RETRY_TOPIC_PREFIX):
+                singles.append((i, (topic, queue_id, messages[0])))
+                continue
+            if singles:
+                append_singles()
+            try:
+                out[i] = self.stage(topic, queue_id, messages, batch)
+            except (errors.Unavailable, errors.StorageFault):
+                raise
+            except FerryError as exc:
+                out[i] = exc
+        if singles:
+            append_singles()
+        return out  # type: ignore[return-value]
+
     def stage_each(
         self, sends: Sequence[tuple[str, int | None, MessageLike]]
     ) -> list[Staged | FerryError]:

@@ -17,12 +17,11 @@ and MSG_REGION / TRACE_ON on every answer, errors included, since a Java
 producer reads the answer's extFields whatever its code.
 
 Runs (ferry.remoting.server's `Batchable`): the sends of one code that arrived
-back to back on a connection are checked one by one, the plain single messages
-among them appended together (`MessagingService.stage_each`: one append per
-queue, in their order), a batch or a send to a retry topic on its own
-(`stage`, as alone) in its place in the order, then one `settle` waits for
-the flush and the slave for all of them. A request refused is answered as it
-would be alone; the others go on.
+back to back on a connection are parsed one by one here and staged together by
+the use case (`MessagingService.stage_many`: the plain single messages appended
+together, a batch or a send to a retry topic on its own in its place in the
+order), then one `settle` waits for the flush and the slave for all of them. A
+request refused is answered as it would be alone; the others go on.
 """
 
 from __future__ import annotations
@@ -36,9 +35,8 @@ from ferry.model import check_name
 from ferry.remoting import batch, codes
 from ferry.remoting.codec import Command
 from ferry.remoting.server import Batchable, Connection, Handler
-from ferry.runtime.errors import FerryError, PermissionDenied, StorageFault, Unavailable
+from ferry.runtime.errors import FerryError, PermissionDenied
 from services.broker.messaging.service import (
-    RETRY_TOPIC_PREFIX,
     OutgoingMessage,
     SendOutcome,
     SendStatus,
@@ -347,52 +345,40 @@ class Sends:
     async def send_many(
         self, connection: Connection, requests: list[Command]
     ) -> list[Command | None]:
-        """A run of sends (one code): each checked alone, appended together, settled
-        once. The answers, in the requests' order."""
+        """A run of sends (one code): each checked alone, staged together
+        (`MessagingService.stage_many`), settled once. The answers, in the
+        requests' order."""
         names = LONG_NAMES if requests[0].code == codes.SEND_MESSAGE else SHORT_NAMES
         messaging = self.deps.messaging
-        answers: list[Command | None] = [None] * len(requests)
-        staged: dict[int, tuple[Staged, SendHeader, bool]] = {}
-        singles: list[tuple[int, SendHeader, bool, OutgoingMessage]] = []
-
-        def append_singles() -> None:
-            results = messaging.stage_each([(h.topic, h.queue_id, m) for _, h, _, m in singles])
-            for (i, header, wait, _), result in zip(singles, results, strict=True):
-                if isinstance(result, FerryError):
-                    answers[i] = error_answer(requests[i], result, ANSWER_EXT)
-                else:
-                    staged[i] = (result, header, wait)
-            singles.clear()
-
         try:
             self.deps.gate.check()
-            for i, request in enumerate(requests):
-                try:
-                    header = parse_header(request.ext, names)
-                    messages, wait, is_batch = messages_of(request, header, connection.remote)
-                except FerryError as exc:
-                    answers[i] = error_answer(request, exc, ANSWER_EXT)
-                    continue
-                if not is_batch and not header.topic.startswith(RETRY_TOPIC_PREFIX):
-                    singles.append((i, header, wait, messages[0]))
-                    continue
-                if singles:
-                    append_singles()
-                try:
-                    one = messaging.stage(header.topic, header.queue_id, messages, is_batch)
-                except (Unavailable, StorageFault):  # nothing more is taken
-                    raise
-                except FerryError as exc:
-                    answers[i] = error_answer(request, exc, ANSWER_EXT)
-                    continue
-                staged[i] = (one, header, wait)
-            if singles:
-                append_singles()
-        except FerryError as exc:  # the gate, a storage fault, a fence: every one unanswered
+        except FerryError as exc:
+            return [error_answer(r, exc, ANSWER_EXT) for r in requests]
+        answers: list[Command | None] = [None] * len(requests)
+        parsed: list[tuple[int, SendHeader, bool]] = []
+        sends: list[tuple[str, int | None, list[OutgoingMessage], bool]] = []
+        for i, request in enumerate(requests):
+            try:
+                header = parse_header(request.ext, names)
+                messages, wait, is_batch = messages_of(request, header, connection.remote)
+            except FerryError as exc:
+                answers[i] = error_answer(request, exc, ANSWER_EXT)
+                continue
+            parsed.append((i, header, wait))
+            sends.append((header.topic, header.queue_id, messages, is_batch))
+        try:
+            results = messaging.stage_many(sends)
+        except FerryError as exc:  # a storage fault, a fence: every one unanswered
             return [
                 a or error_answer(r, exc, ANSWER_EXT)
                 for a, r in zip(answers, requests, strict=True)
             ]
+        staged: dict[int, tuple[Staged, SendHeader, bool]] = {}
+        for (i, header, wait), result in zip(parsed, results, strict=True):
+            if isinstance(result, FerryError):
+                answers[i] = error_answer(requests[i], result, ANSWER_EXT)
+            else:
+                staged[i] = (result, header, wait)
         for wait in (False, True):
             members = [i for i, (_, _, w) in staged.items() if w is wait]
             if not members:
