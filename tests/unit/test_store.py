@@ -208,6 +208,37 @@ def test_long_poll_returns_when_a_message_is_dispatched(harness):
     assert result.status is GetStatus.FOUND and result.records[0].body == b"hello"
 
 
+def test_a_sync_masters_long_poll_waits_for_its_own_message_to_be_confirmed(harness):
+    """With confirmed visibility (a SYNC_MASTER), a pull waiting at offset 1 returns only
+    once the message at offset 1 is confirmed: not when a later one is dispatched, and
+    not when the confirm offset moves past offset 0 alone (it would read nothing there,
+    answer NOT_FOUND and come straight back)."""
+    confirmed = [0]
+    store = MessageStore(config(harness.root), FakeClock(), confirmed=lambda: confirmed[0])
+    harness.store = store
+    store.open()
+    harness.run(store.start())
+
+    async def scenario():
+        results = [await store.put("T", 0, [msg(body(i))]) for i in range(3)]
+        store.dispatcher.dispatch_all()
+        confirmed[0] = results[0].end_offset  # offset 0 visible, 1 and 2 not
+        assert (await store.get_messages("T", 0, 1, 10)).status is GetStatus.NO_NEW_MSG
+        waiter = asyncio.create_task(store.wait_for_messages("T", 0, 1, 10.0))
+        await asyncio.sleep(0)
+        store.notify_confirmed()  # what HA calls when the confirm offset moves
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert not waiter.done(), "woken while the message at offset 1 is unconfirmed"
+        confirmed[0] = results[1].end_offset
+        store.notify_confirmed()
+        await asyncio.wait_for(waiter, 5.0)
+        return await store.get_messages("T", 0, 1, 10)
+
+    result = harness.run(scenario())
+    assert result.status is GetStatus.FOUND and [r.queue_offset for r in result.records] == [1]
+
+
 def test_a_long_poll_woken_by_the_stop_reads_nothing_from_the_closed_store(harness):
     # Not "no such queue" (OFFSET_ILLEGAL at 0, which a consumer would take as its new
     # offset): the store says it is closed.

@@ -4,7 +4,7 @@ polling thread).
 
 The dispatcher calls `notify(keys)` for the queues it wrote; HA calls
 `notify_all()` when the confirmed offset moves (a SYNC_MASTER shows only what
-a slave has). Waiters re-check `visible_max` when woken, and at least every
+a slave has). Waiters re-check `visible_at` when woken, and at least every
 second. Event-loop thread only.
 """
 
@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable
 
 
 class LongPolls:
-    def __init__(self, visible_max: Callable[[str, int], int]) -> None:
-        self.visible_max = visible_max
+    def __init__(self, visible_at: Callable[[str, int, int], bool]) -> None:
+        self.visible_at = visible_at  # (topic, queue id, offset): a pull there has an answer
         self._waiters: dict[tuple[str, int], list[asyncio.Future]] = {}
         self.open = True
 
@@ -25,7 +25,7 @@ class LongPolls:
         """Return when the queue has a visible message at `queue_offset`, or after `timeout_s`."""
         deadline = time.monotonic() + timeout_s
         while self.open:
-            if self.visible_max(topic, queue_id) > queue_offset:
+            if self.visible_at(topic, queue_id, queue_offset):
                 return
             remaining = deadline - time.monotonic()
             if remaining <= 0:

@@ -221,7 +221,7 @@ class MessageStore:
             self._lock.release()
             raise
         self.queues = ConsumeQueues(config.consume_queue_dir, config.consume_queue_entries_per_file)
-        self.long_polls = LongPolls(self._visible_max)
+        self.long_polls = LongPolls(self._visible_at)
         self.replica_log = StoreReplicaLog(self)
         self.dispatcher = Dispatcher(
             self.commit_log,
@@ -861,17 +861,19 @@ class MessageStore:
         """The confirm offset moved (HA): wake every long poll to re-check."""
         self.long_polls.notify_all()
 
-    def _visible_max(self, topic: str, queue_id: int) -> int:
+    def _visible_at(self, topic: str, queue_id: int, queue_offset: int) -> bool:
+        """Whether a pull from `queue_offset` has something to answer now: a message
+        consumers may see there, or an offset the reader must correct (below the
+        queue's first). On a SYNC_MASTER the message at `queue_offset` itself must be
+        confirmed: one past the confirm offset would be read as nothing, and a pull
+        woken for it answers NOT_FOUND and comes straight back."""
         queue = self.queues.get(topic, queue_id)
-        if queue is None or queue.max_offset == queue.min_offset:
-            return queue.max_offset if queue else 0
-        if self._confirmed is None:
-            return queue.max_offset
-        confirm = self.confirm_offset
-        offset, size, _ = queue.entry(queue.max_offset - 1)
-        if offset + size <= confirm:
-            return queue.max_offset
-        return queue.max_offset - 1  # not all visible: let the reader re-check
+        if queue is None or queue_offset >= queue.max_offset:
+            return False
+        if self._confirmed is None or queue_offset < queue.min_offset:
+            return True
+        offset, size, _ = queue.entry(queue_offset)
+        return offset + size <= self.confirm_offset
 
     # ------------------------------------------------------------ for the layers above
     # What messaging, metadata, metrics and the app read of the store's parts:
