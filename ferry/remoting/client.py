@@ -4,7 +4,8 @@ RocketMQ's clients; this is not one of those.)
 
 `RemotingClient` pipelines requests on one connection and matches answers by
 opaque; requests the server sends (e.g. NOTIFY_CONSUMER_IDS_CHANGED) go to
-`on_request`. `call` is the blocking one-shot form for command-line tools.
+`on_request`. `call` is the blocking one-shot form for command-line tools, and
+`recv_command` reads the next command off any blocking socket.
 """
 
 from __future__ import annotations
@@ -137,15 +138,26 @@ def call(addr: str, command: Command, timeout: float = 5.0) -> Command:
         sock.sendall(encode(command))
         buffer = bytearray()
         while True:
-            found = next_frame(buffer)
-            if found is not None:
-                answer, end = found
-                if answer.is_response and answer.opaque == command.opaque:
-                    return answer
-                del buffer[:end]
-                continue
+            try:
+                answer = recv_command(sock, buffer, deadline)
+            except ConnectionError:
+                raise ConnectionError(f"{addr} closed the connection without answering") from None
+            if answer.is_response and answer.opaque == command.opaque:
+                return answer
+
+
+def recv_command(sock: socket.socket, buffer: bytearray, deadline: float | None = None) -> Command:
+    """The next whole command on a blocking socket. `buffer` holds what was read
+    past it: pass the same one for the next. ConnectionError when the peer
+    closes first; TimeoutError past `deadline` (time.monotonic()), else after the
+    socket's own timeout; RemotingProtocolError for a frame that does not decode."""
+    while (found := next_frame(buffer)) is None:
+        if deadline is not None:
             sock.settimeout(max(0.01, deadline - time.monotonic()))
-            chunk = sock.recv(65536)
-            if not chunk:
-                raise ConnectionError(f"{addr} closed the connection without answering")
-            buffer += chunk
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("the peer closed the connection")
+        buffer += chunk
+    command, end = found
+    del buffer[:end]
+    return command

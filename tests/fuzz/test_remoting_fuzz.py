@@ -797,16 +797,14 @@ class Wire:
         of the server's own (a broker's NOTIFY_CONSUMER_IDS_CHANGED) are set
         aside in `requests`."""
         while True:
-            if len(self.buffer) >= 4:
-                length = codec.frame_length(self.buffer[:4])
-                if len(self.buffer) >= 4 + length:
-                    frame = bytes(self.buffer[4 : 4 + length])
-                    del self.buffer[: 4 + length]
-                    command = codec.decode(frame)
-                    if command.is_response:
-                        return command
-                    self.requests.append(command)
-                    continue
+            found = codec.next_frame(self.buffer)
+            if found is not None:
+                command, end = found
+                del self.buffer[:end]
+                if command.is_response:
+                    return command
+                self.requests.append(command)
+                continue
             chunk = self.sock.recv(1 << 20)
             if not chunk:
                 raise ConnectionError("the server closed the connection")

@@ -16,7 +16,8 @@ import pytest
 
 from ferry.model import SCHEDULE_TOPIC
 from ferry.remoting import codes
-from ferry.remoting.codec import Command, decode, encode, frame_length
+from ferry.remoting.client import recv_command
+from ferry.remoting.codec import Command, encode
 from ferry.v1 import namesrv_pb2
 from tests.conftest import LoopThread, start_broker, start_namesrv, wait_for
 from tests.helpers import register_request
@@ -38,6 +39,7 @@ class Conn:
     def __init__(self, addr: str) -> None:
         host, _, port = addr.rpartition(":")
         self.sock = socket.create_connection((host, int(port)), timeout=10)
+        self.buffer = bytearray()
         self.opaque = 0
 
     def request(self, code: int, ext: dict | None = None, body: bytes = b"") -> Command:
@@ -45,19 +47,9 @@ class Conn:
         command = Command(code, self.opaque, ext={k: str(v) for k, v in (ext or {}).items()})
         command.body = body
         self.sock.sendall(encode(command))
-        head = self._read(4)
-        answer = decode(memoryview(self._read(frame_length(head))))
+        answer = recv_command(self.sock, self.buffer)
         assert answer.is_response and answer.opaque == self.opaque
         return answer
-
-    def _read(self, n: int) -> bytes:
-        data = bytearray()
-        while len(data) < n:
-            chunk = self.sock.recv(n - len(data))
-            if not chunk:
-                raise ConnectionError("the name server closed the connection")
-            data += chunk
-        return bytes(data)
 
     def close(self) -> None:
         self.sock.close()

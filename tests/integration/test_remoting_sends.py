@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from ferry import record
 from ferry.model import SCHEDULE_TOPIC
 from ferry.remoting import batch, codec, codes
-from ferry.remoting.client import RemotingClient
+from ferry.remoting.client import RemotingClient, recv_command
 from ferry.remoting.codec import ROCKETMQ, Command
 from ferry.remoting.server import RemotingServer
 from ferry.runtime.clock import FakeClock
@@ -268,16 +268,10 @@ def test_a_run_of_sends_in_one_read_is_answered_each_as_alone(door: Door):
     answers: dict[int, Command] = {}
     with socket.create_connection((host, port), timeout=10) as sock:
         sock.sendall(b"".join(codec.encode(r) for r in requests))
-        data = b""
+        buffer = bytearray()
         while len(answers) < len(requests):
-            chunk = sock.recv(65536)
-            assert chunk, f"closed after {len(answers)} answers"
-            data += chunk
-            while len(data) >= 4 and len(data) - 4 >= codec.frame_length(data[:4]):
-                length = codec.frame_length(data[:4])
-                answer = codec.decode(data[4 : 4 + length])
-                data = data[4 + length :]
-                answers[answer.opaque] = answer
+            answer = recv_command(sock, buffer)
+            answers[answer.opaque] = answer
     codes_by_request = [answers[i].code for i in range(1, len(requests) + 1)]
     assert codes_by_request == [codes.SUCCESS, codes.SUCCESS, codes.TOPIC_NOT_EXIST,
                                 codes.MESSAGE_ILLEGAL, codes.SUCCESS, codes.SUCCESS,

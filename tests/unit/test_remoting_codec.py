@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ferry.remoting import bodies, codec, codes
-from ferry.remoting.client import RemotingClient, call
+from ferry.remoting.client import RemotingClient, call, recv_command
 from ferry.remoting.codec import Command, RemotingProtocolError
 from ferry.remoting.server import Batchable, RemotingServer
 from tests.conftest import LoopThread, wait_for
@@ -289,16 +289,10 @@ def test_runs_of_a_batchable_code_reach_its_handler_together_and_in_order():
 
     def answers(sock: socket.socket, count: int) -> dict[int, str]:
         got: dict[int, str] = {}
-        data = b""
+        buffer = bytearray()
         while len(got) < count:
-            chunk = sock.recv(65536)
-            assert chunk, f"closed after {len(got)} answers"
-            data += chunk
-            while len(data) >= 4 and len(data) - 4 >= codec.frame_length(data[:4]):
-                length = codec.frame_length(data[:4])
-                answer = codec.decode(data[4 : 4 + length])
-                data = data[4 + length :]
-                got[answer.opaque] = (answer.code, answer.ext.get("n"))
+            answer = recv_command(sock, buffer)
+            got[answer.opaque] = (answer.code, answer.ext.get("n"))
         return got
 
     try:
