@@ -119,9 +119,29 @@ def parse_header(ext: Mapping[str, str], names: Mapping[str, str]) -> SendHeader
         BadRequest: a field Apache requires is missing, or any field is malformed.
     """
     try:
-        return _parse_plain(ext, names)
+        fields = _parse_plain(ext, names)
     except (_NotPlain, KeyError, ValueError, BadRequest):
-        return _parse_checked(ext, names)
+        fields = _parse_checked(ext, names)
+    (group, topic, queue_id, sys_flag, born_timestamp, flag, properties, reconsume_times,
+     max_reconsume, batch) = fields  # fmt: skip
+    return SendHeader(
+        producer_group=group,
+        topic=topic,
+        queue_id=queue_id if queue_id >= 0 else None,
+        sys_flag=sys_flag,
+        born_timestamp=born_timestamp,
+        flag=flag,
+        properties=properties,
+        reconsume_times=reconsume_times,
+        max_reconsume_times=max_reconsume if max_reconsume >= 0 else None,
+        batch=batch,
+    )
+
+
+# The header's fields as sent: (producerGroup, topic, queueId (-1: the broker
+# picks), sysFlag, bornTimestamp, flag, properties, reconsumeTimes,
+# maxReconsumeTimes (-1: the group's), batch).
+_Fields = tuple[str, str, int, int, int, int, dict[str, str], int, int, bool]
 
 
 class _NotPlain(Exception):
@@ -141,9 +161,10 @@ def _number(value: str, low: int, high: int) -> int:
     return number
 
 
-def _parse_plain(ext: Mapping[str, str], names: Mapping[str, str]) -> SendHeader:
-    """The header when nothing in it needs a word: what `_parse_checked` returns for
-    it, or _NotPlain / KeyError / ValueError / BadRequest when it might say more."""
+def _parse_plain(ext: Mapping[str, str], names: Mapping[str, str]) -> _Fields:
+    """The header's fields when nothing in it needs a word: what `_parse_checked`
+    returns for it, or _NotPlain / KeyError / ValueError / BadRequest when it might
+    say more."""
     group = ext[names["producerGroup"]]
     topic = ext[names["topic"]]
     if not topic or group not in _GROUPS_CHECKED:
@@ -163,22 +184,13 @@ def _parse_plain(ext: Mapping[str, str], names: Mapping[str, str]) -> SendHeader
     value = get(names["maxReconsumeTimes"])
     max_reconsume = _number(value, low, high) if value else -1
     value = get(names["batch"])
-    return SendHeader(
-        producer_group=group,
-        topic=topic,
-        queue_id=queue_id if queue_id >= 0 else None,
-        sys_flag=sys_flag,
-        born_timestamp=born_timestamp,
-        flag=flag,
-        properties=properties,
-        reconsume_times=reconsume_times,
-        max_reconsume_times=max_reconsume if max_reconsume >= 0 else None,
-        batch=bool(value) and value.lower() == "true",
-    )
+    batch = bool(value) and value.lower() == "true"
+    return (group, topic, queue_id, sys_flag, born_timestamp, flag, properties,
+            reconsume_times, max_reconsume, batch)  # fmt: skip
 
 
-def _parse_checked(ext: Mapping[str, str], names: Mapping[str, str]) -> SendHeader:
-    """`parse_header` field by field, each refusal naming its field."""
+def _parse_checked(ext: Mapping[str, str], names: Mapping[str, str]) -> _Fields:
+    """The header's fields one by one, each refusal naming its field."""
     fields = {name: ext[key] for name, key in names.items() if key in ext}
     producer_group = text(fields, "producerGroup")
     check_name(producer_group, "producerGroup")
@@ -198,18 +210,8 @@ def _parse_checked(ext: Mapping[str, str], names: Mapping[str, str]) -> SendHead
     max_reconsume = integer(
         fields, "maxReconsumeTimes", required=False, default=-1, low=INT32[0], high=INT32[1]
     )
-    return SendHeader(
-        producer_group=producer_group,
-        topic=topic,
-        queue_id=queue_id if queue_id >= 0 else None,
-        sys_flag=sys_flag,
-        born_timestamp=born_timestamp,
-        flag=flag,
-        properties=properties,
-        reconsume_times=reconsume_times,
-        max_reconsume_times=max_reconsume if max_reconsume >= 0 else None,
-        batch=boolean(fields, "batch"),
-    )
+    return (producer_group, topic, queue_id, sys_flag, born_timestamp, flag, properties,
+            reconsume_times, max_reconsume, boolean(fields, "batch"))  # fmt: skip
 
 
 def parse_properties(raw: str | bytes, field: str = "properties") -> dict[str, str]:
