@@ -193,13 +193,22 @@ def test_record_bytes_only_where_a_record_starts(harness):
         assert harness.run(store.record_bytes(nowhere)) is None
 
 
+async def long_poll_waiting(store: MessageStore, key: tuple[str, int]) -> None:
+    """Yield to the loop until a long poll on `key` is waiting (a task's first step
+    runs at the loop's next turn)."""
+    for _ in range(100):
+        if key in store.long_polls._waiters:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"no long poll waiting on {key}")
+
+
 def test_long_poll_returns_when_a_message_is_dispatched(harness):
     store = harness.open()
 
     async def scenario():
         waiter = asyncio.create_task(store.wait_for_messages("T", 0, 0, 10.0))
-        await asyncio.sleep(0.01)
-        assert not waiter.done()
+        await long_poll_waiting(store, ("T", 0))
         await store.put("T", 0, [msg(b"hello")])
         await asyncio.wait_for(waiter, 5.0)  # the dispatcher wakes it, long before 10 s
         return await store.get_messages("T", 0, 0, 10)
@@ -225,7 +234,7 @@ def test_a_sync_masters_long_poll_waits_for_its_own_message_to_be_confirmed(harn
         confirmed[0] = results[0].end_offset  # offset 0 visible, 1 and 2 not
         assert (await store.get_messages("T", 0, 1, 10)).status is GetStatus.NO_NEW_MSG
         waiter = asyncio.create_task(store.wait_for_messages("T", 0, 1, 10.0))
-        await asyncio.sleep(0)
+        await long_poll_waiting(store, ("T", 0))
         store.notify_confirmed()  # what HA calls when the confirm offset moves
         await asyncio.sleep(0)
         await asyncio.sleep(0)
@@ -248,7 +257,7 @@ def test_a_long_poll_woken_by_the_stop_reads_nothing_from_the_closed_store(harne
         await store.put("T", 0, [msg(b"one"), msg(b"two")])
         store.dispatcher.dispatch_all()
         waiter = asyncio.create_task(store.wait_for_messages("T", 0, 2, 10.0))
-        await asyncio.sleep(0.01)
+        await long_poll_waiting(store, ("T", 0))
         await store.stop()
         await asyncio.wait_for(waiter, 5.0)
         with pytest.raises(Unavailable, match="stopping"):
