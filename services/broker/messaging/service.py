@@ -104,7 +104,7 @@ class MessageLike(Protocol):
     born_timestamp: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per send or pull, and frozen __init__ costs ~5x
 class OutgoingMessage:
     """A message to send. Beyond `MessageLike`, what RocketMQ's own protocol
     carries per message and the record keeps: `sys_flag` (the compression
@@ -126,7 +126,7 @@ class OutgoingMessage:
     max_reconsume_times: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: one per send or pull, and frozen __init__ costs ~5x
 class SendOutcome:
     status: SendStatus
     topic: str
@@ -136,7 +136,7 @@ class SendOutcome:
     msg_ids: list[str]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per send or pull, and frozen __init__ costs ~5x
 class Staged:
     """A send appended to the log and not yet waited for (`MessagingService.stage`)."""
 
@@ -160,7 +160,7 @@ class Staged:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: one per send or pull, and frozen __init__ costs ~5x
 class PullOutcome:
     result: GetResult
     suggest_which_broker_id: int = 0

@@ -91,7 +91,7 @@ STATUS_CODES = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per send or pull, and frozen __init__ costs ~5x
 class SendHeader:
     """A send request's header, checked."""
 
