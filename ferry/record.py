@@ -40,6 +40,8 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ferry.native import native as _native
+
 MESSAGE_MAGIC = 0xDAA320A7
 BLANK_MAGIC = 0xCBD43194
 BLANK_SIZE = 8  # the part of a BLANK marker that is written
@@ -95,6 +97,10 @@ def body_crc(body: bytes) -> int:
 
 
 def encode_properties(properties: Mapping[str, str]) -> bytes:
+    if _native is not None and type(properties) is dict:
+        encoded = _native.encode_properties(properties)
+        if encoded is not None:
+            return encoded
     text = "".join([f"{key}\x01{value}\x02" for key, value in properties.items()])
     # Exactly one separator of each kind per item unless a key or value holds one
     # (checked on the whole string: every send's properties pass here).
@@ -112,6 +118,10 @@ _SEPARATORS = frozenset((NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR))
 
 
 def decode_properties(data: bytes) -> dict[str, str]:
+    if _native is not None and type(data) is bytes:
+        decoded = _native.decode_properties(data)
+        if decoded is not None:
+            return decoded
     try:
         text = data.decode()
     except UnicodeDecodeError as exc:

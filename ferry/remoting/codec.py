@@ -35,6 +35,11 @@ The ROCKETMQ binary header:
 An answer goes back in the serialize type of its request. Every failure to
 decode is a `RemotingProtocolError`; the connection carrying it is closed
 without a reply.
+
+`ferry.native` (compiled, optional) reads the frames of a buffer and writes a
+JSON frame in one call each when it is installed; it takes only the common
+case (a JSON header as every client writes it) and hands anything else back to
+the Python below, which decides it as it would alone.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from json.encoder import encode_basestring, encode_basestring_ascii  # type: ign
 
 import orjson
 
+from ferry.native import native as _native
 from ferry.remoting.bodies import scrub
 
 MAX_FRAME = 16 * 1024 * 1024  # Apache's com.rocketmq.remoting.frameMaxLength
@@ -134,6 +140,13 @@ def _text(value: object) -> str:
 
 def encode(command: Command) -> bytes:
     """The whole frame for `command`, length prefix included."""
+    if _native is not None and command.serialize_type == JSON:
+        frame = _native.encode_json_frame(
+            command.code, command.opaque, command.flag, command.ext, command.body,
+            command.remark, command.language, command.version,
+        )  # fmt: skip
+        if frame is not None:
+            return frame
     if command.serialize_type == ROCKETMQ:
         header = _encode_binary(command)
     else:
@@ -256,6 +269,34 @@ def next_frame(buffer: bytes | bytearray, pos: int = 0) -> tuple[Command, int] |
     if len(buffer) < end:
         return None
     return decode(view[pos + 4 : end]), end
+
+
+def read_frames(
+    buffer: bytes | bytearray, pos: int = 0
+) -> tuple[list[Command], int, RemotingProtocolError | None]:
+    """Every whole frame of `buffer` from `pos` on: the commands, the position just
+    past the last of them, and the error that stopped the reading at that position
+    (None: the rest is a frame not yet whole). As `next_frame` in a loop."""
+    commands: list[Command] = []
+    if _native is None:
+        try:
+            while (found := next_frame(buffer, pos)) is not None:
+                command, pos = found
+                commands.append(command)
+        except RemotingProtocolError as e:
+            return commands, pos, e
+        return commands, pos, None
+    items, end, error = _native.decode_frames(buffer, pos)
+    for item in items:
+        if len(item) == 2:  # not the common case: decided here
+            start, stop = item
+            try:
+                commands.append(decode(bytes(buffer[start + 4 : stop])))
+            except RemotingProtocolError as e:
+                return commands, start, e
+        else:
+            commands.append(Command(*item))
+    return commands, end, None if error is None else RemotingProtocolError(error)
 
 
 def decode(frame: bytes | bytearray | memoryview) -> Command:

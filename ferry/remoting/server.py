@@ -50,7 +50,7 @@ from ferry.remoting.codec import (
     Command,
     RemotingProtocolError,
     encode,
-    next_frame,
+    read_frames,
 )
 from ferry.remoting.metrics import RemotingMetrics
 
@@ -145,40 +145,34 @@ class Connection(asyncio.Protocol):
     def _frames(self, only: frozenset[int] | None = None) -> None:
         """Dispatch every whole frame in the buffer (with `only`: just the
         requests with those codes); a frame that breaks the protocol closes
-        the connection."""
+        the connection, after the whole frames before it are served."""
         buffer = self._buffer
-        pos = 0
+        commands, pos, error = read_frames(buffer)
+        if pos:
+            del buffer[:pos]
         handlers = self._server.handlers
         run: list[Command] = []  # requests of one Batchable's code, back to back
         run_handler: Batchable | None = None
-        try:
-            while (found := next_frame(buffer, pos)) is not None:
-                command, pos = found
-                if only is not None and (command.is_response or command.code not in only):
-                    continue
-                handler = None if command.flag & FLAG_RESPONSE else handlers.get(command.code)
-                if type(handler) is Batchable:
-                    if run and run[0].code != command.code:
-                        self._dispatch_run(cast(Batchable, run_handler), run)
-                        run = []
-                    run.append(command)
-                    run_handler = handler
-                    continue
-                if run:
+        for command in commands:
+            if only is not None and (command.is_response or command.code not in only):
+                continue
+            handler = None if command.flag & FLAG_RESPONSE else handlers.get(command.code)
+            if type(handler) is Batchable:
+                if run and run[0].code != command.code:
                     self._dispatch_run(cast(Batchable, run_handler), run)
                     run = []
-                self._dispatch(command)
-        except RemotingProtocolError as e:
-            if run:  # whole frames before the bad one are served, as they would be alone
+                run.append(command)
+                run_handler = handler
+                continue
+            if run:
                 self._dispatch_run(cast(Batchable, run_handler), run)
-            self._server._protocol_error(self, e)
-            self.close()
-            return
-        finally:
-            if pos:
-                del buffer[:pos]
+                run = []
+            self._dispatch(command)
         if run:
             self._dispatch_run(cast(Batchable, run_handler), run)
+        if error is not None:
+            self._server._protocol_error(self, error)
+            self.close()
 
     def _handle_leftovers(self, transport: asyncio.Transport) -> None:
         """Read what the client sent before the connection broke and asyncio

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from ferry import record
 from ferry.model import check_name
 from ferry.remoting import batch, codes
-from ferry.remoting.codec import Command
+from ferry.remoting.codec import FLAG_RESPONSE, VERSION, Command
 from ferry.remoting.server import Batchable, Connection, Handler
 from ferry.runtime.errors import FerryError, PermissionDenied
 from services.broker.messaging.service import (
@@ -398,16 +398,25 @@ class Sends:
 
 
 def answer(request: Command, header: SendHeader, outcome: SendOutcome) -> Command:
-    return request.answer(
+    # Built here rather than by Command.answer: every value is a string already.
+    queue_id = header.queue_id if header.queue_id is not None else outcome.queue_id
+    return Command(
         STATUS_CODES[outcome.status],
-        ext={
+        request.opaque,
+        FLAG_RESPONSE,
+        {
             "msgId": ",".join(outcome.msg_ids),
             # The queue the producer chose, as Apache answers it, even when
             # the message waits elsewhere (DELAY) or went to the DLQ.
-            "queueId": header.queue_id if header.queue_id is not None else outcome.queue_id,
-            "queueOffset": outcome.queue_offset,
+            "queueId": str(queue_id),
+            "queueOffset": str(outcome.queue_offset),
             **ANSWER_EXT,
         },
+        b"",
+        None,
+        "JAVA",
+        VERSION,
+        request.serialize_type,
     )
 
 
