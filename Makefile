@@ -41,7 +41,8 @@ help:  ## list the targets
 venv: $(DEPS_STAMP)  ## create .venv with ferry, its development tools and ferry_native (needs cargo)
 
 # ferry_native (native/, Rust) is built by pip through maturin; cargo fetches its crates.
-NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/src/lib.rs native/pyproject.toml
+NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/src/lib.rs native/pyproject.toml \
+	native/ferry_native.pyi
 
 $(DEPS_STAMP): pyproject.toml $(NATIVE_SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
