@@ -48,6 +48,8 @@ $(DEPS_STAMP): pyproject.toml $(NATIVE_SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	@command -v cargo >/dev/null || { echo "make venv needs Rust's cargo (1.85+, e.g. from" \
+	  "https://rustup.rs; Debian 12's is too old) to build ferry_native from native/" >&2; exit 1; }
 	$(PY) -m pip install --quiet ./native
 	touch $@
 
