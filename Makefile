@@ -38,12 +38,19 @@ GO_SOURCES := $(shell find tests/compat/go -name '*.go' -o -name go.mod -o -name
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
 
-venv: $(DEPS_STAMP)  ## create .venv with ferry and its development tools
+venv: $(DEPS_STAMP)  ## create .venv with ferry, its development tools and ferry_native (needs cargo)
 
-$(DEPS_STAMP): pyproject.toml
+# ferry_native (native/, Rust) is built by pip through maturin; cargo fetches its crates.
+NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/src/lib.rs native/pyproject.toml \
+	native/ferry_native.pyi
+
+$(DEPS_STAMP): pyproject.toml $(NATIVE_SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	@command -v cargo >/dev/null || { echo "make venv needs Rust's cargo (1.85+, e.g. from" \
+	  "https://rustup.rs; Debian 12's is too old) to build ferry_native from native/" >&2; exit 1; }
+	$(PY) -m pip install --quiet ./native
 	touch $@
 
 proto: $(PROTO_STAMP)  ## generate ferry/v1 and apache/rocketmq/v2 from proto/ (python, grpc and typing stubs)
@@ -141,4 +148,4 @@ bench-quick: $(PROTO_STAMP) bench-tools  ## every benchmark as a short smoke run
 	$(PY) -m benchmarks --quick
 
 clean:  ## remove the venv, generated code and caches (not ./var)
-	rm -rf $(VENV) .cache/rocketmq .cache/go tests/compat/*/target ferry/v1/*_pb2*.py ferry/v1/*_pb2*.pyi $(RMQ_OUT)/*_pb2*.py $(RMQ_OUT)/*_pb2*.pyi $(PROTO_STAMP) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .cache/rocketmq .cache/go tests/compat/*/target ferry/v1/*_pb2*.py ferry/v1/*_pb2*.pyi $(RMQ_OUT)/*_pb2*.py $(RMQ_OUT)/*_pb2*.pyi $(PROTO_STAMP) .pytest_cache .ruff_cache *.egg-info native/target

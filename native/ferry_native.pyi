@@ -1,0 +1,21 @@
+"""ferry_native: the RocketMQ-protocol hot path in Rust (native/src/lib.rs). Every
+function defers what it is unsure of to the Python it mirrors: a (start, end) pair
+for `ferry.remoting.codec.decode` to read, or None."""
+
+DecodedFrame = tuple[int, int, int, dict[str, str], bytes, str | None, str, int]
+
+def decode_frames(
+    buffer: bytes | bytearray, pos: int
+) -> tuple[list[DecodedFrame | tuple[int, int]], int, str | None]: ...
+def encode_json_frame(
+    code: int,
+    opaque: int,
+    flag: int,
+    ext: dict[str, str],
+    body: bytes,
+    remark: str | None,
+    language: str,
+    version: int,
+) -> bytes | None: ...
+def decode_properties(data: bytes) -> dict[str, str] | None: ...
+def encode_properties(properties: dict[str, str]) -> bytes | None: ...
