@@ -41,6 +41,8 @@ help:  ## list the targets
 venv: $(DEPS_STAMP)  ## create .venv with ferry, its development tools and ferry_native (needs cargo)
 
 # ferry_native (native/, Rust) is built by pip through maturin; cargo fetches its crates.
+# rustup installs cargo into ~/.cargo/bin, which a non-login shell may not have on PATH.
+export PATH := $(HOME)/.cargo/bin:$(PATH)
 NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/src/lib.rs native/pyproject.toml \
 	native/ferry_native.pyi
 
