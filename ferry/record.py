@@ -101,20 +101,12 @@ def encode_properties(properties: Mapping[str, str]) -> bytes:
         encoded = _native.encode_properties(properties)
         if encoded is not None:
             return encoded
-    text = "".join([f"{key}\x01{value}\x02" for key, value in properties.items()])
-    # Exactly one separator of each kind per item unless a key or value holds one
-    # (checked on the whole string: every send's properties pass here).
-    n = len(properties)
-    if text.count(NAME_VALUE_SEPARATOR) != n or text.count(PROPERTY_SEPARATOR) != n:
-        for key in properties:
-            if not _SEPARATORS.isdisjoint(key + properties[key]):
-                raise RecordError(
-                    f"property {key[:40]!r} contains a separator byte (\\x01 or \\x02)"
-                )
-    return text.encode()
-
-
-_SEPARATORS = frozenset((NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR))
+    parts = []
+    for key, value in properties.items():
+        if any(sep in key or sep in value for sep in (NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR)):
+            raise RecordError(f"property {key[:40]!r} contains a separator byte (\\x01 or \\x02)")
+        parts.append(f"{key}{NAME_VALUE_SEPARATOR}{value}{PROPERTY_SEPARATOR}")
+    return "".join(parts).encode()
 
 
 def decode_properties(data: bytes) -> dict[str, str]:

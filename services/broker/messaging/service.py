@@ -186,13 +186,14 @@ class MessagingService:
         timer_max_delay_s: float = 3 * 86400,
         fence: Callable[[bool], None] | None = None,
         replication_wait: ReplicationWait | None = None,
-        on_sent: Callable[[str, str, int, float], None] | None = None,
+        on_sent: Callable[[str, str, int, float, int], None] | None = None,
         create_topic: Callable[[TopicConfig], None] | None = None,
     ) -> None:
         """`replication_wait` (SYNC_MASTER): what a send waits for after its
         store, before SEND_OK (services.broker.cluster.replication);
-        `on_sent` (metrics): (topic, status, messages, seconds) after each
-        stored send; `create_topic`: persists and announces a group's retry or
+        `on_sent` (metrics): (topic, status, messages, seconds, sends) after
+        stored sends (`sends` of them, `messages` in all, each answered after
+        `seconds`); `create_topic`: persists and announces a group's retry or
         dead-letter topic that a send needs and that does not exist yet (None:
         such a send is refused like any send to an unknown topic)."""
         self.create_topic = create_topic
@@ -507,8 +508,17 @@ class MessagingService:
             self.fence(False)
         if self.on_sent is not None:
             now = time.perf_counter()
+            # One call per (topic, append): the sends of one append took the same time.
+            runs: dict[tuple[str, float], list[int]] = {}
             for s in staged:
-                self.on_sent(s.topic, status.value, s.count, now - s.started)
+                run = runs.get((s.topic, s.started))
+                if run is None:
+                    runs[(s.topic, s.started)] = [s.count, 1]
+                else:
+                    run[0] += s.count
+                    run[1] += 1
+            for (topic, started), (messages, sends) in runs.items():
+                self.on_sent(topic, status.value, messages, now - started, sends)
         return status
 
     def _pick_queue(
