@@ -3,10 +3,14 @@ function defers what it is unsure of to the Python it mirrors: a (start, end) pa
 for `ferry.remoting.codec.decode` to read, or None."""
 
 DecodedFrame = tuple[int, int, int, dict[str, str], bytes, str | None, str, int]
+# sends._Fields: (producerGroup, topic, queueId, sysFlag, bornTimestamp, flag,
+# properties, reconsumeTimes, maxReconsumeTimes, batch).
+SendFields = tuple[str, str, int, int, int, int, dict[str, str], int, int, bool]
 
 def decode_frames(
     buffer: bytes | bytearray, pos: int
 ) -> tuple[list[DecodedFrame | tuple[int, int]], int, str | None]: ...
+def parse_send_header(ext: dict[str, str], short: bool, groups: set[str]) -> SendFields | None: ...
 def encode_json_frame(
     code: int,
     opaque: int,

@@ -1,28 +1,30 @@
 //! `ferry_native`: the hot path of RocketMQ-protocol sends, in Rust — one native call
-//! per read (every whole frame in the buffer), per answer (its whole frame) and per
-//! property string (decode or encode).
+//! per read (every whole frame in the buffer), per send header (its checked fields),
+//! per answer (its whole frame) and per property string (decode or encode).
 //!
 //! Each function mirrors a named Python function and is held byte-for-byte equal to it
-//! by `tests/unit/test_native.py`:
+//! by `tests/unit/test_native.py` (`test_native_sends.py` for the send header):
 //!
 //! | here                | Python                                                  |
 //! |---------------------|---------------------------------------------------------|
 //! | `decode_frames`     | `ferry.remoting.codec.next_frame`, called until None    |
+//! | `parse_send_header` | `services.broker.remoting.sends._parse_plain`           |
 //! | `encode_json_frame` | `ferry.remoting.codec.encode` of a JSON `Command`       |
 //! | `decode_properties` | `ferry.record.decode_properties`                        |
 //! | `encode_properties` | `ferry.record.encode_properties`                        |
 //!
 //! Every input this module is unsure of is deferred to the Python function (a
 //! `(start, end)` pair instead of a decoded frame, or None), which then decides it
-//! exactly as before: errors, leniency (numbers as extField values, lone surrogates,
-//! ROCKETMQ binary headers) and their messages live in Python only. Nothing here
-//! panics on any input; no unsafe code.
+//! exactly as before: errors, leniency (numbers as extField values, `int()`'s signs,
+//! underscores and non-ASCII digits, lone surrogates, ROCKETMQ binary headers) and
+//! their messages live in Python only. Nothing here panics on any input; no unsafe code.
 
 use std::borrow::Cow;
 use std::io::Write;
 
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyBytes, PyDict, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{PyByteArray, PyBytes, PyDict, PyInt, PyList, PySet, PyString, PyTuple};
 
 /// Apache's com.rocketmq.remoting.frameMaxLength, as `codec.MAX_FRAME`.
 const MAX_FRAME: usize = 16 * 1024 * 1024;
@@ -397,6 +399,134 @@ impl<'a> Parser<'a> {
     }
 }
 
+// ---------------------------------------------------------------- parse_send_header
+
+const INT32_MAX: i64 = i32::MAX as i64;
+const INT32_MIN: i64 = i32::MIN as i64;
+
+/// `sends._parse_plain(ext, names)`: the fields of a send request's extFields as the
+/// tuple it returns, under SEND_MESSAGE_V2's names ("a".."m") when `short`, else
+/// SEND_MESSAGE's, for a producer group in `groups` (`sends._GROUPS_CHECKED`).
+///
+/// None (defer) wherever `_parse_plain` raises, and where it might not: `ext` not an
+/// exact dict, a field read that is not an exact str, a number that is not a plain
+/// ASCII decimal (`int()` also takes signs, spaces, underscores and other digits), a
+/// non-ASCII batch, properties with a lone surrogate. Fields it does not read
+/// (defaultTopic, unitMode) are not looked at, as there.
+#[pyfunction]
+fn parse_send_header<'py>(
+    py: Python<'py>,
+    ext: &Bound<'py, PyAny>,
+    short: bool,
+    groups: &Bound<'py, PySet>,
+) -> Option<Bound<'py, PyTuple>> {
+    let names = if short {
+        [
+            intern!(py, "a"),
+            intern!(py, "b"),
+            intern!(py, "d"),
+            intern!(py, "e"),
+            intern!(py, "f"),
+            intern!(py, "g"),
+            intern!(py, "h"),
+            intern!(py, "i"),
+            intern!(py, "j"),
+            intern!(py, "l"),
+            intern!(py, "m"),
+        ]
+    } else {
+        [
+            intern!(py, "producerGroup"),
+            intern!(py, "topic"),
+            intern!(py, "defaultTopicQueueNums"),
+            intern!(py, "queueId"),
+            intern!(py, "sysFlag"),
+            intern!(py, "bornTimestamp"),
+            intern!(py, "flag"),
+            intern!(py, "properties"),
+            intern!(py, "reconsumeTimes"),
+            intern!(py, "maxReconsumeTimes"),
+            intern!(py, "batch"),
+        ]
+    };
+    let [group, topic, default_nums, queue_id, sys_flag, born_timestamp, flag, properties, reconsume_times, max_reconsume, batch] =
+        names;
+    let ext = ext.cast_exact::<PyDict>().ok()?;
+    let group = field(ext, group)??;
+    let topic = field(ext, topic)??;
+    if topic.len().ok()? == 0 || !groups.contains(&group).ok()? {
+        return None;
+    }
+    if let Some(value) = field(ext, default_nums)? {
+        if value.len().ok()? > 0 {
+            number(&value, 0, INT32_MAX)?;
+        }
+    }
+    let queue_id = number(&field(ext, queue_id)??, INT32_MIN, INT32_MAX)?;
+    let sys_flag = number(&field(ext, sys_flag)??, INT32_MIN, INT32_MAX)?;
+    let born_timestamp = number(&field(ext, born_timestamp)??, 0, i64::MAX)?;
+    let flag = number(&field(ext, flag)??, INT32_MIN, INT32_MAX)?;
+    let properties = match field(ext, properties)? {
+        Some(value) => properties_dict(py, value.to_str().ok()?).ok()??,
+        None => PyDict::new(py),
+    };
+    let reconsume_times = match field(ext, reconsume_times)? {
+        Some(value) if value.len().ok()? > 0 => number(&value, 0, INT32_MAX)?,
+        _ => 0,
+    };
+    let max_reconsume = match field(ext, max_reconsume)? {
+        Some(value) if value.len().ok()? > 0 => number(&value, INT32_MIN, INT32_MAX)?,
+        _ => -1,
+    };
+    let batch = match field(ext, batch)? {
+        Some(value) => {
+            let value = value.to_str().ok()?;
+            if !value.is_ascii() {
+                return None; // str.lower() is Unicode's
+            }
+            value.eq_ignore_ascii_case("true")
+        }
+        None => false,
+    };
+    (
+        group,
+        topic,
+        queue_id,
+        sys_flag,
+        born_timestamp,
+        flag,
+        properties,
+        reconsume_times,
+        max_reconsume,
+        batch,
+    )
+        .into_pyobject(py)
+        .ok()
+}
+
+/// `ext[key]`: Some(None) when absent, None (defer) when not an exact str.
+fn field<'py>(
+    ext: &Bound<'py, PyDict>,
+    key: &Bound<'py, PyString>,
+) -> Option<Option<Bound<'py, PyString>>> {
+    match ext.get_item(key).ok()? {
+        Some(value) => Some(Some(value.cast_into_exact::<PyString>().ok()?)),
+        None => Some(None),
+    }
+}
+
+/// `sends._number`: `value` as an int in `low..=high`; None (defer) when it is not
+/// `-?[0-9]+` of at most 24 characters or out of range.
+fn number(value: &Bound<'_, PyString>, low: i64, high: i64) -> Option<i64> {
+    let text = value.to_str().ok()?;
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    if text.len() > 24 || digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let number: i64 = text.parse().ok()?; // beyond an i64 is beyond every range here
+    (low..=high).contains(&number).then_some(number)
+}
+
 // ---------------------------------------------------------------- encode_json_frame
 
 /// The whole frame of a JSON command, as `codec.encode` writes it; None (defer) for
@@ -515,6 +645,12 @@ fn decode_properties<'py>(
     let Ok(text) = std::str::from_utf8(data.as_bytes()) else {
         return Ok(None);
     };
+    properties_dict(py, text)
+}
+
+/// A property string as `record.decode_properties` reads it (the later of duplicate
+/// names wins, in the earlier one's place); None when an item has no "\x01".
+fn properties_dict<'py>(py: Python<'py>, text: &str) -> PyResult<Option<Bound<'py, PyDict>>> {
     let properties = PyDict::new(py);
     for item in text.split('\x02').filter(|item| !item.is_empty()) {
         let Some((key, value)) = item.split_once('\x01') else {
@@ -550,6 +686,7 @@ fn encode_properties<'py>(
 #[pymodule]
 fn ferry_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(decode_frames, module)?)?;
+    module.add_function(wrap_pyfunction!(parse_send_header, module)?)?;
     module.add_function(wrap_pyfunction!(encode_json_frame, module)?)?;
     module.add_function(wrap_pyfunction!(decode_properties, module)?)?;
     module.add_function(wrap_pyfunction!(encode_properties, module)?)?;

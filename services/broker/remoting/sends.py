@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from ferry import record
 from ferry.model import check_name
+from ferry.native import native as _native
 from ferry.remoting import batch, codes
 from ferry.remoting.codec import FLAG_RESPONSE, VERSION, Command
 from ferry.remoting.server import Batchable, Connection, Handler
@@ -113,15 +114,21 @@ def parse_header(ext: Mapping[str, str], names: Mapping[str, str]) -> SendHeader
 
     The header every producer sends (every field a plain decimal in range, a producer
     group seen before) takes `_parse_plain`, a third of the time (every send passes
-    here); anything else, and every refusal, is decided by `_parse_checked`.
+    here), or its native twin `ferry_native.parse_send_header` when built (None: not
+    sure, Python decides); anything else, and every refusal, is decided by
+    `_parse_checked`.
 
     Raises:
         BadRequest: a field Apache requires is missing, or any field is malformed.
     """
-    try:
-        fields = _parse_plain(ext, names)
-    except (_NotPlain, KeyError, ValueError, BadRequest):
-        fields = _parse_checked(ext, names)
+    fields: _Fields | None = None
+    if _native is not None and (names is SHORT_NAMES or names is LONG_NAMES):
+        fields = _native.parse_send_header(ext, names is SHORT_NAMES, _GROUPS_CHECKED)
+    if fields is None:
+        try:
+            fields = _parse_plain(ext, names)
+        except (_NotPlain, KeyError, ValueError, BadRequest):
+            fields = _parse_checked(ext, names)
     (group, topic, queue_id, sys_flag, born_timestamp, flag, properties, reconsume_times,
      max_reconsume, batch) = fields  # fmt: skip
     return SendHeader(
