@@ -526,6 +526,10 @@ def scan_dispatch(
     Raises:
         RecordError: bytes at `position` that are neither a record nor a BLANK.
     """
+    if _native is not None and type(buf) is bytes:
+        scanned = _native.scan_dispatch(buf, pos)
+        if scanned is not None:
+            return scanned
     out: list[tuple[int, int, bytes, int, int, int, bytes]] = []
     append = out.append
     unpack = _SCAN.unpack_from

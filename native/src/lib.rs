@@ -19,6 +19,8 @@
 //! underscores and non-ASCII digits, lone surrogates, ROCKETMQ binary headers) and
 //! their messages live in Python only. Nothing here panics on any input; no unsafe code.
 
+mod dispatch;
+
 use std::borrow::Cow;
 use std::io::Write;
 
@@ -690,5 +692,6 @@ fn ferry_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(encode_json_frame, module)?)?;
     module.add_function(wrap_pyfunction!(decode_properties, module)?)?;
     module.add_function(wrap_pyfunction!(encode_properties, module)?)?;
+    module.add_function(wrap_pyfunction!(dispatch::scan_dispatch, module)?)?;
     Ok(())
 }
