@@ -1,9 +1,11 @@
 //! `ferry_native`: the hot path of RocketMQ-protocol sends, in Rust — one native call
 //! per read (every whole frame in the buffer), per send header (its checked fields),
-//! per answer (its whole frame) and per property string (decode or encode).
+//! per answer (its whole frame), per property string (decode or encode), and per
+//! dispatcher step (the records of a commit-log chunk, `dispatch.rs`).
 //!
 //! Each function mirrors a named Python function and is held byte-for-byte equal to it
-//! by `tests/unit/test_native.py` (`test_native_sends.py` for the send header):
+//! by `tests/unit/test_native.py` (`test_native_sends.py` for the send header,
+//! `test_native_dispatch.py` for the dispatcher's walk):
 //!
 //! | here                | Python                                                  |
 //! |---------------------|---------------------------------------------------------|
@@ -12,6 +14,7 @@
 //! | `encode_json_frame` | `ferry.remoting.codec.encode` of a JSON `Command`       |
 //! | `decode_properties` | `ferry.record.decode_properties`                        |
 //! | `encode_properties` | `ferry.record.encode_properties`                        |
+//! | `scan_dispatch`     | `ferry.record.scan_dispatch`                            |
 //!
 //! Every input this module is unsure of is deferred to the Python function (a
 //! `(start, end)` pair instead of a decoded frame, or None), which then decides it
