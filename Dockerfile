@@ -24,6 +24,18 @@ RUN python -m pip install --no-cache-dir "grpcio-tools==1.85.1" \
       apache/rocketmq/v2/*_pb2*.py \
  && python -m pip wheel --no-cache-dir --wheel-dir /wheels .
 
+# ferry_native (native/, Rust: the RocketMQ-protocol hot path) as a wheel, built
+# with the official Rust image's toolchain (it needs cargo 1.85+). The wheel is
+# abi3 (CPython 3.11 and later), so the image's own Python builds it.
+FROM rust:1.95-slim AS native
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 python3-venv \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY native ./native
+RUN python3 -m venv /venv \
+ && /venv/bin/pip wheel --no-cache-dir --wheel-dir /wheels ./native
+
 FROM python:3.11-slim AS runtime
 # A fixed non-root user; the store (and the exporter's spool) are the only
 # writable paths, mounted as volumes: the root filesystem can be read-only.
@@ -31,7 +43,8 @@ RUN groupadd --gid 10001 ferry \
  && useradd --uid 10001 --gid ferry --no-create-home --home-dir /nonexistent ferry \
  && mkdir -p /data && chown ferry:ferry /data
 COPY --from=build /wheels /wheels
-RUN python -m pip install --no-cache-dir --no-index --find-links /wheels ferry \
+COPY --from=native /wheels /wheels
+RUN python -m pip install --no-cache-dir --no-index --find-links /wheels ferry ferry-native \
  && rm -rf /wheels
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 USER 10001:10001

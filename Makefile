@@ -43,7 +43,7 @@ venv: $(DEPS_STAMP)  ## create .venv with ferry, its development tools and ferry
 # ferry_native (native/, Rust) is built by pip through maturin; cargo fetches its crates.
 # rustup installs cargo into ~/.cargo/bin, which a non-login shell may not have on PATH.
 export PATH := $(HOME)/.cargo/bin:$(PATH)
-NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/src/lib.rs native/pyproject.toml \
+NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs) native/pyproject.toml \
 	native/ferry_native.pyi
 
 $(DEPS_STAMP): pyproject.toml $(NATIVE_SOURCES)
@@ -139,9 +139,10 @@ fuzz: $(PROTO_STAMP)  ## FUZZ_EXAMPLES random requests per RPC and per RocketMQ-
 		FERRY_REMOTING_FUZZ_FRAMES=$(REMOTING_FUZZ_FRAMES) \
 		$(BIN)/pytest -p no:xdist -q -s --timeout 3600 tests/fuzz $(PYTEST_ARGS)
 
-lint: $(PROTO_STAMP)  ## ruff over the code
+lint: $(PROTO_STAMP)  ## ruff over the Python, rustfmt and clippy over native/
 	$(BIN)/ruff check ferry services tests benchmarks
 	$(BIN)/ruff format --check ferry services tests benchmarks
+	cd native && cargo fmt --check && cargo clippy --quiet --release -- -D warnings
 
 bench: $(PROTO_STAMP) bench-tools  ## run the benchmarks and append the figures to BENCHMARKS.md
 	$(PY) -m benchmarks --out BENCHMARKS.md
