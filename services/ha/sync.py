@@ -144,15 +144,18 @@ class ReplicaAcks:
     async def wait(self, end_offset: int, timeout_s: float) -> bool:
         if self._confirmed >= end_offset:
             return True
-        future = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
         heapq.heappush(self._waiters, (end_offset, next(self._seq), future))
+        # A timer resolving the future False (cheaper than asyncio.timeout and a
+        # shield: one wait per run of sends).
+        timer = loop.call_later(timeout_s, _expire, future)
         try:
-            async with asyncio.timeout(timeout_s):
-                await asyncio.shield(future)
-            return True
-        except TimeoutError:
+            if await future:
+                return True
             return self._confirmed >= end_offset
         finally:
+            timer.cancel()
             if not future.done():
                 future.cancel()
 
@@ -171,3 +174,8 @@ class ReplicaAcks:
                 future.set_result(True)
         if self.on_confirmed is not None:
             self.on_confirmed(offset)
+
+
+def _expire(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(False)

@@ -38,16 +38,17 @@ class LongPolls:
         re-checks what it wants."""
         if not self.open:
             return
-        future = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
         keys = list(keys)
         for key in keys:
             self._waiters.setdefault(key, []).append(future)
+        # A timer that resolves the future (cheaper than asyncio.timeout: one per pull).
+        timer = loop.call_later(timeout_s, _resolve, future)
         try:
-            async with asyncio.timeout(timeout_s):
-                await future
-        except TimeoutError:
-            pass
+            await future
         finally:
+            timer.cancel()
             for key in keys:
                 waiters = self._waiters.get(key)
                 if waiters and future in waiters:
@@ -60,8 +61,7 @@ class LongPolls:
             futures = self._waiters.pop(key, None)
             if futures:
                 for future in futures:
-                    if not future.done():
-                        future.set_result(None)
+                    _resolve(future)
 
     def notify_all(self) -> None:
         self.notify(list(self._waiters))
@@ -70,3 +70,8 @@ class LongPolls:
         """Release every waiter (the store is stopping)."""
         self.open = False
         self.notify_all()
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)

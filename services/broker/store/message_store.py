@@ -222,12 +222,13 @@ class MessageStore:
             raise
         self.queues = ConsumeQueues(config.consume_queue_dir, config.consume_queue_entries_per_file)
         self.long_polls = LongPolls(self._visible_at)
+        self._dispatch_notified = 0  # the dispatcher's offset at its last step
         self.replica_log = StoreReplicaLog(self)
         self.dispatcher = Dispatcher(
             self.commit_log,
             self.queues,
             0,
-            on_dispatch=self.long_polls.notify,
+            on_dispatch=self._dispatched,
             delay_levels_s=config.delay_levels_s,
             busy=self.replica_log.receiving_bulk,
             on_fault=self.failstop.trip,
@@ -860,6 +861,17 @@ class MessageStore:
     def notify_confirmed(self) -> None:
         """The confirm offset moved (HA): wake every long poll to re-check."""
         self.long_polls.notify_all()
+
+    def _dispatched(self, keys: set[tuple[str, int]]) -> None:
+        """The dispatcher wrote entries to these queues: wake their long polls,
+        unless consumers see only confirmed records and none of the records of
+        this step is confirmed yet (a SYNC_MASTER, the ack still to come):
+        `notify_confirmed` wakes them once it comes, and waking them now only
+        sends them back to wait (twice the wake-ups per pull)."""
+        start, self._dispatch_notified = self._dispatch_notified, self.dispatcher.offset
+        if self._confirmed is not None and self.confirm_offset <= start:
+            return
+        self.long_polls.notify(keys)
 
     def _visible_at(self, topic: str, queue_id: int, queue_offset: int) -> bool:
         """Whether a pull from `queue_offset` has something to answer now: a message
