@@ -1492,11 +1492,11 @@ NOTES: list[str] = [
     "the tools' two JVMs on the other core are (they keep warming over the whole minute, "
     "so every run prints 6 lines on both sides). Against ferry they do no more work per "
     "message than against Apache: ~6.4 messages per pull against ~4.4, and the producer "
-    "reads ~23 answers per TCP segment against one. SYNC_MASTER: consumers see only what "
-    "the slave confirmed (Apache 4.9's see what is stored), so each slave "
-    "acknowledgement wakes the pulls and they carry ~4 messages each; the master spends "
-    "~58-83 µs per message, and its RT includes the slave's round trip (a Python process "
-    "on the clients' busy core).",
+    "reads ~23 answers per TCP segment against one. SYNC_MASTER: the master spends "
+    "~58-83 µs per message (its pulls carry ~4 messages each, against ~6.4), and a send's "
+    "RT includes the slave's round trip (a Python process on the clients' busy core); its "
+    "consumers see only what the slave confirmed, where Apache 4.9's see what is stored, "
+    "but visibility=appended (Apache's behaviour) measured no faster.",
     "Replication (ferry ahead, by 1.4-4.4x in the runs of 2026-11-26; least when other "
     "processes took the machine: ferry's slave, a Python process, copied at 165-340 MB/s "
     "then and 530-1,000 MB/s on a quieter machine, while Apache's stayed at 150-230). "
