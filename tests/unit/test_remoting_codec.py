@@ -409,3 +409,34 @@ def test_orjson_decodes_json_headers_as_the_stdlib_path_does(header):
     """The fast path (orjson) only ever answers what the lenient stdlib path would:
     the same command, or the same refusal."""
     assert _decoded(codec._decode_json, header) == _decoded(codec._decode_json_lenient, header)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+def test_read_frames_serves_whole_frames_then_stops_at_a_bad_one(monkeypatch, native):
+    """read_frames with and without ferry_native: the whole frames of a buffer (a JSON
+    header, a binary one, an answer), the position after the last, and the error that
+    stops it at a frame that breaks the format (nothing after it is read)."""
+    if not native:
+        monkeypatch.setattr(codec, "_native", None)
+    elif codec._native is None:
+        pytest.skip("ferry_native is not installed (FERRY_NO_NATIVE=1 or a plain pip install)")
+    first = Command(310, 1, 0, {"a": "g", "b": "T"}, b"body")
+    second = Command(11, 2, 0, {"topic": "T"}, b"", serialize_type=codec.ROCKETMQ)
+    third = Command(0, 3, codec.FLAG_RESPONSE, {}, b"", "ok")
+    good = codec.encode(first) + codec.encode(second) + codec.encode(third)
+    commands, pos, error = codec.read_frames(bytearray(good + b"\x00\x00"))
+    assert [(c.code, c.opaque, c.ext, c.body, c.serialize_type) for c in commands] == [
+        (310, 1, {"a": "g", "b": "T"}, b"body", codec.JSON),
+        (11, 2, {"topic": "T"}, b"", codec.ROCKETMQ),
+        (0, 3, {}, b"", codec.JSON),
+    ]
+    assert (pos, error) == (len(good), None)  # the 2 bytes after wait for more
+    bad = struct.pack(">i", 3)  # a length below the header word's 4
+    commands, pos, error = codec.read_frames(bytearray(good + bad + codec.encode(first)))
+    assert len(commands) == 3 and pos == len(good)
+    assert isinstance(error, RemotingProtocolError) and "frame length 3" in str(error)
+    header = b"{not json"
+    broken = struct.pack(">ii", 4 + len(header), len(header)) + header
+    commands, pos, error = codec.read_frames(bytearray(codec.encode(first) + broken))
+    assert len(commands) == 1 and pos == len(codec.encode(first))
+    assert isinstance(error, RemotingProtocolError) and "does not parse" in str(error)
