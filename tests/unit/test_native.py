@@ -4,15 +4,13 @@
 equal Python's; a deferred one (a `(start, end)` pair or None) must be an input Python
 decides itself, and the inputs every client sends must not be deferred.
 
-`make venv` always builds ferry_native, so these tests fail when it cannot be
-imported; FERRY_NO_NATIVE=1 skips them where it is not built on purpose.
+Fails when ferry_native is missing, unless FERRY_NO_NATIVE=1 (tests/native_twins.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import struct
 
 import pytest
@@ -22,16 +20,9 @@ from hypothesis import strategies as st
 from ferry import record
 from ferry.remoting import codec
 from ferry.remoting.codec import Command, RemotingProtocolError
+from tests.native_twins import require_native
 
-if os.environ.get("FERRY_NO_NATIVE") == "1":
-    pytest.skip("FERRY_NO_NATIVE=1: ferry_native is not built here", allow_module_level=True)
-try:
-    import ferry_native
-except ImportError as e:
-    raise ImportError(
-        f"ferry_native is not installed ({e}): `make venv` builds it from native/; "
-        "set FERRY_NO_NATIVE=1 to skip these tests"
-    ) from e
+ferry_native = require_native()
 
 I64 = 2**63
 any_text = st.text(max_size=20)  # lone surrogates and control characters included

@@ -3,13 +3,11 @@
 commit-log chunks (whole, torn, corrupted), and None exactly where the Python raises
 `RecordError` (the Python then raises it with its own message).
 
-`make venv` always builds ferry_native, so these tests fail when it cannot be
-imported; FERRY_NO_NATIVE=1 skips them where it is not built on purpose.
+Fails when ferry_native is missing, unless FERRY_NO_NATIVE=1 (tests/native_twins.py).
 """
 
 from __future__ import annotations
 
-import os
 import struct
 
 import pytest
@@ -17,16 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ferry import record
+from tests.native_twins import require_native
 
-if os.environ.get("FERRY_NO_NATIVE") == "1":
-    pytest.skip("FERRY_NO_NATIVE=1: ferry_native is not built here", allow_module_level=True)
-try:
-    import ferry_native
-except ImportError as e:
-    raise ImportError(
-        f"ferry_native is not installed ({e}): `make venv` builds it from native/; "
-        "set FERRY_NO_NATIVE=1 to skip these tests"
-    ) from e
+ferry_native = require_native()
 
 I32 = st.integers(-(2**31), 2**31 - 1)
 I64 = st.integers(-(2**63), 2**63 - 1)

@@ -4,14 +4,12 @@ properties in the same order, every field of the same type); a deferred one (Non
 is a header Python decides itself, and the header every Java producer sends must not
 be deferred. `parse_header` must answer the same with and without the module.
 
-`make venv` always builds ferry_native, so these tests fail when it cannot be
-imported; FERRY_NO_NATIVE=1 skips them where it is not built on purpose.
+Fails when ferry_native is missing, unless FERRY_NO_NATIVE=1 (tests/native_twins.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from unittest import mock
 
 import pytest
@@ -20,16 +18,9 @@ from hypothesis import strategies as st
 
 from services.broker.remoting import sends
 from services.broker.remoting.sends import LONG_NAMES, SHORT_NAMES, _parse_plain, parse_header
+from tests.native_twins import require_native
 
-if os.environ.get("FERRY_NO_NATIVE") == "1":
-    pytest.skip("FERRY_NO_NATIVE=1: ferry_native is not built here", allow_module_level=True)
-try:
-    import ferry_native
-except ImportError as e:
-    raise ImportError(
-        f"ferry_native is not installed ({e}): `make venv` builds it from native/; "
-        "set FERRY_NO_NATIVE=1 to skip these tests"
-    ) from e
+ferry_native = require_native()
 
 GROUP = "producer_group"
 PROPERTIES = "UNIQ_KEY\x0189AB0000000000000000000000000001\x02WAIT\x01true\x02TAGS\x01TagA\x02"
