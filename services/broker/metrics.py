@@ -405,7 +405,8 @@ def observe_many(histogram: Any, amount: float, n: int) -> None:
     """`histogram.observe(amount)` n times, in one step: a run of sends answered
     together observes one latency for each. (prometheus_client has no weighted
     observe; this updates the sum and the one bucket as `observe` does, on the
-    pinned version's fields, which tests/unit/test_metrics.py holds equal.)"""
+    pinned version's fields, which tests/unit/test_metrics_observe_many.py holds
+    equal.)"""
     histogram._raise_if_not_observable()
     histogram._sum.inc(amount * n)
     for i, bound in enumerate(histogram._upper_bounds):
