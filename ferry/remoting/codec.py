@@ -110,18 +110,19 @@ class Command:
         body: bytes = b"",
     ) -> Command:
         """The response to this request: its opaque, its serialize type, the
-        response flag."""
+        response flag; `ext` values as the strings Java would print."""
+        ext_text = {k: _text(v) for k, v in ext.items()} if ext else {}
+        return self.answer_text(code, ext_text, body, remark)
+
+    def answer_text(
+        self, code: int, ext: dict[str, str], body: bytes = b"", remark: str | None = None
+    ) -> Command:
+        """`answer` for an `ext` whose values are strings already, taken as it is
+        (every send's answer: no conversion pass)."""
         return Command(
-            code,
-            self.opaque,
-            FLAG_RESPONSE,
-            {k: _text(v) for k, v in ext.items()} if ext else {},
-            body,
-            remark,
-            "JAVA",
-            VERSION,
+            code, self.opaque, FLAG_RESPONSE, ext, body, remark, "JAVA", VERSION,
             self.serialize_type,
-        )
+        )  # fmt: skip
 
 
 def _text(value: object) -> str:

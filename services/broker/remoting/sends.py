@@ -34,7 +34,7 @@ from ferry import record
 from ferry.model import check_name
 from ferry.native import native as _native
 from ferry.remoting import batch, codes
-from ferry.remoting.codec import FLAG_RESPONSE, VERSION, Command
+from ferry.remoting.codec import Command
 from ferry.remoting.server import Batchable, Connection, Handler
 from ferry.runtime.errors import FerryError, PermissionDenied
 from services.broker.messaging.service import (
@@ -405,12 +405,9 @@ class Sends:
 
 
 def answer(request: Command, header: SendHeader, outcome: SendOutcome) -> Command:
-    # Built here rather than by Command.answer: every value is a string already.
     queue_id = header.queue_id if header.queue_id is not None else outcome.queue_id
-    return Command(
+    return request.answer_text(
         STATUS_CODES[outcome.status],
-        request.opaque,
-        FLAG_RESPONSE,
         {
             "msgId": ",".join(outcome.msg_ids),
             # The queue the producer chose, as Apache answers it, even when
@@ -419,11 +416,6 @@ def answer(request: Command, header: SendHeader, outcome: SendOutcome) -> Comman
             "queueOffset": str(outcome.queue_offset),
             **ANSWER_EXT,
         },
-        b"",
-        None,
-        "JAVA",
-        VERSION,
-        request.serialize_type,
     )
 
 
