@@ -32,6 +32,8 @@ import heapq
 import itertools
 from collections.abc import Callable, Hashable
 
+from ferry.runtime.clock import resolve, wait_future
+
 
 class ReplicaAcks:
     def __init__(
@@ -144,18 +146,13 @@ class ReplicaAcks:
     async def wait(self, end_offset: int, timeout_s: float) -> bool:
         if self._confirmed >= end_offset:
             return True
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
+        future = asyncio.get_running_loop().create_future()
         heapq.heappush(self._waiters, (end_offset, next(self._seq), future))
-        # A timer resolving the future False (cheaper than asyncio.timeout and a
-        # shield: one wait per run of sends).
-        timer = loop.call_later(timeout_s, _expire, future)
         try:
-            if await future:
+            if await wait_future(future, timeout_s, on_timeout=False):
                 return True
             return self._confirmed >= end_offset
         finally:
-            timer.cancel()
             if not future.done():
                 future.cancel()
 
@@ -170,12 +167,6 @@ class ReplicaAcks:
         waiters = self._waiters
         while waiters and waiters[0][0] <= offset:
             _, _, future = heapq.heappop(waiters)
-            if not future.done():
-                future.set_result(True)
+            resolve(future, True)
         if self.on_confirmed is not None:
             self.on_confirmed(offset)
-
-
-def _expire(future: asyncio.Future) -> None:
-    if not future.done():
-        future.set_result(False)

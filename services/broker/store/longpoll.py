@@ -14,6 +14,8 @@ import asyncio
 import time
 from collections.abc import Callable, Iterable
 
+from ferry.runtime.clock import resolve, wait_future
+
 
 class LongPolls:
     def __init__(self, visible_at: Callable[[str, int, int], bool]) -> None:
@@ -38,17 +40,13 @@ class LongPolls:
         re-checks what it wants."""
         if not self.open:
             return
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
+        future = asyncio.get_running_loop().create_future()
         keys = list(keys)
         for key in keys:
             self._waiters.setdefault(key, []).append(future)
-        # A timer that resolves the future (cheaper than asyncio.timeout: one per pull).
-        timer = loop.call_later(timeout_s, _resolve, future)
         try:
-            await future
+            await wait_future(future, timeout_s)
         finally:
-            timer.cancel()
             for key in keys:
                 waiters = self._waiters.get(key)
                 if waiters and future in waiters:
@@ -61,7 +59,7 @@ class LongPolls:
             futures = self._waiters.pop(key, None)
             if futures:
                 for future in futures:
-                    _resolve(future)
+                    resolve(future)
 
     def notify_all(self) -> None:
         self.notify(list(self._waiters))
@@ -70,8 +68,3 @@ class LongPolls:
         """Release every waiter (the store is stopping)."""
         self.open = False
         self.notify_all()
-
-
-def _resolve(future: asyncio.Future) -> None:
-    if not future.done():
-        future.set_result(None)
