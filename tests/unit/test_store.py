@@ -248,6 +248,43 @@ def test_a_sync_masters_long_poll_waits_for_its_own_message_to_be_confirmed(harn
     assert result.status is GetStatus.FOUND and [r.queue_offset for r in result.records] == [1]
 
 
+def test_a_sync_masters_dispatch_wakes_a_long_poll_when_its_ack_came_first(harness):
+    """A SYNC_MASTER's dispatcher wakes no pull for records none of which is confirmed
+    (the ack's notify_confirmed will), but records the slave confirmed before they were
+    dispatched wake their pulls at dispatch: no ack is coming for them."""
+    confirmed = [0]
+    store = MessageStore(config(harness.root), FakeClock(), confirmed=lambda: confirmed[0])
+    harness.store = store
+    store.open()
+    harness.run(store.start())
+
+    async def turns(n: int = 3) -> None:
+        for _ in range(n):
+            await asyncio.sleep(0)
+
+    async def scenario():
+        waiter = asyncio.create_task(store.wait_for_messages("T", 0, 0, 10.0))
+        await long_poll_waiting(store, ("T", 0))
+        first = store.append_internal("T", 0, [msg(b"one")])
+        await turns()  # the dispatcher runs; nothing confirmed yet: no wake-up
+        assert store.dispatcher.offset == first.end_offset
+        assert not waiter.done() and ("T", 0) in store.long_polls._waiters
+        confirmed[0] = first.end_offset
+        store.notify_confirmed()  # the ack: it wakes the pull
+        await asyncio.wait_for(waiter, 5.0)
+        waiter = asyncio.create_task(store.wait_for_messages("T", 0, 1, 10.0))
+        await long_poll_waiting(store, ("T", 0))
+        second = store.append_internal("T", 0, [msg(b"two")])
+        confirmed[0] = second.end_offset  # acked before the dispatcher ran, nothing after
+        await turns()
+        assert store.dispatcher.offset == second.end_offset
+        assert waiter.done(), "the dispatch of a confirmed record did not wake its pull"
+        return await store.get_messages("T", 0, 1, 10)
+
+    result = harness.run(scenario())
+    assert result.status is GetStatus.FOUND and [r.body for r in result.records] == [b"two"]
+
+
 def test_a_long_poll_woken_by_the_stop_reads_nothing_from_the_closed_store(harness):
     # Not "no such queue" (OFFSET_ILLEGAL at 0, which a consumer would take as its new
     # offset): the store says it is closed.
