@@ -511,12 +511,9 @@ class MessagingService:
             # One call per (topic, append): the sends of one append took the same time.
             runs: dict[tuple[str, float], list[int]] = {}
             for s in staged:
-                run = runs.get((s.topic, s.started))
-                if run is None:
-                    runs[(s.topic, s.started)] = [s.count, 1]
-                else:
-                    run[0] += s.count
-                    run[1] += 1
+                run = runs.setdefault((s.topic, s.started), [0, 0])
+                run[0] += s.count
+                run[1] += 1
             for (topic, started), (messages, sends) in runs.items():
                 self.on_sent(topic, status.value, messages, now - started, sends)
         return status
