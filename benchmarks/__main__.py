@@ -11,6 +11,7 @@ import argparse
 import importlib
 import logging
 import shlex
+import shutil
 import signal
 import sys
 import tempfile
@@ -85,9 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     failures: list[str] = []
     for name in args.only or list(BENCHMARKS):
         found, waited = settle_disk()
+        disk = shutil.disk_usage(tempfile.gettempdir())
         print(
             f"running {name} ... (first wrote back {found >> 20} MiB of dirty pages "
-            f"in {waited:.1f} s)",
+            f"in {waited:.1f} s; {disk.free / 2**30:.1f} GiB free under "
+            f"{tempfile.gettempdir()})",
             file=sys.stderr,
             flush=True,
         )

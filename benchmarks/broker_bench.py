@@ -78,6 +78,12 @@ def _broker_args(store: Path, *options: str, file_size: int = 1 << 30) -> list[s
         "haListenPort=0",  # a free port: brokers here run side by side
         f"storePathRootDir={store}",
         f"mappedFileSizeCommitLog={file_size}",
+        # A benchmark measures speed, not disk policy: on a shared machine whose disk is
+        # already near RocketMQ's 90 % warning ratio, the defaults would refuse sends or
+        # delete unexpired files part-way through a run. Options below override these.
+        "diskMaxUsedSpaceRatio=99",
+        "diskSpaceCleanForciblyRatio=99",
+        "diskSpaceWarningLevelRatio=99",
         *options,
     ]
     return [arg for option in base for arg in ("-o", option)]

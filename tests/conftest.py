@@ -212,6 +212,12 @@ def broker_options(store_root: Path, namesrv_addrs: str = "", **keys: Any) -> li
         "mappedFileSizeCommitLog": 1 << 20,
         "maxMessageSize": 64 * 1024,
         "shutdownGraceSeconds": 0,
+        # The host's disk is shared and may already be near RocketMQ's 90 % warning
+        # ratio: test brokers refuse sends or delete files only when a test asks for
+        # it (tests/chaos/test_disk_pressure.py sets the defaults back on a tmpfs).
+        "diskMaxUsedSpaceRatio": 99,
+        "diskSpaceCleanForciblyRatio": 99,
+        "diskSpaceWarningLevelRatio": 99,
         **keys,
     }
     if namesrv_addrs:

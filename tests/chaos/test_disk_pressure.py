@@ -54,6 +54,10 @@ def test_a_producer_writing_four_times_the_disk_keeps_succeeding_as_old_files_go
             fileReservedTime=72,  # nothing expires: only disk pressure deletes
             cleanResourceInterval=200,
             deleteCommitLogFilesInterval=0,  # 1 MiB files: spacing them would cap deletion at the write rate
+            # RocketMQ's defaults, which this test is about (broker_options raises them).
+            diskMaxUsedSpaceRatio=75,
+            diskSpaceCleanForciblyRatio=85,
+            diskSpaceWarningLevelRatio=90,
         ),
     )
     try:
