@@ -105,4 +105,5 @@ def test_java_producer_messages_read_back_through_ferry_v1(java_door, tmp_path, 
         assert (message.tags, message.keys) == (spec["tags"], spec["keys"])
         properties = user_view(dict(message.properties))
         assert properties.pop("UNIQ_KEY") == answer["msgId"]  # the producer's own id
+        assert properties.pop("CLUSTER") == "DefaultCluster"  # stamped by the broker, as Apache's
         assert properties == spec["props"]

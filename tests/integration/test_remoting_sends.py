@@ -161,8 +161,13 @@ def test_send_v2_is_the_message_ferry_v1_reads(door: Door):
     assert msg_id == record.message_id((host, port), message.commit_offset)
     assert message.body == b"hello"
     assert (message.tags, message.keys) == ("TagA", "order-1 order-2")
-    # ferry.v1 hands TAGS and KEYS out as fields; WAIT is the broker's, not the message's.
-    assert dict(message.properties) == {"UNIQ_KEY": "7F0000010001" + "AB" * 10, "p": "1"}
+    # ferry.v1 hands TAGS and KEYS out as fields; WAIT is the broker's, not the message's;
+    # CLUSTER is the broker's stamp, as Apache's.
+    assert dict(message.properties) == {
+        "UNIQ_KEY": "7F0000010001" + "AB" * 10,
+        "p": "1",
+        "CLUSTER": "DefaultCluster",
+    }
     assert message.flag == 7
     assert message.born_timestamp == 1700000000123
     assert message.born_host == "{}:{}".format(*door.local_addr)
@@ -231,7 +236,7 @@ def test_batch_send(door: Door):
     assert [m.body for m in messages] == [b"item-0", b"item-1", b"item-2"]
     assert [m.flag for m in messages] == [0, 1, 2]
     assert [(m.keys, m.tags, dict(m.properties)) for m in messages] == [
-        (f"k{i}", "B", {"UNIQ_KEY": f"{i:032X}"}) for i in range(3)
+        (f"k{i}", "B", {"UNIQ_KEY": f"{i:032X}", "CLUSTER": "DefaultCluster"}) for i in range(3)
     ]
     assert [m.queue_offset for m in messages] == [0, 1, 2]
 
@@ -312,7 +317,8 @@ def test_retry_sends_go_to_the_dlq_past_max_reconsume_times(door: Door):
     assert dead.code == codes.SUCCESS, dead.remark
     (message,) = door.pulled(dlq, 0, 1)
     assert message.body == b"dead" and message.reconsume_times == 3
-    assert dict(message.properties) == {"ORIGIN_MESSAGE_ID": "X"}  # no DELAY in the DLQ
+    # no DELAY in the DLQ
+    assert dict(message.properties) == {"ORIGIN_MESSAGE_ID": "X", "CLUSTER": "DefaultCluster"}
     assert dead.ext["msgId"] == message.msg_id
 
 

@@ -144,6 +144,21 @@ def test_what_a_record_keeps_of_the_request():
     assert header.properties["WAIT"] == "false"  # the parsed header is left as it was
 
 
+def test_the_broker_stamps_its_cluster_on_every_message_it_stores():
+    """Apache's SendMessageProcessor puts CLUSTER = brokerClusterName on each send, and a
+    batch's own properties reach every message of it."""
+    single = Command(codes.SEND_MESSAGE_V2, ext=V2, body=b"b")
+    (message,), _, _ = messages_of(single, parse_header(V2, SHORT_NAMES), "", "C1")
+    assert message.properties == {"TAGS": "a", "UNIQ_KEY": "ID", "CLUSTER": "C1"}
+    as_batch = Command(
+        codes.SEND_BATCH_MESSAGE,
+        ext=V2,
+        body=batch.encode([batch.BatchEntry(0, b"x", b"k\x01v"), batch.BatchEntry(0, b"y", b"")]),
+    )
+    messages, _, is_batch = messages_of(as_batch, parse_header(V2, SHORT_NAMES), "", "C1")
+    assert is_batch and [m.properties["CLUSTER"] for m in messages] == ["C1", "C1"]
+
+
 def test_sys_flag_bits():
     assert kept_sys_flag(0x1 | 0x2 | 0x300, {}) == 0x303
     assert kept_sys_flag(0x10 | 0x20 | 0x40 | 0x8, {}) == 0  # hosts, unwrap, commit type

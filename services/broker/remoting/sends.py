@@ -8,7 +8,8 @@ request into `OutgoingMessage`s and calls the one send use case
 stores nothing. What the header carries per message is kept in the record:
 flag, sysFlag (the compression bits), bornTimestamp, the producer's address
 as born host, reconsumeTimes. The broker strips WAIT (it says whether to wait
-for the flush and the slave); sends to `%RETRY%<group>` past their
+for the flush and the slave) and adds CLUSTER (its brokerClusterName), as
+Apache's does; sends to `%RETRY%<group>` past their
 maxReconsumeTimes go to `%DLQ%<group>` (the use case's rule).
 
 The answer: msgId = the offset message id (store host + commit offset;
@@ -79,6 +80,7 @@ COMPRESSION_TYPE = 0x700
 KEPT_SYS_FLAG = COMPRESSED | MULTI_TAGS | COMPRESSION_TYPE
 
 PROPERTY_WAIT = "WAIT"
+PROPERTY_CLUSTER = "CLUSTER"
 PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
 
 # On every answer, as Apache 4.9's broker with its default regionId and traceOn.
@@ -277,10 +279,12 @@ def wait_store_msg_ok(properties: dict[str, str]) -> bool:
 
 
 def messages_of(
-    request: Command, header: SendHeader, remote: str
+    request: Command, header: SendHeader, remote: str, cluster: str = ""
 ) -> tuple[list[OutgoingMessage], bool, bool]:
     """The messages a send request carries, whether the answer waits for the
-    store, and whether they are a batch.
+    store, and whether they are a batch. Each gets CLUSTER = `cluster` (the
+    broker's brokerClusterName) when given, as Apache's broker stamps every
+    message it stores from a send.
 
     Raises:
         BadRequest, PermissionDenied: as `kept_sys_flag`, or a batch body that
@@ -289,6 +293,8 @@ def messages_of(
     properties = dict(header.properties)
     wait = wait_store_msg_ok(properties)
     sys_flag = kept_sys_flag(header.sys_flag, properties)
+    if cluster:
+        properties[PROPERTY_CLUSTER] = cluster
     host = born_host(remote)
     is_batch = header.batch or request.code == codes.SEND_BATCH_MESSAGE
     if not is_batch:
@@ -343,7 +349,9 @@ class Sends:
         try:
             self.deps.gate.check()
             header = parse_header(request.ext, names)
-            messages, wait, is_batch = messages_of(request, header, connection.remote)
+            messages, wait, is_batch = messages_of(
+                request, header, connection.remote, self.deps.config.cluster_name
+            )
             outcome = await self.deps.messaging.send(
                 header.topic, header.queue_id, messages, wait, batch=is_batch
             )
@@ -369,7 +377,9 @@ class Sends:
         for i, request in enumerate(requests):
             try:
                 header = parse_header(request.ext, names)
-                messages, wait, is_batch = messages_of(request, header, connection.remote)
+                messages, wait, is_batch = messages_of(
+                    request, header, connection.remote, self.deps.config.cluster_name
+                )
             except FerryError as exc:
                 answers[i] = error_answer(request, exc, ANSWER_EXT)
                 continue
