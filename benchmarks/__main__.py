@@ -58,6 +58,10 @@ def _terminated(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+# The quick ha and failover benchmarks ran out of space with 4.8 GiB free (2026-11-26).
+MIN_FREE_BYTES = 8 << 30
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks", description="Run ferry's benchmarks."
@@ -87,6 +91,14 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.only or list(BENCHMARKS):
         found, waited = settle_disk()
         disk = shutil.disk_usage(tempfile.gettempdir())
+        if disk.free < MIN_FREE_BYTES:
+            print(
+                f"warning: {disk.free / 2**30:.1f} GiB free under {tempfile.gettempdir()}; "
+                f"the benchmarks' brokers preallocate commit-log files of up to 1 GiB each "
+                f"and need ~{MIN_FREE_BYTES >> 30} GiB (set TMPDIR to a roomier disk)",
+                file=sys.stderr,
+                flush=True,
+            )
         print(
             f"running {name} ... (first wrote back {found >> 20} MiB of dirty pages "
             f"in {waited:.1f} s; {disk.free / 2**30:.1f} GiB free under "
