@@ -90,10 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     failures: list[str] = []
     for name in args.only or list(BENCHMARKS):
         found, waited = settle_disk()
-        disk = shutil.disk_usage(tempfile.gettempdir())
+        temp = tempfile.gettempdir()
+        disk = shutil.disk_usage(temp)
         if disk.free < MIN_FREE_BYTES:
             print(
-                f"warning: {disk.free / 2**30:.1f} GiB free under {tempfile.gettempdir()}; "
+                f"warning: {disk.free / 2**30:.1f} GiB free under {temp}; "
                 f"the benchmarks' brokers preallocate commit-log files of up to 1 GiB each "
                 f"and need ~{MIN_FREE_BYTES >> 30} GiB (set TMPDIR to a roomier disk)",
                 file=sys.stderr,
@@ -101,8 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         print(
             f"running {name} ... (first wrote back {found >> 20} MiB of dirty pages "
-            f"in {waited:.1f} s; {disk.free / 2**30:.1f} GiB free under "
-            f"{tempfile.gettempdir()})",
+            f"in {waited:.1f} s; {disk.free / 2**30:.1f} GiB free under {temp})",
             file=sys.stderr,
             flush=True,
         )

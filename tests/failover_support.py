@@ -252,12 +252,9 @@ class FailoverGroup:
             "slaveSyncDelay": 100,
             "slaveSyncInterval": SLAVE_SYNC_INTERVAL_MS,
             "haReconnectInterval": 200,
-            # The history checker needs every file: no retention, and no
-            # refusals because the test machine's disk happens to be full.
+            # The history checker needs every file: no retention (broker_options
+            # already keeps a full test-machine disk from refusing sends).
             "cleanFileForciblyEnable": "false",
-            "diskSpaceWarningLevelRatio": 99,
-            "diskMaxUsedSpaceRatio": 99,
-            "diskSpaceCleanForciblyRatio": 99,
             **({"brokerIP2": m.ha_proxy.host} if m.ha_proxy else {}),
             **m.keys,
             **override,

@@ -258,27 +258,39 @@ def test_a_sync_masters_dispatch_wakes_a_long_poll_when_its_ack_came_first(harne
     store.open()
     harness.run(store.start())
 
-    async def turns(n: int = 3) -> None:
-        for _ in range(n):
+    woken: list[tuple[str, int]] = []  # every queue whose long polls were woken
+    notify = store.long_polls.notify
+
+    def spy(keys):
+        keys = list(keys)
+        woken.extend(keys)
+        notify(keys)
+
+    store.long_polls.notify = spy
+
+    async def dispatched(end: int) -> None:
+        while store.dispatcher.offset < end:
             await asyncio.sleep(0)
 
     async def scenario():
         waiter = asyncio.create_task(store.wait_for_messages("T", 0, 0, 10.0))
         await long_poll_waiting(store, ("T", 0))
         first = store.append_internal("T", 0, [msg(b"one")])
-        await turns()  # the dispatcher runs; nothing confirmed yet: no wake-up
-        assert store.dispatcher.offset == first.end_offset
-        assert not waiter.done() and ("T", 0) in store.long_polls._waiters
+        await asyncio.wait_for(dispatched(first.end_offset), 5.0)
+        # Nothing confirmed yet: the dispatch woke no one.
+        assert woken == [] and not waiter.done()
         confirmed[0] = first.end_offset
         store.notify_confirmed()  # the ack: it wakes the pull
         await asyncio.wait_for(waiter, 5.0)
+        woken.clear()
         waiter = asyncio.create_task(store.wait_for_messages("T", 0, 1, 10.0))
         await long_poll_waiting(store, ("T", 0))
         second = store.append_internal("T", 0, [msg(b"two")])
         confirmed[0] = second.end_offset  # acked before the dispatcher ran, nothing after
-        await turns()
-        assert store.dispatcher.offset == second.end_offset
-        assert waiter.done(), "the dispatch of a confirmed record did not wake its pull"
+        await asyncio.wait_for(dispatched(second.end_offset), 5.0)
+        # The dispatch step itself woke it (not the long poll's 1 s re-check).
+        assert woken == [("T", 0)], "the dispatch did not wake the pull"
+        await asyncio.wait_for(waiter, 5.0)
         return await store.get_messages("T", 0, 1, 10)
 
     result = harness.run(scenario())
