@@ -394,6 +394,7 @@ class BrokerApp:
                 min_in_sync_replicas=cfg.min_in_sync_replicas,
                 on_slave_timeout=incarnation.on_slave_timeout if incarnation else None,
                 observe=metrics.observe_sync,
+                push=lambda: self.ha_master.push_now() if self.ha_master else None,
             )
         messaging = MessagingService(
             store,

@@ -75,6 +75,10 @@ class Connection:
     started: float = field(default_factory=time.monotonic)
     _rate_mark: tuple[float, int] = (0.0, 0)
     rate: float = 0.0
+    # The writer's direct sender while it is parked waiting for the log to grow
+    # (nothing of a frame in progress): `HAMaster.push_now` may send from there.
+    parked: _DirectSender | None = None
+    unsent: bytes = b""  # the rest of a frame `push_now` could not send whole
 
     @property
     def label(self) -> str:
@@ -145,6 +149,37 @@ class HAMaster:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2)
         self._server = None
+
+    def push_now(self) -> None:
+        """Send what the log gained to every slave whose writer is parked, now, from
+        the caller's event-loop turn (a SYNC_MASTER send about to wait for its
+        slave): the writer task would send it one turn later. The frame's bytes
+        were just appended, so they are read from the page cache; a frame the
+        socket takes only in part is finished by the writer before anything else."""
+        log_ = self.replica_log
+        end = log_.max_offset
+        for conn in self.connections.values():
+            sender = conn.parked
+            position = conn.transfer_from
+            if sender is None or position >= end:
+                continue
+            body = log_.read_now(position, self.config.transfer_batch_bytes)
+            if not body:
+                continue
+            frame = protocol.encode_header(position, len(body)) + body
+            try:
+                sent = os.write(sender.fd, frame)
+            except BlockingIOError:
+                continue  # the writer sends it once the socket has room
+            except OSError:
+                continue  # the connection is going: its tasks see it
+            if sent < len(frame):
+                conn.unsent = frame[sent:]
+            conn.parked = None
+            size = len(body)
+            conn.transfer_from = position + size
+            conn.transferred_bytes += size
+            self.sent_bytes[conn.label] = self.sent_bytes.get(conn.label, 0) + size
 
     # ------------------------------------------------------------ one connection
 
@@ -403,7 +438,17 @@ class HAMaster:
                     await sender.send_bytes(protocol.encode_header(position, 0))
                     last_write = time.monotonic()
                     continue
-                await log_.wait_for_growth(position, min(heartbeat - idle, 0.5))
+                if isinstance(sender, _DirectSender):
+                    conn.parked = sender
+                try:
+                    await log_.wait_for_growth(position, min(heartbeat - idle, 0.5))
+                finally:
+                    conn.parked = None
+                if conn.unsent:
+                    unsent, conn.unsent = conn.unsent, b""
+                    await sender.send_bytes(unsent)
+                if conn.transfer_from != position:
+                    last_write = time.monotonic()  # push_now sent a frame meanwhile
         finally:
             sender.close()
 

@@ -57,6 +57,11 @@ class ReplicatedLog(Protocol):
 
     def release(self, region: LogRegion) -> None: ...
 
+    def read_now(self, offset: int, max_bytes: int) -> bytes:
+        """Up to `max_bytes` from `offset`, within one file and below the end,
+        read at once (bytes just appended: in the page cache)."""
+        ...
+
     async def wait_for_growth(self, offset: int, timeout_s: float) -> bool:
         """True once the log ends past `offset`; False after `timeout_s`."""
         ...

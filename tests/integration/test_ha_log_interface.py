@@ -9,11 +9,14 @@ from __future__ import annotations
 import ast
 import asyncio
 import os
+import socket
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from services.ha import protocol
 from services.ha.master import HAMaster, HAMasterConfig
 from services.ha.slave import HASlave, HASlaveConfig
 from services.ha.sync import ReplicaAcks
@@ -63,6 +66,10 @@ class MemoryLog:
 
     def release(self, region: Region) -> None:
         self.held -= 1
+
+    def read_now(self, offset: int, max_bytes: int) -> bytes:
+        size = min(max_bytes, self.end - offset, self.file_start(offset) + FILE - offset)
+        return os.pread(self.fd, size, offset)
 
     async def wait_for_growth(self, offset: int, timeout_s: float) -> bool:
         if self.end > offset:
@@ -194,6 +201,53 @@ def test_a_master_stopped_under_a_connected_slave_reports_no_loop_error():
             assert [c.get("message") for c in errors] == []
         finally:
             await slave.stop()
+            await master.stop()
+
+    asyncio.run(scenario())
+
+
+def test_push_now_sends_the_new_bytes_in_the_callers_turn_and_the_writer_goes_on_after():
+    """A SYNC_MASTER send about to wait for its slave has its bytes sent from its own
+    event-loop turn when the connection's writer is parked: the slave holds the frame
+    before any other task (the writer included) has run. Nothing is sent twice and the
+    writer's next frame starts where the pushed one ended."""
+
+    async def scenario():
+        log_ = MemoryLog()
+        log_.append(0, b"a" * 100)
+        master = HAMaster(HAMasterConfig(host="127.0.0.1", port=0), log_, ReplicaAcks(1 << 30))
+        await master.start()
+        loop = asyncio.get_running_loop()
+        slave = socket.create_connection(("127.0.0.1", master.port), timeout=5)
+        try:
+            slave.sendall(struct.pack(">q", 100))  # a legacy slave holding [0, 100)
+            slave.setblocking(False)
+            await wait_for_async(
+                lambda: any(c.parked for c in master.connections.values()), 10, "a parked writer"
+            )
+            master.push_now()  # nothing new: nothing sent
+            log_.append(100, b"pushed")
+            master.push_now()  # no await since the append: the writer task has not run
+            frame = protocol.encode_header(100, 6) + b"pushed"
+            assert slave.recv(1024, socket.MSG_DONTWAIT) == frame
+            (conn,) = master.connections.values()
+            assert conn.transfer_from == 106 and conn.parked is None
+            master.push_now()  # pushed already: nothing twice
+            with pytest.raises(BlockingIOError):
+                slave.recv(1024, socket.MSG_DONTWAIT)
+            # The writer wakes to the growth, finds it sent and parks again.
+            await wait_for_async(lambda: conn.parked is not None, 10, "the writer parked again")
+            with pytest.raises(BlockingIOError):
+                slave.recv(1024, socket.MSG_DONTWAIT)
+            log_.append(106, b"by the writer")  # no push: the writer's own frame
+            expected = protocol.encode_header(106, 13) + b"by the writer"
+            got = b""
+            async with asyncio.timeout(10):
+                while len(got) < len(expected):
+                    got += await loop.sock_recv(slave, 1024)
+            assert got == expected
+        finally:
+            slave.close()
             await master.stop()
 
     asyncio.run(scenario())

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
+from services.broker.cluster.replication import SyncReplication
+from services.broker.messaging.service import SendStatus
+from services.broker.store import PutResult, PutStatus
 from services.ha.sync import ReplicaAcks
 
 GAP = 256 * 1024 * 1024
@@ -71,3 +74,32 @@ def test_acks_are_per_replica():
     acks.ack("a", 40)
     assert acks.acks() == {"a": 40, "b": 50}
     assert acks.best_ack == 50 and acks.in_sync(60) == 2
+
+
+def test_a_sync_send_pushes_its_bytes_before_waiting_and_only_when_unconfirmed():
+    """SyncReplication asks the HA master to send the new bytes now (push) right
+    before a send waits for its slave; a send already confirmed neither pushes nor
+    waits, and one with no slave in sync is refused without a push."""
+
+    def put(end: int) -> PutResult:
+        return PutResult(PutStatus.PUT_OK, "T", 0, 0, [0], ["id"], end, 0)
+
+    async def scenario():
+        acks = ReplicaAcks(GAP)
+        pushes: list[int] = []
+        replication = SyncReplication(
+            acks, 5.0, lambda: None, push=lambda: pushes.append(acks.confirmed)
+        )
+        assert await replication.wait(put(100)) == SendStatus.SLAVE_NOT_AVAILABLE
+        assert pushes == []
+        acks.connect("r1", 0)
+        waiting = asyncio.create_task(replication.wait(put(100)))
+        while not acks.waiting:
+            await asyncio.sleep(0)
+        assert pushes == [0]  # pushed before it waited
+        acks.ack("r1", 100)
+        assert await waiting == SendStatus.SEND_OK
+        assert await replication.wait(put(50)) == SendStatus.SEND_OK  # confirmed already
+        assert pushes == [0]
+
+    asyncio.run(scenario())

@@ -29,6 +29,7 @@ class SyncReplication:
         min_in_sync_replicas: int = 1,
         on_slave_timeout: Callable[[list[Hashable]], None] | None = None,
         observe: Callable[[str, float], None] | None = None,
+        push: Callable[[], None] | None = None,
     ) -> None:
         """
         Args:
@@ -41,6 +42,8 @@ class SyncReplication:
             on_slave_timeout: told which replicas lagged past the timeout (under
                 failover they leave the in-sync set).
             observe: (status, seconds) of each wait, for metrics.
+            push: sends the new bytes to the slaves now, before the wait
+                (`HAMaster.push_now`), instead of one event-loop turn later.
         """
         self.acks = acks
         self.timeout_s = timeout_s
@@ -49,6 +52,7 @@ class SyncReplication:
         self.min_in_sync_replicas = min_in_sync_replicas
         self.on_slave_timeout = on_slave_timeout
         self.observe = observe
+        self.push = push
 
     async def wait(self, result: PutResult) -> SendStatus:
         acks = self.acks
@@ -61,7 +65,7 @@ class SyncReplication:
             self.notify_confirmed()
         elif not acks.slave_ok(result.end_offset):
             status = SendStatus.SLAVE_NOT_AVAILABLE
-        elif await acks.wait(result.end_offset, self.timeout_s):
+        elif self._pushed(result.end_offset) and await acks.wait(result.end_offset, self.timeout_s):
             status = SendStatus.SEND_OK
         else:
             status = SendStatus.FLUSH_SLAVE_TIMEOUT
@@ -70,3 +74,8 @@ class SyncReplication:
         if self.observe is not None:
             self.observe(status.value, time.perf_counter() - started)
         return status
+
+    def _pushed(self, end_offset: int) -> bool:
+        if self.push is not None and self.acks.confirmed < end_offset:
+            self.push()
+        return True

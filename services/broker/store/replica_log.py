@@ -76,6 +76,13 @@ class StoreReplicaLog:
     def release(self, region: Region) -> None:  # type: ignore[override]
         self._store.reader.unpin(region.segment)
 
+    def read_now(self, offset: int, max_bytes: int) -> bytes:
+        region = self._store.commit_log.region(offset, max_bytes)
+        try:
+            return os.pread(region.fd, region.size, region.file_position)
+        finally:
+            self.release(region)
+
     async def wait_for_growth(self, offset: int, timeout_s: float) -> bool:
         return await self._store.wait_for_growth(offset, timeout_s)
 
