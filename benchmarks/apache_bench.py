@@ -37,17 +37,26 @@ Apache figure of its round.
    128-byte messages; a push consumer beside it) against ferry and against Apache 4.9.7,
    the same topology on each side: a name server, an ASYNC_MASTER alone, and a SYNC_MASTER
    with its SLAVE (ferry's as `services.namesrv` and `services.broker` processes speaking
-   RocketMQ's protocol on their listen ports; both clusters up throughout). Rounds of
-   (ASYNC_MASTER pair, SYNC_MASTER pair), each pair ferry and Apache back to back, the
-   order alternating; every run has a fresh topic of QUEUES queues and a fresh consumer
-   group. A run goes until the producer's 10-second report lines have settled (two in a
+   RocketMQ's protocol on their listen ports). Both clusters are up throughout, and while
+   one side is measured the other's processes are stopped (SIGSTOP, `paused`; both run
+   with PAUSABLE's settings so that a pause ends no HA connection nor name-server entry).
+   Rounds of (ASYNC_MASTER pair, SYNC_MASTER pair), each pair ferry and Apache back to
+   back, the order alternating; every run has a fresh topic of QUEUES queues and a fresh
+   consumer group. A run goes until the producer's 10-second report lines have settled (two in a
    row within 10 %: the JVMs have warmed up; at least `tool_min_lines`, at most
    `tool_max_lines`; the full run prints 6 lines every run, both sides alike: with the
    broker no longer the bottleneck, the tools' own JVMs bound both figures and warm up
    over the whole minute, so a run cut short at line 3 measures the tools, not the
    broker), then the tools are stopped by PID; TPS and RT as they print them, the mean of
-   the last two lines. Targets: sends >= 0.7x Apache (both topologies), consumption
-   >= 1.0x. Each round ends with the single-send comparison on ferry's ASYNC_MASTER: the
+   the last two lines; target: sends >= 0.7x Apache (both topologies). The Consumer
+   beside the Producer consumes what it sends (its figure is the send rate again), so
+   consumption is measured on its own: after the rounds, each side's ASYNC_MASTER gets
+   the same backlog (`plan.backlog` 128-byte messages, batch sends over RocketMQ's
+   protocol from the same Python code), and in alternating rounds the Consumer alone,
+   a fresh group each time (started at offset 0 by both brokers), drains it until a
+   report line is empty; the mean of its last two full lines (not the first, which holds
+   the JVM's start, nor the last, in which the backlog ran out); target >= 1.0x. Each
+   round of the tools ends with the single-send comparison on ferry's ASYNC_MASTER: the
    Producer alone (64 senders, one send in flight each, one connection) against ferry.v1
    unary SendMessage from 64 concurrent callers on one channel, one call in flight each
    (`benchmarks.load.closed_loop`), right after it; target >= 3x.
@@ -58,8 +67,9 @@ consumers, the slaves and the tools on the other. Each side's server work has th
 core, and the clients are the same code on the other.
 
 `--quick` is a smoke run of every step (one round of each, a 64 MiB log, one report line of
-each tool), measuring nothing: to stay near two minutes it starts Apache's tools' cluster
-while replication runs and runs each side's two tool pairs at once.
+each tool, a backlog of 20,480), measuring nothing: to stay near two minutes it starts
+Apache's tools' cluster while replication runs, runs each side's two tool pairs at once and
+pauses neither side.
 """
 
 from __future__ import annotations
@@ -70,6 +80,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import sys
 import threading
@@ -140,6 +151,11 @@ BACKLOG_IN_FLIGHT = 16  # preloading batch sends in flight
 UNARY_METHOD = "/ferry.v1.Broker/SendMessage"
 TOOL_THREADS = 64
 TOOL_REPORT_S = 10  # the tools print one line every 10 s
+# The tools' clusters, both sides alike: while one side runs, the other's processes are
+# stopped (`paused`), which must not end their HA connections (housekeeping: 10 min, not
+# 20 s) nor their name-server entries (registrations every 10 s, not 30, so one paused run
+# of ~80 s stays inside the name server's 120 s expiry).
+PAUSABLE = {"haHousekeepingInterval": 600_000, "registerNameServerPeriod": 10_000}
 JAVA_PROGRAM_TIMEOUT_S = 120.0
 
 
@@ -1020,11 +1036,12 @@ def tool_group(side: str, role: str, round_: int) -> str:
 @dataclass(frozen=True)
 class ToolsSide:
     """What the tools need of one side's cluster: its name server's RocketMQ-protocol
-    address, and each master's pid (its CPU is reported) by role."""
+    address, each master's pid (its CPU is reported) by role, and all its pids."""
 
     name: str
     namesrv: str
     master_pids: dict[str, int]
+    pids: tuple[int, ...] = ()  # every process of its cluster: what `paused` stops
 
 
 @dataclass(frozen=True)
@@ -1106,7 +1123,7 @@ class ToolsCluster:
             masters[role] = ApacheBroker(
                 workdir / name, name=name, broker_name=name, role=role,
                 namesrv=namesrv.address,
-                settings={"autoCreateTopicEnable": False, **APACHE_FLOW_CONTROL},
+                settings={"autoCreateTopicEnable": False, **APACHE_FLOW_CONTROL, **PAUSABLE},
             )  # fmt: skip
             write_apache_metadata(masters[role].store_dir, dict.fromkeys(topics[role], QUEUES))
         sync = masters["SYNC_MASTER"]
@@ -1115,7 +1132,7 @@ class ToolsCluster:
             workdir / "bench-sync-slave", name="bench-sync-slave", broker_name=sync.broker_name,
             broker_id=1, role="SLAVE", namesrv=namesrv.address,
             settings={"autoCreateTopicEnable": False, "haMasterAddress": sync.ha_address,
-                      **APACHE_FLOW_CONTROL},
+                      **APACHE_FLOW_CONTROL, **PAUSABLE},
         )  # fmt: skip
         write_apache_metadata(slave.store_dir, dict.fromkeys(topics["SYNC_MASTER"], QUEUES))
         return cls(namesrv, masters, slave)
@@ -1139,7 +1156,8 @@ class ToolsCluster:
 
     def side(self) -> ToolsSide:
         pids = {role: broker.pid for role, broker in self.masters.items()}
-        return ToolsSide(APACHE, self.namesrv.address, pids)
+        every = (self.namesrv.pid, *pids.values(), self.slave.pid)
+        return ToolsSide(APACHE, self.namesrv.address, pids, every)
 
 
 @dataclass
@@ -1165,6 +1183,7 @@ class FerryTools:
         """Start it (`stack` stops it): `topics` as for ToolsCluster.build."""
         namesrv = stack.enter_context(namesrv_process(workdir, server_cpus))
         common = [f"namesrvAddr={namesrv.remoting_target}"]
+        common += [f"{key}={value}" for key, value in PAUSABLE.items()]
         masters = {}
         ha_port = free_port()
         for role in TOOLS_TOPICS:
@@ -1194,7 +1213,8 @@ class FerryTools:
 
     def side(self) -> ToolsSide:
         pids = {role: broker.pid for role, broker in self.masters.items()}
-        return ToolsSide(FERRY, self.namesrv.remoting_target, pids)
+        every = (self.namesrv.pid, *pids.values(), self.slave.pid)
+        return ToolsSide(FERRY, self.namesrv.remoting_target, pids, every)
 
 
 def _wait_in_sync(target: str, timeout_s: float) -> None:
@@ -1437,6 +1457,26 @@ def tools_topics(plan: Plan) -> dict[str, list[str]]:
     return topics
 
 
+@contextlib.contextmanager
+def paused(side: ToolsSide) -> Iterator[None]:
+    """`side`'s whole cluster stopped (SIGSTOP) for the block, continued (SIGCONT) after,
+    whatever happens in it: while one side is measured, the other's idle processes take
+    nothing from either core (Apache's idle JVMs took ~6.5 % of the servers' core and
+    ~3.7 % of the clients', waking every millisecond; ferry's ~1.6 % and ~0.5 %). Both
+    clusters run with PAUSABLE's settings, so a pause ends no HA connection and no
+    name-server entry."""
+    stopped: list[int] = []
+    try:
+        for pid in side.pids:
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
+        yield
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
 def _jobs(side: str, roles: Sequence[str], round_: int) -> list[ToolJob]:
     return [
         ToolJob(role, tool_topic(role, round_), tool_group(side, role, round_)) for role in roles
@@ -1449,8 +1489,9 @@ def tool_figures(
     """Apache's tools against both started clusters, the tools on the clients' CPUs:
     rounds of (ASYNC_MASTER pair, SYNC_MASTER pair, ferry's singles), the order of each
     pair alternating; then each ASYNC_MASTER's backlog preloaded and rounds of the
-    Consumer alone draining it."""
+    Consumer alone draining it. Except in a smoke run, the side not measured is `paused`."""
     sides = {APACHE: apache.side(), FERRY: ferry.side()}
+    other = {APACHE: FERRY, FERRY: APACHE}
     roles = list(TOOLS_TOPICS)
     pairs: dict[str, list[dict[str, ToolRun]]] = {role: [] for role in roles}
     singles: list[Singles] = []
@@ -1470,10 +1511,14 @@ def tool_figures(
                     got = {}
                     for name in (FERRY, APACHE) if r % 2 == 0 else (APACHE, FERRY):
                         jobs = _jobs(name, [role], r)
-                        (got[name],) = _run_tools(sides[name], jobs, workdir / f"tools-{r}", plan)
+                        with paused(sides[other[name]]):
+                            (got[name],) = _run_tools(
+                                sides[name], jobs, workdir / f"tools-{r}", plan
+                            )
                         _progress(f"tools round {r + 1}, {name} {role}: {got[name].text()}")
                     pairs[role].append(got)
-            singles.append(_singles(ferry, r, workdir / f"singles-{r}", plan))
+            with contextlib.nullcontext() if plan.overlap else paused(sides[APACHE]):
+                singles.append(_singles(ferry, r, workdir / f"singles-{r}", plan))
             _progress(f"singles round {r + 1}: {singles[-1].text()}")
         backlogs = {
             APACHE: apache.masters["ASYNC_MASTER"].address,
@@ -1485,7 +1530,8 @@ def tool_figures(
             _progress(f"{name}'s backlog of {plan.backlog:,} preloaded in {preload_s[name]:.1f} s")
 
         def drain(name: str, r: int) -> DrainRun:
-            got = _drain_backlog(sides[name], r, workdir / f"backlog-{r}", plan)
+            with contextlib.nullcontext() if plan.overlap else paused(sides[other[name]]):
+                got = _drain_backlog(sides[name], r, workdir / f"backlog-{r}", plan)
             _progress(f"backlog round {r + 1}, {name}: {got.text()}")
             return got
 
@@ -1507,8 +1553,13 @@ def _tool_how(plan: Plan, runs: Sequence[ToolRun]) -> str:
         f"producer, each with one synchronous send in flight; a push Consumer beside it), "
         f"{QUEUES} queues, a fresh topic and consumer group each run. {rounds} paired "
         f"round{'s' if rounds != 1 else ''} (ferry and Apache back to back, the order "
-        "alternating; both clusters up throughout); the round with the median ratio is "
-        "shown. Each run: the mean of the Producer's (Consumer's) last two report lines "
+        "alternating; both clusters up throughout, "
+        + (
+            "each tool pair at once, neither side paused"
+            if plan.overlap
+            else "the side not measured paused (SIGSTOP)"
+        )
+        + "); the round with the median ratio is shown. Each run: the mean of the Producer's (Consumer's) last two report lines "
         + (
             f"(~10 s each) of {plan.tool_max_lines}: every run as long, since ferry's and "
             "Apache's figures are then both bounded by the tools' own JVMs, which warm up "
