@@ -26,3 +26,11 @@ def encode_properties(properties: dict[str, str]) -> bytes | None: ...
 def scan_dispatch(
     buf: bytes, pos: int
 ) -> tuple[list[tuple[int, int, bytes, int, int, int, bytes]], int, bool] | None: ...
+def gather_records(
+    data: bytes | bytearray,
+    start: int,
+    entries: list[tuple[int, int, int]],
+    confirm: int,
+    budget: int,
+    have: bool,
+) -> tuple[bytes, int, int, int, bool] | None: ...

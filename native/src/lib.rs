@@ -23,6 +23,7 @@
 //! their messages live in Python only. Nothing here panics on any input; no unsafe code.
 
 mod dispatch;
+mod gather;
 
 use std::borrow::Cow;
 use std::io::Write;
@@ -696,5 +697,6 @@ fn ferry_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(decode_properties, module)?)?;
     module.add_function(wrap_pyfunction!(encode_properties, module)?)?;
     module.add_function(wrap_pyfunction!(dispatch::scan_dispatch, module)?)?;
+    module.add_function(wrap_pyfunction!(gather::gather_records, module)?)?;
     Ok(())
 }

@@ -686,7 +686,8 @@ class MessageStore:
         confirm = self.confirm_offset
         entries = queue.entries(queue_offset, max_count)
         found: list[record.StoredMessage] = []
-        pieces: list[memoryview] = []  # raw
+        pieces: list[bytes | memoryview] = []  # raw: the records of each span read
+        raw_count = 0
         last_commit_offset = -1
         decode = record.decode_stored
         next_offset = queue_offset
@@ -699,13 +700,25 @@ class MessageStore:
                 break
             if span_start < self.commit_log.min_offset:
                 break  # deleted by retention meanwhile: the next pull is told OFFSET_MOVED
-            if (found or pieces) and span_entries[0][1] > budget:
+            if (found or raw_count) and span_entries[0][1] > budget:
                 break  # full: not one more record fits
             data = await self.reader.read(span_start, span_end - span_start)
+            if raw and tag_hashes is None:  # every record: one walk (native when built)
+                chunk, taken, last, budget, stop = record.gather_records(
+                    data, span_start, span_entries, confirm, budget, raw_count > 0
+                )
+                if taken:
+                    pieces.append(chunk)
+                    raw_count += taken
+                    next_offset += taken
+                    last_commit_offset = last
+                if stop:
+                    break
+                continue
             view = memoryview(data)
             stop = False
             for commit_offset, size, code in span_entries:
-                if commit_offset + size > confirm or (budget < size and (found or pieces)):
+                if commit_offset + size > confirm or (budget < size and (found or raw_count)):
                     stop = True
                     break
                 next_offset += 1
@@ -718,13 +731,14 @@ class MessageStore:
                             f"commit offset {commit_offset} holds no record of {size} bytes"
                         )
                     pieces.append(view[at : at + size])
+                    raw_count += 1
                 else:
                     found.append(decode(data, at, size))
                 last_commit_offset = commit_offset
                 budget -= size
             if stop:
                 break
-        count = len(pieces) if raw else len(found)
+        count = raw_count if raw else len(found)
         self.get_message_count += count
         if count:
             # One event-loop turn between reading the records and building the
@@ -737,7 +751,7 @@ class MessageStore:
                 low,
                 high,
                 raw=b"".join(pieces),
-                raw_count=len(pieces),
+                raw_count=raw_count,
                 last_commit_offset=last_commit_offset,
             )
         if next_offset > queue_offset:
