@@ -1747,10 +1747,12 @@ NOTES: list[str] = [
     "every millisecond) took ~6.5 % of the servers' core and ~3.7 % of the clients', "
     "ferry's idle processes ~1.6 % and ~0.5 %; ferry's SYNC_MASTER alone sent 21,400 "
     "msgs/s, and 18,400 with Apache's idle cluster beside it. The side not measured is now "
-    "paused. Consumption, measured alone on a backlog, is bounded by the Consumer's JVM on "
-    "the clients' core on both sides (its CPU per message is the same against either "
-    "broker; ferry's master spends ~2.6 µs per message consumed, Apache's ~1.5): the ratio "
-    "moves with that JVM's warm-up from run to run.",
+    "paused. Consumption, measured alone on a backlog: the Consumer's JVM on the clients' "
+    "core bounds both sides while it warms up (its CPU per message is the same against "
+    "either broker); at its peak (~400,000-450,000 msgs/s) the master's CPU per message "
+    "consumed decides, ~1.5-1.8 µs for Apache's and ~2.6-2.8 µs for ferry's before a raw "
+    "pull's record walk moved into ferry_native (`record.gather_records`), ~2.2-2.7 µs "
+    "after; the ratio moves with that JVM's warm-up from run to run.",
     "Replication (ferry ahead, by 1.4-4.4x in the runs of 2026-11-26; least when other "
     "processes took the machine: ferry's slave, a Python process, copied at 165-340 MB/s "
     "then and 530-1,000 MB/s on a quieter machine, while Apache's stayed at 150-230). "
