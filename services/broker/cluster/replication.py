@@ -65,17 +65,15 @@ class SyncReplication:
             self.notify_confirmed()
         elif not acks.slave_ok(result.end_offset):
             status = SendStatus.SLAVE_NOT_AVAILABLE
-        elif self._pushed(result.end_offset) and await acks.wait(result.end_offset, self.timeout_s):
-            status = SendStatus.SEND_OK
         else:
-            status = SendStatus.FLUSH_SLAVE_TIMEOUT
-            if self.on_slave_timeout is not None:
-                self.on_slave_timeout(acks.lagging(result.end_offset))
+            if self.push is not None and acks.confirmed < result.end_offset:
+                self.push()  # the bytes leave now, not at the HA writer's next turn
+            if await acks.wait(result.end_offset, self.timeout_s):
+                status = SendStatus.SEND_OK
+            else:
+                status = SendStatus.FLUSH_SLAVE_TIMEOUT
+                if self.on_slave_timeout is not None:
+                    self.on_slave_timeout(acks.lagging(result.end_offset))
         if self.observe is not None:
             self.observe(status.value, time.perf_counter() - started)
         return status
-
-    def _pushed(self, end_offset: int) -> bool:
-        if self.push is not None and self.acks.confirmed < end_offset:
-            self.push()
-        return True
