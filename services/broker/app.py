@@ -604,17 +604,6 @@ class BrokerApp:
             await self.registrar.start()
         else:
             log.warning("no name server configured (namesrvAddr): running standalone")
-        if cfg.port_file:
-            info = {
-                "remoting_port": self.remoting_port,
-                "fast_port": self.fast_port,
-                "grpc_port": self.port,
-                "metrics_port": self.metrics_port,
-                "ha_port": self.ha_master.port if self.ha_master else cfg.ha_listen_port,
-                "health_port": self.server.health_port,
-                "pid": os.getpid(),
-            }
-            atomic_write_bytes(Path(cfg.port_file), json.dumps(info).encode())
         log.info(
             "broker ready: cluster=%s name=%s id=%d role=%s rocketmq=%s%s grpc=%s metrics=%d "
             "store=%s commit_log=[%d,%d)",
@@ -630,6 +619,18 @@ class BrokerApp:
             store.min_offset,
             store.max_offset,
         )
+        # The port file last: whoever sees it finds the ready line in the log already.
+        if cfg.port_file:
+            info = {
+                "remoting_port": self.remoting_port,
+                "fast_port": self.fast_port,
+                "grpc_port": self.port,
+                "metrics_port": self.metrics_port,
+                "ha_port": self.ha_master.port if self.ha_master else cfg.ha_listen_port,
+                "health_port": self.server.health_port,
+                "pid": os.getpid(),
+            }
+            atomic_write_bytes(Path(cfg.port_file), json.dumps(info).encode())
 
     async def _stop_on_storage_fault(self) -> None:
         """Fail-stop (failstop.py): after a storage fault, leave the name servers

@@ -143,15 +143,6 @@ class NamesrvApp:
             )
         self._housekeeping = asyncio.create_task(self._housekeep(), name="namesrv-housekeeping")
         await self.server.set_serving()
-        if self.config.port_file:
-            info = {
-                "remoting_port": self.remoting_port,
-                "grpc_port": self.port,
-                "metrics_port": self.metrics_port,
-                "health_port": self.server.health_port,
-                "pid": os.getpid(),
-            }
-            atomic_write_bytes(Path(self.config.port_file), json.dumps(info).encode())
         log.info(
             "name server ready: rocketmq=%s:%d grpc=%s:%d metrics=%d home=%s",
             self.config.host,
@@ -161,6 +152,16 @@ class NamesrvApp:
             self.metrics_port,
             self.config.home,
         )
+        # The port file last: whoever sees it finds the ready line in the log already.
+        if self.config.port_file:
+            info = {
+                "remoting_port": self.remoting_port,
+                "grpc_port": self.port,
+                "metrics_port": self.metrics_port,
+                "health_port": self.server.health_port,
+                "pid": os.getpid(),
+            }
+            atomic_write_bytes(Path(self.config.port_file), json.dumps(info).encode())
 
     async def stop(self) -> None:
         self.servicer.begin_shutdown()

@@ -92,6 +92,13 @@ class ProxyApp:
                 loop=asyncio.get_running_loop(),
             )
         await self.server.set_serving()
+        log.info(
+            "proxy ready: apache.rocketmq.v2 on %s:%d, name servers %s",
+            self.config.host,
+            self.port,
+            ";".join(self.config.namesrv_addrs),
+        )
+        # The port file last: whoever sees it finds the ready line in the log already.
         if self.config.port_file:
             info = {
                 "grpc_port": self.port,
@@ -99,12 +106,6 @@ class ProxyApp:
                 "pid": os.getpid(),
             }
             atomic_write_bytes(Path(self.config.port_file), json.dumps(info).encode())
-        log.info(
-            "proxy ready: apache.rocketmq.v2 on %s:%d, name servers %s",
-            self.config.host,
-            self.port,
-            ";".join(self.config.namesrv_addrs),
-        )
 
     async def stop(self) -> None:
         await self.server.stop(self.config.grace_s)
