@@ -516,38 +516,45 @@ def gather_records(
     confirm: int,
     budget: int,
     have: bool,
-) -> tuple[bytes, int, int, int, bool]:
+    tag_hashes: frozenset[int] | None = None,
+) -> tuple[bytes, int, int, int, int, bool]:
     """A raw pull's records out of one read of the commit log: `data` holds the log from
     commit offset `start`, `entries` are consume-queue entries `(commit_offset, size,
     tag_code)` inside it. Entries are taken in order while their record ends at or below
     `confirm` and fits what is left of the byte `budget` (a pull's first record is taken
-    whatever its size: `have` says whether the pull holds records already).
+    whatever its size: `have` says whether the pull holds records already); with
+    `tag_hashes`, a taken entry whose tag code is not among them is passed over.
 
-    Returns `(records, taken, last_commit_offset, budget_left, stopped)`: the taken
-    records' bytes as stored, back to back; how many entries were taken; the last one's
-    commit offset (-1: none); the budget left; and whether an entry was left (not
-    confirmed yet, or over the budget).
+    Returns `(records, taken, kept, last_commit_offset, budget_left, stopped)`: the kept
+    records' bytes as stored, back to back; how many entries were taken (passed over
+    included) and how many records kept; the last kept one's commit offset (-1: none);
+    the budget left; and whether an entry was left (not confirmed yet, or over the
+    budget).
 
     Raises:
-        RecordError: an entry that points at no record of its size.
+        RecordError: a kept entry that points at no record of its size.
     """
-    if _native is not None and type(entries) is list:
+    if _native is not None and tag_hashes is None and type(entries) is list:
         got = _native.gather_records(data, start, entries, confirm, budget, have)
         if got is not None:
             return got
     view = memoryview(data)
     pieces: list[memoryview] = []
     last = -1
-    for commit_offset, size, _ in entries:
+    taken = 0
+    for commit_offset, size, code in entries:
         if commit_offset + size > confirm or (budget < size and (have or pieces)):
-            return b"".join(pieces), len(pieces), last, budget, True
+            return b"".join(pieces), taken, len(pieces), last, budget, True
+        taken += 1
+        if tag_hashes is not None and code not in tag_hashes:
+            continue
         at = commit_offset - start
         if at < 0 or at + size > len(data) or peek(view[at : at + BLANK_SIZE]) != size:
             raise RecordError(f"commit offset {commit_offset} holds no record of {size} bytes")
         pieces.append(view[at : at + size])
         last = commit_offset
         budget -= size
-    return b"".join(pieces), len(pieces), last, budget, False
+    return b"".join(pieces), taken, len(pieces), last, budget, False
 
 
 _SCAN = struct.Struct(">iIIi4xqq4x16xq20xi")

@@ -14,14 +14,15 @@ const MESSAGE_MAGIC: u32 = 0xDAA3_20A7;
 const HEAD: usize = 8; // TOTALSIZE and MAGICCODE
 const MIN_RECORD_SIZE: i64 = 88 + 1 + 2;
 
-/// What `gather_records` answers: the records' bytes, entries taken, the last one's
-/// commit offset, the budget left, whether an entry was left.
-type Gathered<'py> = (Bound<'py, PyBytes>, usize, i64, i64, bool);
+/// What `gather_records` answers: the records' bytes, entries taken, records kept (the
+/// same: no tag filter here), the last one's commit offset, the budget left, whether an
+/// entry was left.
+type Gathered<'py> = (Bound<'py, PyBytes>, usize, usize, i64, i64, bool);
 
-/// `record.gather_records(data, start, entries, confirm, budget, have)`:
-/// `(records_bytes, taken, last_commit_offset, budget_left, stopped)`; None (defer)
-/// where the Python raises, for an entry that is not three ints, or for a buffer that
-/// is not contiguous.
+/// `record.gather_records(data, start, entries, confirm, budget, have)` without a tag
+/// filter: `(records_bytes, taken, kept, last_commit_offset, budget_left, stopped)`,
+/// `kept` always `taken`; None (defer) where the Python raises, for an entry that is not
+/// three ints, or for a buffer that is not contiguous.
 #[pyfunction]
 pub fn gather_records<'py>(
     py: Python<'py>,
@@ -45,7 +46,14 @@ pub fn gather_records<'py>(
         return Ok(None);
     };
     let (out, taken, last, left, stopped) = walked;
-    Ok(Some((PyBytes::new(py, &out), taken, last, left, stopped)))
+    Ok(Some((
+        PyBytes::new(py, &out),
+        taken,
+        taken,
+        last,
+        left,
+        stopped,
+    )))
 }
 
 type Walked = (Vec<u8>, usize, i64, i64, bool);

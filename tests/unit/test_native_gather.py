@@ -37,8 +37,9 @@ def check(data, start, entries, confirm, budget, have):
     python = python_gather(data, start, entries, confirm, budget, have)
     assert native == python
     if native is not None:
-        chunk, taken, last, left, stopped = native
+        chunk, taken, kept, last, left, stopped = native
         assert type(chunk) is bytes and type(taken) is int and type(stopped) is bool
+        assert kept == taken  # no tag filter natively
         assert record.gather_records(data, start, entries, confirm, budget, have) == python
     return native
 
@@ -60,8 +61,8 @@ def log(bodies: list[bytes], gap: int = 0) -> tuple[bytes, list[tuple[int, int, 
 
 def test_every_record_under_an_open_budget_is_taken_back_to_back():
     data, entries = log([b"a" * 10, b"b" * 200, b"c"])
-    chunk, taken, last, left, stopped = check(data, START, entries, 1 << 40, 1 << 20, False)
-    assert chunk == data and taken == 3 and last == entries[-1][0] and not stopped
+    chunk, taken, kept, last, left, stopped = check(data, START, entries, 1 << 40, 1 << 20, False)
+    assert chunk == data and taken == kept == 3 and last == entries[-1][0] and not stopped
     assert left == (1 << 20) - len(data)
 
 
@@ -71,7 +72,7 @@ def test_the_confirm_offset_and_the_budget_stop_the_walk():
     chunk, taken, *_, stopped = check(data, START, entries, second_end, 1 << 20, False)
     assert taken == 2 and stopped  # the third is not confirmed yet
     size = entries[0][1]
-    assert check(data, START, entries, 1 << 40, size, False)[1:] == (1, entries[0][0], 0, True)
+    assert check(data, START, entries, 1 << 40, size, False)[1:] == (1, 1, entries[0][0], 0, True)
     # A pull's first record goes whatever its size; with records already held it does not.
     assert check(data, START, entries, 1 << 40, 1, False)[1] == 1
     assert check(data, START, entries, 1 << 40, 1, True)[:2] == (b"", 0)
@@ -90,6 +91,27 @@ def test_entries_that_point_at_no_record_of_their_size_defer_to_the_python_error
     assert ferry_native.gather_records(data, START, odd, 1 << 40, 1 << 20, False) is None
     wired = record.gather_records(data, START, odd, 1 << 40, 1 << 20, False)
     assert wired == python_gather(data, START, odd, 1 << 40, 1 << 20, False) and wired[1] == 1
+
+
+def test_a_tag_filter_passes_over_entries_in_the_python_walk():
+    """With tag hashes the walk is the Python's alone: entries of other tags are taken
+    (the pull moves past them) but not kept, and leave the budget as it was."""
+    data, entries = log([b"a" * 10, b"b" * 10, b"c" * 10])
+    entries[1] = (entries[1][0], entries[1][1], 9)  # another tag
+    chunk, taken, kept, last, left, stopped = record.gather_records(
+        data, START, entries, 1 << 40, 1 << 20, False, frozenset({7})
+    )
+    first, third = entries[0], entries[2]
+    assert (taken, kept, last, stopped) == (3, 2, third[0], False)
+    assert chunk == data[: first[1]] + data[third[0] - START :]
+    assert left == (1 << 20) - first[1] - third[1]
+    # An entry that points at no record raises only when it is kept.
+    broken = [entries[0], (entries[1][0] + 1, entries[1][1], 9)]
+    assert (
+        record.gather_records(data, START, broken, 1 << 40, 1 << 20, False, frozenset({7}))[2] == 1
+    )
+    with pytest.raises(record.RecordError):
+        record.gather_records(data, START, broken, 1 << 40, 1 << 20, False, frozenset({9}))
 
 
 def test_a_bytearray_read_is_walked_alike():

@@ -686,7 +686,7 @@ class MessageStore:
         confirm = self.confirm_offset
         entries = queue.entries(queue_offset, max_count)
         found: list[record.StoredMessage] = []
-        pieces: list[bytes | memoryview] = []  # raw: the records of each span read
+        pieces: list[bytes] = []  # raw: the records of each span read
         raw_count = 0
         last_commit_offset = -1
         decode = record.decode_stored
@@ -703,37 +703,27 @@ class MessageStore:
             if (found or raw_count) and span_entries[0][1] > budget:
                 break  # full: not one more record fits
             data = await self.reader.read(span_start, span_end - span_start)
-            if raw and tag_hashes is None:  # every record: one walk (native when built)
-                chunk, taken, last, budget, stop = record.gather_records(
-                    data, span_start, span_entries, confirm, budget, raw_count > 0
+            if raw:  # the records as stored: one walk (native when built)
+                chunk, taken, kept, last, budget, stop = record.gather_records(
+                    data, span_start, span_entries, confirm, budget, raw_count > 0, tag_hashes
                 )
-                if taken:
+                next_offset += taken
+                if kept:
                     pieces.append(chunk)
-                    raw_count += taken
-                    next_offset += taken
+                    raw_count += kept
                     last_commit_offset = last
                 if stop:
                     break
                 continue
-            view = memoryview(data)
             stop = False
             for commit_offset, size, code in span_entries:
-                if commit_offset + size > confirm or (budget < size and (found or raw_count)):
+                if commit_offset + size > confirm or (budget < size and found):
                     stop = True
                     break
                 next_offset += 1
                 if tag_hashes is not None and code not in tag_hashes:
                     continue
-                at = commit_offset - span_start
-                if raw:
-                    if record.peek(view[at : at + record.BLANK_SIZE]) != size:
-                        raise record.RecordError(
-                            f"commit offset {commit_offset} holds no record of {size} bytes"
-                        )
-                    pieces.append(view[at : at + size])
-                    raw_count += 1
-                else:
-                    found.append(decode(data, at, size))
+                found.append(decode(data, commit_offset - span_start, size))
                 last_commit_offset = commit_offset
                 budget -= size
             if stop:
