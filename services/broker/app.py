@@ -563,6 +563,7 @@ class BrokerApp:
             self._tasks.append(asyncio.create_task(self.timer.run(), name="timer"))
             self._tasks.append(asyncio.create_task(self.pop.run(), name="pop-revive"))
         self._tasks.append(asyncio.create_task(self._persist_offsets(), name="offset-persister"))
+        self._tasks.append(asyncio.create_task(self.messaging.stats.run(), name="traffic-stats"))
         # RocketMQ's clients: members silent for 120 s and dead queue locks expire.
         self._tasks.append(
             asyncio.create_task(remoting_housekeeping(deps), name="remoting-housekeeping")

@@ -765,8 +765,14 @@ def _check_failover(config: BrokerConfig) -> None:
 def shown_default(key: str) -> str:
     """A key's default as broker.conf writes it (hours, percent, ms, bytes…):
     parsing it back gives the default (tests/unit/test_broker_config checks)."""
+    return shown_value(key, BrokerConfig())
+
+
+def shown_value(key: str, config: BrokerConfig) -> str:
+    """A key's value in `config` as broker.conf writes it (what
+    GET_BROKER_CONFIG answers)."""
     name = KNOWN_KEYS[key][0]
-    value = getattr(BrokerConfig(), name)
+    value = getattr(config, name)
     if name == "file_reserved_time_s":
         return f"{value / 3600:g}"
     if name == "delete_when_hours":
@@ -806,4 +812,5 @@ __all__ = [
     "load_config",
     "parse_properties",
     "shown_default",
+    "shown_value",
 ]

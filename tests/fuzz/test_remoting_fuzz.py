@@ -195,6 +195,8 @@ def namesrv_door(ns: RunningNamesrv) -> Door:
 
 def seed_broker(broker: RunningBroker) -> None:
     support.create_topic(broker.channel, TOPIC, 4)
+    if broker.app.permission[0] != 6:  # UPDATE_BROKER_CONFIG may have changed it
+        broker.loop.run(broker.app.admin.update_permission(6))
 
 
 def seed_namesrv(ns: RunningNamesrv) -> None:
@@ -427,6 +429,8 @@ GOOD_VALUES = {
     "clientID": [CLIENT_ID],
     "acceptStandardJsonOnly": ["true", "false"],
     "perm": ["6"],
+    "topicFilterType": ["SINGLE_TAG", "MULTI_TAG"],
+    "isForce removeOffset": ["true", "false"],
 }  # fmt: skip
 GOOD = {n: st.sampled_from(vs) for names, vs in GOOD_VALUES.items() for n in names.split()}
 # Where a field means something else for a code: a pull's sysFlag is
@@ -478,6 +482,15 @@ FIELD_NAMES = {
     codes.QUERY_TOPIC_CONSUME_BY_WHO: "topic",
     codes.DELETE_TOPIC_IN_BROKER: "topic",
     codes.DELETE_SUBSCRIPTIONGROUP: "groupName removeOffset",
+    codes.INVOKE_BROKER_TO_RESET_OFFSET: "topic group timestamp isForce",
+    codes.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: "",
+    codes.UPDATE_BROKER_CONFIG: "",
+    codes.GET_BROKER_CONFIG: "",
+    codes.GET_BROKER_RUNTIME_INFO: "",
+    codes.GET_ALL_TOPIC_CONFIG: "",
+    codes.GET_ALL_CONSUMER_OFFSET: "",
+    codes.GET_ALL_DELAY_OFFSET: "",
+    codes.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: "",
     # The name server.
     codes.GET_ROUTEINFO_BY_TOPIC: "topic acceptStandardJsonOnly",
     codes.PUT_KV_CONFIG: "namespace key value",
@@ -594,8 +607,16 @@ register = obj(
          "dataVersion": data_version})},
     {"filterServerList": st.lists(texts, max_size=2)},
 )  # fmt: skip
+group_config = obj(
+    {"groupName": j_group},
+    {"consumeEnable": st.booleans(), "retryQueueNums": j_int, "retryMaxTimes": j_int,
+     "brokerId": j_int, "whichBrokerWhenConsumeSlowly": j_int,
+     "consumeBroadcastEnable": st.booleans(), "groupSysFlag": j_int,
+     "attributes": st.dictionaries(texts, texts, max_size=2)},
+)  # fmt: skip
 TEMPLATES = {
     codes.HEART_BEAT: heartbeat,
+    codes.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: group_config,
     codes.LOCK_BATCH_MQ: lock,
     codes.UNLOCK_BATCH_MQ: lock,
     codes.CHECK_CLIENT_CONFIG: client_config,
@@ -664,6 +685,20 @@ def bodies(code: int) -> st.SearchStrategy[bytes]:
     if code in (codes.SEND_MESSAGE, codes.SEND_MESSAGE_V2):
         good = st.binary(min_size=1, max_size=100)
         return st.one_of(good, good, message_bodies)
+    if code == codes.UPDATE_BROKER_CONFIG:  # key=value lines
+        lines = st.sampled_from(
+            [
+                b"brokerPermission=6\n",
+                b"brokerPermission=4\n",
+                b"brokerPermission=99\n",
+                b"brokerPermission=abc",
+                b"maxMessageSize=1\n",
+                b"=\n",
+                b"\xff\xfe",
+                b"# c\n",
+            ]
+        )
+        return st.one_of(lines, lines, junk_bodies)  # fmt: skip
     template = TEMPLATES.get(code)
     if template is not None:
         return st.one_of(dumped(template), dumped(template), junk_bodies)
@@ -758,7 +793,9 @@ def requests(draw, code: int) -> tuple[bytes, Command]:
             shape = draw(DIGITS)
             if shape == 0 and value in ("true", "false"):
                 loose[key] = value == "true"
-            elif shape == 0 and value.lstrip("-").isdigit() and len(value) < 30:
+            elif (
+                shape == 0 and value.lstrip("-").isdecimal() and value.isascii() and len(value) < 30
+            ):
                 loose[key] = int(value)
             elif shape == 1:
                 loose[key] = None  # dropped: the field is missing
@@ -932,6 +969,7 @@ def fuzz_every_code(door: Door, errors: Errors) -> None:
                 exchange.run(*pair)
 
             one()
+            door.reset()  # (a delete or a permission change may have succeeded)
             serves_the_next_connection(door)
     finally:
         exchange.close()

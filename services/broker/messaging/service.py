@@ -58,6 +58,7 @@ from services.broker.messaging.rules import (
     parse_sub_expression,
     real_destination,
 )
+from services.broker.messaging.stats import TrafficStats
 from services.broker.store import (
     GetResult,
     GetStatus,
@@ -204,6 +205,10 @@ class MessagingService:
         # than 40% of RAM reads from disk, and is sent to a slave if allowed.
         self.hot_bytes = hot_bytes if hot_bytes is not None else _ram_bytes() * 40 // 100
         self.store = store
+        # Rates for RocketMQ's statistics codes (sampled by the app's task).
+        self.stats = TrafficStats(
+            time.monotonic, lambda: (store.put_message_count, store.get_message_count)
+        )
         self.topics = topics
         self.broker_permission = broker_permission
         self.is_slave = is_slave
@@ -683,6 +688,9 @@ class MessagingService:
                 topic, queue_id, queue_offset, min(max_wait_ms, MAX_WAIT_MS) / 1000
             )
             result = await get(topic, queue_id, queue_offset, count, tag_hashes, raw, max_bytes)
+        found = result.raw_count if raw else len(result.records)
+        if found:
+            self.stats.got(group, topic, found)
         return PullOutcome(result, self._suggest(group, result))
 
     def _suggest(self, group: str, result: GetResult) -> int:

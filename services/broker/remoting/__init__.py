@@ -44,10 +44,18 @@ def after_close() -> frozenset[int]:
 
 def handlers(deps: Deps) -> dict[int, Handler]:
     """Every request code the broker serves over RocketMQ's protocol."""
-    from services.broker.remoting import consumers, offsets, pulls, queries, sendback, sends
+    from services.broker.remoting import (
+        admin,
+        consumers,
+        offsets,
+        pulls,
+        queries,
+        sendback,
+        sends,
+    )
 
     table: dict[int, Handler] = {}
-    for family in (sends, offsets, queries, consumers, pulls, sendback):
+    for family in (sends, offsets, queries, consumers, pulls, sendback, admin):
         table.update(family.handlers(deps))
     return table
 

@@ -50,6 +50,8 @@ class Deps:
     clients: ClientTables = dataclasses.field(default_factory=ClientTables)
     locks: QueueLocks = dataclasses.field(default_factory=QueueLocks)
     send_back: SendBack | None = None  # built from messaging and admin when not given
+    # RocketMQ's ACL checks every request (ferry.acl); the admin token then does not apply.
+    acl_enabled: bool = False
 
     def __post_init__(self) -> None:
         if self.send_back is None and self.admin is not None and self.messaging is not None:

@@ -829,6 +829,15 @@ class MessageStore:
             return -1
         return await self._store_time(queue, queue.min_offset)
 
+    async def store_time_at(self, topic: str, queue_id: int, queue_offset: int) -> int:
+        """The store time of the message at `queue_offset`; −1 if the queue
+        has none there (never written, deleted by retention, or not yet)."""
+        self._check_readable()
+        queue = self.queues.get(topic, queue_id)
+        if queue is None or not queue.min_offset <= queue_offset < queue.max_offset:
+            return -1
+        return await self._store_time(queue, queue_offset)
+
     async def _store_time(self, queue: QueueView, queue_offset: int) -> int:
         """The store time of one entry's record; −1 if it is gone or unreadable."""
         commit_offset, size, _ = queue.entry(queue_offset)

@@ -1,0 +1,621 @@
+"""RocketMQ's admin and statistics codes on the broker: what `mqadmin`, the
+RocketMQ Dashboard and `rocketmq-exporter` ask a broker
+(docs/reference/remoting.md, "Broker: admin and statistics").
+
+Tables (the same use cases as ferry.v1's BrokerAdmin, so a topic made with
+`mqadmin updateTopic` is the topic `ferry topic create` makes):
+UPDATE_AND_CREATE_TOPIC 17, DELETE_TOPIC_IN_BROKER 215,
+UPDATE_AND_CREATE_SUBSCRIPTIONGROUP 200, DELETE_SUBSCRIPTIONGROUP 207, and the
+whole tables a RocketMQ slave copies from its master: GET_ALL_TOPIC_CONFIG 21,
+GET_ALL_CONSUMER_OFFSET 43, GET_ALL_DELAY_OFFSET 45,
+GET_ALL_SUBSCRIPTIONGROUP_CONFIG 201.
+
+Configuration: GET_BROKER_CONFIG 26 (every key, as broker.conf writes it) and
+UPDATE_BROKER_CONFIG 25 (only the keys ferry can change while it runs;
+anything else is refused naming the key).
+
+Statistics: GET_BROKER_RUNTIME_INFO 28, GET_TOPIC_STATS_INFO 202,
+GET_CONSUME_STATS 208, GET_CONSUMER_CONNECTION_LIST 203,
+GET_PRODUCER_CONNECTION_LIST 204, QUERY_TOPIC_CONSUME_BY_WHO 300, and
+INVOKE_BROKER_TO_RESET_OFFSET 222 (the broker tells the group's connected
+consumers where to start again, as Apache's does).
+
+Bodies are in the forms mqadmin parses (fastjson's, with MessageQueue objects
+as map keys for 202, 208 and 222: `ferry.remoting.bodies.dumps_object_keyed`).
+A malformed header or body is answered 1 SYSTEM_ERROR naming the field, as
+Apache answers a header it cannot decode; nothing changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from ferry import __version__
+from ferry.model import (
+    SCHEDULE_TOPIC,
+    SubscriptionGroupConfig,
+    TopicConfig,
+    check_name,
+    parse_attributes,
+)
+from ferry.remoting import bodies, codes
+from ferry.remoting.codec import Command
+from ferry.remoting.server import Connection, Handler
+from ferry.runtime import errors
+from services.broker.config import KNOWN_KEYS, parse_properties, shown_value
+from services.broker.messaging.clients import Member
+from services.broker.metadata.tables import group_from_json, topic_to_json, version_to_json
+from services.broker.remoting import convert
+from services.broker.remoting.convert import boolean, integer, text
+from services.broker.remoting.deps import Deps
+
+log = logging.getLogger(__name__)
+
+SLAVE_REMARK = (
+    "Can't modify topic or subscription group from slave broker, please execute it from "
+    "master broker."
+)
+# What UPDATE_BROKER_CONFIG may change while the broker runs (each has its use case).
+RUNTIME_KEYS = ("brokerPermission",)
+# Keys whose values GET_BROKER_CONFIG masks (tlsKey is a path, but a private one).
+SECRET_KEYS = ("adminToken", "haSecret", "tlsKey")
+# RocketMQ's version ordinal of 4.9.8, the protocol level ferry speaks (brokerVersion).
+PROTOCOL_VERSION = 409
+# The codes that change the broker (an admin token or ACL admin guards them).
+CHANGES = frozenset(
+    {
+        codes.UPDATE_AND_CREATE_TOPIC,
+        codes.DELETE_TOPIC_IN_BROKER,
+        codes.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+        codes.DELETE_SUBSCRIPTIONGROUP,
+        codes.UPDATE_BROKER_CONFIG,
+        codes.INVOKE_BROKER_TO_RESET_OFFSET,
+    }
+)
+
+
+def queue_key(topic: str, broker_name: str, queue_id: int) -> dict[str, Any]:
+    """A MessageQueue as fastjson writes it (fields in alphabetical order)."""
+    return {"brokerName": broker_name, "queueId": queue_id, "topic": topic}
+
+
+def human_bytes(n: int) -> str:
+    """Bytes as RocketMQ's MixAll.humanReadableByteCount(n, false) writes them."""
+    if n < 1024:
+        return f"{n} B"
+    exp = 0
+    value = float(n)
+    while value >= 1024 and exp < 6:
+        value /= 1024
+        exp += 1
+    return f"{value:.1f} {'KMGTPE'[exp - 1]}iB"
+
+
+def running_for(ms: int) -> str:
+    """`[ 0 days, 0 hours, 0 minutes, 16 seconds ]`, as RocketMQ's runtime key."""
+    s = max(0, ms) // 1000
+    return f"[ {s // 86400} days, {s % 86400 // 3600} hours, {s % 3600 // 60} minutes, {s % 60} seconds ]"
+
+
+def _subscription_json(sub) -> dict[str, Any]:
+    return {
+        "classFilterMode": False,
+        "codeSet": list(sub.codes),
+        "expressionType": sub.expression_type,
+        "subString": sub.expression,
+        "subVersion": sub.version,
+        "tagsSet": list(sub.tags),
+        "topic": sub.topic,
+    }
+
+
+def _connection_json(member: Member) -> dict[str, Any]:
+    return {
+        "clientAddr": getattr(member.channel, "remote", ""),
+        "clientId": member.client_id,
+        "language": member.language or "JAVA",
+        "version": member.version,
+    }
+
+
+_GROUP_TYPES = {
+    "groupName": str,
+    "consumeEnable": bool,
+    "consumeFromMinEnable": bool,
+    "consumeBroadcastEnable": bool,
+    "retryQueueNums": int,
+    "retryMaxTimes": int,
+    "brokerId": int,
+    "whichBrokerWhenConsumeSlowly": int,
+    "notifyConsumerIdsChangedEnable": bool,
+    "groupSysFlag": int,
+    "consumeMessageOrderly": bool,
+}
+
+
+def group_from_body(body: bytes) -> SubscriptionGroupConfig:
+    """UPDATE_AND_CREATE_SUBSCRIPTIONGROUP's body (SubscriptionGroupConfig JSON),
+    each known field of its JSON type; unknown fields are ignored, as fastjson does.
+
+    Raises:
+        BodyError: not JSON, not an object, or a field of the wrong type.
+    """
+    doc = bodies.loads(body)
+    if not isinstance(doc, dict):
+        raise bodies.BodyError("a SubscriptionGroupConfig must be a JSON object")
+    for key, kind in _GROUP_TYPES.items():
+        if key not in doc:
+            continue
+        value = doc[key]
+        ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+        if not ok:
+            raise bodies.BodyError(f"{key} must be a {kind.__name__}, not {value!r:.40}")
+        if kind is int and not -(2**31) <= value < 2**31:
+            raise bodies.BodyError(f"{key} {value} is out of range")
+    if not isinstance(doc.get("groupName"), str):
+        raise bodies.BodyError("groupName is required")
+    check_name(doc["groupName"], "groupName")
+    attributes = doc.get("attributes")
+    if attributes is not None and not (
+        isinstance(attributes, dict) and all(isinstance(v, str) for v in attributes.values())
+    ):
+        raise bodies.BodyError("attributes must be an object of strings")
+    return group_from_json({k: v for k, v in doc.items() if k in _GROUP_TYPES or k == "attributes"})
+
+
+class AdminCodes:
+    def __init__(self, deps: Deps) -> None:
+        self.deps = deps
+        self.metadata = deps.metadata
+        self.broker_name = deps.config.broker_name
+
+    # ------------------------------------------------------------ tables
+
+    async def update_topic(self, connection: Connection, request: Command) -> Command:
+        ext = request.ext
+        topic = text(ext, "topic")
+        config = TopicConfig(
+            topic_name=topic,
+            read_queue_nums=integer(ext, "readQueueNums", low=0, high=1024),
+            write_queue_nums=integer(ext, "writeQueueNums", low=0, high=1024),
+            perm=integer(ext, "perm", low=0, high=15),
+            topic_filter_type=self._filter_type(ext),
+            topic_sys_flag=integer(ext, "topicSysFlag", required=False, low=0, high=2**31 - 1),
+            order=boolean(ext, "order"),
+            attributes=tuple(parse_attributes(ext.get("attributes", "")).items()),
+        )
+        if self.deps.config.is_slave:
+            return request.answer(codes.SYSTEM_ERROR, SLAVE_REMARK)
+        if topic == SCHEDULE_TOPIC:
+            return request.answer(
+                codes.SYSTEM_ERROR, f"The topic[{topic}] is conflict with system topic."
+            )
+        log.info("UPDATE_AND_CREATE_TOPIC %s from %s", topic, connection.remote)
+        await self.deps.admin.update_topic(config)
+        return request.answer(codes.SUCCESS)
+
+    @staticmethod
+    def _filter_type(ext: Mapping[str, str]) -> str:
+        value = ext.get("topicFilterType") or "SINGLE_TAG"
+        if value not in ("SINGLE_TAG", "MULTI_TAG"):
+            raise convert.BadRequest(
+                "topicFilterType", f"{value[:20]!r} is not SINGLE_TAG or MULTI_TAG"
+            )
+        return value
+
+    async def delete_topic(self, connection: Connection, request: Command) -> Command:
+        topic = text(request.ext, "topic")
+        if self.deps.config.is_slave:
+            return request.answer(codes.SYSTEM_ERROR, SLAVE_REMARK)
+        if topic == SCHEDULE_TOPIC:
+            return request.answer(
+                codes.SYSTEM_ERROR, f"The topic[{topic}] is conflict with system topic."
+            )
+        log.info("DELETE_TOPIC_IN_BROKER %s from %s", topic, connection.remote)
+        if self.metadata.topics.get(topic) is not None:  # an unknown topic is deleted already
+            await self.deps.admin.delete_topic(topic)
+        return request.answer(codes.SUCCESS)
+
+    async def update_group(self, connection: Connection, request: Command) -> Command:
+        config = group_from_body(request.body)
+        if self.deps.config.is_slave:
+            return request.answer(codes.SYSTEM_ERROR, SLAVE_REMARK)
+        log.info(
+            "UPDATE_AND_CREATE_SUBSCRIPTIONGROUP %s from %s", config.group_name, connection.remote
+        )
+        await self.deps.admin.update_group(config)
+        return request.answer(codes.SUCCESS)
+
+    async def delete_group(self, connection: Connection, request: Command) -> Command:
+        group = text(request.ext, "groupName")
+        if self.deps.config.is_slave:
+            return request.answer(codes.SYSTEM_ERROR, SLAVE_REMARK)
+        log.info("DELETE_SUBSCRIPTIONGROUP %s from %s", group, connection.remote)
+        if self.metadata.subscription_groups.get(group) is not None:
+            # (ferry removes the group's offsets with it, whatever removeOffset says)
+            await self.deps.admin.delete_group(group)
+        elif boolean(request.ext, "removeOffset"):
+            self.metadata.consumer_offsets.remove_group(group)
+        self.deps.messaging.stats.forget_group(group)
+        return request.answer(codes.SUCCESS)
+
+    async def all_topic_config(self, connection: Connection, request: Command) -> Command:
+        table, version = self.metadata.topics.snapshot()
+        body = {
+            "dataVersion": version_to_json(version),
+            "topicConfigTable": {name: topic_to_json(t) for name, t in sorted(table.items())},
+        }
+        return request.answer(codes.SUCCESS, body=bodies.dumps(body))
+
+    async def all_group_config(self, connection: Connection, request: Command) -> Command:
+        from services.broker.metadata.tables import group_to_json
+
+        table, version = self.metadata.subscription_groups.snapshot()
+        body = {
+            "dataVersion": version_to_json(version),
+            "subscriptionGroupTable": {n: group_to_json(g) for n, g in sorted(table.items())},
+        }
+        return request.answer(codes.SUCCESS, body=bodies.dumps(body))
+
+    async def all_consumer_offset(self, connection: Connection, request: Command) -> Command:
+        table, _ = self.metadata.consumer_offsets.snapshot()
+        body = {
+            "offsetTable": {
+                key: {str(q): o for q, o in sorted(queues.items())}
+                for key, queues in sorted(table.items())
+            }
+        }
+        return request.answer(codes.SUCCESS, body=bodies.dumps(body))
+
+    async def all_delay_offset(self, connection: Connection, request: Command) -> Command:
+        table, _ = self.metadata.delay_offsets.snapshot()
+        body = {"offsetTable": {str(level): o for level, o in sorted(table.items())}}
+        return request.answer(codes.SUCCESS, body=bodies.dumps(body))
+
+    # ------------------------------------------------------------ configuration
+
+    async def get_broker_config(self, connection: Connection, request: Command) -> Command:
+        config = self.deps.config
+        values = {key: shown_value(key, config) for key in KNOWN_KEYS}
+        values["brokerPermission"] = str(self.deps.admin.permission)
+        for key in SECRET_KEYS:  # never sent: set or not, they read as a mask
+            values[key] = "******" if values.get(key) else ""
+        lines = "".join(f"{key}={value}\n" for key, value in values.items())
+        _, version = self.metadata.topics.snapshot()
+        ext = {"version": bodies.dumps(version_to_json(version)).decode()}
+        return request.answer(codes.SUCCESS, ext=ext, body=lines.encode())
+
+    async def update_broker_config(self, connection: Connection, request: Command) -> Command:
+        try:
+            changes = parse_properties(bytes(request.body).decode())
+        except UnicodeDecodeError:
+            return request.answer(codes.SYSTEM_ERROR, "request body: not UTF-8 key=value lines")
+        for key in changes:
+            if key not in RUNTIME_KEYS:
+                known = (
+                    "a key ferry does not know"
+                    if key not in KNOWN_KEYS
+                    else "not changeable at run time"
+                )
+                return request.answer(
+                    codes.SYSTEM_ERROR,
+                    f"{key[:80]}: {known}; ferry changes only {', '.join(RUNTIME_KEYS)} while it "
+                    "runs. Set other keys in broker.conf and restart the broker",
+                )
+        if "brokerPermission" in changes:
+            value = changes["brokerPermission"]
+            if not value.isdigit():
+                raise convert.BadRequest("brokerPermission", f"{value[:20]!r} is not a number")
+            log.info("UPDATE_BROKER_CONFIG brokerPermission=%s from %s", value, connection.remote)
+            await self.deps.admin.update_permission(int(value))
+        return request.answer(codes.SUCCESS)
+
+    # ------------------------------------------------------------ statistics
+
+    async def runtime_info(self, connection: Connection, request: Command) -> Command:
+        table = await self.runtime_table()
+        return request.answer(codes.SUCCESS, body=bodies.dumps({"table": table}))
+
+    async def runtime_table(self) -> dict[str, str]:
+        """RocketMQ's runtime KVTable with ferry's figures, plus ferry's own keys
+        (docs/reference/remoting.md lists which RocketMQ keys ferry leaves out)."""
+        deps = self.deps
+        store = deps.store
+        stats = deps.messaging.stats
+        info = deps.admin.runtime_info(deps.config.flush_disk_type)
+        now_ms = deps.clock.wall_ms()
+        disk = shutil.disk_usage(deps.config.store_root)
+        # (the retention's used ratio, blocks in use over all blocks: what Java's
+        # getTotalSpace and getFreeSpace give Apache's commitLogDiskRatio)
+        used = f"{deps.store.retention_status().disk_used_ratio:.2f}"
+        earliest = await self._earliest_message_time()
+        table = {
+            **info.table,
+            "brokerVersionDesc": f"ferry-{__version__}",
+            "brokerVersion": str(PROTOCOL_VERSION),
+            "brokerRole": info.broker_role,
+            "bootTimestamp": str(info.start_timestamp),
+            "runtime": running_for(now_ms - info.start_timestamp),
+            "putTps": stats.triple(stats.put_tps),
+            "getTransferedTps": stats.triple(stats.got_tps),
+            "putMessageTimesTotal": str(store.put_message_count),
+            "msgPutTotalTodayNow": str(store.put_message_count),
+            "msgGetTotalTodayNow": str(store.get_message_count),
+            "commitLogMinOffset": str(store.min_offset),
+            "commitLogMaxOffset": str(store.max_offset),
+            "confirmOffset": str(store.confirm_offset),
+            "dispatchBehindBytes": str(store.dispatch_behind_bytes),
+            "remainHowManyDataToFlush": human_bytes(
+                max(0, store.max_offset - store.flushed_offset)
+            ),
+            "earliestMessageTimeStamp": str(earliest),
+            "commitLogDiskRatio": used,
+            "consumeQueueDiskRatio": used,
+            "commitLogDirCapacity": (
+                f"Total : {human_bytes(disk.total)}, Free : {human_bytes(disk.free)}."
+            ),
+            # ferry handles requests on its event loop: no thread-pool queue to wait in,
+            # no page-cache lock to wait for.
+            "sendThreadPoolQueueSize": "0",
+            "sendThreadPoolQueueHeadWaitTimeMills": "0",
+            "pullThreadPoolQueueSize": "0",
+            "pullThreadPoolQueueHeadWaitTimeMills": "0",
+            "queryThreadPoolQueueSize": "0",
+            "queryThreadPoolQueueHeadWaitTimeMills": "0",
+            "pageCacheLockTimeMills": "0",
+        }
+        return dict(sorted(table.items()))
+
+    async def _earliest_message_time(self) -> int:
+        """The store time of the commit log's first kept record; −1 for none."""
+        store = self.deps.store
+        if store.min_offset >= store.confirm_offset:
+            return -1
+        try:
+            data = await store.record_bytes(store.min_offset)
+        except errors.FerryError:
+            return -1
+        if data is None:
+            return -1
+        from ferry import record
+
+        try:
+            return record.store_timestamp(data)
+        except record.RecordError:
+            return -1
+
+    async def topic_stats(self, connection: Connection, request: Command) -> Command:
+        topic = text(request.ext, "topic")
+        config = self.metadata.topics.get(topic)
+        if config is None:
+            return request.answer(codes.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
+        store = self.deps.store
+        pairs = []
+        for queue_id in range(config.write_queue_nums):
+            low = store.queue_min_offset(topic, queue_id)
+            high = store.queue_max_offset(topic, queue_id)
+            last = await store.store_time_at(topic, queue_id, high - 1) if high > 0 else 0
+            pairs.append(
+                (
+                    queue_key(topic, self.broker_name, queue_id),
+                    {"lastUpdateTimestamp": max(last, 0), "maxOffset": high, "minOffset": low},
+                )
+            )
+        body = '{"offsetTable":' + bodies.dumps_object_keyed(pairs) + "}"
+        return request.answer(codes.SUCCESS, body=body.encode())
+
+    def _group_topics(self, group: str) -> list[str]:
+        """The topics a group has committed offsets for (RocketMQ's whichTopicByConsumer)."""
+        table, _ = self.metadata.consumer_offsets.snapshot()
+        suffix = "@" + group
+        return sorted(key[: -len(suffix)] for key in table if key.endswith(suffix))
+
+    async def consume_stats(self, connection: Connection, request: Command) -> Command:
+        group = text(request.ext, "consumerGroup")
+        asked = request.ext.get("topic") or ""
+        topics = [asked] if asked else self._group_topics(group)
+        clients = self.deps.clients
+        subscribed = any(m.subscriptions for m in clients.consumers(group))
+        store = self.deps.store
+        offsets = self.metadata.consumer_offsets
+        pairs = []
+        tps = 0.0
+        for topic in topics:
+            config = self.metadata.topics.get(topic)
+            if config is None:
+                continue
+            if subscribed and clients.subscription(group, topic) is None:
+                continue  # online, and not reading this topic
+            for queue_id in range(config.read_queue_nums):
+                broker_offset = store.queue_max_offset(topic, queue_id)
+                consumer_offset = offsets.query(group, topic, queue_id)
+                consumer_offset = max(consumer_offset or 0, 0)
+                entry = {"brokerOffset": broker_offset, "consumerOffset": consumer_offset}
+                last = 0
+                if consumer_offset > 0:
+                    last = max(await store.store_time_at(topic, queue_id, consumer_offset - 1), 0)
+                entry["lastTimestamp"] = last
+                pairs.append((queue_key(topic, self.broker_name, queue_id), entry))
+            tps += self.deps.messaging.stats.group_tps(group, topic)
+        body = (
+            '{"consumeTps":' + repr(round(tps, 4)) + ',"offsetTable":'
+            + bodies.dumps_object_keyed(pairs) + "}"
+        )  # fmt: skip
+        return request.answer(codes.SUCCESS, body=body.encode())
+
+    async def consumer_connections(self, connection: Connection, request: Command) -> Command:
+        group = text(request.ext, "consumerGroup")
+        members = self.deps.clients.consumers(group)
+        if not members:
+            return request.answer(
+                codes.CONSUMER_NOT_ONLINE, f"the consumer group[{group}] not online"
+            )
+        first = members[0]
+        subscriptions: dict[str, Any] = {}
+        for member in members:
+            for topic, sub in member.subscriptions.items():
+                newest = subscriptions.get(topic)
+                if newest is None or sub.version > newest["subVersion"]:
+                    subscriptions[topic] = _subscription_json(sub)
+        body = {
+            "connectionSet": [_connection_json(m) for m in members],
+            "consumeFromWhere": first.consume_from_where,
+            "consumeType": first.consume_type,
+            "messageModel": first.message_model,
+            "subscriptionTable": subscriptions,
+        }
+        return request.answer(codes.SUCCESS, body=bodies.dumps(body))
+
+    async def producer_connections(self, connection: Connection, request: Command) -> Command:
+        group = text(request.ext, "producerGroup")
+        members = self.deps.clients.producers(group)
+        if not members:
+            return request.answer(codes.SYSTEM_ERROR, f"the producer group[{group}] not exist")
+        body = {"connectionSet": [_connection_json(m) for m in members]}
+        return request.answer(codes.SUCCESS, body=bodies.dumps(body))
+
+    async def consumed_by(self, connection: Connection, request: Command) -> Command:
+        topic = text(request.ext, "topic")
+        clients = self.deps.clients
+        groups = {g for g in clients.consumer_groups() if clients.subscription(g, topic)}
+        table, _ = self.metadata.consumer_offsets.snapshot()
+        prefix = topic + "@"
+        groups.update(key[len(prefix) :] for key in table if key.startswith(prefix))
+        return request.answer(codes.SUCCESS, body=bodies.dumps({"groupList": sorted(groups)}))
+
+    async def reset_offset(self, connection: Connection, request: Command) -> Command:
+        """Where each queue of the topic starts again for the group: the first
+        message stored at or after `timestamp` (−1: the queue's end); with
+        `isForce` false, never later than the group's committed offset. The
+        group's connected consumers are told (oneway
+        RESET_CONSUMER_CLIENT_OFFSET 220) and commit the new offsets
+        themselves, as with Apache; a group with none connected answers 206,
+        and mqadmin then sets the offsets itself (15, per queue)."""
+        ext = request.ext
+        topic = text(ext, "topic")
+        group = text(ext, "group")
+        timestamp = integer(ext, "timestamp", low=-1)
+        force = boolean(ext, "isForce")
+        config = self.metadata.topics.get(topic)
+        if config is None:
+            return request.answer(
+                codes.SYSTEM_ERROR,
+                f"[reset-offset] reset offset failed, no topic in this broker. topic={topic}",
+            )
+        offsets = self.metadata.consumer_offsets
+        store = self.deps.store
+        pairs = []
+        for queue_id in range(config.write_queue_nums):
+            current = offsets.query(group, topic, queue_id)
+            if current is None:
+                return request.answer(
+                    codes.SYSTEM_ERROR, f"THe consumer group <{group}> not exist"
+                )  # (sic: Apache's remark)
+            if timestamp == -1:
+                target = store.queue_max_offset(topic, queue_id)
+            else:
+                target = await store.offset_by_time(topic, queue_id, timestamp)
+            target = max(target, 0)
+            pairs.append(
+                (
+                    queue_key(topic, self.broker_name, queue_id),
+                    target if force or target < current else current,
+                )
+            )
+        members = self.deps.clients.consumers(group)
+        if not members:
+            return request.answer(
+                codes.CONSUMER_NOT_ONLINE,
+                f"Consumer not online, so can not reset offset, Group: {group} Topic: {topic} "
+                f"Timestamp: {timestamp}",
+            )
+        body = ('{"offsetTable":' + bodies.dumps_object_keyed(pairs) + "}").encode()
+        log.info(
+            "INVOKE_BROKER_TO_RESET_OFFSET group=%s topic=%s timestamp=%d force=%s from %s",
+            group, topic, timestamp, force, connection.remote,
+        )  # fmt: skip
+        for channel in dict.fromkeys(m.channel for m in members):
+            if isinstance(channel, Connection) and channel.is_open:
+                channel.oneway(
+                    Command(
+                        codes.RESET_CONSUMER_CLIENT_OFFSET,
+                        ext={
+                            "topic": topic,
+                            "group": group,
+                            "timestamp": str(timestamp),
+                            "isForce": str(force).lower(),
+                        },
+                        body=body,
+                        language="JAVA",
+                    )
+                )
+        return request.answer(codes.SUCCESS, body=body)
+
+
+def _answering(deps: Deps, handler: Handler) -> Handler:
+    """The gate, then the handler; a bad header or body, and ferry's errors,
+    become answers naming what was wrong (1, or the error's own code)."""
+
+    async def handle(connection: Connection, request: Command) -> Command | None:
+        try:
+            deps.gate.check()
+            return await handler(connection, request)
+        except bodies.BodyError as e:
+            return request.answer(codes.SYSTEM_ERROR, f"request body: {e}")
+        except errors.InvalidArgument as e:
+            return request.answer(codes.SYSTEM_ERROR, e.message)
+        except errors.PermissionDenied as e:
+            return request.answer(
+                codes.SYSTEM_ERROR if "SLAVE" in e.message else codes.NO_PERMISSION, e.message
+            )
+        except errors.FerryError as e:
+            return convert.error_answer(request, e)
+
+    return handle
+
+
+def guarded_by_token(token: str, handler: Handler) -> Handler:
+    """With an admin token and no ACL: a change over RocketMQ's protocol,
+    which cannot carry the token, is refused (16), as on the name server."""
+
+    async def refuse(connection: Connection, request: Command) -> Command:
+        return request.answer(
+            codes.NO_PERMISSION,
+            f"request code {request.code} changes the broker and requires an admin token, which "
+            "RocketMQ's protocol cannot carry: use ferry.v1 with the admin token, or turn on "
+            "RocketMQ's ACL (aclEnable) and sign with an admin access key",
+        )
+
+    return refuse if token else handler
+
+
+def handlers(deps: Deps) -> dict[int, Handler]:
+    admin = AdminCodes(deps)
+    table: dict[int, Callable[[Connection, Command], Awaitable[Command]]] = {
+        codes.UPDATE_AND_CREATE_TOPIC: admin.update_topic,
+        codes.DELETE_TOPIC_IN_BROKER: admin.delete_topic,
+        codes.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: admin.update_group,
+        codes.DELETE_SUBSCRIPTIONGROUP: admin.delete_group,
+        codes.GET_ALL_TOPIC_CONFIG: admin.all_topic_config,
+        codes.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: admin.all_group_config,
+        codes.GET_ALL_CONSUMER_OFFSET: admin.all_consumer_offset,
+        codes.GET_ALL_DELAY_OFFSET: admin.all_delay_offset,
+        codes.GET_BROKER_CONFIG: admin.get_broker_config,
+        codes.UPDATE_BROKER_CONFIG: admin.update_broker_config,
+        codes.GET_BROKER_RUNTIME_INFO: admin.runtime_info,
+        codes.GET_TOPIC_STATS_INFO: admin.topic_stats,
+        codes.GET_CONSUME_STATS: admin.consume_stats,
+        codes.GET_CONSUMER_CONNECTION_LIST: admin.consumer_connections,
+        codes.GET_PRODUCER_CONNECTION_LIST: admin.producer_connections,
+        codes.QUERY_TOPIC_CONSUME_BY_WHO: admin.consumed_by,
+        codes.INVOKE_BROKER_TO_RESET_OFFSET: admin.reset_offset,
+    }
+    token = deps.config.admin_token if not deps.acl_enabled else ""
+    out: dict[int, Handler] = {}
+    for code, fn in table.items():
+        handler = _answering(deps, fn)
+        out[code] = guarded_by_token(token, handler) if code in CHANGES else handler
+    return out
