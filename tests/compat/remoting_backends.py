@@ -14,6 +14,7 @@ Back ends:
 
 Topologies:
 - `SINGLE`: one ASYNC_MASTER (broker-a);
+- `ONE_GROUP`: broker-a's ASYNC_MASTER and its SLAVE;
 - `TWO_SYNC_GROUPS`: broker-a and broker-b, each a SYNC_MASTER with one SLAVE (a master's
   SEND_OK means its slave has the message: the failover test's "acknowledged").
 
@@ -44,10 +45,12 @@ J = TypeVar("J", bound=JavaProcess)
 
 BACKENDS = ("apache", "ferry")
 SINGLE = "1m"
+ONE_GROUP = "1m-1s"
 TWO_SYNC_GROUPS = "2m-2s-sync"
 # Each topology's brokers: (brokerName, brokerId, brokerRole), masters first.
 LAYOUTS = {
     SINGLE: [("broker-a", 0, "ASYNC_MASTER")],
+    ONE_GROUP: [("broker-a", 0, "ASYNC_MASTER"), ("broker-a", 1, "SLAVE")],
     TWO_SYNC_GROUPS: [
         (name, broker_id, role)
         for name in ("broker-a", "broker-b")

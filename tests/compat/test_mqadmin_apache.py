@@ -1,0 +1,424 @@
+"""Apache's own `mqadmin` (rocketmq-tools 4.9) against a ferry cluster and an Apache 4.9 cluster.
+
+Both sides are one broker group, an ASYNC_MASTER and its SLAVE
+(`remoting_backends.ONE_GROUP`), with the same traffic from Apache's 4.9.8 Java client: 20
+messages to `AdmTopic` (4 queues, message i to queue i mod 4), a push consumer group
+`AdmGroup` that consumed them all and stays connected, and a producer group `LiveProducer`
+that sent one more message and stays connected. Every mqadmin command runs against both
+(one MqadminSession JVM per side) and the test compares what it printed: the fields that
+mean the same must have the same values (offsets, queue counts, lags, roles, groups,
+languages, versions). What differs by design — addresses, cluster names, timestamps, the
+broker's version, Apache's own system topics — is left out of each comparison, and the
+differences ferry documents (docs/reference/remoting.md) are asserted as such.
+
+The tests share the module's clusters and run in this file's order (later ones see the
+offsets the reset moved).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ferry.remoting import codes
+from ferry.remoting.bodies import loads
+from ferry.remoting.client import call
+from ferry.remoting.codec import Command
+from tests.compat import clients
+from tests.compat.clients import Client
+from tests.compat.mqadmin import MqadminSession, Result
+from tests.compat.remoting_backends import ONE_GROUP, RemotingBackend, start_remoting_backend
+from tests.conftest import wait_for
+
+TOPIC = "AdmTopic"
+GROUP = "AdmGroup"
+LIVE = "LiveProducer"
+SENT = 20
+SIDES = ("ferry", "apache")
+
+
+@dataclass
+class Side:
+    name: str
+    cluster: RemotingBackend
+    mqadmin: MqadminSession
+    consumer: Client
+    live: Client
+    offset_ids: list[str]
+    cluster_name: str = ""
+
+    @property
+    def master(self) -> str:
+        return next(n.address for n in self.cluster.nodes if n.broker_id == 0)
+
+    @property
+    def slave(self) -> str:
+        return next(n.address for n in self.cluster.nodes if n.broker_id != 0)
+
+    def run(self, *args: str) -> Result:
+        return self.mqadmin.run(*args, "-n", self.cluster.namesrv)
+
+    def consume_stats(self) -> dict:
+        answer = call(self.master, Command(codes.GET_CONSUME_STATS, ext={"consumerGroup": GROUP}))
+        assert answer.code == codes.SUCCESS, (self.name, answer.code, answer.remark)
+        return {
+            int(q): (e["brokerOffset"], e["consumerOffset"])
+            for q, e in re.findall(
+                r'"queueId":(\d+),"topic":"AdmTopic"\}:(\{[^}]*\})', answer.body.decode()
+            )
+            for e in [loads(e.encode())]
+        }
+
+
+def _start(name: str, root: Path) -> Side:
+    cluster = start_remoting_backend(name, ONE_GROUP, root / name)
+    started: list = []
+    try:
+        cluster.create_topic(TOPIC, 4)
+        sends = clients.produce(
+            clients.java(
+                "Producer49",
+                ["--namesrv", cluster.namesrv, "--topic", TOPIC, "--count", str(SENT),
+                 "--key-prefix", "adm", "--select", "mod", "--group", "AdmBatch"],
+                root / f"{name}-producer",
+            )
+        )  # fmt: skip
+        assert [s["status"] for s in sends] == ["SEND_OK"] * SENT, sends
+        consumer = clients.java(
+            "PushConsumer49",
+            ["--namesrv", cluster.namesrv, "--topic", TOPIC, "--group", GROUP,
+             "--instance", "c1", "--stdin-stop"],
+            root / f"{name}-consumer",
+        ).start()  # fmt: skip
+        started.append(consumer)
+        consumer.wait(lambda c: len(c.of("msg")) >= SENT, 90, f"{name}: {SENT} consumed")
+        # One more message, then connected and idle: its group shows in producerConnection.
+        live = clients.java(
+            "Producer49",
+            ["--namesrv", cluster.namesrv, "--topic", TOPIC, "--count", "2", "--select", "mod",
+             "--key-prefix", "live", "--interval-ms", "600000", "--group", LIVE, "--stdin-stop"],
+            root / f"{name}-live",
+        ).start()  # fmt: skip
+        started.append(live)
+        live.wait(lambda c: len(c.of("send")) >= 1, 60, f"{name}: the live producer's send")
+        consumer.wait(lambda c: len(c.of("msg")) >= SENT + 1, 60, f"{name}: all consumed")
+        session = MqadminSession(root / f"{name}-mqadmin")
+        side = Side(name, cluster, session, consumer, live, [s["offsetMsgId"] for s in sends])
+        info = loads(call(cluster.namesrv, Command(codes.GET_BROKER_CLUSTER_INFO)).body)
+        side.cluster_name = next(iter(info["clusterAddrTable"]))
+        return side
+    except BaseException:
+        for client in started:
+            client.stop()
+        cluster.stop()
+        raise
+
+
+@pytest.fixture(scope="module")
+def sides(tmp_path_factory) -> Iterator[dict[str, Side]]:
+    root = tmp_path_factory.mktemp("mqadmin")
+    with ThreadPoolExecutor(2) as pool:
+        futures = {name: pool.submit(_start, name, root) for name in SIDES}
+    started: dict[str, Side] = {}
+    failure: BaseException | None = None
+    for name, future in futures.items():
+        try:
+            started[name] = future.result()
+        except BaseException as e:  # noqa: BLE001 - raised after the other side is stopped
+            failure = failure or e
+    try:
+        if failure is not None:
+            raise failure
+        for side in started.values():  # every consumed offset committed, on both
+            wait_for(
+                lambda s=side: (
+                    all(b == c for b, c in s.consume_stats().values())
+                    and sum(b for b, _ in s.consume_stats().values()) == SENT + 1
+                ),
+                60,
+                f"{side.name}: {GROUP}'s offsets committed",
+            )
+        yield started
+    finally:
+        for side in started.values():
+            side.consumer.stop()
+            side.live.stop()
+            side.mqadmin.stop()
+            side.cluster.stop()
+
+
+def both(sides: dict[str, Side], *args: str, on: Callable[[Side], list[str]] | None = None):
+    """The same mqadmin command on each side (`on` adds side-specific arguments, e.g. -b)."""
+    return {name: side.run(*args, *(on(side) if on else [])) for name, side in sides.items()}
+
+
+def rows(result: Result, skip_header: bool = True) -> list[list[str]]:
+    lines = result.lines[1:] if skip_header else result.lines
+    return [line.split() for line in lines]
+
+
+def neutral(text: str, side: Side) -> str:
+    """An output with the side's own addresses and cluster name replaced."""
+    for addr, label in ((side.master, "MASTER"), (side.slave, "SLAVE"),
+                        (side.cluster.namesrv, "NAMESRV")):  # fmt: skip
+        text = text.replace(addr, label)
+    return text.replace(side.cluster_name, "CLUSTER")
+
+
+# ---------------------------------------------------------------- cluster and broker
+
+
+def test_cluster_list_shows_the_same_group_and_roles(sides):
+    out = both(sides, "clusterList")
+    for name, side in sides.items():
+        table = {r[2]: r for r in rows(out[name])}  # by broker id
+        assert sorted(table) == ["0", "1"], out[name].out
+        assert table["0"][:4] == [side.cluster_name, "broker-a", "0", side.master]
+        assert table["1"][:4] == [side.cluster_name, "broker-a", "1", side.slave]
+        # #InTPS(LOAD) reads putTps, #SPACE commitLogDiskRatio: numbers on both.
+        assert re.match(r"\d+\.\d\d\(", table["0"][5]), table["0"]
+        assert 0.0 <= float(table["0"][-1]) <= 1.0
+    assert rows(out["ferry"])[0][5].endswith("(0,0ms)")  # no thread-pool queue in ferry
+
+
+def test_broker_status_has_the_keys_tools_read_with_ferrys_figures(sides):
+    out = both(sides, "brokerStatus", on=lambda s: ["-b", s.master])
+    tables = {
+        name: dict(line.split(":", 1) for line in r.lines if ":" in line) for name, r in out.items()
+    }
+    tables = {n: {k.strip(): v.strip() for k, v in t.items()} for n, t in tables.items()}
+    read_by_tools = {  # clusterList, brokerStatus users, rocketmq-exporter
+        "putTps", "getTransferedTps", "sendThreadPoolQueueSize", "pullThreadPoolQueueSize",
+        "sendThreadPoolQueueHeadWaitTimeMills", "pullThreadPoolQueueHeadWaitTimeMills",
+        "pageCacheLockTimeMills", "earliestMessageTimeStamp", "commitLogDiskRatio",
+        "brokerVersionDesc", "commitLogMaxOffset", "commitLogMinOffset", "dispatchBehindBytes",
+        "msgPutTotalTodayNow", "msgGetTotalTodayNow", "bootTimestamp", "runtime",
+        "remainHowManyDataToFlush", "commitLogDirCapacity", "consumeQueueDiskRatio",
+    }  # fmt: skip
+    for name, table in tables.items():
+        assert read_by_tools <= set(table), (name, read_by_tools - set(table))
+    ferry = tables["ferry"]
+    assert int(ferry["commitLogMaxOffset"]) > 0 and ferry["commitLogMinOffset"] == "0"
+    assert int(ferry["msgPutTotalTodayNow"]) >= SENT + 1
+    assert int(ferry["msgGetTotalTodayNow"]) >= SENT + 1
+    assert int(ferry["earliestMessageTimeStamp"]) > 0  # Apache 4.9 answers -1 on a small store
+    assert len(ferry["putTps"].split()) == 3  # 10 s, 60 s, 600 s, as Apache's
+    assert ferry["dispatchBehindBytes"] == "0"
+
+
+def test_broker_config_reads_the_same_identity(sides):
+    out = both(sides, "getBrokerConfig", on=lambda s: ["-b", s.master])
+    for name, result in out.items():
+        config = dict(
+            (k.strip(), v.strip()) for k, _, v in (line.partition("=") for line in result.lines[1:])
+        )
+        assert result.lines[0] == f"============{sides[name].master}============"
+        assert (config["brokerName"], config["brokerId"]) == ("broker-a", "0"), name
+        assert config["brokerRole"] == "ASYNC_MASTER", name
+        assert config["namesrvAddr"] == sides[name].cluster.namesrv, name
+    assert "haSecret" in out["ferry"].out and "adminToken" in out["ferry"].out
+
+
+def test_update_broker_config_changes_the_permission_on_both(sides):
+    for value, perm in (("4", 4), ("6", 6)):
+        out = both(sides, "updateBrokerConfig", "-k", "brokerPermission", "-v", value,
+                   on=lambda s: ["-b", s.master])  # fmt: skip
+        for name, result in out.items():
+            assert result.lines == [f"update broker config success, {sides[name].master}"]
+            wait_for(
+                lambda s=sides[name], p=perm: _route_perm(s, TOPIC) == p,
+                30,
+                f"{name}: {TOPIC}'s route perm {perm}",
+            )
+    # A key ferry cannot change while it runs is refused, naming the key.
+    refused = sides["ferry"].run(
+        "updateBrokerConfig", "-b", sides["ferry"].master, "-k", "maxMessageSize", "-v", "1024"
+    )
+    assert "success" not in refused.out
+    assert "maxMessageSize: not changeable at run time" in refused.err
+
+
+def _route_perm(side: Side, topic: str) -> int:
+    answer = call(side.cluster.namesrv, Command(codes.GET_ROUTEINFO_BY_TOPIC, ext={"topic": topic}))
+    return loads(answer.body)["queueDatas"][0]["perm"]
+
+
+# ---------------------------------------------------------------- topics
+
+
+def test_topic_list_route_and_status_agree(sides):
+    listed = both(sides, "topicList")
+    for result in listed.values():
+        assert {TOPIC, f"%RETRY%{GROUP}"} <= set(result.lines)
+    by_cluster = both(sides, "topicList", "-c")
+    for name, result in by_cluster.items():
+        line = next(r for r in rows(result) if r[1] == TOPIC)
+        assert line == [sides[name].cluster_name, TOPIC, GROUP], result.out
+    routes = both(sides, "topicRoute", "-t", TOPIC)
+    assert neutral(routes["ferry"].out, sides["ferry"]) == neutral(
+        routes["apache"].out, sides["apache"]
+    )
+    status = both(sides, "topicStatus", "-t", TOPIC)
+    expected = [["broker-a", str(q), "0", str(SENT // 4 + (q == 0))] for q in range(4)]
+    for name, result in status.items():
+        assert [r[:4] for r in rows(result)] == expected, (name, result.out)
+        assert all(len(r) == 6 for r in rows(result)), result.out  # a last-updated time each
+
+
+def test_update_and_delete_topic_print_the_same(sides):
+    created = both(sides, "updateTopic", "-t", "NewTopic", "-r", "3", "-w", "3",
+                   on=lambda s: ["-b", s.master])  # fmt: skip
+    assert neutral(created["ferry"].out, sides["ferry"]) == neutral(
+        created["apache"].out, sides["apache"]
+    )
+    assert "readQueueNums=3, writeQueueNums=3, perm=RW-" in created["ferry"].out
+    for side in sides.values():
+        wait_for(lambda s=side: _has_route(s, "NewTopic"), 30, f"{side.name}: NewTopic routed")
+    status = both(sides, "topicStatus", "-t", "NewTopic")
+    assert (
+        rows(status["ferry"])
+        == rows(status["apache"])
+        == [["broker-a", str(q), "0", "0"] for q in range(3)]
+    )
+    deleted = both(sides, "deleteTopic", "-t", "NewTopic", on=lambda s: ["-c", s.cluster_name])
+    for name, result in deleted.items():
+        assert neutral(result.out, sides[name]).splitlines() == [
+            "delete topic [NewTopic] from cluster [CLUSTER] success.",
+            "delete topic [NewTopic] from NameServer success.",
+        ], result.out
+        assert not _has_route(sides[name], "NewTopic")
+    gone = both(sides, "topicStatus", "-t", "NewTopic")
+    assert gone["ferry"].lines == gone["apache"].lines
+
+
+def _has_route(side: Side, topic: str) -> bool:
+    answer = call(side.cluster.namesrv, Command(codes.GET_ROUTEINFO_BY_TOPIC, ext={"topic": topic}))
+    return answer.code == codes.SUCCESS
+
+
+# ---------------------------------------------------------------- groups
+
+
+def test_update_and_delete_subscription_group_print_the_same(sides):
+    created = both(sides, "updateSubGroup", "-g", "NewGroup", "-r", "2", "-q", "3",
+                   on=lambda s: ["-b", s.master])  # fmt: skip
+    assert neutral(created["ferry"].out, sides["ferry"]) == neutral(
+        created["apache"].out, sides["apache"]
+    )
+    for side in sides.values():
+        assert _group_config(side, "NewGroup")["retryQueueNums"] == 3
+        assert _group_config(side, "NewGroup")["retryMaxTimes"] == 2
+    deleted = both(sides, "deleteSubGroup", "-g", "NewGroup", on=lambda s: ["-b", s.master])
+    for name, result in deleted.items():
+        assert neutral(result.out, sides[name]).strip() == (
+            "delete subscription group [NewGroup] from broker [MASTER] success."
+        )
+        assert _group_config(sides[name], "NewGroup") is None
+
+
+def _group_config(side: Side, group: str) -> dict | None:
+    answer = call(side.master, Command(codes.GET_ALL_SUBSCRIPTIONGROUP_CONFIG))
+    return loads(answer.body)["subscriptionGroupTable"].get(group)
+
+
+def test_consumer_progress_shows_the_same_offsets_and_lag(sides):
+    out = both(sides, "consumerProgress", "-g", GROUP)
+    for name, result in out.items():
+        table = [r[:6] for r in rows(result) if r[0] in (TOPIC, f"%RETRY%{GROUP}")]
+        assert table == [
+            [f"%RETRY%{GROUP}", "broker-a", "0", "0", "0", "0"],
+            *[[TOPIC, "broker-a", str(q), str(5 + (q == 0)), str(5 + (q == 0)), "0"]
+              for q in range(4)],
+        ], (name, result.out)  # fmt: skip
+        assert "Diff Total: 0" in result.lines
+    groups = both(sides, "consumerProgress")
+    for result in groups.values():
+        line = next(r for r in rows(result) if r[0] == GROUP)
+        assert line == [GROUP, "1", "V4_9_8", "PUSH", "CLUSTERING", line[5], "0"], result.out
+
+
+def test_consumer_and_producer_connections_agree(sides):
+    consumers = both(sides, "consumerConnection", "-g", GROUP)
+    for name, result in consumers.items():
+        lines = result.lines
+        client = lines[1].split()
+        assert client[2:] == ["JAVA", "V4_9_8"] and client[0].endswith("@c1"), lines
+        assert lines[2:] == [
+            "Below is subscription:",
+            "#Topic               #SubExpression",
+            f"%RETRY%{GROUP}      *",
+            f"{TOPIC}             *",
+            "ConsumeType: CONSUME_PASSIVELY",
+            "MessageModel: CLUSTERING",
+            "ConsumeFromWhere: CONSUME_FROM_FIRST_OFFSET",
+        ], (name, lines)
+    producers = both(sides, "producerConnection", "-g", LIVE, "-t", TOPIC)
+    for result in producers.values():
+        assert len(result.lines) == 1
+        assert result.lines[0].split()[-2:] == ["JAVA", "V4_9_8"]
+    missing = both(sides, "consumerConnection", "-g", "NobodyHere")  # no %RETRY% route
+    causes = {
+        n: [ln for ln in r.err.splitlines() if ln.startswith("Caused by")]
+        for n, r in missing.items()
+    }
+    assert (
+        causes["ferry"]
+        == causes["apache"]
+        == [
+            "Caused by: org.apache.rocketmq.client.exception.MQClientException: CODE: 17  DESC: "
+            "No topic route info in name server for the topic: %RETRY%NobodyHere"
+        ]
+    )
+
+
+def test_query_message_by_id_prints_the_same_message(sides):
+    def fields(side: Side) -> dict[str, str]:
+        result = side.run("queryMsgById", "-i", side.offset_ids[0])
+        return {
+            k.strip(): v.strip()
+            for k, _, v in (line.partition(":") for line in result.lines)
+            if k.strip() in ("Topic", "Keys", "Queue ID", "Queue Offset", "Reconsume Times",
+                             "System Flag", "Tags")
+        } | {"track": next((ln for ln in result.lines if ln.startswith("MessageTrack")), "")}  # fmt: skip
+
+    ferry, apache = (fields(sides[n]) for n in SIDES)
+    assert ferry == apache
+    assert ferry["Keys"] == "[adm-0]" and ferry["Queue ID"] == "0"
+    assert (
+        ferry["track"]
+        == f"MessageTrack [consumerGroup={GROUP}, trackType=CONSUMED, exceptionDesc=null]"
+    )
+
+
+def test_reset_offset_by_time_rewinds_the_connected_consumer(sides):
+    out = both(sides, "resetOffsetByTime", "-g", GROUP, "-t", TOPIC, "-s", "0")
+    for result in out.values():
+        assert result.lines[0].startswith(f"rollback consumer offset by specified group[{GROUP}]")
+        assert rows(result)[1:] == [["broker-a", str(q), "0"] for q in range(4)], result.out
+    # The consumer was told to start again at 0: it gets every message a second time.
+    for side in sides.values():
+        side.consumer.wait(
+            lambda c: len(c.of("msg")) >= 2 * (SENT + 1), 60, f"{side.name}: consumed again"
+        )
+        wait_for(
+            lambda s=side: all(b == c for b, c in s.consume_stats().values()),
+            60,
+            f"{side.name}: offsets committed again",
+        )
+
+
+def test_wipe_and_add_write_perm_of_the_group(sides):
+    for command, word in (("wipeWritePerm", "wipe"), ("addWritePerm", "add")):
+        out = both(sides, command, "-b", "broker-a")
+        for name, result in out.items():
+            assert re.fullmatch(
+                rf"{word} write perm of broker\[broker-a\] in name server\[NAMESRV\] OK, \d+",
+                neutral(result.out, sides[name]).strip(),
+            ), result.out
+    for side in sides.values():
+        assert _route_perm(side, TOPIC) & 2
