@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from ferry.cli import failover_cmds
+from ferry.cli import failover_cmds, stats_cmds
 from ferry.cli.namesrv_cmds import BROKER_HELP, add_admin_token_option, add_namesrv_option
 from ferry.cli.namesrv_cmds import client as namesrv_client
 from ferry.cli.output import message_json, table
@@ -84,6 +84,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = tsub.add_parser("list", help="list the topics the name server routes")
     add_namesrv_option(p)
     p.set_defaults(func=topic_list)
+    stats_cmds.add_topic_commands(tsub)
 
     p = sub.add_parser(
         "send",

@@ -9,6 +9,7 @@ import sys
 
 import grpc
 
+from ferry.cli import stats_cmds
 from ferry.cli.namesrv_cmds import add_namesrv_option
 from ferry.cli.namesrv_cmds import client as namesrv_client
 from ferry.cli.output import table
@@ -41,6 +42,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-t", "--topic", required=True, help="topic")
     add_namesrv_option(p)
     p.set_defaults(func=status)
+    stats_cmds.add_group_commands(gsub)
 
 
 def _masters(args: argparse.Namespace) -> list[tuple[str, str | None]]:

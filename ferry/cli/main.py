@@ -15,6 +15,7 @@ from ferry.cli import (
     group_cmds,
     namesrv_cmds,
     pipeline_cmds,
+    stats_cmds,
     store_cmds,
 )
 from ferry.client.namesrv import NoNameServerAnswered
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     namesrv_cmds.add_commands(sub)
     broker_cmds.add_commands(sub)
+    stats_cmds.add_broker_commands(sub)
     group_cmds.add_commands(sub)
     store_cmds.add_commands(sub)
     failover_cmds.add_commands(sub)
@@ -75,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["broker", "status"]:  # `ferry broker` alone runs a broker
+        argv = ["broker-status", *argv[2:]]
     args = parser.parse_args(argv)
     # A client command's --tls-ca/--tls-cert/--tls-key: every client it makes
     # uses them (servers, `ferry namesrv`, have no --tls-ca and keep theirs).
@@ -85,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                 os.environ[env] = getattr(args, name)
     try:
         return args.func(args)
-    except NoNameServerAnswered as exc:
+    except (NoNameServerAnswered, stats_cmds.Unreachable) as exc:
         print(f"ferry: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
     except grpc.RpcError as exc:

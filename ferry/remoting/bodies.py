@@ -51,6 +51,48 @@ def dumps_object_keyed(pairs: Iterable[tuple[Mapping[str, Any], Any]]) -> str:
     return "{" + ",".join(f"{dumps(k).decode()}:{dumps(v).decode()}" for k, v in pairs) + "}"
 
 
+def loads_object_keyed(text: str, start: int = 0) -> tuple[list[tuple[Any, Any]], int]:
+    """The (key, value) pairs of a map written as `dumps_object_keyed` (and
+    fastjson) write it, starting at `text[start]`, and the index after its
+    closing brace. Keys and values are any JSON values.
+
+    Raises:
+        BodyError: not such a map.
+    """
+    decoder = json.JSONDecoder()
+    n = len(text)
+
+    def skip(i: int) -> int:
+        while i < n and text[i] in " \t\r\n":
+            i += 1
+        return i
+
+    i = skip(start)
+    if i >= n or text[i] != "{":
+        raise BodyError("expected a map")
+    i = skip(i + 1)
+    pairs: list[tuple[Any, Any]] = []
+    if i < n and text[i] == "}":
+        return pairs, i + 1
+    while True:
+        try:
+            key, i = decoder.raw_decode(text, i)
+            i = skip(i)
+            if i >= n or text[i] != ":":
+                raise BodyError(f"expected ':' at {i}")
+            value, i = decoder.raw_decode(text, skip(i + 1))
+        except (ValueError, RecursionError) as e:
+            raise BodyError(f"map entry at {i}: {e}") from None
+        pairs.append((key, value))
+        i = skip(i)
+        if i < n and text[i] == ",":
+            i = skip(i + 1)
+            continue
+        if i < n and text[i] == "}":
+            return pairs, i + 1
+        raise BodyError(f"expected ',' or '}}' at {i}")
+
+
 def loads(body: bytes | bytearray | memoryview) -> Any:
     try:
         text = bytes(body).decode()

@@ -422,3 +422,38 @@ def test_wipe_and_add_write_perm_of_the_group(sides):
             ), result.out
     for side in sides.values():
         assert _route_perm(side, TOPIC) & 2
+
+
+# ---------------------------------------------------------------- ferry's CLI, same columns
+
+
+def ferry_cli(capsys, *argv: str) -> list[str]:
+    from ferry.cli.main import main
+
+    capsys.readouterr()
+    assert main(list(argv)) == 0
+    return [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+
+
+def test_ferry_cli_prints_what_mqadmin_prints_on_both_clusters(sides, capsys):
+    """`ferry topic status`, `ferry group progress` and `ferry broker status` read the same
+    statistics as mqadmin, from ferry's brokers and from Apache's alike."""
+    for side in sides.values():
+        ns = ["-n", side.cluster.namesrv]
+        assert (
+            ferry_cli(capsys, "topic", "status", TOPIC, *ns)
+            == side.run("topicStatus", "-t", TOPIC).lines
+        )
+        ours = ferry_cli(capsys, "group", "progress", "-g", GROUP, *ns)
+        theirs = side.run("consumerProgress", "-g", GROUP).lines
+        # (the TPS line is a rate measured at two moments)
+        assert [ln for ln in ours if "TPS" not in ln] == [ln for ln in theirs if "TPS" not in ln]
+        ours = ferry_cli(capsys, "group", "progress", *ns)
+        theirs = side.run("consumerProgress").lines
+        assert ours[0] == theirs[0]
+        strip_tps = lambda line: line.split()[:5] + line.split()[6:]  # noqa: E731
+        assert [strip_tps(ln) for ln in ours[1:]] == [strip_tps(ln) for ln in theirs[1:]]
+        ours = ferry_cli(capsys, "broker", "status", "-b", side.master, *ns)
+        theirs = side.run("brokerStatus", "-b", side.master).lines
+        keys = lambda lines: [ln.split(":", 1)[0] for ln in lines]  # noqa: E731
+        assert keys(ours) == keys(theirs), side.name
