@@ -22,6 +22,7 @@ from benchmarks.procs import settle_disk
 from benchmarks.report import BenchResult, cpu_snapshot, render_section
 
 BENCHMARKS: dict[str, str] = {
+    "admin": "benchmarks.admin_bench",
     "apache": "benchmarks.apache_bench",
     "namesrv": "benchmarks.namesrv_bench",
     "broker": "benchmarks.broker_bench",

@@ -249,7 +249,7 @@ class AdminService:
                 "putMessageTotal": str(store.put_message_count),
                 "getMessageTotal": str(store.get_message_count),
                 "commitLogFiles": str(store.commit_log_files),
-                "consumeQueues": str(len(store.queue_ends())),
+                "consumeQueues": str(store.queue_count),
                 **self._retention_table(),
             },
         )

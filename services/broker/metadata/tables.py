@@ -376,6 +376,16 @@ class ConsumerOffsetTable(_Table):
     def snapshot(self) -> tuple[dict[str, dict[int, int]], DataVersion]:
         return {k: dict(v) for k, v in self._table.items()}, self._version
 
+    def topics_of(self, group: str) -> list[str]:
+        """The topics the group has committed offsets for (RocketMQ's whichTopicByConsumer)."""
+        suffix = "@" + group
+        return sorted(k[: -len(suffix)] for k in self._table if k.endswith(suffix))
+
+    def groups_of(self, topic: str) -> list[str]:
+        """The groups with committed offsets for the topic (RocketMQ's whichGroupByTopic)."""
+        prefix = topic + "@"
+        return sorted(k[len(prefix) :] for k in self._table if k.startswith(prefix))
+
     def merge_max(self, table: Mapping[str, Mapping[int, int]], version: DataVersion) -> None:
         """Slave sync: the highest offset wins per (topic@group, queue)."""
         merged = {k: dict(v) for k, v in self._table.items()}

@@ -407,16 +407,10 @@ class AdminCodes:
         body = '{"offsetTable":' + bodies.dumps_object_keyed(pairs) + "}"
         return request.answer(codes.SUCCESS, body=body.encode())
 
-    def _group_topics(self, group: str) -> list[str]:
-        """The topics a group has committed offsets for (RocketMQ's whichTopicByConsumer)."""
-        table, _ = self.metadata.consumer_offsets.snapshot()
-        suffix = "@" + group
-        return sorted(key[: -len(suffix)] for key in table if key.endswith(suffix))
-
     async def consume_stats(self, connection: Connection, request: Command) -> Command:
         group = text(request.ext, "consumerGroup")
         asked = request.ext.get("topic") or ""
-        topics = [asked] if asked else self._group_topics(group)
+        topics = [asked] if asked else self.metadata.consumer_offsets.topics_of(group)
         clients = self.deps.clients
         subscribed = any(m.subscriptions for m in clients.consumers(group))
         store = self.deps.store
@@ -481,9 +475,7 @@ class AdminCodes:
         topic = text(request.ext, "topic")
         clients = self.deps.clients
         groups = {g for g in clients.consumer_groups() if clients.subscription(g, topic)}
-        table, _ = self.metadata.consumer_offsets.snapshot()
-        prefix = topic + "@"
-        groups.update(key[len(prefix) :] for key in table if key.startswith(prefix))
+        groups.update(self.metadata.consumer_offsets.groups_of(topic))
         return request.answer(codes.SUCCESS, body=bodies.dumps({"groupList": sorted(groups)}))
 
     async def reset_offset(self, connection: Connection, request: Command) -> Command:

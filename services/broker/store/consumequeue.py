@@ -373,6 +373,9 @@ class ConsumeQueues:
     def all(self) -> list[ConsumeQueue]:
         return list(self._queues.values())
 
+    def __len__(self) -> int:
+        return len(self._queues)
+
     def of_topic(self, topic: str) -> list[ConsumeQueue]:
         return [q for (t, _), q in self._queues.items() if t == topic]
 

@@ -68,6 +68,8 @@ from services.broker.store.retention import (
 from services.broker.store.storelock import StoreLock
 
 log = logging.getLogger(__name__)
+# Store times of records kept for the statistics codes (RocketMQ protocol 202/208).
+STORE_TIME_CACHE = 65_536
 
 
 class FlushDiskType(enum.Enum):
@@ -261,6 +263,9 @@ class MessageStore:
         self._opened = False
         self._confirmed = confirmed
         self.put_message_count = 0
+        # commit offset -> store time of the record there (statistics read the same few
+        # records again and again); emptied when records are cut or the log restarts.
+        self._store_times: dict[int, int] = {}
         self.get_message_count = 0
 
     # ------------------------------------------------------------ lifecycle
@@ -576,6 +581,7 @@ class MessageStore:
         """Drop the whole log and every consume queue and start empty at
         `start_offset`, a file start (a slave whose offset fell out of its
         master's retention, or an empty slave starting where its master says)."""
+        self._store_times.clear()
         if self.commit_log.segment_starts() or self.queues.all():
             log.warning("store discarded: empty, starting at commit offset %d", start_offset)
         self.commit_log.discard_all()
@@ -599,6 +605,7 @@ class MessageStore:
         Raises:
             ValueError: `offset` is outside the log or not a record boundary.
         """
+        self._store_times.clear()
         log_ = self.commit_log
         if not log_.min_offset <= offset <= log_.max_offset:
             raise ValueError(
@@ -843,11 +850,18 @@ class MessageStore:
         commit_offset, size, _ = queue.entry(queue_offset)
         if commit_offset < self.commit_log.min_offset or size < record.STORE_TIMESTAMP_END:
             return -1
+        known = self._store_times.get(commit_offset)
+        if known is not None:
+            return known
         try:
             head = await self.reader.read(commit_offset, record.STORE_TIMESTAMP_END)
-            return record.store_timestamp(head)
+            stored = record.store_timestamp(head)
         except (record.RecordError, CommitLogError):
             return -1
+        if len(self._store_times) >= STORE_TIME_CACHE:
+            self._store_times.clear()
+        self._store_times[commit_offset] = stored
+        return stored
 
     def _check_readable(self) -> None:
         """A closed store has no queues: a read that reached it after it closed
@@ -932,6 +946,11 @@ class MessageStore:
             self.failstop.check()
             self.dispatcher.wake()
             await asyncio.sleep(0.005)
+
+    @property
+    def queue_count(self) -> int:
+        """How many consume queues exist."""
+        return len(self.queues)
 
     def queue_ends(self) -> list[tuple[str, int, int]]:
         """(topic, queue id, max queue offset) of every consume queue."""

@@ -1,0 +1,84 @@
+"""The pieces behind RocketMQ's statistics codes: the object-keyed maps mqadmin reads,
+the traffic rates, the runtime table's formats and version names."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ferry.cli.stats_cmds import version_desc
+from ferry.remoting.bodies import BodyError, dumps_object_keyed, loads_object_keyed
+from services.broker.messaging.stats import TrafficStats
+from services.broker.remoting.admin import human_bytes, running_for
+
+queues = st.fixed_dictionaries(
+    {"brokerName": st.text(max_size=10), "queueId": st.integers(0, 2**31 - 1),
+     "topic": st.text(max_size=20)}
+)  # fmt: skip
+values = st.one_of(
+    st.integers(-(2**63), 2**63 - 1),
+    st.dictionaries(st.text(max_size=5), st.integers(-(2**63), 2**63 - 1), max_size=3),
+)
+
+
+@given(st.lists(st.tuples(queues, values), max_size=6))
+def test_object_keyed_maps_read_back(pairs):
+    text = '{"offsetTable":' + dumps_object_keyed(pairs) + "}"
+    got, end = loads_object_keyed(text, len('{"offsetTable":'))
+    assert got == pairs and text[end:] == "}"
+
+
+def test_object_keyed_maps_as_apache_writes_them():
+    apache = (
+        '{"consumeTps":0.0,"offsetTable":{{"brokerName":"broker-a","queueId":0,"topic":"T"}:'
+        '{"brokerOffset":6,"consumerOffset":5,"lastTimestamp":1795733497051}}}'
+    )
+    pairs, _ = loads_object_keyed(apache, apache.index("{", 1 + apache.index("offsetTable")))
+    assert pairs == [
+        ({"brokerName": "broker-a", "queueId": 0, "topic": "T"},
+         {"brokerOffset": 6, "consumerOffset": 5, "lastTimestamp": 1795733497051})
+    ]  # fmt: skip
+    for bad in ("", "[]", "{1}", '{"a":1,}', '{"a" 1}', "{{}:1"):
+        try:
+            loads_object_keyed(bad)
+        except BodyError:
+            continue
+        raise AssertionError(f"{bad!r} was read")
+
+
+def test_rates_over_windows_and_per_group():
+    now = [0.0]
+    totals = [0, 0]
+    stats = TrafficStats(lambda: now[0], lambda: (totals[0], totals[1]))
+    assert stats.put_tps() == 0.0 and stats.triple(stats.put_tps) == "0.0000 0.0000 0.0000"
+    for second in range(1, 121):
+        now[0] = float(second)
+        totals[0] += 10 if second <= 60 else 30  # 10/s for a minute, then 30/s
+        totals[1] += 5
+        stats.got("g", "t", 2)
+        stats.sample()
+    assert stats.put_tps(10) == 30.0
+    assert stats.put_tps(60) == 30.0
+    assert 10.0 < stats.put_tps(600) < 30.0  # all it has: 119 s
+    assert stats.got_tps(10) == 5.0
+    assert stats.group_tps("g", "t") == 2.0 and stats.group_tps("g", "other") == 0.0
+    stats.forget_group("g")
+    stats.sample()
+
+
+def test_runtime_formats_are_rocketmqs():
+    assert [human_bytes(n) for n in (0, 946, 1024, 2300, 5 << 30)] == [
+        "0 B", "946 B", "1.0 KiB", "2.2 KiB", "5.0 GiB",
+    ]  # fmt: skip
+    assert running_for(16_000) == "[ 0 days, 0 hours, 0 minutes, 16 seconds ]"
+    assert running_for(90_061_000) == "[ 1 days, 1 hours, 1 minutes, 1 seconds ]"
+
+
+def test_version_names_follow_rocketmqs_table():
+    assert version_desc(409) == "V4_9_8"
+    assert version_desc(407) == "V4_9_7"
+    assert version_desc(408) == "V4_9_8_SNAPSHOT"
+    assert version_desc(213) == "V4_0_0"
+    assert version_desc(413) == "V5_0_0"
+    assert version_desc(611) == "V5_9_9"
+    assert version_desc(700) == "HIGHER_VERSION"
