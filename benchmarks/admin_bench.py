@@ -178,9 +178,10 @@ def run(quick: bool, workdir: Path) -> BenchResult:
         times: dict[str, dict[str, list[float]]] = {
             c: {"ferry": [], "apache": []} for c in COMMANDS
         }
-        for side, session in sessions.items():  # warm both JVMs' code paths
-            for make in COMMANDS.values():
-                session.run(*make(plan), "-n", clusters[side].namesrv)
+        for side, session in sessions.items():  # warm both mqadmin JVMs and both servers
+            for _ in range(plan.warmup):
+                for make in COMMANDS.values():
+                    session.run(*make(plan), "-n", clusters[side].namesrv)
         for r in range(plan.rounds):
             order = ("ferry", "apache") if r % 2 == 0 else ("apache", "ferry")
             for name, make in COMMANDS.items():
