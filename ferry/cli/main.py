@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
         "broker",
         help="run a broker",
         description="Run a broker until SIGTERM/Ctrl-C: `ferry broker -c broker.conf "
-        "[-o key=value ...]`. See --help-keys for the broker.conf keys.",
+        "[-o key=value ...]`. See --help-keys for the broker.conf keys. (`ferry broker status -b "
+        "HOST:PORT` shows a running broker's statistics.)",
     )
     broker_cli.add_arguments(p)
     p.set_defaults(func=broker_cli.run)
