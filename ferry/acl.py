@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import base64
 import enum
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -73,6 +74,7 @@ RETRY_PREFIX = "%RETRY%"
 TRACE_TOPIC = "RMQ_SYS_TRACE_TOPIC"
 MIN_KEY_CHARS = 7  # Apache refuses an access or secret key of 6 characters or fewer
 SHOWN_CHARS = 64  # of a client's access key in a denial
+WHITE_CACHE_SIZE = 4096  # client addresses whose global-white answer is kept
 
 
 class Perm(enum.IntFlag):
@@ -302,6 +304,8 @@ class AclConfig:
     accounts: Mapping[str, Account] = field(default_factory=dict)
     global_white_addresses: tuple[AddressPattern, ...] = ()
     source: str = "plain_acl.yml"
+    # globally_white's answers by address (a client's address is asked on every request).
+    _white: dict[str, bool] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def account(self, access_key: str) -> Account | None:
         return self.accounts.get(access_key)
@@ -313,7 +317,12 @@ class AclConfig:
         return None if account is None else account.secret_key
 
     def globally_white(self, ip: str) -> bool:
-        return any(p.matches(ip) for p in self.global_white_addresses)
+        known = self._white.get(ip)
+        if known is None:
+            if len(self._white) >= WHITE_CACHE_SIZE:
+                self._white.clear()
+            known = self._white[ip] = any(p.matches(ip) for p in self.global_white_addresses)
+        return known
 
     def authorize(
         self,
@@ -528,9 +537,16 @@ def signed_content(fields: Mapping[str, str], body: bytes | None) -> bytes:
     """What the Java client signs: the values of every ext field but `Signature`, in the
     order of their names (Java's String order, by UTF-16 code unit), as UTF-8, then the
     body. A lone surrogate becomes "?", as Java's encoder writes it."""
-    names = sorted((n for n in fields if n != SIGNATURE), key=_java_order)
-    text = "".join(fields[n] for n in names)
+    names = _signed_order(tuple(fields))
+    text = "".join([fields[n] for n in names])
     return text.encode("utf-8", "replace") + (bytes(body) if body else b"")
+
+
+@functools.lru_cache(maxsize=1024)
+def _signed_order(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The names signed, in Java's order: a client sends the same header fields in the
+    same order request after request, so each list is sorted once."""
+    return tuple(sorted((n for n in names if n != SIGNATURE), key=_java_order))
 
 
 def signature_matches(secret: str, fields: Mapping[str, str], body: bytes | None) -> bool:

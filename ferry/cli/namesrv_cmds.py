@@ -12,6 +12,7 @@ import grpc
 from ferry.cli.output import message_json, table
 from ferry.client.namesrv import NamesrvClient, parse_addrs
 from ferry.model import perm_to_string
+from ferry.runtime import auth
 from ferry.v1 import namesrv_pb2
 
 # Commands that talk to one broker take its ferry.v1 gRPC address (what
@@ -59,12 +60,35 @@ def add_tls_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_admin_token_option(parser: argparse.ArgumentParser) -> None:
+    """--admin-token, --access-key and --secret-key: one `auth.AdminCredentials` in
+    `args.admin_token` (None when none is given: the environment's)."""
     parser.add_argument(
         "--admin-token",
+        action=auth.CredentialAction,
+        part="token",
         default=None,
         metavar="TOKEN",
         help="the servers' admin token, for commands that change state (default "
-        "$FERRY_ADMIN_TOKEN, which keeps it out of the process list)",
+        f"${auth.ENV_ADMIN_TOKEN}, which keeps it out of the process list)",
+    )
+    parser.add_argument(
+        "--access-key",
+        action=auth.CredentialAction,
+        part="access_key",
+        dest="admin_token",
+        metavar="AK",
+        help="with --secret-key: sign commands that change state as the RocketMQ 5 SDKs sign, "
+        "for a broker with aclEnable=true (an account with admin: true in its plain_acl.yml); "
+        f"used instead of the admin token (default ${auth.ENV_ACCESS_KEY})",
+    )
+    parser.add_argument(
+        "--secret-key",
+        action=auth.CredentialAction,
+        part="secret_key",
+        dest="admin_token",
+        metavar="SK",
+        help=f"the secret key of --access-key (default ${auth.ENV_SECRET_KEY}, which keeps it "
+        "out of the process list)",
     )
 
 

@@ -90,7 +90,12 @@ class NoWritableQueue(NoRoute):
 
 
 class BrokerClient:
-    def __init__(self, addr: str, timeout_s: float = 10.0, admin_token: str | None = None) -> None:
+    def __init__(
+        self,
+        addr: str,
+        timeout_s: float = 10.0,
+        admin_token: str | auth.AdminCredentials | None = None,
+    ) -> None:
         self.addr = addr
         self.timeout_s = timeout_s
         self._admin_md = auth.client_metadata(admin_token)  # for the BrokerAdmin writes

@@ -95,7 +95,7 @@ class NamesrvClient:
         addrs: Sequence[str],
         timeout_s: float = 3.0,
         max_message_bytes: int = 64 * 1024 * 1024,
-        admin_token: str | None = None,
+        admin_token: str | auth.AdminCredentials | None = None,
         discover: bool = False,
     ) -> None:
         """`discover`: `addrs` are RocketMQ-protocol addresses whose gRPC

@@ -27,6 +27,13 @@ connection (the server's `after_close` codes: a send, an offset commit) are
 read out and handled anyway, their answers going nowhere; the others are
 dropped, as after any close.
 
+A check (the server's `check`, e.g. the broker's ACL) runs for every request before
+its handler, a request of a run or a oneway one alike: a request it refuses (it
+returns a message) is answered 16 (NO_PERMISSION) with that message, or dropped
+when oneway, counted as any answer, and never reaches its handler. Without a
+check nothing is done per request. Answers to the server's own requests are not
+checked.
+
 The broker talks back over the same connection (`Connection.request` and
 `Connection.oneway`, e.g. NOTIFY_CONSUMER_IDS_CHANGED), with its own opaque
 counter; answers to those are matched here and never reach the handlers.
@@ -57,6 +64,8 @@ from ferry.remoting.metrics import RemotingMetrics
 log = logging.getLogger(__name__)
 
 Handler = Callable[["Connection", Command], Awaitable[Command | None]]
+# A request's check before its handler: None to serve it, else why it is refused.
+Check = Callable[["Connection", Command], "str | None"]
 MAX_IN_FLIGHT = 256
 # What is read out of a broken connection's socket at most (its kernel buffer holds less).
 LEFTOVER_LIMIT = 64 * 1024 * 1024
@@ -151,12 +160,18 @@ class Connection(asyncio.Protocol):
         if pos:
             del buffer[:pos]
         handlers = self._server.handlers
+        check = self._server.check
         run: list[Command] = []  # requests of one Batchable's code, back to back
         run_handler: Batchable | None = None
         for command in commands:
             if only is not None and (command.is_response or command.code not in only):
                 continue
-            handler = None if command.flag & FLAG_RESPONSE else handlers.get(command.code)
+            if command.flag & FLAG_RESPONSE:
+                handler = None
+            elif check is not None and self._refused(check, command):
+                continue
+            else:
+                handler = handlers.get(command.code)
             if type(handler) is Batchable:
                 if run and run[0].code != command.code:
                     self._dispatch_run(cast(Batchable, run_handler), run)
@@ -173,6 +188,22 @@ class Connection(asyncio.Protocol):
         if error is not None:
             self._server._protocol_error(self, error)
             self.close()
+
+    def _refused(self, check: Check, command: Command) -> bool:
+        """Whether `check` refuses the request (then answered 16, or dropped if oneway)."""
+        try:
+            why = check(self, command)
+        except Exception:  # a check's bug refuses rather than serves
+            log.exception("remoting %s: the check of code %d from %s failed",
+                          self._server.name, command.code, self.remote)  # fmt: skip
+            why = "the server could not check this request (see its log)"
+        if why is None:
+            return False
+        self._server.metrics.request(command.code, codes.NO_PERMISSION)
+        if not command.is_oneway:
+            answer = command.answer(codes.NO_PERMISSION, why)
+            self.write(answer)
+        return True
 
     def _handle_leftovers(self, transport: asyncio.Transport) -> None:
         """Read what the client sent before the connection broke and asyncio
@@ -357,7 +388,8 @@ class Connection(asyncio.Protocol):
 class RemotingServer:
     """Serves `handlers` (request code → coroutine) on one or more ports.
     `on_close` is called with each connection that goes away (client tables
-    forget its channel)."""
+    forget its channel). `check` sees every request before its handler (see
+    the module doc)."""
 
     def __init__(
         self,
@@ -367,10 +399,12 @@ class RemotingServer:
         on_close: Callable[[Connection], None] | None = None,
         max_in_flight: int = MAX_IN_FLIGHT,
         after_close: Collection[int] = (),
+        check: Check | None = None,
     ) -> None:
         """`after_close`: the request codes still handled when the client sent
         them just before its connection broke (see the module doc)."""
         self.name = name
+        self.check = check
         self.after_close = frozenset(after_close)
         self.handlers: Mapping[int, Handler] = handlers
         self.metrics = metrics or RemotingMetrics(None, name)

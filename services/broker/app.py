@@ -46,10 +46,11 @@ from prometheus_client import CollectorRegistry
 
 from ferry.model import SCHEDULE_TOPIC, TopicConfig, order_brokers, revive_topic
 from ferry.remoting.metrics import RemotingMetrics
-from ferry.remoting.server import Connection, Handler, RemotingServer
+from ferry.remoting.server import Check, Connection, Handler, RemotingServer
 from ferry.runtime import auth
+from ferry.runtime.acl_file import AclFile
 from ferry.runtime.clock import Clock, SystemClock
-from ferry.runtime.errors import FerryError, StorageFault
+from ferry.runtime.errors import ConfigError, FerryError, StorageFault
 from ferry.runtime.files import atomic_write_bytes
 from ferry.runtime.metrics_http import MetricsEndpoint, start_metrics_endpoint
 from ferry.runtime.server import GrpcServer, Service
@@ -86,6 +87,7 @@ from services.broker.remoting import after_close as remoting_after_close
 from services.broker.remoting import connection_closed as remoting_connection_closed
 from services.broker.remoting import handlers as remoting_handlers
 from services.broker.remoting import housekeeping as remoting_housekeeping
+from services.broker.remoting.acl import acl_check
 from services.broker.remoting.deps import Deps
 from services.broker.schedule.delay import DelayScheduler
 from services.broker.schedule.timer import TimerService
@@ -113,19 +115,42 @@ _ADD = {  # how each service is added to a server
 }
 
 
+def load_acl_file(cfg: BrokerConfig) -> AclFile | None:
+    """The plain_acl.yml of aclEnable (None when off); ConfigError naming aclFile and
+    what is wrong in the file."""
+    if not cfg.acl_enable:
+        return None
+    assert cfg.acl_file is not None  # load_config gives aclEnable its default file
+    try:
+        acl = AclFile(cfg.acl_file)
+    except ValueError as exc:
+        raise ConfigError(
+            "aclFile", f"aclEnable=true and the ACL file cannot be used: {exc}"
+        ) from None
+    log.info(
+        "RocketMQ's ACL on: %d accounts from %s (re-read when it changes)",
+        len(acl.config.accounts),
+        acl.path,
+    )
+    return acl
+
+
 def grpc_server(
-    cfg: BrokerConfig, services: Sequence[Service], registry: CollectorRegistry
+    cfg: BrokerConfig,
+    services: Sequence[Service],
+    registry: CollectorRegistry,
+    acl: AclFile | None = None,
 ) -> GrpcServer:
     """The broker's gRPC server for `services` on grpcListenPort: its options,
-    admin-token interceptors, TLS and plaintext health port. A `BrokerApp`
-    builds its own; a failover node builds one for all its runs
-    (services.broker.failover.node)."""
+    admin-token interceptors (with `acl`: the token or an admin account's
+    signature), TLS and plaintext health port. A `BrokerApp` builds its own; a
+    failover node builds one for all its runs (services.broker.failover.node)."""
     return GrpcServer(
         services,
         cfg.bind_host,
         cfg.grpc_port,
         cfg.grpc_max_message_size,
-        interceptors=auth.interceptors(cfg.admin_token, auth.BROKER_ADMIN_METHODS),
+        interceptors=_interceptors(cfg, acl),
         tls=(
             ServerTLS.load(
                 cfg.tls_cert,
@@ -141,19 +166,32 @@ def grpc_server(
     )
 
 
+def _interceptors(cfg: BrokerConfig, acl: AclFile | None) -> list[Any]:
+    out = list(auth.interceptors(cfg.admin_token, auth.BROKER_ADMIN_METHODS, acl))
+    if acl is not None and cfg.enable_proxy:
+        from services.proxy.auth import AclInterceptor  # local mode: the SDKs' door too
+
+        out.append(AclInterceptor(acl))
+    return out
+
+
 def remoting_server(
     registry: CollectorRegistry,
     handlers: Mapping[int, Handler],
     on_close: Callable[[Connection], None] | None = None,
+    acl: AclFile | None = None,
 ) -> RemotingServer:
-    """The broker's RocketMQ-protocol server serving `handlers`. A `BrokerApp`
-    builds its own; a failover node builds one for all its runs."""
+    """The broker's RocketMQ-protocol server serving `handlers`, every request
+    checked against `acl` when given. A `BrokerApp` builds its own; a failover
+    node builds one for all its runs."""
+    check: Check | None = acl_check(acl) if acl is not None else None
     return RemotingServer(
         "broker",
         handlers,
         metrics=RemotingMetrics(registry, "broker"),
         on_close=on_close,
         after_close=remoting_after_close(),
+        check=check,
     )
 
 
@@ -316,6 +354,8 @@ class BrokerApp:
 
     async def start(self) -> None:
         cfg = self.config
+        # Before anything is recovered or bound: a bad ACL file stops startup at once.
+        acl = load_acl_file(cfg) if self.incarnation is None else None
         store_config = StoreConfig(
             root=cfg.store_root,
             commit_log_file_size=cfg.commit_log_file_size,
@@ -513,9 +553,9 @@ class BrokerApp:
             self.incarnation.serve_remoting(table, on_close)
             self._remoting_ports = (cfg.listen_port, cfg.fast_port)
         else:
-            self.server = grpc_server(cfg, services, self.registry)
+            self.server = grpc_server(cfg, services, self.registry, acl)
             await self.server.start()
-            self.remoting = remoting_server(self.registry, table, on_close)
+            self.remoting = remoting_server(self.registry, table, on_close, acl)
             self._remoting_ports = await listen_remoting(cfg, self.remoting)
         # The store host in records is the advertised address with the real
         # RocketMQ-protocol port: offsetMsgIds lead RocketMQ's clients here.

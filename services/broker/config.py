@@ -25,6 +25,8 @@ FLUSH_DISK_TYPES = ("ASYNC_FLUSH", "SYNC_FLUSH")
 REGISTER_PERIOD_MIN_S = 10.0
 REGISTER_PERIOD_MAX_S = 60.0
 ENV_NAMESRV = "FERRY_NAMESRV_ADDR"
+ENV_ROCKETMQ_HOME = "ROCKETMQ_HOME"
+ACL_FILE_NAME = "plain_acl.yml"
 GRPC_PORT_OFFSET = 4  # grpcListenPort's default: listenPort + 4 (10915)
 FAST_PORT_OFFSET = -2  # fastListenPort's default: listenPort - 2 (10909), as RocketMQ
 
@@ -69,6 +71,9 @@ class BrokerConfig:
     ha_max_gap_not_in_sync: int = 256 * 1024 * 1024
     ha_secret: str = ""
     admin_token: str = ""  # guards BrokerAdmin writes; sent to name servers when registering
+    # RocketMQ's ACL (ferry.acl): every RocketMQ-protocol request checked against acl_file.
+    acl_enable: bool = False
+    acl_file: Path | None = None  # None: see load_config (beside broker.conf, ROCKETMQ_HOME)
     grpc_max_message_size: int = 64 * 1024 * 1024
     tls_cert: str = ""  # serve gRPC over TLS (with tls_key); also this broker's client certificate
     tls_key: str = ""
@@ -462,6 +467,19 @@ KNOWN_KEYS: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
         "require 'authorization: Bearer <token>' on topic, subscription and permission "
         "changes, and send it to the name servers when registering (ferry)",
     ),
+    "aclEnable": (
+        "acl_enable",
+        _bool,
+        "RocketMQ's ACL: every RocketMQ-protocol request is checked against aclFile (signature "
+        "and permissions; a refusal is answered 16 NO_PERMISSION), and BrokerAdmin changes take "
+        "an admin account's signature",
+    ),
+    "aclFile": (
+        "acl_file",
+        _path,
+        "the plain_acl.yml of aclEnable, re-read when it changes; default: plain_acl.yml beside "
+        "the broker.conf given with -c, else $ROCKETMQ_HOME/conf/plain_acl.yml (ferry)",
+    ),
     "haSyncFrom": (
         "ha_sync_from",
         _choice(("lastFile", "minOffset")),
@@ -647,9 +665,27 @@ def load_config(
         changes[name] = parse(key, text)
     if "namesrv_addrs" not in changes and env.get(ENV_NAMESRV):
         changes["namesrv_addrs"] = _namesrv(ENV_NAMESRV, env[ENV_NAMESRV])
+    if changes.get("acl_enable") and changes.get("acl_file") is None:
+        changes["acl_file"] = default_acl_file(path, env)
     config = replace(BrokerConfig(), **changes)
     _check(config)
     return config, warnings
+
+
+def default_acl_file(conf: Path | None, env: Mapping[str, str]) -> Path:
+    """Where aclEnable looks without aclFile: plain_acl.yml beside the broker.conf, else
+    $ROCKETMQ_HOME/conf/plain_acl.yml (Apache's place)."""
+    if conf is not None:
+        return Path(conf).expanduser().parent / ACL_FILE_NAME
+    home = env.get(ENV_ROCKETMQ_HOME)
+    if home:
+        return Path(home).expanduser() / "conf" / ACL_FILE_NAME
+    raise ConfigError(
+        "aclFile",
+        "aclEnable=true needs a plain_acl.yml: set aclFile=PATH (without it the broker reads "
+        f"{ACL_FILE_NAME} beside the broker.conf given with -c, or "
+        f"${ENV_ROCKETMQ_HOME}/conf/{ACL_FILE_NAME}; there is neither)",
+    )
 
 
 def _check_ports(config: BrokerConfig) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from apache.rocketmq.v2 import service_pb2, service_pb2_grpc
+from ferry.runtime.acl_file import AclFile
 from ferry.runtime.files import atomic_write_bytes
 from ferry.runtime.metrics_http import MetricsEndpoint, start_metrics_endpoint
 from ferry.runtime.server import GrpcServer, Service
@@ -41,6 +42,8 @@ class ProxyConfig:
     # both "": nothing is checked, as RocketMQ's proxy with ACL off.
     access_key: str = ""
     secret_key: str = field(default="", repr=False)
+    # Instead of the keys: every call checked against this plain_acl.yml (RocketMQ's ACL).
+    acl_file: Path | None = None
     # RocketMQ's enableTopicMessageTypeCheck: sends must be of their topic's message.type.
     topic_message_type_check: bool = True
 
@@ -55,6 +58,8 @@ class ProxyApp:
             self._endpoint, topic_message_type_check=config.topic_message_type_check
         )
         self.servicer = MessagingServicer(self.routes, options, self.metrics)
+        # ValueError naming the file and the field when the ACL file cannot be used.
+        self.acl = AclFile(config.acl_file) if config.acl_file is not None else None
         self.server = GrpcServer(
             [
                 Service(
@@ -66,7 +71,9 @@ class ProxyApp:
             config.host,
             config.port,
             MAX_MESSAGE_BYTES,
-            interceptors=auth.interceptors(config.access_key, config.secret_key, self.metrics),
+            interceptors=auth.interceptors(
+                config.access_key, config.secret_key, self.metrics, acl=self.acl
+            ),
             registry=self.registry,
         )
         self._metrics_endpoint: MetricsEndpoint | None = None

@@ -4,6 +4,23 @@ $FERRY_PROXY_SECRET_KEY), every apache.rocketmq.v2 call must carry the
 RocketMQ 5 SDKs' signature; health and reflection stay open. Without keys
 everything is accepted, as RocketMQ's proxy does with ACL off.
 
+With a plain_acl.yml instead (`ferry proxy --acl-file PATH`, $FERRY_PROXY_ACL_FILE;
+the brokers' `aclFile`, one file for every door), `AclInterceptor` checks each call
+as RocketMQ 5's proxy did with its 4.x plain ACL (PlainAccessResource.parse for
+gRPC, before RIP-77): the signature against the secret key the file has for the
+call's access key, the global and the account's white addresses (which skip the
+signature and the permissions, as on the brokers; an unsigned call from a global
+white address passes, where Apache's proxy fails it), then the permissions the
+call needs (`required_v2`): SendMessage, EndTransaction, RecallMessage: PUB on the
+topic; ReceiveMessage, AckMessage, ChangeInvisibleDuration,
+ForwardMessageToDeadLetterQueue, QueryAssignment: SUB on topic and group;
+QueryRoute: PUB or SUB on the topic; a consumer's Heartbeat and a
+NotifyClientTermination naming a group: SUB on the group; Telemetry's settings:
+PUB on each published topic, SUB on the subscription's group and topics. A wrong
+or missing signature is UNAUTHORIZED, a missing permission FORBIDDEN (Apache's
+proxy answered both with the gRPC status PERMISSION_DENIED), each with a message
+naming what is missing and what to do; the file is re-read when it changes.
+
 What the SDKs send (rocketmq-python-client's `v5/util/signature.py`; the Java,
 Go and C++ SDKs build the same header), as call metadata:
 
@@ -34,12 +51,10 @@ Owns no state beyond the configured keys; never logs or echoes the secret key.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 
 import grpc
 from google.protobuf.message import Message
@@ -47,18 +62,47 @@ from google.protobuf.message_factory import GetMessageClass
 
 from apache.rocketmq.v2 import definition_pb2 as v2
 from apache.rocketmq.v2 import service_pb2
+from ferry.acl import AclDenied, Perm, Reason, Resource
+from ferry.runtime.acl_file import AclFile, DenialLog
+from ferry.runtime.auth import (
+    ALGORITHM,
+    DATE_TIME,
+    Authorization,
+    BadAuthorization,
+    Caller,
+    authenticate_v2,
+    parse_authorization,
+    remote_ip,
+)
+from ferry.runtime.auth import METADATA_KEY as AUTHORIZATION
+from ferry.runtime.auth import sign_v2 as sign
+from ferry.runtime.auth import v2_signature_matches as signature_matches
+from services.proxy import convert
 from services.proxy.metrics import ProxyMetrics
 
 log = logging.getLogger(__name__)
 
 ENV_ACCESS_KEY = "FERRY_PROXY_ACCESS_KEY"
 ENV_SECRET_KEY = "FERRY_PROXY_SECRET_KEY"
-AUTHORIZATION = "authorization"
-DATE_TIME = "x-mq-date-time"
+ENV_ACL_FILE = "FERRY_PROXY_ACL_FILE"
 CLIENT_ID = "x-mq-client-id"
-ALGORITHM = "MQv2-HMAC-SHA1"
 PROTECTED_PREFIX = "/apache.rocketmq.v2."
 SHOWN_CHARS = 64  # of a client's access key in a refusal
+__all__ = [
+    "ALGORITHM",
+    "AUTHORIZATION",
+    "DATE_TIME",
+    "AclInterceptor",
+    "Authorization",
+    "BadAuthorization",
+    "SignatureInterceptor",
+    "interceptors",
+    "parse_authorization",
+    "refusal_reason",
+    "required_v2",
+    "sign",
+    "signature_matches",
+]
 
 _SERVICE = service_pb2.DESCRIPTOR.services_by_name["MessagingService"]
 # Full method name -> its response message, every one of which has a `status` field.
@@ -71,63 +115,6 @@ _WHAT_TO_DO = (
     "ClientConfiguration(endpoint, Credentials(access_key, secret_key)); the proxy's are "
     f"ferry proxy --access-key/--secret-key or ${ENV_ACCESS_KEY}/${ENV_SECRET_KEY})"
 )
-
-
-class BadAuthorization(ValueError):
-    """The authorization header is not the SDKs' MQv2-HMAC-SHA1 form."""
-
-
-@dataclass(frozen=True)
-class Authorization:
-    algorithm: str
-    access_key: str
-    signed_headers: tuple[str, ...]
-    signature: str  # hex, as sent
-
-
-def parse_authorization(header: str) -> Authorization:
-    """Read `MQv2-HMAC-SHA1 Credential=AK, SignedHeaders=h1;h2, Signature=HEX`.
-
-    Raises:
-        BadAuthorization: another algorithm, or a part missing.
-    """
-    algorithm, _, rest = header.strip().partition(" ")
-    if algorithm != ALGORITHM:
-        raise BadAuthorization(f"the algorithm is {algorithm[:SHOWN_CHARS]!r}, not {ALGORITHM}")
-    parts: dict[str, str] = {}
-    for item in rest.split(","):
-        key, sep, value = item.strip().partition("=")
-        if sep:
-            parts[key] = value.strip()
-    missing = [k for k in ("Credential", "SignedHeaders", "Signature") if k not in parts]
-    if missing:
-        raise BadAuthorization(f"it has no {', '.join(missing)}")
-    return Authorization(
-        algorithm=algorithm,
-        # Early SDKs sent Credential=AK/region/service; RocketMQ reads the part before "/".
-        access_key=parts["Credential"].split("/", 1)[0],
-        signed_headers=tuple(h.strip().lower() for h in parts["SignedHeaders"].split(";")),
-        signature=parts["Signature"],
-    )
-
-
-def _digest(secret_key: str, date_time: str) -> bytes:
-    return hmac.new(secret_key.encode(), date_time.encode(), hashlib.sha1).digest()
-
-
-def sign(secret_key: str, date_time: str) -> str:
-    """The signature an SDK sends: hex HMAC-SHA1 of the date-time, keyed by the secret key."""
-    return _digest(secret_key, date_time).hex()
-
-
-def signature_matches(secret_key: str, date_time: str, signature_hex: str) -> bool:
-    try:
-        given = bytes.fromhex(signature_hex)  # either case, as RocketMQ's proxy decodes it
-    except ValueError:
-        return False
-    expected = _digest(secret_key, date_time)
-    # compare_digest: how long it takes does not tell where the first wrong byte is.
-    return hmac.compare_digest(given, expected)
 
 
 def refusal_reason(access_key: str, secret_key: str, metadata: Mapping[str, str]) -> str | None:
@@ -280,11 +267,224 @@ def _refusal(
 
 
 def interceptors(
-    access_key: str, secret_key: str, metrics: ProxyMetrics | None = None
+    access_key: str,
+    secret_key: str,
+    metrics: ProxyMetrics | None = None,
+    acl: AclFile | None = None,
 ) -> Sequence[grpc.aio.ServerInterceptor]:
     """The signature check with both keys, none without; ValueError with only
-    one. With `metrics`, its refusals are counted there."""
+    one; with `acl` (and no keys), the plain_acl.yml check. With `metrics`, its
+    refusals are counted there."""
     check_keys(access_key, secret_key)
+    if acl is not None:
+        if access_key:
+            raise ValueError("give either --acl-file or --access-key/--secret-key, not both")
+        return [AclInterceptor(acl, metrics=metrics)]
     if not access_key:
         return []
     return [SignatureInterceptor(access_key, secret_key, metrics=metrics)]
+
+
+# ---------------------------------------------------------------- plain_acl.yml
+
+
+class Unreadable(ValueError):
+    """A request that does not say what it needs (a consumer heartbeat without a group)."""
+
+
+def required_v2(rpc: str, request: Message) -> dict[Resource, Perm]:
+    """The topics and groups an apache.rocketmq.v2 call uses and the permission each
+    needs (the module doc's table); a call not listed needs none. Unreadable for a
+    consumer's Heartbeat without a group or Telemetry settings that neither publish
+    nor subscribe."""
+    needs: dict[Resource, Perm] = {}
+
+    def topic(resource: v2.Resource, perm: Perm) -> None:
+        needs[Resource.topic(convert.topic_name(resource))] = perm
+
+    def group(resource: v2.Resource) -> None:
+        needs[Resource.group(convert.topic_name(resource))] = Perm.SUB
+
+    r = request
+    if rpc == "SendMessage":
+        for message in r.messages:  # type: ignore[attr-defined]
+            topic(message.topic, Perm.PUB)
+    elif rpc in ("EndTransaction", "RecallMessage"):
+        topic(r.topic, Perm.PUB)  # type: ignore[attr-defined]
+    elif rpc == "ReceiveMessage":
+        group(r.group)  # type: ignore[attr-defined]
+        topic(r.message_queue.topic, Perm.SUB)  # type: ignore[attr-defined]
+    elif rpc in (
+        "AckMessage",
+        "ChangeInvisibleDuration",
+        "ForwardMessageToDeadLetterQueue",
+        "QueryAssignment",
+    ):
+        group(r.group)  # type: ignore[attr-defined]
+        topic(r.topic, Perm.SUB)  # type: ignore[attr-defined]
+    elif rpc == "QueryRoute":
+        topic(r.topic, Perm.ANY)  # type: ignore[attr-defined]
+    elif rpc == "Heartbeat":
+        if r.client_type in (v2.PUSH_CONSUMER, v2.SIMPLE_CONSUMER):  # type: ignore[attr-defined]
+            if not r.HasField("group"):
+                raise Unreadable("a consumer's heartbeat names no group")
+            group(r.group)  # type: ignore[attr-defined]
+    elif rpc == "NotifyClientTermination":
+        if r.group.name.strip():  # type: ignore[attr-defined]
+            group(r.group)  # type: ignore[attr-defined]
+    elif rpc == "Telemetry" and r.WhichOneof("command") == "settings":
+        settings = r.settings  # type: ignore[attr-defined]
+        if not settings.HasField("publishing") and not settings.HasField("subscription"):
+            raise Unreadable("telemetry settings that neither publish nor subscribe")
+        for t in settings.publishing.topics:
+            topic(t, Perm.PUB)
+        if settings.HasField("subscription"):
+            group(settings.subscription.group)
+            for entry in settings.subscription.subscriptions:
+                topic(entry.topic, Perm.SUB)
+    return needs
+
+
+_ACL_WHAT_TO_DO = (
+    "give the client an access key and secret key of {source} (RocketMQ SDKs: "
+    "ClientConfiguration(endpoint, Credentials(access_key, secret_key)))"
+)
+
+
+class AclInterceptor(grpc.aio.ServerInterceptor):
+    """Checks every apache.rocketmq.v2 call against a plain_acl.yml (the module doc):
+    the call's own response with UNAUTHORIZED or FORBIDDEN when refused, the servicer
+    never called. A Telemetry stream is checked command by command; the first refused
+    one ends it with that status."""
+
+    def __init__(
+        self,
+        acl: AclFile,
+        response_types: Mapping[str, type[Message]] = RESPONSE_TYPES,
+        metrics: ProxyMetrics | None = None,
+    ) -> None:
+        self._acl = acl
+        self._response_types = dict(response_types)
+        self._metrics = metrics
+        self._denials = DenialLog(log)
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        response_type = self._response_types.get(method)
+        if handler is None or response_type is None:
+            return handler  # health, reflection, the broker's own services
+        metadata = {
+            k: v for k, v in (handler_call_details.invocation_metadata or ()) if isinstance(v, str)
+        }
+        return self._checked(handler, method, response_type, metadata)
+
+    def _authenticate(
+        self, method: str, metadata: Mapping[str, str], context
+    ) -> Caller | v2.Status:
+        config = self._acl.config
+        try:
+            return authenticate_v2(
+                config,
+                metadata,
+                remote_ip(context.peer()),
+                _ACL_WHAT_TO_DO.format(source=config.source),
+            )
+        except AclDenied as denied:
+            self._denials.denied(denied, method, context.peer())
+            return v2.Status(code=v2.UNAUTHORIZED, message=str(denied))
+
+    def _authorize(
+        self, method: str, caller: Caller, request: Message, context
+    ) -> v2.Status | None:
+        if caller.white:
+            return None
+        assert caller.access_key is not None
+        try:
+            try:
+                needs = required_v2(method.rsplit("/", 1)[-1], request)
+            except Unreadable as exc:
+                raise AclDenied(Reason.MALFORMED, str(exc), access_key=caller.access_key) from None
+            self._acl.config.authorize(caller.access_key, needs, what=method)
+        except AclDenied as denied:
+            self._denials.denied(denied, method, context.peer())
+            return v2.Status(code=v2.FORBIDDEN, message=str(denied))
+        return None
+
+    def _checked(
+        self,
+        handler: grpc.RpcMethodHandler,
+        method: str,
+        response_type: type[Message],
+        metadata: Mapping[str, str],
+    ) -> grpc.RpcMethodHandler:
+        rpc = method.rsplit("/", 1)[-1]
+
+        def refused(status: v2.Status, started: float) -> Message:
+            if self._metrics is not None:
+                code = v2.Code.Name(status.code)
+                self._metrics.observe(rpc, code, time.perf_counter() - started)
+            return response_type(status=status)  # type: ignore[call-arg]
+
+        def decide(request: Message, context) -> v2.Status | None:
+            caller = self._authenticate(method, metadata, context)
+            if isinstance(caller, v2.Status):
+                return caller
+            return self._authorize(method, caller, request, context)
+
+        if not handler.request_streaming and not handler.response_streaming:
+            unary = handler.unary_unary
+
+            async def unary_unary(request, context):
+                started = time.perf_counter()
+                status = decide(request, context)
+                if status is not None:
+                    return refused(status, started)
+                return await unary(request, context)
+
+            behaviour, kind = unary_unary, grpc.unary_unary_rpc_method_handler
+        elif not handler.request_streaming:
+            stream = handler.unary_stream
+
+            async def unary_stream(request, context):
+                started = time.perf_counter()
+                status = decide(request, context)
+                if status is not None:
+                    yield refused(status, started)
+                    return
+                async for answer in stream(request, context):
+                    yield answer
+
+            behaviour, kind = unary_stream, grpc.unary_stream_rpc_method_handler
+        else:
+            streams = handler.stream_stream if handler.response_streaming else None
+            if streams is None:
+                return handler  # MessagingService has no client-streaming unary method
+
+            async def stream_stream(request_iterator, context):
+                started = time.perf_counter()
+                caller = self._authenticate(method, metadata, context)
+                if isinstance(caller, v2.Status):
+                    yield refused(caller, started)
+                    return
+                denial: list[v2.Status] = []
+
+                async def allowed():
+                    async for command in request_iterator:
+                        status = self._authorize(method, caller, command, context)
+                        if status is not None:
+                            denial.append(status)
+                            return
+                        yield command
+
+                async for answer in streams(allowed(), context):
+                    yield answer
+                if denial:
+                    yield refused(denial[0], time.perf_counter())
+
+            behaviour, kind = stream_stream, grpc.stream_stream_rpc_method_handler
+        return kind(
+            behaviour,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )

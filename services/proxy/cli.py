@@ -7,6 +7,7 @@ import logging
 import os
 from pathlib import Path
 
+from ferry.acl import load_acl
 from ferry.client import namesrv
 from ferry.client.namesrv import parse_addrs
 from ferry.runtime import eventloop
@@ -78,6 +79,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"${auth.ENV_SECRET_KEY}, which keeps it out of the process list",
     )
     parser.add_argument(
+        "--acl-file",
+        type=Path,
+        default=env(auth.ENV_ACL_FILE) or None,
+        metavar="PATH",
+        help="check every apache.rocketmq.v2 request against this plain_acl.yml (RocketMQ's "
+        "ACL; the brokers' aclFile): the signature with the secret key of the request's access "
+        "key, then the permissions the call needs (SendMessage: PUB on the topic; receive, ack: "
+        "SUB on topic and group); a bad signature gets UNAUTHORIZED, a missing permission "
+        "FORBIDDEN; re-read when it changes; instead of --access-key/--secret-key "
+        f"(${auth.ENV_ACL_FILE})",
+    )
+    parser.add_argument(
         "--topic-message-type-check",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -105,10 +118,21 @@ def run(args: argparse.Namespace) -> int:
     if (problem := eventloop.check(args.event_loop)) is not None:
         log.error("%s", problem)
         return 2
-    if args.access_key:
+    if args.acl_file is not None:
+        if args.access_key:
+            log.error("give either --acl-file or --access-key/--secret-key, not both")
+            return 2
+        try:
+            accounts = len(load_acl(args.acl_file).accounts)
+        except ValueError as exc:
+            log.error("bad --acl-file: %s", exc)
+            return 2
+        log.info("requests are checked against %s (%d accounts; re-read when it changes)",
+                 args.acl_file, accounts)  # fmt: skip
+    elif args.access_key:
         log.info("requests must be signed with access key %s", args.access_key)
     else:
-        log.info("no --access-key/--secret-key: requests are not checked")
+        log.info("no --access-key/--secret-key or --acl-file: requests are not checked")
     config = ProxyConfig(
         namesrv_addrs=tuple(addrs),
         host=args.host,
@@ -118,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
         port_file=args.port_file,
         access_key=args.access_key,
         secret_key=args.secret_key,
+        acl_file=args.acl_file,
         topic_message_type_check=args.topic_message_type_check,
     )
 

@@ -254,17 +254,24 @@ class FailoverNode:
         self.remoting_locks.channel_closed(connection)
 
     async def start(self) -> None:
-        from services.broker.app import grpc_server, listen_remoting, remoting_server, servable
+        from services.broker.app import (
+            grpc_server,
+            listen_remoting,
+            load_acl_file,
+            remoting_server,
+            servable,
+        )
 
         cfg = self.config
+        acl = load_acl_file(cfg)  # the node's servers check every run's requests
         self.switch = ServiceSwitch(
             servable(cfg),
             between=f"member {self.member_id} of {cfg.broker_name} is starting or changing its "
             "role (automatic failover); retry",
         )
-        self.server = grpc_server(cfg, self.switch.services, self.own_registry)
+        self.server = grpc_server(cfg, self.switch.services, self.own_registry, acl)
         self._port = await self.server.start()
-        self.remoting = remoting_server(self.own_registry, self._between)
+        self.remoting = remoting_server(self.own_registry, self._between, acl=acl)
         self._remoting_ports = await listen_remoting(cfg, self.remoting)
         if cfg.metrics_port >= 0:
             self._metrics_endpoint = start_metrics_endpoint(

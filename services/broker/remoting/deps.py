@@ -80,5 +80,6 @@ class Deps:
             store=app.store,
             pop=app.pop,
             store_host=lambda: app.store.store_host,
+            acl_enabled=app.config.acl_enable,
             **shared,
         )
