@@ -161,16 +161,29 @@ class Connection(asyncio.Protocol):
             del buffer[:pos]
         handlers = self._server.handlers
         check = self._server.check
+        # A check with a `passed_all(commands)` (e.g. the broker's ACL, in one native call
+        # per read) passes a whole read at once: None when every request passed, else
+        # which did; the others still go through `check` one by one.
+        passed_all = getattr(check, "passed_all", None)
+        passed = None if passed_all is None or not commands else self._passed(passed_all, commands)
         run: list[Command] = []  # requests of one Batchable's code, back to back
         run_handler: Batchable | None = None
-        for command in commands:
+        for i, command in enumerate(commands):
             if only is not None and (command.is_response or command.code not in only):
                 continue
             if command.flag & FLAG_RESPONSE:
                 handler = None
-            elif check is not None and self._refused(check, command):
-                continue
             else:
+                if check is not None and (passed is None or not passed[i]):
+                    try:
+                        why = check(self, command)
+                    except Exception:  # a check's bug refuses rather than serves
+                        log.exception("remoting %s: the check of code %d from %s failed",
+                                      self._server.name, command.code, self.remote)  # fmt: skip
+                        why = "the server could not check this request (see its log)"
+                    if why is not None:
+                        self._refuse(command, why)
+                        continue
                 handler = handlers.get(command.code)
             if type(handler) is Batchable:
                 if run and run[0].code != command.code:
@@ -189,21 +202,22 @@ class Connection(asyncio.Protocol):
             self._server._protocol_error(self, error)
             self.close()
 
-    def _refused(self, check: Check, command: Command) -> bool:
-        """Whether `check` refuses the request (then answered 16, or dropped if oneway)."""
+    def _passed(self, passed_all: Callable[[list[Command]], Any], commands: list[Command]):
+        """`passed_all(commands)`: a list of whether each passed, or None when all did; a
+        check's bug passes none (each then goes through `check`)."""
         try:
-            why = check(self, command)
-        except Exception:  # a check's bug refuses rather than serves
-            log.exception("remoting %s: the check of code %d from %s failed",
-                          self._server.name, command.code, self.remote)  # fmt: skip
-            why = "the server could not check this request (see its log)"
-        if why is None:
-            return False
+            verdict = passed_all(commands)
+        except Exception:
+            log.exception("remoting %s: the check of %d requests from %s failed",
+                          self._server.name, len(commands), self.remote)  # fmt: skip
+            return [False] * len(commands)
+        return [True] * len(commands) if verdict is None else verdict
+
+    def _refuse(self, command: Command, why: str) -> None:
+        """Answer a request its check refused: 16 with why (nothing for a oneway)."""
         self._server.metrics.request(command.code, codes.NO_PERMISSION)
         if not command.is_oneway:
-            answer = command.answer(codes.NO_PERMISSION, why)
-            self.write(answer)
-        return True
+            self.write(command.answer(codes.NO_PERMISSION, why))
 
     def _handle_leftovers(self, transport: asyncio.Transport) -> None:
         """Read what the client sent before the connection broke and asyncio

@@ -44,7 +44,11 @@ class AclFile:
         self._stamp = self._stat()
         self._config = load_acl(self.path)
         self._checker = AclChecker(self._config)
-        self._next_check = clock() + recheck_s
+        # For the hot path: the current checker's `fast`, current until `next_check` (on
+        # `clock`), when the file is looked at again.
+        self.fast = self._checker.fast
+        self.fast_many = self._checker.fast_many
+        self.next_check = clock() + recheck_s
         self._failed_stamp: tuple[int, int] | None = None
         self.reloads = 0
 
@@ -56,11 +60,15 @@ class AclFile:
         return st.st_mtime_ns, st.st_size
 
     @property
+    def clock(self) -> Callable[[], float]:
+        return self._clock
+
+    @property
     def config(self) -> AclConfig:
         """The accounts in force (re-read first when the file changed)."""
         now = self._clock()
-        if now >= self._next_check:
-            self._next_check = now + self._recheck_s
+        if now >= self.next_check:
+            self.next_check = now + self._recheck_s
             self.refresh()
         return self._config
 
@@ -93,6 +101,8 @@ class AclFile:
         self._stamp, self._failed_stamp = stamp, None
         self._config = config
         self._checker = AclChecker(config)
+        self.fast = self._checker.fast
+        self.fast_many = self._checker.fast_many
         self.reloads += 1
         log.info("ACL file %s reloaded: %d accounts", self.path, len(config.accounts))
         return True

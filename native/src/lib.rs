@@ -15,6 +15,7 @@
 //! | `decode_properties` | `ferry.record.decode_properties`                        |
 //! | `encode_properties` | `ferry.record.encode_properties`                        |
 //! | `scan_dispatch`     | `ferry.record.scan_dispatch`                            |
+//! | `AclFast.check`     | `ferry.acl.AclChecker.check`, for a remembered grant    |
 //!
 //! Every input this module is unsure of is deferred to the Python function (a
 //! `(start, end)` pair instead of a decoded frame, or None), which then decides it
@@ -22,6 +23,7 @@
 //! underscores and non-ASCII digits, lone surrogates, ROCKETMQ binary headers) and
 //! their messages live in Python only. Nothing here panics on any input; no unsafe code.
 
+mod acl;
 mod dispatch;
 mod gather;
 
@@ -698,5 +700,6 @@ fn ferry_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(encode_properties, module)?)?;
     module.add_function(wrap_pyfunction!(dispatch::scan_dispatch, module)?)?;
     module.add_function(wrap_pyfunction!(gather::gather_records, module)?)?;
+    module.add_class::<acl::AclFast>()?;
     Ok(())
 }

@@ -162,6 +162,11 @@ class Client:
         return self.stop()
 
     @property
+    def pid(self) -> int:
+        assert self._proc is not None, f"{self.name} was not started"
+        return self._proc.pid
+
+    @property
     def returncode(self) -> int | None:
         return None if self._proc is None else self._proc.poll()
 
