@@ -238,7 +238,7 @@ def run(quick: bool, workdir: Path) -> BenchResult:
                     value=t["ferry"][middle],
                     unit="ms",
                     baseline=t["apache"][middle],
-                    baseline_label="Apache RocketMQ 4.9.7, same command",
+                    baseline_label="Apache RocketMQ 4.9.7 broker, same command",
                     target=Target("ratio", "<=", 1.0),
                     detail=(
                         f"median of {plan.repeats} runs per round in a warm mqadmin JVM, "
@@ -258,7 +258,7 @@ def run(quick: bool, workdir: Path) -> BenchResult:
             cluster.stop()
     result.notes.append(
         "Each side: one ASYNC_MASTER and its name server on loopback, started by "
-        "tests/compat/remoting_backends.py; mqadmin is rocketmq-tools 4.9.7's MQAdminStartup "
+        "tests/compat/remoting_backends.py; mqadmin is rocketmq-tools 4.9.8's MQAdminStartup "
         "(tests/compat/mqadmin.py keeps one JVM per side)."
     )
     result.figures += acl_figures(plan, workdir / "acl")

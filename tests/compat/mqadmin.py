@@ -1,6 +1,6 @@
-"""Apache RocketMQ's `mqadmin` (rocketmq-tools 4.9, unchanged) for tests and benchmarks.
+"""Apache RocketMQ's `mqadmin` (rocketmq-tools 4.9.8, unchanged) for tests and benchmarks.
 
-`MqadminSession` keeps one JVM (ferry.compat.MqadminSession, tests/compat/rocketmq4) that runs
+`MqadminSession` keeps one JVM (ferry.compat.MqadminSession, tests/compat/client49) that runs
 mqadmin commands one after another, each as `mqadmin ARGS` would run it, and answers what each
 printed and how long it took. A JVM per command costs ~3.5 s (start, then the admin client's
 shutdown); a session pays the start once. With `access_key` / `secret_key`, the session's
@@ -48,7 +48,7 @@ class MqadminSession:
     ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        command, env = java_program("rocketmq4", MAIN, [], directory=self.directory, heap=heap)
+        command, env = java_program("client49", MAIN, [], directory=self.directory, heap=heap)
         if access_key:
             tools = self.directory / "home" / "conf" / "tools.yml"
             tools.write_text(f"accessKey: {access_key}\nsecretKey: {secret_key}\n")

@@ -1,4 +1,4 @@
-"""Apache's own `mqadmin` (rocketmq-tools 4.9) against a ferry cluster and an Apache 4.9 cluster.
+"""Apache's own `mqadmin` (rocketmq-tools 4.9.8) against a ferry cluster and an Apache 4.9 cluster.
 
 Both sides are one broker group, an ASYNC_MASTER and its SLAVE
 (`remoting_backends.ONE_GROUP`), with the same traffic from Apache's 4.9.8 Java client: 20
