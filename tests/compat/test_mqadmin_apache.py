@@ -457,3 +457,15 @@ def test_ferry_cli_prints_what_mqadmin_prints_on_both_clusters(sides, capsys):
         theirs = side.run("brokerStatus", "-b", side.master).lines
         keys = lambda lines: [ln.split(":", 1)[0] for ln in lines]  # noqa: E731
         assert keys(ours) == keys(theirs), side.name
+
+
+def test_a_slave_refuses_changes_as_apaches_does(sides):
+    out = both(sides, "updateTopic", "-t", "OnSlave", on=lambda s: ["-b", s.slave])
+    causes = {
+        name: [neutral(ln, sides[name]) for ln in r.err.splitlines() if ln.startswith("Caused by")]
+        for name, r in out.items()
+    }
+    assert causes["ferry"] == causes["apache"], causes
+    assert "Can't modify topic or subscription group from slave broker" in causes["ferry"][0]
+    for side in sides.values():
+        assert not _has_route(side, "OnSlave")

@@ -172,6 +172,11 @@ class AdminCodes:
         self.metadata = deps.metadata
         self.broker_name = deps.config.broker_name
 
+    @property
+    def _slave(self) -> bool:
+        """This run is a slave (with failover, the role of the run, not of broker.conf)."""
+        return self.deps.admin.role == "SLAVE"
+
     # ------------------------------------------------------------ tables
 
     async def update_topic(self, connection: Connection, request: Command) -> Command:
@@ -187,7 +192,7 @@ class AdminCodes:
             order=boolean(ext, "order"),
             attributes=tuple(parse_attributes(ext.get("attributes", "")).items()),
         )
-        if self.deps.config.is_slave:
+        if self._slave:
             return request.answer(codes.SYSTEM_ERROR, SLAVE_REMARK)
         if topic == SCHEDULE_TOPIC:
             return request.answer(
@@ -208,7 +213,7 @@ class AdminCodes:
 
     async def delete_topic(self, connection: Connection, request: Command) -> Command:
         topic = text(request.ext, "topic")
-        if self.deps.config.is_slave:
+        if self._slave:
             return request.answer(codes.SYSTEM_ERROR, SLAVE_REMARK)
         if topic == SCHEDULE_TOPIC:
             return request.answer(
@@ -221,7 +226,7 @@ class AdminCodes:
 
     async def update_group(self, connection: Connection, request: Command) -> Command:
         config = group_from_body(request.body)
-        if self.deps.config.is_slave:
+        if self._slave:
             return request.answer(codes.SYSTEM_ERROR, SLAVE_REMARK)
         log.info(
             "UPDATE_AND_CREATE_SUBSCRIPTIONGROUP %s from %s", config.group_name, connection.remote
@@ -231,7 +236,7 @@ class AdminCodes:
 
     async def delete_group(self, connection: Connection, request: Command) -> Command:
         group = text(request.ext, "groupName")
-        if self.deps.config.is_slave:
+        if self._slave:
             return request.answer(codes.SYSTEM_ERROR, SLAVE_REMARK)
         log.info("DELETE_SUBSCRIPTIONGROUP %s from %s", group, connection.remote)
         if self.metadata.subscription_groups.get(group) is not None:
@@ -559,10 +564,6 @@ def _answering(deps: Deps, handler: Handler) -> Handler:
             return request.answer(codes.SYSTEM_ERROR, f"request body: {e}")
         except errors.InvalidArgument as e:
             return request.answer(codes.SYSTEM_ERROR, e.message)
-        except errors.PermissionDenied as e:
-            return request.answer(
-                codes.SYSTEM_ERROR if "SLAVE" in e.message else codes.NO_PERMISSION, e.message
-            )
         except errors.FerryError as e:
             return convert.error_answer(request, e)
 
