@@ -796,43 +796,26 @@ class AclChecker:
     ) -> Decision:
         """The Decision to serve the request, or AclDenied. `remote_ip` is the client's
         address without its port."""
-        config = self.config
         access_key = ext.get(ACCESS_KEY)
         fields = _DECIDED_BY.get(request_code)
-        key = None
+        key = known = None
         if fields is not None and access_key is not None:
             key = (request_code, access_key, ext.get(fields[0]), ext.get(fields[1]))
             known = self._granted.get(key)
-            if known is not None:
-                return self._known(known, access_key, ext, body, remote_ip)
-        try:
-            # Apache reads nothing from a request without ext fields (so not its body).
-            needs = required_permissions(request_code, ext, body) if ext else {}
-        except Unreadable as e:
-            raise AclDenied(Reason.MALFORMED, f"{e}", access_key=access_key) from None
-        if config.globally_white(remote_ip):
-            return Decision(Grant.GLOBAL_WHITE_LIST, access_key)
-        if access_key is None:
-            raise AclDenied(
-                Reason.NO_ACCESS_KEY,
-                f"the request carries no AccessKey and {remote_ip} is not in "
-                f"globalWhiteRemoteAddresses of {config.source} (sign requests with an access "
-                "key the file lists; Java clients: new AclClientRPCHook(new "
-                "SessionCredentials(accessKey, secretKey)))",
-            )
-        account = config.account(access_key)
-        if account is None:
-            raise _unknown_key(access_key, config.source)
-        if account.white_remote_address.matches(remote_ip):
-            return Decision(Grant.ACCOUNT_WHITE_LIST, access_key)
-        if not signature_matches(account.secret_key, ext, body):
-            raise AclDenied(
-                Reason.BAD_SIGNATURE,
-                f'the signature does not match access key "{_shown(access_key)}" (the '
-                f"client's secret key differs from the one {config.source} has for it, or "
-                "the request changed after it was signed)",
-                access_key=access_key,
-            )
+        if known is None:
+            try:
+                # Apache reads nothing from a request without ext fields (so not its body).
+                needs = required_permissions(request_code, ext, body) if ext else {}
+            except Unreadable as e:
+                raise AclDenied(Reason.MALFORMED, f"{e}", access_key=access_key) from None
+        white = self._authenticate(access_key, ext, body, remote_ip)
+        if white is not None:
+            return white
+        assert access_key is not None  # (_authenticate refuses a request without one)
+        if known is not None:  # steps 6-8 as remembered for this code, key, topic and group
+            if isinstance(known, AclDenied):
+                raise known.with_traceback(None)
+            return known
         try:
             decision = self._permitted(request_code, access_key, needs)
         except AclDenied as denied:
@@ -877,21 +860,25 @@ class AclChecker:
             self._granted.clear()
         self._granted[key] = outcome
 
-    def _known(
-        self,
-        outcome: Decision | AclDenied,
-        access_key: str,
-        ext: Mapping[str, str],
-        body: bytes | None,
-        remote_ip: str,
-    ) -> Decision:
-        """Steps 2-5 again (they depend on the address and the signature of this very
-        request), then the remembered steps 6-8."""
+    def _authenticate(
+        self, access_key: str | None, ext: Mapping[str, str], body: bytes | None, remote_ip: str
+    ) -> Decision | None:
+        """Steps 2-5 (they depend on the address and the signature of this very request):
+        a white list's Decision, None for a key the file lists that signed the request
+        right, else AclDenied."""
         config = self.config
         if config.globally_white(remote_ip):
             return Decision(Grant.GLOBAL_WHITE_LIST, access_key)
+        if access_key is None:
+            raise AclDenied(
+                Reason.NO_ACCESS_KEY,
+                f"the request carries no AccessKey and {remote_ip} is not in "
+                f"globalWhiteRemoteAddresses of {config.source} (sign requests with an access "
+                "key the file lists; Java clients: new AclClientRPCHook(new "
+                "SessionCredentials(accessKey, secretKey)))",
+            )
         account = config.account(access_key)
-        if account is None:  # (a remembered outcome is only for a key the file lists)
+        if account is None:
             raise _unknown_key(access_key, config.source)
         if account.white_remote_address.matches(remote_ip):
             return Decision(Grant.ACCOUNT_WHITE_LIST, access_key)
@@ -903,9 +890,7 @@ class AclChecker:
                 "the request changed after it was signed)",
                 access_key=access_key,
             )
-        if isinstance(outcome, AclDenied):
-            raise outcome.with_traceback(None)
-        return outcome
+        return None
 
 
 def _shown(text: str) -> str:

@@ -33,7 +33,7 @@ import shutil
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from ferry import __version__
+from ferry import __version__, record
 from ferry.model import (
     SCHEDULE_TOPIC,
     SubscriptionGroupConfig,
@@ -47,7 +47,12 @@ from ferry.remoting.server import Connection, Handler
 from ferry.runtime import errors
 from services.broker.config import KNOWN_KEYS, parse_properties, shown_value
 from services.broker.messaging.clients import Member
-from services.broker.metadata.tables import group_from_json, topic_to_json, version_to_json
+from services.broker.metadata.tables import (
+    group_from_json,
+    group_to_json,
+    topic_to_json,
+    version_to_json,
+)
 from services.broker.remoting import convert
 from services.broker.remoting.convert import boolean, integer, text
 from services.broker.remoting.deps import Deps
@@ -256,8 +261,6 @@ class AdminCodes:
         return request.answer(codes.SUCCESS, body=bodies.dumps(body))
 
     async def all_group_config(self, connection: Connection, request: Command) -> Command:
-        from services.broker.metadata.tables import group_to_json
-
         table, version = self.metadata.subscription_groups.snapshot()
         body = {
             "dataVersion": version_to_json(version),
@@ -385,8 +388,6 @@ class AdminCodes:
             return -1
         if data is None:
             return -1
-        from ferry import record
-
         try:
             return record.store_timestamp(data)
         except record.RecordError:
@@ -552,24 +553,6 @@ class AdminCodes:
         return request.answer(codes.SUCCESS, body=body)
 
 
-def _answering(deps: Deps, handler: Handler) -> Handler:
-    """The gate, then the handler; a bad header or body, and ferry's errors,
-    become answers naming what was wrong (1, or the error's own code)."""
-
-    async def handle(connection: Connection, request: Command) -> Command | None:
-        try:
-            deps.gate.check()
-            return await handler(connection, request)
-        except bodies.BodyError as e:
-            return request.answer(codes.SYSTEM_ERROR, f"request body: {e}")
-        except errors.InvalidArgument as e:
-            return request.answer(codes.SYSTEM_ERROR, e.message)
-        except errors.FerryError as e:
-            return convert.error_answer(request, e)
-
-    return handle
-
-
 def guarded_by_token(token: str, handler: Handler) -> Handler:
     """With an admin token and no ACL: a change over RocketMQ's protocol,
     which cannot carry the token, is refused (16), as on the name server."""
@@ -609,6 +592,6 @@ def handlers(deps: Deps) -> dict[int, Handler]:
     token = deps.config.admin_token if not deps.acl_enabled else ""
     out: dict[int, Handler] = {}
     for code, fn in table.items():
-        handler = _answering(deps, fn)
+        handler = convert.answering_errors(fn, deps.gate)
         out[code] = guarded_by_token(token, handler) if code in CHANGES else handler
     return out

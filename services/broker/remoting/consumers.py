@@ -108,24 +108,7 @@ def handlers(deps: Deps) -> dict[int, Handler]:
         codes.LOCK_BATCH_MQ: lock_batch,
         codes.UNLOCK_BATCH_MQ: unlock_batch,
     }
-    return {code: _answering_errors(fn) for code, fn in table.items()}
-
-
-def _answering_errors(handler: Handler) -> Handler:
-    """Domain and body errors become answers (1 with the reason, or the
-    table's code); anything else is the server's to log."""
-
-    async def handle(connection: Connection, command: Command) -> Command | None:
-        try:
-            return await handler(connection, command)
-        except bodies.BodyError as e:
-            return command.answer(codes.SYSTEM_ERROR, f"request body: {e}")
-        except errors.InvalidArgument as e:
-            return command.answer(codes.SYSTEM_ERROR, e.message)
-        except errors.FerryError as e:
-            return convert.error_answer(command, e)
-
-    return handle
+    return {code: convert.answering_errors(fn) for code, fn in table.items()}
 
 
 # ---------------------------------------------------------------- membership events

@@ -8,14 +8,27 @@ to another broker on 1, 14, 16 and 17, and gives up on 13 (and on 2, which
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from ferry.remoting import codes
+from ferry.remoting import bodies, codes
 from ferry.remoting.codec import Command
 from ferry.remoting.headers import BadRequest, integer, text
+from ferry.remoting.server import Connection, Handler
 
-__all__ = ["BadRequest", "boolean", "code_of", "error_answer", "integer", "text"]
+__all__ = [
+    "BadRequest",
+    "answering_errors",
+    "boolean",
+    "code_of",
+    "error_answer",
+    "integer",
+    "text",
+]
 from ferry.runtime import errors
 from services.broker.messaging.service import MessageTooLarge
+
+if TYPE_CHECKING:
+    from services.broker.remoting.deps import Gate
 
 _CODE_BY_ERROR: dict[type[errors.FerryError], int] = {
     errors.InvalidArgument: codes.MESSAGE_ILLEGAL,
@@ -56,3 +69,23 @@ def boolean(ext: Mapping[str, str], key: str, default: bool = False) -> bool:
     if value is None or value == "":
         return default
     return value.lower() == "true"
+
+
+def answering_errors(handler: Handler, gate: Gate | None = None) -> Handler:
+    """`handler` whose domain and body errors become answers (1 with the reason,
+    or the table's code); anything else is the server's to log. With `gate`,
+    its `check()` runs first (14 while the broker starts or stops)."""
+
+    async def handle(connection: Connection, command: Command) -> Command | None:
+        try:
+            if gate is not None:
+                gate.check()
+            return await handler(connection, command)
+        except bodies.BodyError as e:
+            return command.answer(codes.SYSTEM_ERROR, f"request body: {e}")
+        except errors.InvalidArgument as e:
+            return command.answer(codes.SYSTEM_ERROR, e.message)
+        except errors.FerryError as e:
+            return error_answer(command, e)
+
+    return handle
