@@ -148,6 +148,33 @@ def start_namesrv(loop: LoopThread, home: Path, **config: Any) -> RunningNamesrv
     return RunningNamesrv(app, loop, addr, home, channel, namesrv_pb2_grpc.NameServerStub(channel))
 
 
+@pytest.fixture(autouse=True)
+def main_thread_event_loop() -> None:
+    """Give the main thread a current event loop when an earlier test left it
+    without one. `asyncio.run` ends by clearing the main thread's loop, after
+    which `asyncio.get_event_loop()` raises there; the RocketMQ 5 Python SDK
+    opens its Telemetry stream through grpc.aio from the caller's thread, which
+    asks for that loop, so an SDK client started after such a test (on the same
+    xdist worker) failed with "There is no current event loop in thread
+    'MainThread'" and then reported the topic's route as missing."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        asyncio.get_event_loop_policy().get_event_loop()
+    except RuntimeError:
+        asyncio.set_event_loop(_spare_loop())
+
+
+_SPARE_LOOP: list[asyncio.AbstractEventLoop] = []
+
+
+def _spare_loop() -> asyncio.AbstractEventLoop:
+    """One loop per process for `main_thread_event_loop`, never run by the tests."""
+    if not _SPARE_LOOP or _SPARE_LOOP[0].is_closed():
+        _SPARE_LOOP[:] = [asyncio.new_event_loop()]
+    return _SPARE_LOOP[0]
+
+
 @pytest.fixture
 def fake_clock() -> FakeClock:
     return FakeClock()
