@@ -32,6 +32,7 @@ BENCHMARKS: dict[str, str] = {
     "pop": "benchmarks.pop_bench",
     "proxy": "benchmarks.proxy_bench",
     "store": "benchmarks.store_bench",
+    "tx": "benchmarks.tx_bench",
 }
 
 HEADER = """# Benchmarks

@@ -192,6 +192,11 @@ PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
 PROPERTY_DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"
 PROPERTY_DLQ_ORIGIN_MESSAGE_ID = "DLQ_ORIGIN_MESSAGE_ID"
 PROPERTY_DLQ_DELIVERY_ATTEMPTS = "DLQ_DELIVERY_ATTEMPTS"
+# Transactional messages: a half message says so and names its producer group, whose
+# producers the broker checks back with; UNIQ_KEY is a message's unique id (its msgId).
+PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
+PROPERTY_PRODUCER_GROUP = "PGROUP"
+PROPERTY_UNIQ_KEY = "UNIQ_KEY"
 
 
 def retry_topic(group: str, topic: str) -> str:
@@ -210,8 +215,21 @@ def revive_topic(cluster: str) -> str:
     return f"rmq_sys_REVIVE_LOG_{safe}"
 
 
+# Transactional messages' own topics (services.broker.transactions), as RocketMQ names them:
+# halves, op records, and halves given up after transactionCheckMax checks.
+TRANSACTION_SYSTEM_TOPICS = frozenset(
+    {"RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC"}
+)
+
+
 def is_system_topic(topic: str) -> bool:
-    return topic.startswith("rmq_sys_") or topic == SCHEDULE_TOPIC
+    """A topic of the broker's own, never sent to by clients (RocketMQ's
+    TopicValidator.isSystemTopic, for the topics ferry uses)."""
+    return (
+        topic.startswith("rmq_sys_")
+        or topic == SCHEDULE_TOPIC
+        or topic in TRANSACTION_SYSTEM_TOPICS
+    )
 
 
 # RocketMQ 5's topic message type: the topic attribute `message.type`

@@ -325,16 +325,18 @@ _HEAD_RAW = struct.Struct(">iIIiiqqiq8sq8siqi")
 def encode_raw(
     topic: bytes, queue_id: int, flag: int, queue_offset: int, commit_offset: int, sys_flag: int,
     born_timestamp: int, born_host: bytes, store_timestamp: int, store_host: bytes,
-    body: bytes, properties: bytes, reconsume_times: int = 0,
+    body: bytes, properties: bytes, reconsume_times: int = 0, prepared_offset: int = 0,
 ) -> bytes:  # fmt: skip
     """The hot-path encoder: the same bytes as `encode`, from pre-encoded parts
     (`topic` UTF-8 of 1..127 bytes, hosts from `pack_host`, properties from
-    `encode_properties`). The caller has checked the lengths."""
+    `encode_properties`; `prepared_offset` is PREPAREDTRANSACTIONOFFSET). The
+    caller has checked the lengths."""
     return b"".join((
         _HEAD_RAW.pack(
             HEAD_SIZE + len(body) + 3 + len(topic) + len(properties), MESSAGE_MAGIC,
             zlib.crc32(body) & 0x7FFFFFFF, queue_id, flag, queue_offset, commit_offset, sys_flag,
-            born_timestamp, born_host, store_timestamp, store_host, reconsume_times, 0, len(body),
+            born_timestamp, born_host, store_timestamp, store_host, reconsume_times, prepared_offset,
+            len(body),
         ),
         body, _U8.pack(len(topic)), topic, _U16.pack(len(properties)), properties,
     ))  # fmt: skip
@@ -620,3 +622,69 @@ def scan_dispatch(
         )  # fmt: skip
         pos = end
     return out, pos, False
+
+
+_SCAN_INDEX = struct.Struct(
+    ">iI20xqi16xq20xi"
+)  # size, magic, commit offset, sys flag, store ts, body len
+
+
+def scan_index(
+    buf: bytes | memoryview, pos: int
+) -> tuple[list[tuple[int, int, int, int, bytes, bytes]], int, bool]:
+    """The message index's batch decode: walk whole records from `pos`, with the
+    checks and stops of `scan_dispatch`.
+
+    Returns `(records, position, blank)`: each record as `(commit_offset, size,
+    store_timestamp, sys_flag, topic_bytes, properties_bytes)`; where the walk
+    stopped; whether it stopped at a BLANK marker.
+
+    Raises:
+        RecordError: bytes at `position` that are neither a record nor a BLANK.
+    """
+    out: list[tuple[int, int, int, int, bytes, bytes]] = []
+    size = len(buf)
+    while pos + BLANK_SIZE <= size:
+        total, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+        if magic != MESSAGE_MAGIC:
+            if magic == BLANK_MAGIC and total >= BLANK_SIZE:
+                return out, pos, True
+            raise RecordError(f"at {pos}: bad magic 0x{magic:08X}")
+        if total < MIN_RECORD_SIZE:
+            raise RecordError(f"at {pos}: record claims {total} bytes, less than {MIN_RECORD_SIZE}")
+        end = pos + total
+        if end > size:
+            break
+        _, _, commit_offset, sys_flag, store_ts, body_len = _SCAN_INDEX.unpack_from(buf, pos)
+        at = pos + HEAD_SIZE + body_len
+        if body_len < 0 or at + 3 > end:
+            raise RecordError(f"record at {pos}: body length {body_len} does not fit")
+        topic_len = buf[at]
+        props_at = at + 3 + topic_len
+        if props_at > end:
+            raise RecordError(f"record at {pos}: topic length {topic_len} does not fit")
+        (props_len,) = _U16.unpack_from(buf, at + 1 + topic_len)
+        if props_at + props_len != end:
+            raise RecordError(f"record at {pos}: lengths do not add up to TOTALSIZE")
+        out.append(
+            (commit_offset, total, store_ts, sys_flag, bytes(buf[at + 1 : at + 1 + topic_len]),
+             bytes(buf[props_at:end]))
+        )  # fmt: skip
+        pos = end
+    return out, pos, False
+
+
+def parse_message_id(msg_id: str) -> tuple[tuple[str, int], int]:
+    """An offset message id (`message_id`) back into `((ip, port), commit_offset)`.
+
+    Raises:
+        RecordError: not 32 hex digits (RocketMQ's IPv4 form).
+    """
+    try:
+        raw = bytes.fromhex(msg_id) if len(msg_id) == 32 else b""
+    except ValueError:
+        raw = b""
+    if len(raw) != 16:
+        raise RecordError(f"{msg_id[:40]!r} is not an offset message id (32 hex digits)")
+    port, commit_offset = struct.unpack(">Iq", raw[4:])
+    return (socket.inet_ntoa(raw[:4]), port), commit_offset

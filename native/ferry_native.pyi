@@ -35,6 +35,10 @@ def gather_records(
     have: bool,
 ) -> tuple[bytes, int, int, int, int, bool] | None: ...
 
+def index_records(
+    chunk: bytes, pos: int, file: object, slots: int, entries: int, skip: int
+) -> tuple[int, int, bool, bool] | None: ...
+
 class AclFast:
     """ferry.acl.AclChecker's remembered grants (native/src/acl.rs)."""
 

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from ferry.cli import failover_cmds, stats_cmds
+from ferry.cli import failover_cmds, stats_cmds, tx_cmds
 from ferry.cli.namesrv_cmds import BROKER_HELP, add_admin_token_option, add_namesrv_option
 from ferry.cli.namesrv_cmds import client as namesrv_client
 from ferry.cli.output import message_json, table
@@ -145,6 +145,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "one queue, chosen by a stable hash of the group, so an orderly consumer group or an "
         "ordered topic (topic create --order) gets them in the order sent",
     )
+    tx_cmds.add_options(p)
     add_namesrv_option(p)
     p.set_defaults(func=send)
 
@@ -332,6 +333,8 @@ def send(args: argparse.Namespace) -> int:
         raise InvalidArgument("--linger-ms", f"{args.linger_ms} is negative")
     if args.file is not None and not args.file.is_file():
         raise InvalidArgument("--file", f"{args.file} is not a readable file")
+    if args.transaction is not None:
+        return tx_cmds.send_transaction(args, _body(args, 0))
     deliver_at_ms = _deliver_at_ms(args)
     group = args.message_group
     properties = {"DELAY": str(args.delay_level)} if args.delay_level else {}

@@ -13,6 +13,7 @@ from ferry.cli import (
     dev,
     failover_cmds,
     group_cmds,
+    message_cmds,
     namesrv_cmds,
     pipeline_cmds,
     stats_cmds,
@@ -69,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     broker_cmds.add_commands(sub)
     stats_cmds.add_broker_commands(sub)
     group_cmds.add_commands(sub)
+    message_cmds.add_commands(sub)
     store_cmds.add_commands(sub)
     failover_cmds.add_commands(sub)
     pipeline_cmds.add_commands(sub)

@@ -160,7 +160,7 @@ class Remote:
         answer = self.namesrv(codes.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
         if answer.code == codes.TOPIC_NOT_EXIST:
             raise NotFound(f"no route for topic {topic!r}: the name servers do not know it")
-        return _body(answer, f"route of {topic}")
+        return answer_body(answer, f"route of {topic}")
 
     def masters(self, topic: str) -> list[tuple[str, str]]:
         """(broker name, master address) of each group serving the topic."""
@@ -173,7 +173,7 @@ class Remote:
         return out
 
 
-def _body(answer: Command, what: str) -> Any:
+def answer_body(answer: Command, what: str) -> Any:
     if answer.code == codes.NO_PERMISSION:
         raise PermissionDenied(f"{what}: {answer.remark}")
     if answer.code != codes.SUCCESS:
@@ -184,7 +184,7 @@ def _body(answer: Command, what: str) -> Any:
         raise FerryError(f"{what}: unreadable answer: {exc}") from None
 
 
-def _offset_table(answer: Command, what: str) -> tuple[dict[str, Any], list[tuple[dict, Any]]]:
+def offset_table(answer: Command, what: str) -> tuple[dict[str, Any], list[tuple[dict, Any]]]:
     """A 202/208 answer: (its other fields, the offsetTable's (queue, value) pairs)."""
     if answer.code == codes.NO_PERMISSION:
         raise PermissionDenied(f"{what}: {answer.remark}")
@@ -208,7 +208,7 @@ def _mq_order(pair: tuple[dict, Any]) -> tuple[str, str, int]:
     return (q.get("topic", ""), q.get("brokerName", ""), int(q.get("queueId", 0)))
 
 
-def _time2(ms: int) -> str:
+def human_time(ms: int) -> str:
     """UtilAll.timeMillisToHumanString2: local time, 2026-11-26 22:48:16,596."""
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000)) + f",{ms % 1000:03d}"
 
@@ -248,7 +248,7 @@ def topic_status(args: argparse.Namespace) -> int:
     pairs: list[tuple[dict, Any]] = []
     for name, addr in remote.masters(topic):
         answer = remote.ask(addr, codes.GET_TOPIC_STATS_INFO, {"topic": topic})
-        pairs += _offset_table(answer, f"topic stats of {topic} on {name} ({addr})")[1]
+        pairs += offset_table(answer, f"topic stats of {topic} on {name} ({addr})")[1]
     pairs.sort(key=_mq_order)
     lines = [
         f"{'#Broker Name':<32}  {'#QID':<4}  {'#Min Offset':<20}  {'#Max Offset':<20}    #Last Updated"
@@ -256,7 +256,7 @@ def topic_status(args: argparse.Namespace) -> int:
     doc = []
     for q, v in pairs:
         last = int(v.get("lastUpdateTimestamp", 0))
-        shown = _time2(last) if last > 0 else ""
+        shown = human_time(last) if last > 0 else ""
         lines.append(
             f"{q['brokerName']:<32}  {q['queueId']:<4}  {v.get('minOffset', 0):<20}  "
             f"{v.get('maxOffset', 0):<20}    {shown}"
@@ -272,7 +272,7 @@ def _consume_stats(remote: Remote, group: str) -> tuple[float, list[tuple[dict, 
     pairs: list[tuple[dict, dict]] = []
     for name, addr in remote.masters(RETRY_PREFIX + group):
         answer = remote.ask(addr, codes.GET_CONSUME_STATS, {"consumerGroup": group})
-        rest, found = _offset_table(answer, f"consume stats of {group} on {name} ({addr})")
+        rest, found = offset_table(answer, f"consume stats of {group} on {name} ({addr})")
         tps += float(rest.get("consumeTps", 0.0))
         pairs += found
     pairs.sort(key=_mq_order)
@@ -307,7 +307,7 @@ def group_progress(args: argparse.Namespace) -> int:
         f"{'#Group':<64}  {'#Count':<6}  {'#Version':<24} {'#Type':<5}  {'#Model':<14}  "
         f"{'#TPS':<7}  #Diff Total"
     ]
-    topics = _body(remote.namesrv(codes.GET_ALL_TOPIC_LIST_FROM_NAMESERVER), "topic list")
+    topics = answer_body(remote.namesrv(codes.GET_ALL_TOPIC_LIST_FROM_NAMESERVER), "topic list")
     doc = []
     for topic in topics.get("topicList", []):
         if not topic.startswith(RETRY_PREFIX):
@@ -346,7 +346,7 @@ def _connections(remote: Remote, group: str) -> dict[str, Any]:
     for _, addr in masters:
         answer = remote.ask(addr, codes.GET_CONSUMER_CONNECTION_LIST, {"consumerGroup": group})
         if answer.code == codes.SUCCESS:
-            return _body(answer, f"connections of {group}")
+            return answer_body(answer, f"connections of {group}")
     return {}
 
 
@@ -355,7 +355,7 @@ def broker_status(args: argparse.Namespace) -> int:
     if args.broker:
         addrs = [args.broker]
     else:
-        info = _body(remote.namesrv(codes.GET_BROKER_CLUSTER_INFO), "cluster info")
+        info = answer_body(remote.namesrv(codes.GET_BROKER_CLUSTER_INFO), "cluster info")
         names = info.get("clusterAddrTable", {}).get(args.cluster)
         if not names:
             raise NotFound(f"cluster {args.cluster!r} is not known to the name servers")
@@ -369,7 +369,9 @@ def broker_status(args: argparse.Namespace) -> int:
     lines: list[str] = []
     doc: dict[str, Any] = {}
     for addr in addrs:
-        table = _body(remote.ask(addr, codes.GET_BROKER_RUNTIME_INFO), f"runtime info of {addr}")
+        table = answer_body(
+            remote.ask(addr, codes.GET_BROKER_RUNTIME_INFO), f"runtime info of {addr}"
+        )
         entries = sorted(table.get("table", {}).items())
         doc[addr] = dict(entries)
         for key, value in entries:

@@ -18,7 +18,11 @@ every request of its code that arrived back to back in one read (64
 producer threads on one connection send that way under load), and its
 answers go out in one socket write: one task, one use-case call and one write
 for the run instead of one per request. A run ends at a request of another
-code, so requests are handled in the order they came. A run of one is a run.
+code, so requests are handled in the order they came — except a oneway request
+of another Batchable code (Java's END_TRANSACTION between a producer's sends),
+which waits aside in a run of its own code, dispatched when the run ends: each
+code's requests keep their order, and a oneway request has no answer to order.
+A run of one is a run.
 
 A client that goes away: asyncio stops reading a socket at its first failed
 write (an answer to a client that has closed), while requests the client sent
@@ -168,6 +172,8 @@ class Connection(asyncio.Protocol):
         passed = None if passed_all is None or not commands else self._passed(passed_all, commands)
         run: list[Command] = []  # requests of one Batchable's code, back to back
         run_handler: Batchable | None = None
+        # Oneway requests of other Batchable codes met during the run, by code.
+        aside: dict[int, tuple[Batchable, list[Command]]] = {}
         for i, command in enumerate(commands):
             if only is not None and (command.is_response or command.code not in only):
                 continue
@@ -187,20 +193,34 @@ class Connection(asyncio.Protocol):
                 handler = handlers.get(command.code)
             if type(handler) is Batchable:
                 if run and run[0].code != command.code:
+                    if command.flag & FLAG_ONEWAY:
+                        aside.setdefault(command.code, (handler, []))[1].append(command)
+                        continue
                     self._dispatch_run(cast(Batchable, run_handler), run)
                     run = []
+                    if aside:
+                        self._dispatch_aside(aside)
                 run.append(command)
                 run_handler = handler
                 continue
             if run:
                 self._dispatch_run(cast(Batchable, run_handler), run)
                 run = []
+                if aside:
+                    self._dispatch_aside(aside)
             self._dispatch(command)
         if run:
             self._dispatch_run(cast(Batchable, run_handler), run)
+            if aside:
+                self._dispatch_aside(aside)
         if error is not None:
             self._server._protocol_error(self, error)
             self.close()
+
+    def _dispatch_aside(self, aside: dict[int, tuple[Batchable, list[Command]]]) -> None:
+        for handler, requests in aside.values():
+            self._dispatch_run(handler, requests)
+        aside.clear()
 
     def _passed(self, passed_all: Callable[[list[Command]], Any], commands: list[Command]):
         """`passed_all(commands)`: a list of whether each passed, or None when all did; a

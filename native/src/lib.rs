@@ -15,6 +15,7 @@
 //! | `decode_properties` | `ferry.record.decode_properties`                        |
 //! | `encode_properties` | `ferry.record.encode_properties`                        |
 //! | `scan_dispatch`     | `ferry.record.scan_dispatch`                            |
+//! | `index_records`     | `services.broker.store.indexfile.build_python`          |
 //! | `AclFast.check`     | `ferry.acl.AclChecker.check`, for a remembered grant    |
 //!
 //! Every input this module is unsure of is deferred to the Python function (a
@@ -26,6 +27,7 @@
 mod acl;
 mod dispatch;
 mod gather;
+mod index;
 
 use std::borrow::Cow;
 use std::io::Write;
@@ -700,6 +702,7 @@ fn ferry_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(encode_properties, module)?)?;
     module.add_function(wrap_pyfunction!(dispatch::scan_dispatch, module)?)?;
     module.add_function(wrap_pyfunction!(gather::gather_records, module)?)?;
+    module.add_function(wrap_pyfunction!(index::index_records, module)?)?;
     module.add_class::<acl::AclFast>()?;
     Ok(())
 }

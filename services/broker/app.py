@@ -64,6 +64,8 @@ from ferry.v1 import (
     ha_admin_pb2_grpc,
     slave_sync_pb2,
     slave_sync_pb2_grpc,
+    transactions_pb2,
+    transactions_pb2_grpc,
 )
 from services.broker.api.servicer import (
     BrokerAdminServicer,
@@ -73,6 +75,7 @@ from services.broker.api.servicer import (
     HAStatusView,
     SlaveSyncServicer,
 )
+from services.broker.api.transactions import TransactionsServicer
 from services.broker.cluster.replication import SyncReplication
 from services.broker.cluster.slave_sync import SlaveSyncLoop
 from services.broker.config import BrokerConfig
@@ -91,7 +94,14 @@ from services.broker.remoting.acl import acl_check
 from services.broker.remoting.deps import Deps
 from services.broker.schedule.delay import DelayScheduler
 from services.broker.schedule.timer import TimerService
-from services.broker.store import FlushDiskType, MessageStore, RetentionConfig, StoreConfig
+from services.broker.store import (
+    FlushDiskType,
+    IndexConfig,
+    MessageStore,
+    RetentionConfig,
+    StoreConfig,
+)
+from services.broker.transactions import TransactionConfig, TransactionService
 from services.ha.master import HAMaster, HAMasterConfig
 from services.ha.slave import HASlave, HASlaveConfig
 from services.ha.sync import ReplicaAcks
@@ -107,11 +117,13 @@ BROKER_SERVICE = broker_pb2.DESCRIPTOR.services_by_name["Broker"].full_name
 ADMIN_SERVICE = broker_admin_pb2.DESCRIPTOR.services_by_name["BrokerAdmin"].full_name
 SLAVE_SYNC_SERVICE = slave_sync_pb2.DESCRIPTOR.services_by_name["SlaveSync"].full_name
 HA_ADMIN_SERVICE = ha_admin_pb2.DESCRIPTOR.services_by_name["HAAdmin"].full_name
+TRANSACTIONS_SERVICE = transactions_pb2.DESCRIPTOR.services_by_name["Transactions"].full_name
 _ADD = {  # how each service is added to a server
     BROKER_SERVICE: broker_pb2_grpc.add_BrokerServicer_to_server,
     ADMIN_SERVICE: broker_admin_pb2_grpc.add_BrokerAdminServicer_to_server,
     SLAVE_SYNC_SERVICE: slave_sync_pb2_grpc.add_SlaveSyncServicer_to_server,
     HA_ADMIN_SERVICE: ha_admin_pb2_grpc.add_HAAdminServicer_to_server,
+    TRANSACTIONS_SERVICE: transactions_pb2_grpc.add_TransactionsServicer_to_server,
 }
 
 
@@ -291,6 +303,7 @@ class BrokerApp:
         self.scheduler: DelayScheduler | None = None
         self.pop: PopService | None = None
         self.timer: TimerService | None = None
+        self.transactions: TransactionService | None = None  # masters
         self.acks: ReplicaAcks | None = None
         self.replication: SyncReplication | None = None  # SYNC_MASTER: sends wait for a slave
         self.ha_master: HAMaster | None = None
@@ -375,6 +388,11 @@ class BrokerApp:
                 delete_files_interval_s=cfg.delete_commit_log_files_interval_s,
                 check_interval_s=cfg.clean_resource_interval_s,
             ),
+            index=IndexConfig(
+                enabled=cfg.message_index_enable,
+                max_hash_slot_num=cfg.max_hash_slot_num,
+                max_index_num=cfg.max_index_num,
+            ),
         )
         incarnation = self.incarnation
         # Every part gets its collaborators through its constructor, so the
@@ -450,6 +468,7 @@ class BrokerApp:
             replication_wait=self.replication.wait if self.replication is not None else None,
             on_sent=metrics.observe_send,
             create_topic=self._create_system_topic,
+            on_lookup=metrics.observe_lookup,
         )
         if not cfg.is_slave:
             # Masters run timed delivery and pop consumption; slaves hold their
@@ -477,6 +496,18 @@ class BrokerApp:
                 create_topic=self._create_system_topic,
                 timer_pending=lambda topic: (
                     self.timer.pending_by_topic.get(topic, 0) if self.timer else 0
+                ),
+            )
+            self.transactions = TransactionService(
+                store,
+                messaging,
+                metadata.topics,
+                metadata.consumer_offsets,
+                self.clock,
+                TransactionConfig(
+                    timeout_ms=cfg.transaction_timeout_ms,
+                    check_interval_ms=cfg.transaction_check_interval_ms,
+                    check_max=cfg.transaction_check_max,
                 ),
             )
         if self.incarnation is not None:
@@ -521,6 +552,7 @@ class BrokerApp:
                     pop=self.pop,
                     broker_name=cfg.broker_name,
                     send_stream_max_in_flight=cfg.send_stream_max_in_flight,
+                    transactions=self.transactions,
                 ),
                 _ADD[BROKER_SERVICE],
             ),
@@ -539,6 +571,11 @@ class BrokerApp:
                 _ADD[SLAVE_SYNC_SERVICE],
             ),
             Service(HA_ADMIN_SERVICE, HAAdminServicer(self._ha_status), _ADD[HA_ADMIN_SERVICE]),
+            Service(
+                TRANSACTIONS_SERVICE,
+                TransactionsServicer(self.transactions, self.gate, cfg.broker_name),
+                _ADD[TRANSACTIONS_SERVICE],
+            ),
             *extra_services,
         ]
         self.remoting_deps = deps = Deps.from_app(self)
@@ -570,6 +607,7 @@ class BrokerApp:
                 pop=self.pop,
                 timer=self.timer,
                 journal=self.journal,
+                transactions=self.transactions,
             )
         )
         if cfg.metrics_port >= 0 and self.incarnation is None:
@@ -602,6 +640,14 @@ class BrokerApp:
             store.hold_files("unresolved pop checkpoints", self.pop.held_from)
             self._tasks.append(asyncio.create_task(self.timer.run(), name="timer"))
             self._tasks.append(asyncio.create_task(self.pop.run(), name="pop-revive"))
+        if self.transactions is not None:
+            # Every start as master (failover included): the pending halves, and
+            # the op record of a commit cut off at the log's end.
+            await self.transactions.load()
+            store.hold_files("undecided transactional halves", self.transactions.held_from)
+            self._tasks.append(
+                asyncio.create_task(self.transactions.run(), name="transaction-check")
+            )
         self._tasks.append(asyncio.create_task(self._persist_offsets(), name="offset-persister"))
         self._tasks.append(asyncio.create_task(self.messaging.stats.run(), name="traffic-stats"))
         # RocketMQ's clients: members silent for 120 s and dead queue locks expire.
@@ -845,6 +891,8 @@ class BrokerApp:
             self.pop.checkpoint()
         if self.timer is not None:
             self.timer.checkpoint()
+        if self.transactions is not None:
+            self.transactions.checkpoint()
 
     def _create_system_topic(self, config: TopicConfig) -> None:
         """A retry or dead-letter topic, created on first use and announced to

@@ -59,6 +59,10 @@ class BrokerConfig:
     ha_master_address: str = ""
     commit_log_file_size: int = 1 << 30
     consume_queue_entries_per_file: int = 300_000
+    # The message index by key (services.broker.store.index): RocketMQ's keys and defaults.
+    message_index_enable: bool = True
+    max_hash_slot_num: int = 5_000_000
+    max_index_num: int = 20_000_000
     max_message_size: int = 4 * 1024 * 1024
     send_stream_max_in_flight: int = 1024  # unanswered messages per SendStream
     slave_timeout_s: float = 3.0
@@ -105,6 +109,10 @@ class BrokerConfig:
     # Pop consumption and timers.
     timer_max_delay_s: float = 3 * 86400.0
     auto_create_subscription_group: bool = True
+    # Transactional messages (RocketMQ's keys and defaults; services.broker.transactions).
+    transaction_timeout_ms: int = 6_000
+    transaction_check_interval_ms: int = 60_000
+    transaction_check_max: int = 15
     # RocketMQ 5 SDKs: apache.rocketmq.v2.MessagingService on the gRPC port (local mode).
     enable_proxy: bool = False
     enable_topic_message_type_check: bool = True  # local mode: sends match the topic's type
@@ -170,6 +178,10 @@ class BrokerConfig:
 
 
 # ---------------------------------------------------------------- value parsers
+
+
+# An index file's size is a Java int in RocketMQ (MappedFile).
+MAX_INDEX_FILE_BYTES = (1 << 31) - 1
 
 
 def _int(lo: int | None = None, hi: int | None = None) -> Callable[[str, str], int]:
@@ -385,6 +397,21 @@ KNOWN_KEYS: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
         _cq_file_bytes,
         "bytes per consume-queue file (a multiple of 20)",
     ),
+    "messageIndexEnable": (
+        "message_index_enable",
+        _bool,
+        "index every message by its keys and unique key, for lookups by key",
+    ),
+    "maxHashSlotNum": (
+        "max_hash_slot_num",
+        _int(1, MAX_INDEX_FILE_BYTES // 4),
+        "hash slots per index file (4 bytes each)",
+    ),
+    "maxIndexNum": (
+        "max_index_num",
+        _int(2, MAX_INDEX_FILE_BYTES // 20),
+        "keys per index file (20 bytes each); a full file starts the next",
+    ),
     "maxMessageSize": ("max_message_size", _int(1), "largest message body, bytes"),
     "sendStreamMaxInFlight": (
         "send_stream_max_in_flight",
@@ -516,6 +543,23 @@ KNOWN_KEYS: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
         "auto_create_subscription_group",
         _bool,
         "create a consumer group on its first pop (default true)",
+    ),
+    "transactionTimeOut": (
+        "transaction_timeout_ms",
+        _int(1),
+        "ms a transactional half waits for its producer's decision before it is checked back "
+        "(a message's CHECK_IMMUNITY_TIME_IN_SECONDS overrides it)",
+    ),
+    "transactionCheckInterval": (
+        "transaction_check_interval_ms",
+        _int(1),
+        "ms between two check-back passes over the undecided transactional halves",
+    ),
+    "transactionCheckMax": (
+        "transaction_check_max",
+        _int(1, 10_000),
+        "check-backs of a transaction before it is discarded (kept in "
+        "TRANS_CHECK_MAX_TIME_TOPIC, never delivered)",
     ),
     "enableProxy": (
         "enable_proxy",
@@ -763,6 +807,14 @@ def _check(config: BrokerConfig) -> None:
                 "diskSpaceWarningLevelRatio (defaults 75, 85, 90), or sends would be refused "
                 "before it cleans",
             )
+    index_bytes = 40 + 4 * config.max_hash_slot_num + 20 * config.max_index_num
+    if index_bytes > MAX_INDEX_FILE_BYTES:
+        raise ConfigError(
+            "maxIndexNum",
+            f"an index file of {config.max_hash_slot_num} slots and {config.max_index_num} "
+            f"keys takes {index_bytes} bytes; RocketMQ's index files stay below 2 GiB "
+            "(40 + 4 x maxHashSlotNum + 20 x maxIndexNum < 2^31)",
+        )
     if config.max_message_size + 512 > config.commit_log_file_size:
         raise ConfigError(
             "maxMessageSize",

@@ -14,6 +14,8 @@ Series (labels `cluster`, `broker_name`, `broker_id`, `role` on the store and
 HA gauges, to tell brokers apart when one Prometheus scrapes them all):
 - store: `ferry_commitlog_{max,min,flushed}_offset_bytes`,
   `ferry_dispatch_behind_bytes`, `ferry_broker_topics`, `ferry_broker_permission`,
+  `ferry_index_files`, `ferry_index_size_bytes`, `ferry_index_behind_bytes` (the
+  message index), `ferry_index_lookup_duration_seconds` (histogram),
   `ferry_broker_get_messages_total`, `ferry_consumer_lag_messages{group,topic}`;
 - retention: `ferry_store_disk_used_ratio` (0..1, the store's file system),
   `ferry_store_disk_full` (1 while sends are refused),
@@ -34,6 +36,10 @@ HA gauges, to tell brokers apart when one Prometheus scrapes them all):
 - timed delivery (masters; TIMER_DELIVER_MS messages and pop's retry copies):
   `ferry_timer_pending_messages`, `ferry_timer_delivered_total`,
   `ferry_timer_delivery_lateness_seconds` (histogram: delivery time minus due time);
+- transactional messages (masters): `ferry_transaction_half_messages` (prepared,
+  undecided), `ferry_transaction_commits_total`, `ferry_transaction_rollbacks_total`,
+  `ferry_transaction_checks_total` (check-backs sent to a producer),
+  `ferry_transaction_discarded_total` (given up after transactionCheckMax checks);
 - failover's metadata log: `ferry_metadata_log_applied_records{queue}` (`topics`,
   `groups`), `ferry_metadata_log_skipped_records_total`;
 - `ferry_build_info{version,service}`.
@@ -58,6 +64,7 @@ if TYPE_CHECKING:
     from services.broker.metadata.metadata_log import MetadataLog
     from services.broker.pop import PopService
     from services.broker.schedule.timer import TimerService
+    from services.broker.transactions import TransactionService
 
 _ID_LABELS = ["cluster", "broker_name", "broker_id", "role"]
 # Sends answer in well under a millisecond, or wait for an fsync or a slave (up
@@ -96,8 +103,10 @@ class BrokerStateCollector(Collector):
         pop: PopService | None = None,
         timer: TimerService | None = None,
         journal: MetadataLog | None = None,
+        transactions: TransactionService | None = None,
     ) -> None:
         self.journal = journal  # failover only
+        self.transactions = transactions  # None on a slave
         self.store = store
         self.metadata = metadata
         self.permission = permission
@@ -134,6 +143,18 @@ class BrokerStateCollector(Collector):
             "Commit-log bytes not yet in consume queues.",
             store.dispatch_behind_bytes,
         )
+        index_files, index_bytes = store.index_files
+        yield gauge("ferry_index_files", "Message index files (index/).", index_files)
+        yield gauge(
+            "ferry_index_size_bytes",
+            "Bytes of the message index files (their length; they are sparse).",
+            index_bytes,
+        )
+        yield gauge(
+            "ferry_index_behind_bytes",
+            "Commit-log bytes not yet in the message index.",
+            store.index_behind_bytes,
+        )
         gets = CounterMetricFamily(
             "ferry_broker_get_messages", "Messages returned to consumers.", labels=_ID_LABELS
         )
@@ -151,6 +172,7 @@ class BrokerStateCollector(Collector):
         yield from self._ha(ids)
         yield from self._pop(ids)
         yield from self._timer(ids)
+        yield from self._transactions(ids)
         yield from self._metadata_log(ids)
         build = GaugeMetricFamily(
             "ferry_build_info", "ferry version.", labels=["version", "component"]
@@ -274,6 +296,42 @@ class BrokerStateCollector(Collector):
         delivered.add_metric(ids, timer.delivered)
         yield delivered
 
+    def _transactions(self, ids: list[str]) -> Iterable[Metric]:
+        service = self.transactions
+        if service is None:
+            return
+        yield _gauge(
+            ids,
+            "ferry_transaction_half_messages",
+            "Transactional half messages prepared and not yet committed, rolled back or discarded.",
+            service.pending_count,
+        )
+        counts = service.counts
+        yield _counter(
+            ids,
+            "ferry_transaction_commits",
+            "Transactions committed (delivered to their topic).",
+            counts["commit"],
+        )
+        yield _counter(
+            ids,
+            "ferry_transaction_rollbacks",
+            "Transactions rolled back (never delivered).",
+            counts["rollback"],
+        )
+        yield _counter(
+            ids,
+            "ferry_transaction_checks",
+            "Check-backs (CHECK_TRANSACTION_STATE) sent to a producer.",
+            counts["check"],
+        )
+        yield _counter(
+            ids,
+            "ferry_transaction_discarded",
+            "Transactions discarded after transactionCheckMax check-backs without a decision.",
+            counts["discard"],
+        )
+
     def _ha(self, ids: list[str]) -> Iterable[Metric]:
         master, slave = self.ha()
         if master is not None:
@@ -365,6 +423,14 @@ class BrokerMetrics:
             ["cluster", "broker_name", "broker_id", "status"],
             registry=registry,
         )
+        self._lookup_seconds = Histogram(
+            "ferry_index_lookup_duration_seconds",
+            "Time to find messages by key or unique key (index walk and record checks).",
+            ids,
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self._lookup_seconds.labels(*self.ids)
         self._timer_lateness = Histogram(
             "ferry_timer_delivery_lateness_seconds",
             "How long after its due time (TIMER_DELIVER_MS, a retry's backoff) each timed message "
@@ -391,6 +457,9 @@ class BrokerMetrics:
             self._put_latency.observe(seconds)
         else:
             observe_many(self._put_latency, seconds, sends)
+
+    def observe_lookup(self, seconds: float) -> None:
+        self._lookup_seconds.labels(*self.ids).observe(seconds)
 
     def observe_sync(self, status: str, seconds: float) -> None:
         self._sync_results.labels(*self.ids, status).inc()

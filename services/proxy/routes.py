@@ -36,7 +36,13 @@ from ferry.model import (
 )
 from ferry.remoting import discovery
 from ferry.runtime.tls import ClientTLS, aio_channel
-from ferry.v1 import broker_pb2_grpc, common_pb2, namesrv_pb2, namesrv_pb2_grpc
+from ferry.v1 import (
+    broker_pb2_grpc,
+    common_pb2,
+    namesrv_pb2,
+    namesrv_pb2_grpc,
+    transactions_pb2_grpc,
+)
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +106,8 @@ class RouteSource(Protocol):
     def broker_addr(self, broker_name: str) -> str | None: ...
 
     def stub(self, addr: str) -> broker_pb2_grpc.BrokerStub: ...
+
+    def transactions(self, addr: str) -> transactions_pb2_grpc.TransactionsStub: ...
 
     async def close(self) -> None: ...
 
@@ -204,6 +212,11 @@ class Routes:
             entry = self._brokers[addr] = (channel, broker_pb2_grpc.BrokerStub(channel))
         return entry[1]
 
+    def transactions(self, addr: str) -> transactions_pb2_grpc.TransactionsStub:
+        """The broker's Transactions service, on its `stub` channel."""
+        self.stub(addr)
+        return transactions_pb2_grpc.TransactionsStub(self._brokers[addr][0])
+
     async def close(self) -> None:
         for channel, _ in self._brokers.values():
             await channel.close()
@@ -280,6 +293,11 @@ class LocalRoutes:
             self._channel = aio_channel(self.addr, self._tls, self._options)
             self._stub = broker_pb2_grpc.BrokerStub(self._channel)
         return self._stub
+
+    def transactions(self, addr: str) -> transactions_pb2_grpc.TransactionsStub:
+        """The broker's own Transactions service, on the `stub` channel."""
+        self.stub(addr)
+        return transactions_pb2_grpc.TransactionsStub(self._channel)
 
     async def close(self) -> None:
         if self._channel is not None:

@@ -53,6 +53,7 @@ def combinable(request: broker_pb2.SendMessageRequest) -> bool:
         or PROPERTY_SHARDING_KEY in props
         or PROPERTY_TIMER_DELIVER_MS in props
         or PROPERTY_DELAY in props
+        or "TRAN_MSG" in props  # a transaction's half message: stored elsewhere, alone
     )
 
 

@@ -5,13 +5,16 @@ through the name servers and calls them with `ferry.v1`.
 Every answer carries a v2 `Status` (the API's error channel); gRPC errors are
 kept for requests that cannot be read at all. Nothing here holds state a
 restart would lose: routes are re-fetched, receipt handles name their
-broker, and Telemetry streams are per connection.
+broker, transaction ids name their half message, and Telemetry streams are
+per connection.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -35,7 +38,7 @@ from ferry.model import (
 from ferry.receipt_handle import handle_broker
 from ferry.runtime.errors import InvalidArgument
 from ferry.v1 import broker_pb2
-from services.proxy import convert, metrics, validate
+from services.proxy import convert, metrics, transactions, validate
 from services.proxy.convert import OK, Code, status
 from services.proxy.metrics import ProxyMetrics
 from services.proxy.routes import BrokerQueues, NameServersDown, RouteSource, TopicNotFound
@@ -74,10 +77,12 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self.metrics = metrics  # read by the @metrics decorators
         self._round_robin = itertools.count()
         self.sends = SendCoalescer(routes.stub, CALL_TIMEOUT_S)
+        self.transactions = transactions.ProxyTransactions(routes, f"ferry-proxy@{os.getpid()}")
 
     async def close(self) -> None:
         """Ends the send batches still in flight (the server has stopped taking calls)."""
         await self.sends.close()
+        await self.transactions.close()
 
     # ------------------------------------------------------------ routes
 
@@ -165,11 +170,34 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     ) -> AsyncIterator[s.TelemetryCommand]:
         """Answer each client's settings with the server's settings for its
         type. Each answer is computed from the command alone, so a client that
-        reads slowly only slows its own stream."""
-        async for command in request_iterator:
-            if command.WhichOneof("command") != "settings":
-                continue  # stack traces, verification results: nothing to do with them
-            yield s.TelemetryCommand(status=OK, settings=await self._settings(command.settings))
+        reads slowly only slows its own stream. A producer's stream also
+        carries the check-backs of its topics' transactions
+        (RecoverOrphanedTransactionCommand, `services.proxy.transactions`)."""
+        outbox: asyncio.Queue[s.TelemetryCommand | None] = asyncio.Queue()
+
+        async def read() -> None:
+            try:
+                async for command in request_iterator:
+                    if command.WhichOneof("command") != "settings":
+                        continue  # stack traces, verification results: nothing to do with them
+                    asked = command.settings
+                    outbox.put_nowait(
+                        s.TelemetryCommand(status=OK, settings=await self._settings(asked))
+                    )
+                    if asked.client_type == v2.PRODUCER:
+                        topics = [convert.topic_name(t) for t in asked.publishing.topics]
+                        self.transactions.register([t for t in topics if t], outbox)
+            finally:
+                outbox.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (command := await outbox.get()) is not None:
+                yield command
+            await reader  # its error, if it ended with one
+        finally:
+            reader.cancel()
+            self.transactions.unregister(outbox)
 
     async def _settings(self, asked: v2.Settings) -> v2.Settings:
         out = v2.Settings()
@@ -258,6 +286,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 f"system_properties.born_timestamp ({born.seconds} s) is not a date after 1970",
             )
         request = convert.send_request(message, topic)
+        transactional = message.system_properties.message_type == v2.TRANSACTION
+        if transactional:
+            transactions.prepared(request, topic)
         group = message.system_properties.message_group
         last = "no writable queue"
         code = Code.INTERNAL_SERVER_ERROR
@@ -288,12 +319,20 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 return failed(code, exc.details() or exc.code().name)
             code = convert.SEND_CODES.get(result.status, Code.INTERNAL_ERROR)
             sent_id = message_id or result.msg_id
+            if result.status != broker_pb2.SEND_OK:
+                transaction_id = ""
+            elif transactional:  # where the half lies: EndTransaction finds it by this
+                transaction_id = transactions.transaction_handle(
+                    broker.broker_name, result.commit_offset, result.queue_offset
+                )
+            else:
+                # RocketMQ's broker answers a stored message with its UNIQ_KEY as its
+                # transaction id, transactional or not; its proxy passes it on for SEND_OK.
+                transaction_id = sent_id
             return s.SendResultEntry(
                 status=status(code, convert.SEND_TEXT.get(result.status, "unknown result")),
                 message_id=sent_id,
-                # RocketMQ's broker answers a stored message with its UNIQ_KEY as its
-                # transaction id, transactional or not; its proxy passes it on for SEND_OK.
-                transaction_id=sent_id if result.status == broker_pb2.SEND_OK else "",
+                transaction_id=transaction_id,
                 offset=result.queue_offset,
             )
         return failed(code, f"not sent after {SEND_ATTEMPTS} attempts: {last}")
@@ -309,8 +348,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         proxy (ProducerProcessor.sendMessage), with enableTopicMessageTypeCheck
         its type, read from what it carries (a transaction flag, then a
         delivery time, then a message group), must be the topic's; retry and
-        dead-letter topics are not checked. A transactional message is then
-        refused whatever the check: ferry has no transactions."""
+        dead-letter topics are not checked."""
         if message.system_properties.message_type == v2.TRANSACTION:
             actual = v2.TRANSACTION
         else:
@@ -321,8 +359,6 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             conflict = convert.type_conflict(topic_type, actual)
             if conflict is not None:
                 return conflict
-        if actual == v2.TRANSACTION:
-            return status(Code.NOT_IMPLEMENTED, "transactional messages are not supported by ferry")
         return None
 
     # ------------------------------------------------------------ receive / ack
@@ -544,9 +580,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     @metrics.unary("EndTransaction", s.EndTransactionResponse)
     async def EndTransaction(self, request, context):
-        return s.EndTransactionResponse(
-            status=status(Code.NOT_IMPLEMENTED, "transactional messages are not supported by ferry")
-        )
+        return s.EndTransactionResponse(status=await self.transactions.end(request))
 
     # The PullConsumer's offset API, recall and lite topics: answered at once,
     # with NOT_IMPLEMENTED in the response's status as the API reports errors.

@@ -1,7 +1,7 @@
 """The RocketMQ 5 Java SDK (rocketmq-client-java, tests/compat/sdk5/.../Parity5.java) against
 ferry's proxy and against Apache RocketMQ's 5.x proxy (tests/compat/backends.py): the same
 program, the same scenarios (producer, SimpleConsumer, PushConsumer: normal, delay, FIFO,
-redelivery, DLQ), and the same outcomes asserted on both back ends.
+redelivery, DLQ, transactions), and the same outcomes asserted on both back ends.
 
 The program runs once per back end, every scenario in one JVM; each test reads what it
 printed about one scenario.
@@ -21,7 +21,7 @@ from tests.compat.specs import json_lines
 
 # A back end's first test starts its cluster and runs every scenario (~15-40 s each).
 pytestmark = pytest.mark.timeout(600)
-SCENARIOS = ("normal", "push", "delay", "fifo", "redelivery", "dlq")
+SCENARIOS = ("normal", "push", "delay", "fifo", "redelivery", "dlq", "transaction")
 # (queues, message type); the DLQ made beforehand, as an operator may, so that its route is
 # there when the scenario reads it (a broker registers one it makes with its next
 # registration, up to 10 s later here).
@@ -33,6 +33,7 @@ TOPICS = {
     "J5Fifo": (4, "FIFO"),
     "J5Redeliver": (4, ""),
     "J5Dlq": (4, ""),
+    "J5Tx": (1, "TRANSACTION"),
 }
 GROUPS = {
     "j5-normal": {},
@@ -42,6 +43,7 @@ GROUPS = {
     "j5-redeliver": {},
     "j5-dlq": {"retry_max_times": 1},
     "j5-dlq-reader": {},
+    "j5-tx": {},
 }
 
 
@@ -151,3 +153,26 @@ def test_ferrys_copies_of_rocketmqs_names_are_this_versions(tmp_path):
     assert set(names["systemProperties"]) == set(convert.ROCKETMQ_SYSTEM_PROPERTIES)
     assert set(names["systemTopics"]) == set(validate.SYSTEM_TOPICS)
     assert names["systemTopicPrefix"] == validate.SYSTEM_TOPIC_PREFIX
+
+
+def test_transactions_commit_roll_back_and_are_checked_back(observed, request):
+    """Committed: delivered; rolled back: never; left undecided: checked back with the
+    producer (still running), whose checker's answer is applied either way.
+
+    ferry checks only what is undecided, and delivers each committed message once.
+    Apache's broker also checks transactions already ended (in most runs here, the
+    committed and the rolled-back one: its check pass can read a half before the op record
+    that ended it), and a COMMIT answer to such a check may deliver a second copy. The
+    checker answers as the local transaction decided, so those checks change nothing else
+    (answering COMMIT for the rolled-back one had Apache deliver it)."""
+    sent = [e["body"] for e in _events(observed, "transaction", "sent")]
+    assert sent == ["commit", "rollback", "checked commit", "checked rollback"]
+    checked = {e["body"] for e in _events(observed, "transaction", "checked")}
+    got = [m["body"] for m in _events(observed, "transaction", "received")]
+    assert set(got) == {"commit", "checked commit", "marker"}
+    if request.node.callspec.params["observed"] == "ferry":
+        assert checked == {"checked commit", "checked rollback"}
+        assert got.count("commit") == 1
+        assert got.count("checked commit") == 1
+    else:
+        assert checked >= {"checked commit", "checked rollback"}

@@ -545,7 +545,6 @@ def test_rpcs_not_served_answer_not_implemented_at_once(cluster):
             "GetOffset": stub.GetOffset(s.GetOffsetRequest(), timeout=5),
             "UpdateOffset": stub.UpdateOffset(s.UpdateOffsetRequest(), timeout=5),
             "RecallMessage": stub.RecallMessage(s.RecallMessageRequest(), timeout=5),
-            "EndTransaction": stub.EndTransaction(s.EndTransactionRequest(), timeout=5),
             "PullMessage": next(iter(stub.PullMessage(s.PullMessageRequest(), timeout=5))),
         }
     for rpc, answer in answers.items():

@@ -345,7 +345,10 @@ def test_refused_sends_store_nothing(door: Door):
     refused(door, v2(TOPIC, b""), codes.MESSAGE_ILLEGAL)
     refused(door, v2(TOPIC, b"x", properties="no-separator"), codes.MESSAGE_ILLEGAL)
     refused(door, v2(TOPIC, b"x" * (64 * 1024 + 1)), codes.MESSAGE_ILLEGAL)
-    refused(door, v2(TOPIC, b"x", properties=props(TRAN_MSG="true")), codes.NO_PERMISSION)
+    half_in_batch = batch.encode([batch.BatchEntry(0, b"a", props(TRAN_MSG="true").encode())])
+    request = v2(TOPIC, half_in_batch, m="true")
+    request.code = codes.SEND_BATCH_MESSAGE
+    refused(door, request, codes.NO_PERMISSION)  # a transactional batch
     refused(door, v2("rmq_sys_wheel_timer", b"x"), codes.MESSAGE_ILLEGAL)
 
     good = batch.encode([batch.BatchEntry(0, b"a", b""), batch.BatchEntry(0, b"b", b"")])

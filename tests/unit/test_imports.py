@@ -17,6 +17,7 @@ says what it owns and what it must not import:
                 pull), admin (admin use cases)
     pop/        state, records (revive-record format), revive, service (PopService)
     schedule/   delay (delay levels), timer, timer_done (timer-done record format)
+    transactions/  service (half messages, decisions, check-back)
     api/        servicer, convert, sendstream: the gRPC adapters
     remoting/   deps, convert and one module per family of codes: the
                 RocketMQ-protocol adapters (api/'s peer; neither imports the other)
@@ -45,6 +46,7 @@ _LOWER_THAN_APP = (f"{B}.app", f"{B}.cli", f"{B}.__main__", f"{B}.failover")
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     f"{B}.store": (
         f"{B}.metadata", f"{B}.messaging", f"{B}.pop", f"{B}.schedule", f"{B}.api",
+        f"{B}.transactions",
         f"{B}.cluster", f"{B}.metrics", f"{B}.config", *_LOWER_THAN_APP,
     ),
     f"{B}.metadata": (
@@ -53,7 +55,11 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     ),
     f"{B}.messaging": (
         f"{B}.pop", f"{B}.schedule", f"{B}.api", f"{B}.cluster", f"{B}.metrics",
-        *_LOWER_THAN_APP,
+        f"{B}.transactions", *_LOWER_THAN_APP,
+    ),
+    f"{B}.transactions": (
+        f"{B}.pop", f"{B}.schedule", f"{B}.api", f"{B}.remoting", f"{B}.cluster",
+        f"{B}.metrics", *_LOWER_THAN_APP,
     ),
     f"{B}.pop": (
         f"{B}.schedule", f"{B}.api", f"{B}.cluster", f"{B}.metrics", *_LOWER_THAN_APP,

@@ -313,6 +313,44 @@ def test_runs_of_a_batchable_code_reach_its_handler_together_and_in_order():
         loop.close()
 
 
+def test_a_oneway_request_of_another_batchable_code_does_not_break_a_run():
+    """Java's producer writes END_TRANSACTION (oneway) between its sends: those wait
+    aside in a run of their own code, dispatched after the run, each code in its order;
+    a request of that code that expects an answer still ends the run, after the aside."""
+    loop = LoopThread()
+    calls: list[list[str]] = []
+
+    async def many(connection, commands):
+        calls.append([c.ext["n"] for c in commands])
+        return [c.answer(0, ext={"n": c.ext["n"]}) for c in commands]
+
+    async def one(connection, command):
+        return (await many(connection, [command]))[0]
+
+    server = RemotingServer("test", {5: Batchable(one, many), 7: Batchable(one, many)})
+    port = loop.run(server.listen("127.0.0.1", 0))
+    ow = codec.FLAG_ONEWAY
+
+    def frames(*items: tuple[int, str, int]) -> bytes:
+        return b"".join(
+            codec.encode(Command(c, i + 1, flag, {"n": n})) for i, (c, n, flag) in enumerate(items)
+        )
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(frames((5, "a", 0), (7, "e1", ow), (5, "b", 0), (7, "e2", ow),
+                                (5, "c", 0)))  # fmt: skip
+            wait_for(lambda: len(calls) == 2, what="two runs handled")
+            assert calls == [["a", "b", "c"], ["e1", "e2"]]
+            calls.clear()
+            sock.sendall(frames((5, "a", 0), (7, "e1", ow), (7, "f", 0), (5, "b", 0)))
+            wait_for(lambda: len(calls) == 4, what="four runs handled")
+            assert calls == [["a"], ["e1"], ["f"], ["b"]]
+    finally:
+        loop.run(server.stop())
+        loop.close()
+
+
 def _reference_json_header(command: Command) -> bytes:
     """The JSON header as json.dumps writes it (what the hand-built encoder must match)."""
     fields: dict[str, object] = {"code": command.code}

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from ferry.remoting import batch, codes
 from ferry.remoting.codec import Command
-from ferry.runtime.errors import FerryError, InvalidArgument, PermissionDenied
+from ferry.runtime.errors import FerryError, InvalidArgument
 from services.broker.remoting.convert import BadRequest
 from services.broker.remoting.sends import (
     LONG_NAMES,
@@ -19,6 +19,7 @@ from services.broker.remoting.sends import (
     _parse_checked,
     _parse_plain,
     born_host,
+    is_prepared,
     kept_sys_flag,
     messages_of,
     parse_header,
@@ -162,10 +163,9 @@ def test_the_broker_stamps_its_cluster_on_every_message_it_stores():
 def test_sys_flag_bits():
     assert kept_sys_flag(0x1 | 0x2 | 0x300, {}) == 0x303
     assert kept_sys_flag(0x10 | 0x20 | 0x40 | 0x8, {}) == 0  # hosts, unwrap, commit type
-    with pytest.raises(PermissionDenied, match="transactional"):
-        kept_sys_flag(0x4, {})
-    with pytest.raises(PermissionDenied):
-        kept_sys_flag(0, {"TRAN_MSG": "true"})
+    assert kept_sys_flag(0x4, {"TRAN_MSG": "true"}) == 0  # a half is stored without them
+    assert is_prepared(0x4, {}) and is_prepared(0, {"TRAN_MSG": "true"})
+    assert not is_prepared(0x8, {}) and not is_prepared(0xC, {"TRAN_MSG": "false"})
     with pytest.raises(BadRequest, match="autoBatch"):
         kept_sys_flag(0x80, {})
 

@@ -12,7 +12,7 @@ from ferry.runtime.grpc_errors import status_of
 from ferry.v1 import broker_admin_pb2, broker_pb2, common_pb2
 from services.broker.messaging.service import OutgoingMessage, SendOutcome
 from services.broker.pop import AckResult, ChangeResult, GroupStatus, Popped
-from services.broker.store import CleanResult, GetResult
+from services.broker.store import CleanResult, GetResult, KeyLookup
 
 _FILTER_NAMES = {common_pb2.SINGLE_TAG: "SINGLE_TAG", common_pb2.MULTI_TAG: "MULTI_TAG"}
 _FILTER_VALUES = {v: k for k, v in _FILTER_NAMES.items()}
@@ -294,3 +294,40 @@ def clean_report_pb(report: CleanResult) -> broker_admin_pb2.DeleteExpiredCommit
         consume_queue_files=report.consume_queue_files,
         disk_used_ratio=report.disk_used_ratio,
     )
+
+
+def message_ext_pb(r: record.StoredMessage) -> broker_pb2.MessageExt:
+    """One stored message as ferry.v1 hands it out (a transaction check)."""
+    return broker_pb2.MessageExt(**_message_fields(r, {}))
+
+
+def query_response_pb(found: KeyLookup) -> broker_pb2.QueryMessageResponse:
+    """Messages found by key, with every property (KEYS, TAGS and UNIQ_KEY included)."""
+    return broker_pb2.QueryMessageResponse(
+        messages=[_found_message_pb(m) for _, m in found.found],
+        index_last_update_timestamp=found.last_update_timestamp,
+        index_last_update_commit_offset=found.last_update_commit_offset,
+    )
+
+
+def view_offset_of(request: broker_pb2.ViewMessageRequest) -> int:
+    """The commit offset a ViewMessage asks for (from its offset message id, if given)."""
+    if request.WhichOneof("where") == "offset_msg_id":
+        try:
+            return record.parse_message_id(request.offset_msg_id)[1]
+        except record.RecordError as exc:
+            raise InvalidArgument("offset_msg_id", str(exc)) from None
+    return request.commit_offset
+
+
+def view_response_pb(data: bytes) -> broker_pb2.ViewMessageResponse:
+    """A record as stored, decoded for ViewMessage."""
+    return broker_pb2.ViewMessageResponse(
+        message=_found_message_pb(record.decode_stored(data, 0, len(data)))
+    )
+
+
+def _found_message_pb(r: record.StoredMessage) -> broker_pb2.MessageExt:
+    fields = _message_fields(r, {})
+    fields["properties"] = r.properties
+    return broker_pb2.MessageExt(**fields)

@@ -12,7 +12,12 @@ from dataclasses import dataclass
 
 import grpc
 
-from ferry.model import check_name, check_topic
+from ferry.model import (
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_TRANSACTION_PREPARED,
+    check_name,
+    check_topic,
+)
 from ferry.runtime.errors import (
     InvalidArgument,
     NotFound,
@@ -34,8 +39,13 @@ from ferry.v1 import (
 from services.broker.api import convert
 from services.broker.api.sendstream import SendStreamSession
 from services.broker.messaging.admin import AdminService
-from services.broker.messaging.service import MessagingService
+from services.broker.messaging.service import (
+    MAX_QUERY_NUM,
+    UNIQUE_QUERY_NUM,
+    MessagingService,
+)
 from services.broker.pop import PopService
+from services.broker.transactions import TransactionService
 
 
 class Gate:
@@ -59,7 +69,11 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         pop: PopService | None = None,
         broker_name: str = "",
         send_stream_max_in_flight: int = 1024,
+        transactions: TransactionService | None = None,
     ) -> None:
+        """`transactions` (a master's): SendMessage with TRAN_MSG=true stores a
+        transaction's half message (proto/ferry/v1/transactions.proto)."""
+        self.transactions = transactions
         self.send_stream_max_in_flight = send_stream_max_in_flight
         self.pop = pop
         self.broker_name = broker_name
@@ -73,6 +87,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         self, request: broker_pb2.SendMessageRequest, context: grpc.aio.ServicerContext
     ) -> broker_pb2.SendResult:
         self.gate.check()
+        if request.properties.get(PROPERTY_TRANSACTION_PREPARED) == "true":
+            return await self._prepare(request)
         outcome = await self.messaging.send(
             request.topic,
             convert.queue_id_of(request),
@@ -80,6 +96,24 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             convert.wait_of(request),
         )
         return convert.send_result_pb(outcome)
+
+    async def _prepare(self, request: broker_pb2.SendMessageRequest) -> broker_pb2.SendResult:
+        """A transaction's half message: its SendResult's offsets end it later."""
+        if self.transactions is None:
+            raise PermissionDenied(
+                f"broker {self.broker_name} here is a SLAVE and takes no writes; send to its master"
+            )
+        group = request.properties.get(PROPERTY_PRODUCER_GROUP, "")
+        if not group:
+            raise InvalidArgument(
+                "properties", f"a transactional message ({PROPERTY_TRANSACTION_PREPARED}=true) "
+                f"needs its producer group in {PROPERTY_PRODUCER_GROUP}"
+            )  # fmt: skip
+        staged = self.transactions.prepare(
+            request.topic, convert.queue_id_of(request), convert.outgoing(request), group
+        )
+        status = await self.messaging.settle((staged,), convert.wait_of(request))
+        return convert.send_result_pb(staged.outcome(status))
 
     @grpc_method
     async def SendMessages(
@@ -231,6 +265,40 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     ) -> broker_pb2.GetGroupStatusResponse:
         self.gate.check()
         return convert.group_status_pb(self._pop().status(request.consumer_group, request.topic))
+
+    @grpc_method
+    async def QueryMessageByKey(
+        self, request: broker_pb2.QueryMessageByKeyRequest, context: grpc.aio.ServicerContext
+    ) -> broker_pb2.QueryMessageResponse:
+        self.gate.check()
+        found = await self.messaging.find_by_key(
+            request.topic,
+            request.key,
+            request.max_num or MAX_QUERY_NUM,
+            request.begin_timestamp,
+            request.end_timestamp or 2**63 - 1,
+        )
+        return convert.query_response_pb(found)
+
+    @grpc_method
+    async def QueryMessageByUniqueKey(
+        self,
+        request: broker_pb2.QueryMessageByUniqueKeyRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> broker_pb2.QueryMessageResponse:
+        self.gate.check()
+        found = await self.messaging.find_by_key(
+            request.topic, request.unique_key, UNIQUE_QUERY_NUM, unique=True
+        )
+        return convert.query_response_pb(found)
+
+    @grpc_method
+    async def ViewMessage(
+        self, request: broker_pb2.ViewMessageRequest, context: grpc.aio.ServicerContext
+    ) -> broker_pb2.ViewMessageResponse:
+        self.gate.check()
+        data = await self.messaging.stored_record(convert.view_offset_of(request))
+        return convert.view_response_pb(data)
 
 
 class BrokerAdminServicer(broker_admin_pb2_grpc.BrokerAdminServicer):

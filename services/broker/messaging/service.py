@@ -34,6 +34,7 @@ from ferry.model import (
     PROPERTY_SHARDING_KEY,
     PROPERTY_TIMER_DELIVER_MS,
     PROPERTY_TIMER_OUT_MS,
+    PROPERTY_TRANSACTION_PREPARED,
     RETRY_TOPIC_PREFIX,
     SCHEDULE_TOPIC,
     TIMER_TOPIC,
@@ -62,6 +63,7 @@ from services.broker.messaging.stats import TrafficStats
 from services.broker.store import (
     GetResult,
     GetStatus,
+    KeyLookup,
     MessageIn,
     MessageStore,
     PutResult,
@@ -72,6 +74,10 @@ log = logging.getLogger(__name__)
 DEFAULT_PULL_NUMS = 32
 MAX_PULL_NUMS = 4096
 MAX_WAIT_MS = 60_000
+# Messages one lookup by key returns at most (RocketMQ's maxMsgsNumBatch), and by
+# unique key (its defaultQueryMaxNum).
+MAX_QUERY_NUM = 64
+UNIQUE_QUERY_NUM = 32
 
 
 def _ram_bytes() -> int:
@@ -189,6 +195,7 @@ class MessagingService:
         replication_wait: ReplicationWait | None = None,
         on_sent: Callable[[str, str, int, float, int], None] | None = None,
         create_topic: Callable[[TopicConfig], None] | None = None,
+        on_lookup: Callable[[float], None] | None = None,
     ) -> None:
         """`replication_wait` (SYNC_MASTER): what a send waits for after its
         store, before SEND_OK (services.broker.cluster.replication);
@@ -198,6 +205,7 @@ class MessagingService:
         dead-letter topic that a send needs and that does not exist yet (None:
         such a send is refused like any send to an unknown topic)."""
         self.create_topic = create_topic
+        self.on_lookup = on_lookup  # metrics: seconds of each lookup by key
         self.timer_max_delay_ms = int(timer_max_delay_s * 1000)
         self.slave_read_enable = slave_read_enable
         self.groups = groups
@@ -356,15 +364,7 @@ class MessagingService:
         now = self.store.clock.wall_ms()
         for i, (topic, queue_id, message) in enumerate(sends):
             try:
-                config = writable.get(topic)
-                if config is None:
-                    try:
-                        config = self._writable(topic)
-                    except FerryError as exc:  # each of the topic's messages refused alike
-                        config = exc
-                    writable[topic] = config
-                if isinstance(config, FerryError):
-                    raise config
+                config = self._writable_once(topic, writable)
                 group = _group_of(message)
                 if (queue_id is None or queue_id == -1) and not group:
                     queue = picked.get(topic)
@@ -401,6 +401,52 @@ class MessagingService:
                 continue
             for k, (i, _, topic) in enumerate(members):
                 out[i] = Staged(topic, result, started, k)
+        return out  # type: ignore[return-value]
+
+    def stage_halves(
+        self, sends: Sequence[tuple[str, int | None, MessageLike]], half: str
+    ) -> list[tuple[Staged, int] | FerryError]:
+        """Transactional halves (services.broker.transactions): (topic, queue id
+        or None, message) each checked as a send to its topic, and the accepted
+        ones appended together to queue 0 of the system topic `half`, their
+        real topic and queue in REAL_TOPIC / REAL_QID, where no consumer of the
+        topic sees them. Each answer is (staged, record size) or the refusal.
+
+        Raises Unavailable on a storage fault (nothing of the call is answered).
+        """
+        out: list[tuple[Staged, int] | FerryError | None] = [None] * len(sends)
+        accepted: list[tuple[int, str, MessageIn]] = []
+        writable: dict[str, TopicConfig | FerryError] = {}
+        now = self.store.clock.wall_ms()
+        half_bytes = len(half.encode())
+        for i, (topic, queue_id, message) in enumerate(sends):
+            try:
+                config = self._writable_once(topic, writable)
+                queue = self._pick_queue(config, queue_id, _group_of(message))
+                properties, delay_level, deliver_ms = self._properties(
+                    message, topic, queue, "body", now, half=True
+                )
+                if delay_level or deliver_ms:
+                    raise InvalidArgument(
+                        "body.properties", "a transactional message cannot be delayed or timed"
+                    )
+            except (errors.Unavailable, errors.StorageFault):
+                raise
+            except FerryError as exc:
+                out[i] = exc
+                continue
+            accepted.append((i, topic, self._message_in(message, properties, now)))
+        if accepted:
+            started = time.perf_counter()
+            try:
+                result = self.store.append_internal(half, 0, [m for _, _, m in accepted])
+            except ResourceExhausted as exc:  # a full disk: each of them refused
+                for i, _, _ in accepted:
+                    out[i] = exc
+                return out  # type: ignore[return-value]
+            for k, (i, topic, m) in enumerate(accepted):
+                size = record.encoded_size(half_bytes, len(m.body), len(m.properties))
+                out[i] = (Staged(topic, result, started, k), size)
         return out  # type: ignore[return-value]
 
     def _message_in(self, message: MessageLike, properties: bytes, now_ms: int) -> MessageIn:
@@ -468,6 +514,22 @@ class MessagingService:
                 "it is being drained or is read-only"
             )
 
+    def _writable_once(
+        self, topic: str, checked: dict[str, TopicConfig | FerryError]
+    ) -> TopicConfig:
+        """`_writable`, checked once per topic of a call (`checked` remembers the
+        answers): each of the topic's messages is refused alike."""
+        config = checked.get(topic)
+        if config is None:
+            try:
+                config = self._writable(topic)
+            except FerryError as exc:
+                config = exc
+            checked[topic] = config
+        if isinstance(config, FerryError):
+            raise config
+        return config
+
     def _writable(self, topic: str, create: bool = False) -> TopicConfig:
         """The topic's config, if this broker takes sends to it now; with
         `create`, a missing topic gets a new config (one queue, read-write),
@@ -476,8 +538,9 @@ class MessagingService:
         if is_system_topic(topic):
             raise InvalidArgument(
                 "topic",
-                f"{topic} is a system topic; send with the DELAY or {PROPERTY_TIMER_DELIVER_MS} "
-                "property instead",
+                f"{topic} is a system topic of the broker's own and takes no sends (a delayed "
+                f"or timed message goes to its real topic with DELAY or "
+                f"{PROPERTY_TIMER_DELIVER_MS}, a transactional one with TRAN_MSG)",
             )
         self.check_broker_writable()
         config = self.topics.get(topic)
@@ -551,6 +614,7 @@ class MessagingService:
         where: str,
         now_ms: int,
         batch: bool = False,
+        half: bool = False,
     ) -> tuple[bytes, int, int]:
         """The encoded properties, the DELAY level (0: none) and the timer
         delivery time (0: not timed). A lone message already due is not timed;
@@ -566,7 +630,7 @@ class MessagingService:
                 f"{where if where == 'body' else where + '.body'} is {len(body)} bytes; "
                 f"maxMessageSize is {self.max_message_size}"
             )
-        if not message.properties:
+        if not message.properties and not half:
             # The hot path: at most tags and keys.
             if not message.tags and not message.keys:
                 return b"", 0, 0
@@ -578,6 +642,14 @@ class MessagingService:
                     parts.append(f"KEYS\x01{message.keys}\x02")
                 return "".join(parts).encode(), 0, 0
         properties = dict(message.properties)
+        if not half and properties.get(PROPERTY_TRANSACTION_PREPARED, "").lower() == "true":
+            # Stored as it is, it would reach consumers before any commit.
+            raise InvalidArgument(
+                f"{where}.properties",
+                f"{PROPERTY_TRANSACTION_PREPARED}=true marks a transactional half message, "
+                "which goes alone (Broker.SendMessage with PGROUP, or a prepared RocketMQ "
+                "send), never in a batch or a send stream",
+            )
         if message.tags:
             properties[record.PROPERTY_TAGS] = message.tags
         if message.keys:
@@ -613,6 +685,9 @@ class MessagingService:
             properties.pop(PROPERTY_TIMER_OUT_MS, None)  # the timer's own: due at deliver_ms
         else:
             deliver_ms = 0
+        if half:
+            properties[PROPERTY_REAL_TOPIC] = topic
+            properties[PROPERTY_REAL_QUEUE_ID] = str(queue_id)
         try:
             encoded = record.encode_properties(properties)
         except record.RecordError as exc:
@@ -780,6 +855,40 @@ class MessagingService:
                 "deleted by retention, or the message id names another broker"
             )
         return data
+
+    async def find_by_key(
+        self,
+        topic: str,
+        key: str,
+        max_num: int,
+        begin_ms: int = 0,
+        end_ms: int = 2**63 - 1,
+        unique: bool = False,
+    ) -> KeyLookup:
+        """Messages of `topic` by key (RocketMQ's queryMsgByKey: one of their KEYS) or,
+        with `unique`, by unique key (UNIQ_KEY, the producer's message id), stored in
+        [begin_ms, end_ms]: the newest `max_num` (at most MAX_QUERY_NUM) the message
+        index finds, in commit-offset order. A topic deleted since still answers.
+
+        Raises:
+            InvalidArgument: a bad topic name, an empty key, `max_num` below 1 or a
+                time range that ends before it begins.
+            FailedPrecondition: the broker's message index is off.
+        """
+        check_topic(topic)
+        if not key:
+            raise InvalidArgument("key", "is empty")
+        if max_num < 1:
+            raise InvalidArgument("max_num", f"{max_num} is below 1")
+        if end_ms < begin_ms:
+            raise InvalidArgument("end_timestamp", f"{end_ms} is before the begin {begin_ms}")
+        started = time.monotonic()
+        found = await self.store.find_by_key(
+            topic, key, min(max_num, MAX_QUERY_NUM), begin_ms, end_ms, unique
+        )
+        if self.on_lookup is not None:
+            self.on_lookup(time.monotonic() - started)
+        return found
 
     def _known_queue(self, topic: str, queue_id: int) -> TopicConfig:
         check_topic(topic)

@@ -6,8 +6,8 @@ Owns: `deps` (what the handlers are built from), `convert` (header parsing and
 the one FerryError → response-code table), and one module per family of
 codes; `handlers(deps)` is the whole table the broker's RemotingServer serves.
 
-May import: ferry.remoting, messaging/, metadata/, pop/, schedule/, store/
-(public surface). Must never import: cluster/, failover/, app, `grpc` or
+May import: ferry.remoting, messaging/, metadata/, pop/, schedule/, store/,
+transactions/ (public surface). Must never import: cluster/, failover/, app, `grpc` or
 `ferry.v1`.
 """
 
@@ -38,6 +38,7 @@ def after_close() -> frozenset[int]:
             codes.UPDATE_CONSUMER_OFFSET,
             codes.CONSUMER_SEND_MSG_BACK,
             codes.UNREGISTER_CLIENT,
+            codes.END_TRANSACTION,  # oneway, often right before the producer shuts down
         }
     )
 
@@ -52,10 +53,11 @@ def handlers(deps: Deps) -> dict[int, Handler]:
         queries,
         sendback,
         sends,
+        transactions,
     )
 
     table: dict[int, Handler] = {}
-    for family in (sends, offsets, queries, consumers, pulls, sendback, admin):
+    for family in (sends, offsets, queries, consumers, pulls, sendback, admin, transactions):
         table.update(family.handlers(deps))
     return table
 

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from services.broker.metadata.tables import BrokerMetadata
     from services.broker.pop import PopService
     from services.broker.store import MessageStore
+    from services.broker.transactions import TransactionService
 
 
 class Gate(Protocol):
@@ -52,6 +53,8 @@ class Deps:
     send_back: SendBack | None = None  # built from messaging and admin when not given
     # RocketMQ's ACL checks every request (ferry.acl); the admin token then does not apply.
     acl_enabled: bool = False
+    # Transactional messages (a master's; None on a slave): prepared sends, 37 and 39.
+    transactions: TransactionService | None = None
 
     def __post_init__(self) -> None:
         if self.send_back is None and self.admin is not None and self.messaging is not None:
@@ -81,5 +84,6 @@ class Deps:
             pop=app.pop,
             store_host=lambda: app.store.store_host,
             acl_enabled=app.config.acl_enable,
+            transactions=getattr(app, "transactions", None),
             **shared,
         )

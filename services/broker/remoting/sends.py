@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ferry import record
-from ferry.model import check_name
+from ferry.model import PROPERTY_TRANSACTION_PREPARED, check_name
 from ferry.native import native as _native
 from ferry.remoting import batch, codes
 from ferry.remoting.codec import Command
@@ -46,6 +46,7 @@ from services.broker.messaging.service import (
 )
 from services.broker.remoting.convert import BadRequest, boolean, error_answer, integer, text
 from services.broker.remoting.deps import Deps
+from services.broker.transactions import TransactionService
 
 INT32 = (-(2**31), 2**31 - 1)
 
@@ -76,12 +77,12 @@ INNER_BATCH = 0x80
 COMPRESSION_TYPE = 0x700
 # What a record keeps of a producer's sysFlag: the compression bits and the
 # multi-tags bit. The host bits describe the record's own address fields
-# (ferry's are IPv4) and the transaction bits a half message ferry refuses.
+# (ferry's are IPv4); the transaction bits say where a message goes
+# (services.broker.transactions), the half itself is stored without them.
 KEPT_SYS_FLAG = COMPRESSED | MULTI_TAGS | COMPRESSION_TYPE
 
 PROPERTY_WAIT = "WAIT"
 PROPERTY_CLUSTER = "CLUSTER"
-PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
 
 # On every answer, as Apache 4.9's broker with its default regionId and traceOn.
 ANSWER_EXT = {"MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
@@ -249,21 +250,20 @@ def born_host(remote: str) -> tuple[str, int] | None:
     return host, int(port)
 
 
+def is_prepared(sys_flag: int, properties: Mapping[str, str]) -> bool:
+    """A transactional half: sysFlag prepared (0x4) or TRAN_MSG=true."""
+    return (
+        sys_flag & TRANSACTION_TYPE == TRANSACTION_PREPARED
+        or properties.get(PROPERTY_TRANSACTION_PREPARED, "").lower() == "true"
+    )
+
+
 def kept_sys_flag(sys_flag: int, properties: Mapping[str, str]) -> int:
     """The sysFlag a record keeps.
 
     Raises:
-        PermissionDenied: a transactional half message (ferry has no
-            transactions; Apache answers a broker that refuses them so too).
         BadRequest: an inner batch (RocketMQ 5's autoBatch), which ferry does not store.
     """
-    if (
-        sys_flag & TRANSACTION_TYPE == TRANSACTION_PREPARED
-        or properties.get(PROPERTY_TRANSACTION_PREPARED, "").lower() == "true"
-    ):
-        raise PermissionDenied(
-            "transactional messages are not supported by ferry: send it as a normal message"
-        )
     if sys_flag & INNER_BATCH:
         raise BadRequest(
             "sysFlag", "an inner batch (autoBatch) is not supported; turn autoBatch off"
@@ -314,10 +314,15 @@ def messages_of(
     except batch.BatchError as exc:
         raise BadRequest("body", str(exc)) from None
     messages = []
+    if is_prepared(header.sys_flag, properties):
+        raise PermissionDenied("a batch cannot be transactional: send each message on its own")
     for index, entry in enumerate(entries):
         own = parse_properties(entry.properties, f"body[{index}].properties")
         wait_store_msg_ok(own)
-        kept_sys_flag(0, own)
+        if is_prepared(0, own):
+            raise PermissionDenied(
+                f"body[{index}] is transactional (TRAN_MSG): a batch cannot be; send it alone"
+            )
         own.update(properties)  # the batch's own properties go on every message, as Apache's
         messages.append(
             OutgoingMessage(
@@ -352,12 +357,48 @@ class Sends:
             messages, wait, is_batch = messages_of(
                 request, header, connection.remote, self.deps.config.cluster_name
             )
+            if not is_batch and is_prepared(header.sys_flag, header.properties):
+                staged = self._prepare(header, messages[0])
+                status = await self.deps.messaging.settle((staged,), wait)
+                return answer(request, header, staged.outcome(status), transaction=True)
             outcome = await self.deps.messaging.send(
                 header.topic, header.queue_id, messages, wait, batch=is_batch
             )
         except FerryError as exc:
             return error_answer(request, exc, ANSWER_EXT)
         return answer(request, header, outcome)
+
+    def _prepare(self, header: SendHeader, message: OutgoingMessage) -> Staged:
+        """A transactional half, staged (services.broker.transactions).
+
+        Raises:
+            PermissionDenied: no transactions here (a slave).
+        """
+        return self._transactions().prepare(
+            header.topic, header.queue_id, message, header.producer_group
+        )
+
+    def _transactions(self) -> TransactionService:
+        """Raises PermissionDenied: no transactions here (a slave)."""
+        transactions = self.deps.transactions
+        if transactions is None:
+            raise PermissionDenied(
+                f"broker {self.deps.config.broker_name} takes no transactional messages here "
+                "(a slave); send to its master"
+            )
+        return transactions
+
+    def _prepare_many(
+        self, halves: list[tuple[int, SendHeader, bool, OutgoingMessage]]
+    ) -> list[Staged | FerryError]:
+        """Transactional halves of a run, staged together.
+
+        Raises:
+            PermissionDenied: no transactions here (a slave).
+        """
+        return self._transactions().prepare_many(
+            [(h.topic, h.queue_id, m, h.producer_group) for _, h, _, m in halves]
+        )
 
     async def send_many(
         self, connection: Connection, requests: list[Command]
@@ -374,6 +415,7 @@ class Sends:
         answers: list[Command | None] = [None] * len(requests)
         parsed: list[tuple[int, SendHeader, bool]] = []
         sends: list[tuple[str, int | None, list[OutgoingMessage], bool]] = []
+        halves: list[tuple[int, SendHeader, bool, OutgoingMessage]] = []
         for i, request in enumerate(requests):
             try:
                 header = parse_header(request.ext, names)
@@ -382,6 +424,9 @@ class Sends:
                 )
             except FerryError as exc:
                 answers[i] = error_answer(request, exc, ANSWER_EXT)
+                continue
+            if not is_batch and is_prepared(header.sys_flag, header.properties):
+                halves.append((i, header, wait, messages[0]))
                 continue
             parsed.append((i, header, wait))
             sends.append((header.topic, header.queue_id, messages, is_batch))
@@ -398,6 +443,17 @@ class Sends:
                 answers[i] = error_answer(requests[i], result, ANSWER_EXT)
             else:
                 staged[i] = (result, header, wait)
+        half_indices = {h[0] for h in halves}
+        if halves:
+            try:
+                prepared = self._prepare_many(halves)
+            except FerryError as exc:  # a storage fault, or no transactions here
+                prepared = [exc] * len(halves)
+            for (i, header, wait, _), result in zip(halves, prepared, strict=True):
+                if isinstance(result, FerryError):
+                    answers[i] = error_answer(requests[i], result, ANSWER_EXT)
+                else:
+                    staged[i] = (result, header, wait)
         for wait in (False, True):
             members = [i for i, (_, _, w) in staged.items() if w is wait]
             if not members:
@@ -410,23 +466,28 @@ class Sends:
                 continue
             for i in members:
                 one, header, _ = staged[i]
-                answers[i] = answer(requests[i], header, one.outcome(status))
+                answers[i] = answer(requests[i], header, one.outcome(status), i in half_indices)
         return answers
 
 
-def answer(request: Command, header: SendHeader, outcome: SendOutcome) -> Command:
+def answer(
+    request: Command, header: SendHeader, outcome: SendOutcome, transaction: bool = False
+) -> Command:
+    """`transaction`: a half's answer, whose msgId and queueOffset are the
+    half's (what END_TRANSACTION names) and which adds transactionId = the
+    client's UNIQ_KEY."""
     queue_id = header.queue_id if header.queue_id is not None else outcome.queue_id
-    return request.answer_text(
-        STATUS_CODES[outcome.status],
-        {
-            "msgId": ",".join(outcome.msg_ids),
-            # The queue the producer chose, as Apache answers it, even when
-            # the message waits elsewhere (DELAY) or went to the DLQ.
-            "queueId": str(queue_id),
-            "queueOffset": str(outcome.queue_offset),
-            **ANSWER_EXT,
-        },
-    )
+    ext = {
+        "msgId": ",".join(outcome.msg_ids),
+        # The queue the producer chose, as Apache answers it, even when
+        # the message waits elsewhere (DELAY) or went to the DLQ.
+        "queueId": str(queue_id),
+        "queueOffset": str(outcome.queue_offset),
+        **ANSWER_EXT,
+    }
+    if transaction:
+        ext["transactionId"] = header.properties.get("UNIQ_KEY", "")
+    return request.answer_text(STATUS_CODES[outcome.status], ext)
 
 
 def handlers(deps: Deps) -> dict[int, Handler]:

@@ -7,8 +7,9 @@ offsets, long polls), `commitlog` (segment files, the single appender), `allocat
 `dispatcher` (commit log -> consume queues), `longpoll`, `flush` (fsync and the
 checkpoint writer), `checkpoint` (the checkpoint/abort file format: written by flush,
 read by recovery), `recovery`, `retention`, `failstop` (storage errors are fatal),
-`storelock` (one process per store) and `replica_log` (the `ReplicatedLog` that
-`services/ha` declares, implemented over the store).
+`storelock` (one process per store), `replica_log` (the `ReplicatedLog` that
+`services/ha` declares, implemented over the store), `index` (the message index by
+key: its own tail of the commit log) and `indexfile` (RocketMQ's index file format).
 
 Must never import: messaging/, metadata/, pop/, schedule/, api/, cluster/,
 failover/, app, metrics, `grpc` or `ferry.v1`. Everything above the store reaches it
@@ -20,6 +21,7 @@ may reach further in).
 
 from services.broker.store.commitlog import CommitLogError
 from services.broker.store.consumequeue import ConsumeQueueError
+from services.broker.store.index import IndexConfig, KeyLookup
 from services.broker.store.message_store import (
     FlushDiskType,
     GetResult,
@@ -47,6 +49,8 @@ __all__ = [
     "FlushDiskType",
     "GetResult",
     "GetStatus",
+    "IndexConfig",
+    "KeyLookup",
     "MessageIn",
     "MessageStore",
     "PutResult",

@@ -3,8 +3,10 @@ and reads — RocketMQ's DefaultMessageStore, without the broker around it.
 
 Data flow: `put` (the appender) encodes records and writes them to the commit
 log; the dispatcher tails the commit log into the consume queues and wakes
-long-polling readers (`longpoll.py`); the flusher makes both durable and writes
-the checkpoint (`flush.py`); retention deletes old files (`retention.py`);
+long-polling readers (`longpoll.py`); the message index tails it too, with its
+own offset (`index.py`; lookups by key: `find_by_key`); the flusher makes the log
+and the queues durable and writes the checkpoint (`flush.py`); retention deletes
+old files (`retention.py`);
 `get_messages` reads a queue's entries and then their records. The HA data
 plane sees the store only through `replica_log` (`replica_log.py`).
 
@@ -45,7 +47,13 @@ from typing import Protocol
 from ferry import record
 from ferry.model import DELAY_LEVELS_S
 from ferry.runtime.clock import Clock, wait_event
-from ferry.runtime.errors import FerryError, ResourceExhausted, StorageFault, Unavailable
+from ferry.runtime.errors import (
+    FailedPrecondition,
+    FerryError,
+    ResourceExhausted,
+    StorageFault,
+    Unavailable,
+)
 from ferry.runtime.tasks import cancel_and_wait
 from services.broker.store.allocator import SegmentAllocator
 from services.broker.store.checkpoint import ABORT, CHECKPOINT
@@ -54,6 +62,7 @@ from services.broker.store.consumequeue import ConsumeQueues
 from services.broker.store.dispatcher import Dispatcher
 from services.broker.store.failstop import FailStop, is_full_disk
 from services.broker.store.flush import Flusher
+from services.broker.store.index import IndexConfig, KeyLookup, MessageIndex, carries_key
 from services.broker.store.longpoll import LongPolls
 from services.broker.store.reader import LogReader
 from services.broker.store.recovery import RecoveryReport, recover_store
@@ -94,6 +103,7 @@ class StoreConfig:
     max_pull_bytes: int = 256 << 10
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     reader_threads: int = 4  # commit-log reads that would wait on the disk
+    index: IndexConfig = field(default_factory=IndexConfig)  # the message index (index.py)
 
     @property
     def commit_log_dir(self) -> Path:
@@ -102,6 +112,10 @@ class StoreConfig:
     @property
     def consume_queue_dir(self) -> Path:
         return self.root / "consumequeue"
+
+    @property
+    def index_dir(self) -> Path:
+        return self.root / "index"
 
 
 @dataclass(slots=True)  # not frozen: one per send or pull, and frozen __init__ costs ~5x
@@ -115,6 +129,7 @@ class MessageIn:
     born_host: bytes = record.pack_host(("127.0.0.1", 0))
     sys_flag: int = 0
     reconsume_times: int = 0
+    prepared_offset: int = 0  # PREPAREDTRANSACTIONOFFSET: a committed transaction's half
 
 
 def copy_message(
@@ -244,6 +259,12 @@ class MessageStore:
             config.flush_interval_s,
             self.failstop,
         )
+        # The message index (None with messageIndexEnable=false).
+        self.index = (
+            MessageIndex(config.index_dir, self.commit_log, config.index, clock.wall_ms)
+            if config.index.enabled
+            else None
+        )
         self.retention = Retention(
             config.retention,
             self.commit_log,
@@ -251,6 +272,7 @@ class MessageStore:
             lambda: self.dispatcher.offset,
             clock,
             disk_ratio or partial(disk_used_ratio, config.root),
+            after_delete=self.index.delete_below if self.index is not None else None,
         )
         self._store_host = record.pack_host(config.store_host)
         self._msg_id_prefix = record.message_id(config.store_host, 0)[:16]
@@ -290,6 +312,8 @@ class MessageStore:
         )
         for queue in self.queues.all():
             self._next_queue_offset[(queue.topic, queue.queue_id)] = queue.max_offset
+        if self.index is not None:
+            self.index.load(report.crashed, report.end_offset)
         self.flusher.flushed_offset = report.end_offset
         self.flusher.write_checkpoint_now(self.flusher.snapshot())
         (self.config.root / ABORT).write_bytes(str(os.getpid()).encode())
@@ -306,6 +330,8 @@ class MessageStore:
             asyncio.create_task(self.allocator.run(), name="commitlog-allocator"),
             asyncio.create_task(self.retention.run(), name="retention"),
         ]
+        if self.index is not None:
+            self._tasks.append(asyncio.create_task(self.index.run(), name="message-index"))
 
     async def stop(self) -> None:
         """Stop background tasks, make everything durable, write the checkpoint
@@ -325,6 +351,11 @@ class MessageStore:
             self.failstop.trip(fault)
             self.abandon()
             return
+        if self.index is not None:
+            try:
+                await self.index.flush()
+            except OSError as exc:  # derived data, rebuilt from the log: not fatal
+                log.warning("message index not fsynced at stop: %s", exc)
         self.long_polls.close()
         self._close_files()
         with contextlib.suppress(FileNotFoundError):
@@ -348,6 +379,8 @@ class MessageStore:
         self.reader.close()
         self.commit_log.close()
         self.queues.close()
+        if self.index is not None:
+            self.index.close()
         if self._lock is not None:
             self._lock.release()
             self._lock = None
@@ -527,6 +560,97 @@ class MessageStore:
             store_ts,
         )
 
+    def append_together(
+        self,
+        parts: Sequence[tuple[str, int, Sequence[MessageIn]]],
+        check_space: bool = True,
+    ) -> list[PutResult]:
+        """Append records for several (topic, queue id) destinations in one
+        commit-log append, in the order given: a crash keeps a prefix of them,
+        never a later one without an earlier one (a committed transaction and
+        its op record). One PutResult per part; a destination named twice gets
+        consecutive queue offsets. `check_space=False` appends what the broker
+        accepted already, as `append_due`.
+
+        Raises:
+            ResourceExhausted: (`check_space`) the disk is full or above the warning ratio.
+            Unavailable: a storage fault.
+        """
+        if check_space:
+            self.retention.check_writable()
+        if not self._opened:
+            raise Unavailable("the store is not open")
+        self.failstop.check()
+        store_ts = self.clock.wall_ms()
+        store_host = self._store_host
+        next_offsets = self._next_queue_offset
+        planned: dict[tuple[str, int], int] = {}
+        items = []
+        firsts = []
+        for topic, queue_id, messages in parts:
+            key = (topic, queue_id)
+            first = planned.get(key, next_offsets.get(key, 0))
+            firsts.append(first)
+            planned[key] = first + len(messages)
+            topic_bytes = topic.encode()
+            for i, m in enumerate(messages):
+                size = record.encoded_size(len(topic_bytes), len(m.body), len(m.properties))
+                items.append(
+                    (size, _encoder(topic_bytes, queue_id, first + i, m, store_ts, store_host))
+                )
+        files_before = self.commit_log.files_end
+        try:
+            offsets = self.commit_log.append_many(items)
+        except OSError as exc:
+            raise self._write_failure(exc) from exc
+        next_offsets.update(planned)
+        end = self.commit_log.max_offset
+        self.put_message_count += len(items)
+        self._appended(files_before)
+        prefix = self._msg_id_prefix
+        results = []
+        at = 0
+        for (topic, queue_id, messages), first in zip(parts, firsts, strict=True):
+            mine = offsets[at : at + len(messages)]
+            at += len(messages)
+            results.append(
+                PutResult(
+                    PutStatus.PUT_OK,
+                    topic,
+                    queue_id,
+                    first,
+                    mine,
+                    [f"{prefix}{o:016X}" for o in mine],
+                    end,
+                    store_ts,
+                )
+            )
+        return results
+
+    async def read_full(self, commit_offset: int, size: int | None = None) -> record.Record | None:
+        """The whole record at `commit_offset` (of `size` bytes; None: as its
+        head says), every field (sysflag, PREPAREDTRANSACTIONOFFSET, the body
+        as stored), read off the loop when cold; None when it is not there
+        (deleted, past the end, or not a record start)."""
+        self._check_readable()
+        if not self.commit_log.min_offset <= commit_offset <= self.max_offset - record.BLANK_SIZE:
+            return None
+        try:
+            if size is None:
+                head = record.peek(await self.reader.read(commit_offset, record.BLANK_SIZE))
+                if isinstance(head, record.Blank):
+                    return None
+                size = head
+            if size > self.max_offset - commit_offset:
+                return None
+            data = await self.reader.read(commit_offset, size)
+            decoded = record.decode(bytes(data), 0, check_crc=False)
+        except (record.RecordError, CommitLogError, OSError):
+            return None
+        if not isinstance(decoded, record.Record) or decoded.commit_offset != commit_offset:
+            return None
+        return decoded
+
     def append_raw(self, commit_offset: int, data: bytes | memoryview) -> int:
         """A slave's replicated bytes, appended as they are at `commit_offset`,
         which must be the log's end — or, for an empty log, the start of a file
@@ -563,6 +687,8 @@ class MessageStore:
     def _appended(self, files_before: int, dispatch_now: bool = True) -> None:
         if dispatch_now:
             self.dispatcher.wake()
+        if self.index is not None:
+            self.index.wake()
         grown, self._grown = self._grown, asyncio.Event()
         grown.set()
         if self.commit_log.files_end != files_before:
@@ -590,6 +716,8 @@ class MessageStore:
         self._next_queue_offset.clear()
         self.commit_log.start_at(start_offset)
         self.dispatcher.offset = start_offset
+        if self.index is not None:
+            self.index.restart_at(start_offset)
         # Nothing is left to flush: everything up to the new start counts as
         # flushed (reset alone only ever moves the flushed offset back).
         self.flusher.flushed_offset = start_offset
@@ -624,6 +752,8 @@ class MessageStore:
             self.dispatcher.dispatch_all(limit=offset)
             dropped = self.queues.truncate_commit_end(offset)
             log_.set_write_offset(offset)
+            if self.index is not None:
+                self.index.truncate(offset)
             for queue in self.queues.all():
                 self._next_queue_offset[(queue.topic, queue.queue_id)] = queue.max_offset
             self.dispatcher.offset = min(self.dispatcher.offset, offset)
@@ -803,6 +933,66 @@ class MessageStore:
         except (record.RecordError, CommitLogError):
             return None  # not a record start (a lying offset), or deleted meanwhile
         return data if stored.commit_offset == commit_offset else None
+
+    async def find_by_key(
+        self,
+        topic: str,
+        key: str,
+        max_num: int,
+        begin_ms: int = 0,
+        end_ms: int = 2**63 - 1,
+        unique: bool = False,
+    ) -> KeyLookup:
+        """The records of `topic` stored in [begin_ms, end_ms] whose KEYS hold `key`
+        (`unique`: whose UNIQ_KEY is `key`), the newest `max_num` of them (at most the
+        index's `max_query_num`) in commit-offset order, each checked against the
+        record itself; only records consumers may see.
+
+        Raises:
+            Unavailable: the store is closed.
+            FailedPrecondition: the message index is off (messageIndexEnable=false).
+        """
+        self._check_readable()
+        if self.index is None:
+            raise FailedPrecondition(
+                "the message index is off on this broker (messageIndexEnable=false)"
+            )
+        limit = max(0, min(max_num, self.config.index.max_query_num))
+        candidates = self.index.lookup(topic, key, begin_ms, end_ms, 2 * limit + 16)
+        found: list[tuple[bytes, record.StoredMessage]] = []
+        for commit_offset in candidates:
+            if len(found) >= limit:
+                break
+            data = await self.record_bytes(commit_offset)
+            if data is None:
+                continue
+            try:
+                message = record.decode_stored(data, 0, len(data))
+            except record.RecordError:
+                continue
+            if carries_key(message, topic, key, unique, begin_ms, end_ms):
+                found.append((data, message))
+        found.sort(key=lambda item: item[1].commit_offset)
+        return KeyLookup(found, *self.index.last_update())
+
+    async def wait_indexed(self) -> None:
+        """Return once every record written is in the message index (tests, tools)."""
+        while self.index is not None and self.index.behind_bytes > 0:
+            self.failstop.check()
+            self.index.wake()
+            await asyncio.sleep(0.005)
+
+    @property
+    def index_behind_bytes(self) -> int:
+        """Commit-log bytes not yet in the message index (0 when it is off)."""
+        return self.index.behind_bytes if self.index is not None else 0
+
+    @property
+    def index_files(self) -> tuple[int, int]:
+        """(files, bytes) of the message index (zeros when it is off)."""
+        if self.index is None:
+            return 0, 0
+        return self.index.file_count, self.index.size_bytes
 
     async def offset_by_time(
         self, topic: str, queue_id: int, timestamp_ms: int, upper: bool = False
@@ -988,6 +1178,7 @@ def _encoder(
         return record.encode_raw(
             topic, queue_id, m.flag, queue_offset, commit_offset, m.sys_flag, m.born_timestamp,
             m.born_host, store_ts, store_host, m.body, m.properties, m.reconsume_times,
+            m.prepared_offset,
         )  # fmt: skip
 
     return encode

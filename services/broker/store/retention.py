@@ -13,6 +13,8 @@ apart, and stops at the first file it may not delete:
   the oldest files go even unexpired, until the disk is back down to
   `disk_max_used_space_ratio` (a low-water mark: room for the files being
   written while the next pass comes);
+- with a commit-log file go the message index's files whose every offset is
+  below the log's new first offset (`after_delete`);
 - never the file being written (the newest), and never a file holding bytes
   not yet in the consume queues (the dispatcher reads them). Flushing does not
   hold a file back: deleting it loses nothing a flush would have saved;
@@ -108,8 +110,13 @@ class Retention:
         safe_end: Callable[[], int],
         clock: Clock,
         disk_ratio: Callable[[], float],
+        after_delete: Callable[[int], list[Path]] | None = None,
     ) -> None:
+        """`after_delete`: told the commit log's new first offset after a file went
+        (the message index closes its files below it and returns their paths, which
+        are unlinked here with the commit-log file)."""
         self.config = config
+        self.after_delete = after_delete
         self.commit_log = commit_log
         self.queues = queues
         self.safe_end = safe_end  # the dispatched offset: no file reaching past it is deleted
@@ -264,7 +271,10 @@ class Retention:
             queue_files,
             minimum,
         )
+        others = self.after_delete(minimum) if self.after_delete is not None else []
         await asyncio.to_thread(_unlink_and_close, path, fd)
+        for other in others:
+            await asyncio.to_thread(_unlink_and_close, other, None)
         return queue_files
 
     # ------------------------------------------------------------ internals

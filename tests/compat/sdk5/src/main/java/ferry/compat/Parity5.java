@@ -27,6 +27,9 @@ import org.apache.rocketmq.client.apis.message.MessageBuilder;
 import org.apache.rocketmq.client.apis.message.MessageView;
 import org.apache.rocketmq.client.apis.producer.Producer;
 import org.apache.rocketmq.client.apis.producer.SendReceipt;
+import org.apache.rocketmq.client.apis.producer.Transaction;
+import org.apache.rocketmq.client.apis.producer.TransactionChecker;
+import org.apache.rocketmq.client.apis.producer.TransactionResolution;
 
 /**
  * The RocketMQ 5 Java SDK (rocketmq-client-java) through a proxy, for the parity suite
@@ -49,6 +52,11 @@ import org.apache.rocketmq.client.apis.producer.SendReceipt;
  *       invisibility and not acknowledged, then received again;
  *   <li>{@code dlq}: a PushConsumer (j5-dlq, retry max times 1) fails one message of J5Dlq
  *       every time; a SimpleConsumer (j5-dlq-reader) reads %DLQ%j5-dlq.
+ *   <li>{@code transaction}: a transactional producer of J5Tx (one queue, TRANSACTION)
+ *       commits one message, rolls one back and leaves two undecided, which its checker
+ *       answers when the broker checks back (one COMMIT, one ROLLBACK); once both were
+ *       checked a last message ("marker") is committed, and a SimpleConsumer (j5-tx)
+ *       receives through the marker and the checked commit: everything delivered.
  * </ul>
  *
  * <p>Every scenario ends with {"scenario": S, "event": "done"} or "error" (with the message),
@@ -97,6 +105,9 @@ public final class Parity5 {
             break;
           case "dlq":
             parity.dlq();
+            break;
+          case "transaction":
+            parity.transaction();
             break;
           default:
             throw new IllegalArgumentException("unknown scenario " + scenario);
@@ -326,6 +337,58 @@ public final class Parity5 {
       }
     }
     return got;
+  }
+
+  private void transaction() throws Exception {
+    String topic = "J5Tx";
+    Map<String, Integer> checked = new ConcurrentHashMap<>();
+    TransactionChecker checker =
+        view -> {
+          String body = body(view);
+          checked.merge(body, 1, Integer::sum);
+          print("transaction", "checked", Map.of("body", body, "id", view.getMessageId().toString()));
+          // As a real checker: what the local transaction decided (rollback for both
+          // rolled-back ones, should the broker ask about one already ended).
+          return body.endsWith("rollback")
+              ? TransactionResolution.ROLLBACK
+              : TransactionResolution.COMMIT;
+        };
+    try (Producer producer =
+        PROVIDER
+            .newProducerBuilder()
+            .setClientConfiguration(config)
+            .setTopics(topic)
+            .setTransactionChecker(checker)
+            .build()) {
+      for (String body : List.of("commit", "rollback", "checked commit", "checked rollback")) {
+        Transaction tx = producer.beginTransaction();
+        SendReceipt receipt = producer.send(message(topic, body).build(), tx);
+        print("transaction", "sent", Map.of("body", body, "id", id(receipt)));
+        if (body.equals("commit")) {
+          tx.commit();
+        } else if (body.equals("rollback")) {
+          tx.rollback();
+        }
+      }
+      waitFor(
+          () -> checked.containsKey("checked commit") && checked.containsKey("checked rollback"),
+          SCENARIO_MS);
+      Transaction last = producer.beginTransaction();
+      producer.send(message(topic, "marker").build(), last);
+      last.commit();
+    }
+    try (SimpleConsumer consumer = simple("j5-tx", topic, "*")) {
+      long deadline = System.currentTimeMillis() + SCENARIO_MS;
+      List<String> got = new ArrayList<>();
+      while (!(got.contains("marker") && got.contains("checked commit"))
+          && System.currentTimeMillis() < deadline) {
+        for (MessageView m : consumer.receive(16, Duration.ofSeconds(30))) {
+          print("transaction", "received", view(m));
+          got.add(body(m));
+          consumer.ack(m);
+        }
+      }
+    }
   }
 
   // ------------------------------------------------------------------ helpers
