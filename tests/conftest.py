@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -146,6 +148,37 @@ def start_namesrv(loop: LoopThread, home: Path, **config: Any) -> RunningNamesrv
     addr = f"127.0.0.1:{app.port}"
     channel = grpc.insecure_channel(addr, options=[("grpc.max_send_message_length", 64 << 20)])
     return RunningNamesrv(app, loop, addr, home, channel, namesrv_pb2_grpc.NameServerStub(channel))
+
+
+def copy_store(src: Path, dst: Path) -> None:
+    """Copy a store directory keeping its files sparse. shutil.copytree writes every
+    hole out as zeros: a store's index file (RocketMQ's IndexFile, 420 MB by default,
+    almost all of it a hole) made each copy of a store cost ~0.2 s and 420 MB of disk."""
+    shutil.copytree(src, dst, copy_function=_copy_sparse)
+
+
+def _copy_sparse(src: str, dst: str) -> None:
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        size = os.fstat(fin.fileno()).st_size
+        pos = 0
+        while pos < size:
+            try:
+                start = os.lseek(fin.fileno(), pos, os.SEEK_DATA)
+            except OSError:  # ENXIO: only a hole is left
+                break
+            end = os.lseek(fin.fileno(), start, os.SEEK_HOLE)
+            fin.seek(start)
+            fout.seek(start)
+            left = end - start
+            while left:
+                chunk = fin.read(min(left, 1 << 20))
+                if not chunk:
+                    break
+                fout.write(chunk)
+                left -= len(chunk)
+            pos = end
+        fout.truncate(size)
+    shutil.copystat(src, dst)
 
 
 @pytest.fixture(autouse=True)

@@ -24,6 +24,7 @@ from services.broker.store import (
 from services.broker.store import flush as flush_module
 from services.broker.store.consumequeue import ENTRY_SIZE
 from services.broker.store.recovery import RecoveryError
+from tests.conftest import copy_store
 
 FILE_SIZE = 4096
 
@@ -406,7 +407,7 @@ def test_missing_consume_queues_are_rebuilt(harness):
 def _snapshot(src: Path, dst: Path) -> None:
     if dst.exists():
         shutil.rmtree(dst)
-    shutil.copytree(src, dst)
+    copy_store(src, dst)
 
 
 def test_torn_tail_at_every_byte_of_the_last_record(tmp_path):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from services.broker.store import GetStatus, MessageIn, MessageStore, StoreConfi
 from services.broker.store.checkpoint import CHECKPOINT, load_checkpoint
 from services.broker.store.storelock import StoreLockedError
 from services.ha.replicated_log import ReplicatedLog
+from tests.conftest import copy_store
 
 FILE_SIZE = 2048
 
@@ -62,7 +62,7 @@ def filled(tmp_path_factory) -> tuple[Path, list[tuple[int, int, int, bytes]]]:
 
 def _open_copy(root: Path, work: Path) -> Opened:
     """A store opened on a copy of `root` made at `work` (`root` stays as it was)."""
-    shutil.copytree(root, work)
+    copy_store(root, work)
     return Opened(work)
 
 
