@@ -77,7 +77,7 @@ class Plan:
     lookups: int
 
 
-FULL = Plan(rounds=3, min_lines=3, max_lines=6, index_messages=10_000_000, lookups=2_000)
+FULL = Plan(rounds=3, min_lines=3, max_lines=4, index_messages=10_000_000, lookups=2_000)
 QUICK = Plan(rounds=1, min_lines=1, max_lines=1, index_messages=200_000, lookups=200)
 
 # TransactionProducer 4.7.0: "Send TPS: 123 Max RT: 45 AVG RT:6.7 Send Failed: 0 check: 0
