@@ -364,9 +364,19 @@ def test_consumer_and_producer_connections_agree(sides):
             "MessageModel: CLUSTERING",
             "ConsumeFromWhere: CONSUME_FROM_FIRST_OFFSET",
         ], (name, lines)
-    producers = both(sides, "producerConnection", "-g", LIVE, "-t", TOPIC)
-    for result in producers.values():
-        assert len(result.lines) == 1
+    for name, side in sides.items():
+        # The live producer is known from its heartbeats (every 30 s): a loaded machine
+        # once had a side answer none, so ask again until its next heartbeat is in.
+        result = wait_for(
+            lambda side=side: (
+                (r := side.run("producerConnection", "-g", LIVE, "-t", TOPIC))
+                and len(r.lines) == 1
+                and r
+            ),
+            45,
+            f"{name}: the live producer's connection",
+            interval_s=1.0,
+        )
         assert result.lines[0].split()[-2:] == ["JAVA", "V4_9_8"]
     missing = both(sides, "consumerConnection", "-g", "NobodyHere")  # no %RETRY% route
     causes = {
