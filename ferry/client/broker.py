@@ -375,6 +375,14 @@ class Producer:
     def close(self) -> None:
         self._routes.close()
 
+    def route(self, topic: str, refresh: bool = False) -> _Route:
+        """The topic's route (cached for ROUTE_TTL_S unless `refresh`); raises NoRoute."""
+        return self._routes.get(topic, refresh)
+
+    def client(self, addr: str) -> BrokerClient:
+        """This producer's client of the broker at `addr` (one channel per broker)."""
+        return self._routes.client(addr)
+
     def __enter__(self) -> Producer:
         return self
 

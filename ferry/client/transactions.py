@@ -151,7 +151,7 @@ class TransactionProducer:
         if state is TransactionState.UNKNOWN:
             return
         stub = transactions_pb2_grpc.TransactionsStub(
-            self._producer._routes.client(sent.broker_addr).channel
+            self._producer.client(sent.broker_addr).channel
         )
         stub.EndTransaction(
             transactions_pb2.EndTransactionRequest(
@@ -172,7 +172,7 @@ class TransactionProducer:
         if self.checker is None:
             return
         try:
-            route = self._producer._routes.get(topic)
+            route = self._producer.route(topic)
         except NoRoute:
             return
         names = {q.broker_name for q in route.write_queues()}
@@ -191,7 +191,7 @@ class TransactionProducer:
         refresh = False
         while not self._stop.is_set():
             try:
-                route = self._producer._routes.get(topic, refresh)
+                route = self._producer.route(topic, refresh)
                 addr = route.master(broker_name)
             except (NoRoute, grpc.RpcError):
                 addr = None
@@ -201,7 +201,7 @@ class TransactionProducer:
             self._stop.wait(WATCH_RETRY_S)
 
     def _serve_checks(self, addr: str) -> None:
-        client = self._producer._routes.client(addr)
+        client = self._producer.client(addr)
         stub = transactions_pb2_grpc.TransactionsStub(client.channel)
         call = stub.WatchTransactionChecks(
             transactions_pb2.WatchTransactionChecksRequest(

@@ -7,6 +7,8 @@
 //! returns None and the Python runs again to raise its own message; nothing here panics
 //! on any bytes.
 
+use crate::be::{i32_at, i64_at, u32_at};
+
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
@@ -161,18 +163,4 @@ fn tags(props: &[u8]) -> &[u8] {
         Some(j) => &value[..j],
         None => value,
     }
-}
-
-fn i32_at(data: &[u8], at: usize) -> i32 {
-    i32::from_be_bytes([data[at], data[at + 1], data[at + 2], data[at + 3]])
-}
-
-fn u32_at(data: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes([data[at], data[at + 1], data[at + 2], data[at + 3]])
-}
-
-fn i64_at(data: &[u8], at: usize) -> i64 {
-    let mut word = [0; 8];
-    word.copy_from_slice(&data[at..at + 8]);
-    i64::from_be_bytes(word)
 }

@@ -9,6 +9,8 @@
 //! file it should be, this returns None and the Python runs again to raise its own
 //! message; nothing here panics on any bytes.
 
+use crate::be::{i32_at, i64_at, u32_at};
+
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -253,20 +255,6 @@ impl File<'_> {
         put_i64(self.buf, 8, store_ts);
         true
     }
-}
-
-fn i32_at(data: &[u8], at: usize) -> i32 {
-    i32::from_be_bytes([data[at], data[at + 1], data[at + 2], data[at + 3]])
-}
-
-fn u32_at(data: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes([data[at], data[at + 1], data[at + 2], data[at + 3]])
-}
-
-fn i64_at(data: &[u8], at: usize) -> i64 {
-    let mut word = [0; 8];
-    word.copy_from_slice(&data[at..at + 8]);
-    i64::from_be_bytes(word)
 }
 
 fn put_i32(data: &mut [u8], at: usize, value: i32) {

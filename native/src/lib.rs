@@ -25,6 +25,7 @@
 //! their messages live in Python only. Nothing here panics on any input; no unsafe code.
 
 mod acl;
+mod be;
 mod dispatch;
 mod gather;
 mod index;

@@ -95,16 +95,9 @@ def _receive(consumer) -> list:
         return []
 
 
-def _receive_through_marker(consumer, timeout_s: float = 90) -> list[bytes]:
+def _receive_through_marker(consumer) -> list[bytes]:
     """Bodies received (and acked) up to and including the marker."""
-    got: list[bytes] = []
-    deadline = time.monotonic() + timeout_s
-    while MARKER not in got:
-        assert time.monotonic() < deadline, f"no marker after {timeout_s} s; got {got}"
-        for m in _receive(consumer):
-            got.append(m.body)
-            consumer.ack(m)
-    return got
+    return _receive_until(consumer, MARKER)
 
 
 def _receive_until(consumer, body: bytes, timeout_s: float = 90) -> list[bytes]:

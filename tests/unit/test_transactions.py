@@ -13,7 +13,7 @@ import pytest
 from ferry import record
 from ferry.model import TopicConfig
 from ferry.runtime.clock import FakeClock
-from ferry.runtime.errors import ConfigError, FailedPrecondition, NotFound
+from ferry.runtime.errors import ConfigError, FailedPrecondition, InvalidArgument, NotFound
 from services.broker.config import load_config
 from services.broker.messaging.service import MessagingService, OutgoingMessage
 from services.broker.store import MessageStore, StoreConfig
@@ -149,6 +149,26 @@ def test_prepare_stores_a_half_nobody_sees(env: Env):
     assert stored.properties["REAL_TOPIC"] == "T" and stored.properties["REAL_QID"] == "1"
     assert stored.properties["PGROUP"] == "pg" and stored.properties["TRAN_MSG"] == "true"
     assert env.tx.pending_count == 1
+
+
+def test_a_half_without_a_producer_group_is_refused_in_its_place(env: Env):
+    """Nobody could be asked about it: refused, the others of the run stored."""
+
+    def half(body: bytes, group: str) -> OutgoingMessage:
+        props = {"TRAN_MSG": "true", "UNIQ_KEY": body.decode()}
+        if group:
+            props["PGROUP"] = group
+        return OutgoingMessage(body=body, properties=props)
+
+    results = env.tx.prepare_many(
+        [("T", 1, half(b"a", "pg"), "pg"), ("T", 1, half(b"b", ""), ""),
+         ("T", 1, half(b"c", "pg"), "pg")]
+    )  # fmt: skip
+    assert isinstance(results[1], InvalidArgument)
+    assert "producer group" in results[1].message
+    assert [type(r).__name__ for r in (results[0], results[2])] == ["Staged", "Staged"]
+    assert [r.body for r in env.records(HALF_TOPIC)] == [b"a", b"c"]
+    assert env.tx.pending_count == 2
 
 
 def test_commit_appends_the_message_and_its_op_record_together(env: Env):

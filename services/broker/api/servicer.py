@@ -103,14 +103,11 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             raise PermissionDenied(
                 f"broker {self.broker_name} here is a SLAVE and takes no writes; send to its master"
             )
-        group = request.properties.get(PROPERTY_PRODUCER_GROUP, "")
-        if not group:
-            raise InvalidArgument(
-                "properties", f"a transactional message ({PROPERTY_TRANSACTION_PREPARED}=true) "
-                f"needs its producer group in {PROPERTY_PRODUCER_GROUP}"
-            )  # fmt: skip
-        staged = self.transactions.prepare(
-            request.topic, convert.queue_id_of(request), convert.outgoing(request), group
+        staged = self.transactions.prepare(  # refuses a half without its PGROUP
+            request.topic,
+            convert.queue_id_of(request),
+            convert.outgoing(request),
+            request.properties.get(PROPERTY_PRODUCER_GROUP, ""),
         )
         status = await self.messaging.settle((staged,), convert.wait_of(request))
         return convert.send_result_pb(staged.outcome(status))

@@ -364,7 +364,9 @@ class MessagingService:
         now = self.store.clock.wall_ms()
         for i, (topic, queue_id, message) in enumerate(sends):
             try:
-                config = self._writable_once(topic, writable)
+                config = writable.get(topic)  # the hot path: the topic was checked already
+                if type(config) is not TopicConfig:
+                    config = self._writable_once(topic, writable)
                 group = _group_of(message)
                 if (queue_id is None or queue_id == -1) and not group:
                     queue = picked.get(topic)

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from ferry import record
 from ferry.model import PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_PREPARED, PROPERTY_UNIQ_KEY
 from ferry.runtime.clock import Clock
-from ferry.runtime.errors import FailedPrecondition, FerryError, NotFound
+from ferry.runtime.errors import FailedPrecondition, FerryError, InvalidArgument, NotFound
 from ferry.runtime.tasks import run_rounds
 from services.broker.messaging.rules import OffsetTable, TopicLookup, real_destination
 from services.broker.messaging.service import MessagingService, OutgoingMessage, Staged
@@ -207,7 +207,13 @@ class TransactionService:
         Raises Unavailable on a storage fault (nothing of the call is answered).
         """
         halves: list[tuple[str, int | None, OutgoingMessage]] = []
-        for topic, queue_id, message, group in sends:
+        refused: dict[int, FerryError] = {}
+        for i, (topic, queue_id, message, group) in enumerate(sends):
+            if not (group or message.properties.get(PROPERTY_PRODUCER_GROUP)):
+                refused[i] = InvalidArgument(
+                    "producerGroup", "a transactional message needs its producer group"
+                )
+                continue
             props = message.properties
             if (
                 props.get(PROPERTY_PRODUCER_GROUP) != group
@@ -248,6 +254,9 @@ class TransactionService:
                 )
             )
             out.append(staged)
+        if refused:  # put the refusals back in their places
+            staged_in_order = iter(out)
+            out = [refused.get(i) or next(staged_in_order) for i in range(len(sends))]
         return out
 
     # ------------------------------------------------------------ end
