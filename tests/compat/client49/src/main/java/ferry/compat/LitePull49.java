@@ -5,6 +5,8 @@ import java.util.Collection;
 import java.util.List;
 import java.util.Map;
 import org.apache.rocketmq.client.consumer.DefaultLitePullConsumer;
+import org.apache.rocketmq.client.consumer.store.OffsetStore;
+import org.apache.rocketmq.client.consumer.store.ReadOffsetType;
 import org.apache.rocketmq.common.consumer.ConsumeFromWhere;
 import org.apache.rocketmq.common.message.MessageExt;
 import org.apache.rocketmq.common.message.MessageQueue;
@@ -23,7 +25,9 @@ import org.apache.rocketmq.common.message.MessageQueue;
  * <p>--mode subscribe: subscribe(topic, --sub) in group --group, rebalanced with its other
  * members, from the first offset for a new group; offsets auto-committed.
  *
- * <p>Both commit what they polled (commitSync) before they stop.
+ * <p>Both commit what they polled (commitSync) and write those offsets to the broker with a
+ * request that waits for its answer before they stop: the client's own persist on shutdown is
+ * one-way and can be lost when the process exits right after it.
  *
  * <p>Stops after --count messages, after --timeout-ms, or when stdin closes (--stdin-stop).
  */
@@ -102,6 +106,7 @@ public final class LitePull49 {
       // What was polled becomes the group's offset (auto-commit only commits every
       // interval; shutdown persists what was committed).
       consumer.commitSync();
+      persistAndWait(consumer);
     } finally {
       consumer.shutdown();
     }
@@ -109,6 +114,17 @@ public final class LitePull49 {
     stopped.put("polled", polled);
     Cli.emit(stopped);
     System.exit(0);
+  }
+
+  /** Each assigned queue's committed offset, written to its broker and answered. */
+  private static void persistAndWait(DefaultLitePullConsumer consumer) throws Exception {
+    OffsetStore store = consumer.getOffsetStore();
+    for (MessageQueue mq : consumer.assignment()) {
+      long offset = store.readOffset(mq, ReadOffsetType.READ_FROM_MEMORY);
+      if (offset >= 0) {
+        store.updateConsumeOffsetToBroker(mq, offset, false);
+      }
+    }
   }
 
   /** The topic's queues, once the name server routes it (or the deadline's error). */
