@@ -107,7 +107,7 @@ bench-tools: etcd apache  ## what the benchmarks need besides Python: redis-serv
 	$(call apt_tool,redis-server,redis-server,the benchmarks' Redis peer,make bench)
 
 test: $(PROTO_STAMP) tools  ## run the whole test suite (what CI runs)
-	$(BIN)/pytest -n 2 --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/pytest -n 2 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 run: $(PROTO_STAMP) etcd  ## start the 2m-2s-failover topology (and etcd) on loopback until Ctrl-C (TOPOLOGY=, data in ./var)
 	$(BIN)/ferry dev --topology $(TOPOLOGY) --data-dir $(DATA_DIR) $(ARGS)

@@ -21,11 +21,16 @@ from prometheus_client import CollectorRegistry
 from ferry.runtime.clock import FakeClock
 from ferry.v1 import namesrv_pb2_grpc
 from services.namesrv.app import NamesrvApp, NamesrvConfig
+from tests import apache, durations
 
 # Property tests judge what code does, never how fast one example ran: Hypothesis's
 # default 200 ms deadline per example failed decoder tests on a loaded 2-core machine.
 settings.register_profile("ferry", deadline=None)
 settings.load_profile("ferry")
+
+# Every JVM a test starts (Apache RocketMQ, the Java clients, mqadmin) starts on C1 and
+# the serial collector: cheaper to start, and no test measures speed (tests/apache.py).
+apache.quick_start = True
 
 
 def wait_for(
@@ -309,6 +314,13 @@ def start_broker(
 
 
 @pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(session, config, items):
+    """The slowest modules first, longest first, the rest in collection order
+    (tests/durations.py): with `--dist loadfile` no worker is left running a long
+    module alone at the end. A stable sort keeps each module's own order."""
+    items.sort(key=lambda item: -durations.weight(item.nodeid))
+
+
 def pytest_sessionfinish(session, exitstatus):
     # CPython 3.11 before 3.11.8 (gh-106905): a finalizer that runs Python code
     # while the AST is being built (here: garbage from gRPC channels collected
