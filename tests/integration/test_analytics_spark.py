@@ -32,6 +32,9 @@ T0 = datetime.datetime(2026, 11, 22, 10, 0, 0, tzinfo=datetime.UTC)
 def spark():
     session = analytics.spark_session("local[2]", "ferry-tests")
     session.sparkContext.setLogLevel("ERROR")
+    # One shuffle partition (the job's default is 4): these frames hold a few hundred rows,
+    # and each partition of a stateful query is a state store to load and commit per batch.
+    session.conf.set("spark.sql.shuffle.partitions", "1")
     yield session
     session.stop()
 
