@@ -27,6 +27,7 @@ run, never a skip: CI installs them (.ci/run → make tools → make apache).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import select
 import shutil
@@ -39,6 +40,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tests.processes import free_port, signal_and_reap
+
+log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache" / "rocketmq"
@@ -213,7 +216,31 @@ class JavaProcess:
     def environment(self) -> dict[str, str]:
         return dict(_java_env(self.home), RMQ_PROXY_HOME=str(self.home))
 
+    # The attributes holding the ports `prepare` picks when they are 0.
+    port_fields: tuple[str, ...] = ()
+    BIND_RETRIES = 3
+
     def start(self, timeout_s: float = START_TIMEOUT_S):
+        """Start and wait until ready. Ports this process picked itself are picked
+        again when it could not bind one: a port found free is only free until some
+        other process (another test worker's server) takes it before this JVM binds it."""
+        picked = [f for f in self.port_fields if not getattr(self, f)]
+        for attempt in range(1, self.BIND_RETRIES + 1):
+            try:
+                return self._start_once(timeout_s)
+            except RuntimeError as e:
+                if (
+                    not picked
+                    or attempt == self.BIND_RETRIES
+                    or "Address already in use" not in str(e)
+                ):
+                    raise
+                log.warning("%s could not bind a port it picked; picking again (%s)", self.name, e)
+                for field in picked:
+                    setattr(self, field, 0)
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout_s: float):
         if self._proc is not None:
             raise RuntimeError(f"{self.name} already started")
         self.home.mkdir(parents=True, exist_ok=True)
@@ -358,6 +385,7 @@ class ApacheNamesrv(JavaProcess):
     main_class = "org.apache.rocketmq.namesrv.NamesrvStartup"
     ready_line = "The Name Server boot success"
     heap = "128m"
+    port_fields = ("port",)
 
     def __init__(self, directory: Path, kit: str = "rocketmq4", name: str = "apache-namesrv"):
         super().__init__(directory, name)
@@ -387,6 +415,7 @@ class ApacheBroker(JavaProcess):
     main_class = "org.apache.rocketmq.broker.BrokerStartup"
     ready_line = "boot success"
     heap = "512m"
+    port_fields = ("port",)
 
     def __init__(
         self,
@@ -455,6 +484,7 @@ class ApacheProxy(JavaProcess):
     main_class = "org.apache.rocketmq.proxy.ProxyStartup"
     ready_line = "rocketmq-proxy startup successfully"
     heap = "768m"
+    port_fields = ("grpc_port", "remoting_port", "broker_port")
 
     def __init__(
         self,
