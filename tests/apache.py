@@ -51,6 +51,7 @@ ROCKETMQ4_VERSION = "4.9.7"
 ROCKETMQ5_VERSION = "5.5.0"
 
 START_TIMEOUT_S = 90.0
+BIND_TRIES = 3  # starts of a JVM whose picked port another process took first
 STOP_TIMEOUT_S = 20.0
 RUN_TIMEOUT_S = 120.0
 
@@ -159,6 +160,7 @@ class JavaProcess:
     main_class = ""
     ready_line = ""
     heap = "256m"
+    port_fields: tuple[str, ...] = ()  # the attributes `prepare` picks a port for when 0
 
     def __init__(self, directory: Path, name: str) -> None:
         self.directory = Path(directory)
@@ -216,29 +218,22 @@ class JavaProcess:
     def environment(self) -> dict[str, str]:
         return dict(_java_env(self.home), RMQ_PROXY_HOME=str(self.home))
 
-    # The attributes holding the ports `prepare` picks when they are 0.
-    port_fields: tuple[str, ...] = ()
-    BIND_RETRIES = 3
-
     def start(self, timeout_s: float = START_TIMEOUT_S):
         """Start and wait until ready. Ports this process picked itself are picked
         again when it could not bind one: a port found free is only free until some
         other process (another test worker's server) takes it before this JVM binds it."""
         picked = [f for f in self.port_fields if not getattr(self, f)]
-        for attempt in range(1, self.BIND_RETRIES + 1):
+        tries = BIND_TRIES if picked else 1
+        while True:
+            tries -= 1
             try:
                 return self._start_once(timeout_s)
             except RuntimeError as e:
-                if (
-                    not picked
-                    or attempt == self.BIND_RETRIES
-                    or "Address already in use" not in str(e)
-                ):
+                if not tries or "Address already in use" not in str(e):
                     raise
                 log.warning("%s could not bind a port it picked; picking again (%s)", self.name, e)
                 for field in picked:
                     setattr(self, field, 0)
-        raise AssertionError("unreachable")
 
     def _start_once(self, timeout_s: float):
         if self._proc is not None:

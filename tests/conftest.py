@@ -313,7 +313,6 @@ def start_broker(
     return RunningBroker(app, loop, addr, channel)
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session, config, items):
     """The slowest modules first, longest first, the rest in collection order
     (tests/durations.py): with `--dist loadfile` no worker is left running a long
@@ -321,6 +320,7 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=lambda item: -durations.weight(item.nodeid))
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
     # CPython 3.11 before 3.11.8 (gh-106905): a finalizer that runs Python code
     # while the AST is being built (here: garbage from gRPC channels collected
