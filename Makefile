@@ -90,6 +90,8 @@ $(APACHE_STAMP): $(COMPAT_SOURCES)
 	$(call apt_tool,mvn,maven,Maven to fetch Apache RocketMQ's jars,make apache)
 	@echo "resolving Apache RocketMQ's jars from Maven Central into .cache/rocketmq (the first time takes a few minutes)"
 	mvn -q -B -f tests/compat/pom.xml package
+	@# The class-data-sharing archive the test programs of the client49 kit start from.
+	python3 -m tests.apache archive
 	@mkdir -p $(dir $@) && touch $@
 
 go-clients: $(GO_STAMP)  ## the Go RocketMQ client's test programs (tests/compat/go, rocketmq-client-go/v2 from the Go module proxy) in .cache/go/bin
@@ -129,7 +131,7 @@ chaos: $(PROTO_STAMP) etcd  ## the chaos suite, CHAOS_ROUNDS rounds per scenario
 	exit $$status
 
 # Hypothesis examples per RPC and per RocketMQ-protocol request code for `make fuzz`
-# (make test runs 100).
+# (make test runs 50).
 FUZZ_EXAMPLES ?= 1000
 
 # HA frames, reports and handshakes per side for `make fuzz` (make test runs 2,000).

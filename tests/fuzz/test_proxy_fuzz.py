@@ -9,7 +9,7 @@ name server and a broker:
   INTERNAL_ERROR under gRPC OK, so its "unexpected error" log is checked;
 - the proxy stays SERVING.
 
-FERRY_FUZZ_EXAMPLES sets the examples per RPC (default 100)."""
+FERRY_FUZZ_EXAMPLES sets the examples per RPC (default 50)."""
 
 from __future__ import annotations
 

@@ -30,7 +30,9 @@ T0 = datetime.datetime(2026, 11, 22, 10, 0, 0, tzinfo=datetime.UTC)
 
 @pytest.fixture(scope="module")
 def spark():
-    session = analytics.spark_session("local[2]", "ferry-tests")
+    session = analytics.spark_session(
+        "local[2]", "ferry-tests", java_options=analytics.SHORT_LIVED_JVM
+    )
     session.sparkContext.setLogLevel("ERROR")
     # One shuffle partition (the job's default is 4): these frames hold a few hundred rows,
     # and each partition of a stateful query is a state store to load and commit per batch.
