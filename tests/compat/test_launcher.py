@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.apache import ApacheNamesrv, ApacheProxy, port_open
+from tests.conftest import wait_for
 
 
 def _alive(pid: int) -> bool:
@@ -34,16 +35,30 @@ def test_a_failing_test_still_stops_the_jvm_it_started(tmp_path):
     assert not port_open(port)
 
 
+BOOT_LINE = "The Name Server boot success"
+
+
 def test_a_start_that_never_comes_fails_with_the_jvms_last_lines_and_leaves_nothing(tmp_path):
     class Silent(ApacheNamesrv):
         ready_line = "a line Apache never prints"
 
+        def _wait_ready(self, timeout_s: float) -> None:
+            # The error must quote the JVM's own last lines: let it print its boot line
+            # first (however long a busy machine takes), then give the line it never
+            # prints its timeout.
+            wait_for(
+                lambda: BOOT_LINE in self.stdout_path.read_text(errors="replace"),
+                120,
+                "the name server's boot line",
+            )
+            super()._wait_ready(timeout_s)
+
     ns = Silent(tmp_path / "ns")
     with pytest.raises(RuntimeError) as failure:
-        ns.start(timeout_s=8)
+        ns.start(timeout_s=2)
     text = str(failure.value)
-    assert "was not ready within 8s" in text
-    assert "The Name Server boot success" in text  # the JVM's own output, quoted
+    assert "was not ready within 2s" in text
+    assert BOOT_LINE in text  # the JVM's own output, quoted
     assert not ns.running
 
 
