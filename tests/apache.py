@@ -665,6 +665,7 @@ def write_class_archive(kit: str, directory: Path) -> Path:
     archive = class_archive(kit)
     partial = archive.with_suffix(".partial")
     partial.unlink(missing_ok=True)
+    archive.unlink(missing_ok=True)  # the training run must not start from the old one
     saved, quick_start = quick_start, True
     try:
         home = Path(directory) / "home"
