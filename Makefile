@@ -108,10 +108,10 @@ etcd:  ## etcd (Debian package etcd-server: failover's consensus store), via apt
 bench-tools: etcd apache  ## what the benchmarks need besides Python: redis-server (the Redis peer), via apt-get when missing; Apache RocketMQ (the apache section)
 	$(call apt_tool,redis-server,redis-server,the benchmarks' Redis peer,make bench)
 
-# Three workers on two cores: most of a test's time is waiting (servers starting, a JVM,
-# a timer). Here the suite took 15m35s with two workers and 12m58s with three; fresh
-# clones took 15m40s with three and 15m42s with four (no gain: CPU-bound by then).
-# Modules in the order of tests/durations.py.
+# Three workers on two cores: with two the machine was ~65% busy (servers starting, JVMs,
+# timers); with three it is CPU-bound (90-95% busy), and a fourth gained nothing (fresh
+# clones: 15m40s with three, 15m42s with four). Only less CPU makes it shorter now
+# (docs/development.md). Modules in the order of tests/durations.py.
 TEST_WORKERS ?= 3
 test: $(PROTO_STAMP) tools  ## run the whole test suite (what CI runs; TEST_WORKERS=3)
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)

@@ -35,6 +35,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -783,8 +784,6 @@ def main(argv: Sequence[str]) -> int:
     if list(argv) != ["archive"]:
         print("usage: python -m tests.apache archive", file=sys.stderr)
         return 2
-    import tempfile
-
     for kit in ARCHIVED_KITS:
         with tempfile.TemporaryDirectory(prefix=f"cds-{kit}-") as d:
             started = time.monotonic()

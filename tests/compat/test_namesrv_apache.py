@@ -114,8 +114,7 @@ class Setup:
 
     @property
     def addrs(self) -> tuple[str, str]:
-        assert self.ferry is not None and self.apache is not None
-        return self.ferry.remoting_addr, self.apache.address
+        return self.ferry_addr, self.apache_addr
 
     def mqadmin(self, args: Sequence[str]) -> str:
         tries = 3
