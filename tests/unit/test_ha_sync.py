@@ -82,7 +82,7 @@ def test_a_sync_send_pushes_its_bytes_before_waiting_and_only_when_unconfirmed()
     waits, and one with no slave in sync is refused without a push."""
 
     def put(end: int) -> PutResult:
-        return PutResult(PutStatus.PUT_OK, "T", 0, 0, [0], ["id"], end, 0)
+        return PutResult(PutStatus.PUT_OK, "T", 0, 0, [0], "7F00000100002A9F", end, 0)
 
     async def scenario():
         acks = ReplicaAcks(GAP)

@@ -467,7 +467,7 @@ class MessagingService:
             born_timestamp=message.born_timestamp or now_ms,
             born_host=self._born_host
             if message.born_host is None
-            else _packed_host(message.born_host),
+            else packed_host(message.born_host),
             sys_flag=message.sys_flag,
             reconsume_times=message.reconsume_times,
         )
@@ -920,7 +920,7 @@ def _group_of(message: MessageLike) -> str:
 _HOSTS: dict[tuple[str, int], bytes] = {}
 
 
-def _packed_host(host: tuple[str, int]) -> bytes:
+def packed_host(host: tuple[str, int]) -> bytes:
     """A producer's ("ip", port) as a record stores it (IPv4 only: any other
     address is stored as 127.0.0.1:0)."""
     packed = _HOSTS.get(host)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Mapping
 
 from ferry.remoting import codes
 from ferry.remoting.codec import Command
@@ -41,13 +42,44 @@ def handlers(deps: Deps) -> dict[int, Handler]:
     }
 
 
+# commitOrRollback as every producer writes it.
+_DECISION_TEXT = {str(kind): decision for kind, decision in DECISIONS.items()}
+
+
 def parse_end(request: Command) -> tuple[str, int, Decision, bool]:
     """(producer group, commit offset, decision, from a check) of an END_TRANSACTION.
+
+    The header every producer sends (both offsets plain ASCII decimals that fit a
+    long, a decision of "0", "8" or "12") is read directly; anything else, and every
+    refusal, by `_parse_end_checked`.
 
     Raises:
         BadRequest: a field missing or malformed, or a commitOrRollback none of 0, 8, 12.
     """
     ext = request.ext
+    group = ext.get("producerGroup")
+    offset = ext.get("commitLogOffset")
+    state = ext.get("tranStateTableOffset")
+    decision = _DECISION_TEXT.get(ext.get("commitOrRollback", ""))
+    if (
+        group
+        and decision is not None
+        and offset is not None
+        and state is not None
+        and 0 < len(offset) < 19
+        and 0 < len(state) < 19
+        and offset.isascii()
+        and offset.isdigit()
+        and state.isascii()
+        and state.isdigit()
+    ):
+        check = ext.get("fromTransactionCheck")
+        return group, int(offset), decision, check is not None and check.lower() == "true"
+    return _parse_end_checked(ext)
+
+
+def _parse_end_checked(ext: Mapping[str, str]) -> tuple[str, int, Decision, bool]:
+    """`parse_end` for any header, each field checked and a refusal naming it."""
     group = text(ext, "producerGroup")
     commit_offset = integer(ext, "commitLogOffset", low=0)
     integer(ext, "tranStateTableOffset", low=0)
@@ -108,9 +140,15 @@ class Ends:
                 if code in (codes.MESSAGE_ILLEGAL, codes.TOPIC_NOT_EXIST):
                     code = codes.SYSTEM_ERROR  # Apache: "Find prepared transaction message failed"
                 answers[i] = requests[i].answer(code, result.message)
+            elif requests[i].is_oneway:
+                answers[i] = _ONEWAY_DONE  # never sent: counted in the metrics as 0
             else:
                 answers[i] = requests[i].answer(codes.SUCCESS)
         return answers
+
+
+# What a served oneway END_TRANSACTION "answers": the server only reads its code.
+_ONEWAY_DONE = Command(codes.SUCCESS)
 
 
 SLAVE_REMARK = "Message store is slave mode, so end transaction is forbidden."

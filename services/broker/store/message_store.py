@@ -166,9 +166,20 @@ class PutResult:
     queue_id: int
     queue_offset: int  # of the first message
     commit_offsets: list[int]
-    msg_ids: list[str]
+    id_prefix: str  # the store host's half of an offset message id
     end_offset: int  # commit offset just past the last record
     store_timestamp: int
+    _msg_ids: list[str] | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def msg_ids(self) -> list[str]:
+        """The records' offset message ids, made when first asked: most of the
+        broker's own appends (op records, pop checkpoints) never are."""
+        ids = self._msg_ids
+        if ids is None:
+            prefix = self.id_prefix
+            ids = self._msg_ids = [f"{prefix}{o:016X}" for o in self.commit_offsets]
+        return ids
 
 
 class GetStatus(enum.Enum):
@@ -548,14 +559,13 @@ class MessageStore:
         end = self.commit_log.max_offset
         self.put_message_count += len(messages)
         self._appended(files_before, dispatch_now)
-        prefix = self._msg_id_prefix
         return PutResult(
             PutStatus.PUT_OK,
             topic,
             queue_id,
             first_queue_offset,
             offsets,
-            [f"{prefix}{o:016X}" for o in offsets],
+            self._msg_id_prefix,
             end,
             store_ts,
         )
@@ -620,7 +630,7 @@ class MessageStore:
                     queue_id,
                     first,
                     mine,
-                    [f"{prefix}{o:016X}" for o in mine],
+                    prefix,
                     end,
                     store_ts,
                 )

@@ -51,7 +51,12 @@ from ferry.runtime.clock import Clock
 from ferry.runtime.errors import FailedPrecondition, FerryError, InvalidArgument, NotFound
 from ferry.runtime.tasks import run_rounds
 from services.broker.messaging.rules import OffsetTable, TopicLookup, real_destination
-from services.broker.messaging.service import MessagingService, OutgoingMessage, Staged
+from services.broker.messaging.service import (
+    MessagingService,
+    OutgoingMessage,
+    Staged,
+    packed_host,
+)
 from services.broker.store import MessageIn, MessageStore
 
 log = logging.getLogger(__name__)
@@ -164,6 +169,7 @@ class TransactionService:
         self._fresh_bytes = 0
         self._checkers: list[Checker] = []
         self._loaded = False
+        self._op_host: tuple[tuple[str, int] | None, bytes] = (None, b"")  # packed store host
 
     # ------------------------------------------------------------ doors
 
@@ -226,6 +232,7 @@ class TransactionService:
             message.sys_flag &= ~TRANSACTION_TYPE_MASK
             halves.append((topic, queue_id, message))
         out: list[Staged | FerryError] = []
+        timeout_ms = self.config.timeout_ms
         results = self.messaging.stage_halves(halves, HALF_TOPIC)
         for (topic, queue_id, message), result in zip(halves, results, strict=True):
             if isinstance(result, FerryError):
@@ -239,18 +246,19 @@ class TransactionService:
             if queue_id is not None:
                 self._remember(key, topic, queue_id, message)
             self._add(
-                Half(
-                    key=key,
-                    queue_offset=key,
-                    commit_offset=commit_offset,
-                    size=size,
-                    born_ms=message.born_timestamp or r.store_timestamp,
-                    stored_ms=r.store_timestamp,
-                    check_times=0,
-                    immunity_ms=self._immunity_ms(props),
-                    group=props[PROPERTY_PRODUCER_GROUP],
-                    topic=topic,
-                    uniq=props.get(PROPERTY_UNIQ_KEY, ""),
+                Half(  # positional: one per transaction (key, queue offset, commit offset, size,
+                    # born, stored, checks, immunity, group, topic, uniq)
+                    key,
+                    key,
+                    commit_offset,
+                    size,
+                    message.born_timestamp or r.store_timestamp,
+                    r.store_timestamp,
+                    0,
+                    self._immunity_ms(props) if PROPERTY_CHECK_IMMUNITY_S in props else timeout_ms,
+                    props[PROPERTY_PRODUCER_GROUP],
+                    topic,
+                    props.get(PROPERTY_UNIQ_KEY, ""),
                 )
             )
             out.append(staged)
@@ -297,15 +305,19 @@ class TransactionService:
         transaction in the run: the first one counts."""
         out: list[EndResult | FerryError | None] = [None] * len(ends)
         chosen: list[tuple[int, Half, Decision]] = []
+        pending, keys = self._pending, self._keys
         for i, (group, commit_offset, decision, from_check) in enumerate(ends):
-            try:
-                half = await self._resolve(group, commit_offset, decision, from_check)
-            except FerryError as exc:
-                out[i] = exc
-                continue
-            if isinstance(half, EndResult):
-                out[i] = half
-                continue
+            # The usual END: a pending copy, its own group, a decision.
+            half = pending.get(keys.get(commit_offset, -1))
+            if half is None or half.group != group or decision is Decision.UNKNOWN:
+                try:
+                    half = await self._resolve(group, commit_offset, decision, from_check)
+                except FerryError as exc:
+                    out[i] = exc
+                    continue
+                if isinstance(half, EndResult):
+                    out[i] = half
+                    continue
             self._take(half)  # before any await: a concurrent END finds it decided
             chosen.append((i, half, decision))
         if chosen:
@@ -367,6 +379,7 @@ class TransactionService:
         try:
             parts: list[tuple[str, int, list[MessageIn]]] = []
             commits: list[int] = []  # indexes of committed messages among the parts
+            now_ms = self.clock.wall_ms()
             for half, decision in decided:
                 fresh = self._forget(half.key)
                 if decision is Decision.COMMIT and fresh is not None and not half.check_times:
@@ -375,7 +388,7 @@ class TransactionService:
                         message.prepared_offset = half.commit_offset
                         commits.append(len(parts))
                         parts.append((topic, queue_id, [message]))
-                        parts.append((OP_TOPIC, 0, [self._op(half.key, decision)]))
+                        parts.append((OP_TOPIC, 0, [self._op(half.key, decision, now_ms)]))
                         continue
                 if decision in (Decision.COMMIT, Decision.DISCARD):
                     stored = await self.store.read_full(half.commit_offset, half.size)
@@ -396,16 +409,17 @@ class TransactionService:
                             "recorded as decided, nothing delivered",
                             half.topic, half.group, half.uniq,
                         )  # fmt: skip
-                parts.append((OP_TOPIC, 0, [self._op(half.key, decision)]))
+                parts.append((OP_TOPIC, 0, [self._op(half.key, decision, now_ms)]))
             started = time.perf_counter()
             results = self.store.append_together(parts, check_space=bool(commits))
         except BaseException:
             for half, _ in decided:
                 self._untake(half)
             raise
+        counts = self.counts
         for half, decision in decided:
             self._done(half)
-            self.counts[decision.value.lower()] += 1
+            counts[_COUNTED[decision]] += 1
         staged = [Staged(results[i].topic, results[i], started) for i in commits]
         return staged or [Staged(OP_TOPIC, results[-1], started)]
 
@@ -447,16 +461,12 @@ class TransactionService:
             properties[record.PROPERTY_TAGS] = message.tags
         if message.keys:
             properties[record.PROPERTY_KEYS] = message.keys
-        try:
-            born_host = record.pack_host(message.born_host)
-        except record.RecordError:
-            return
         committed = MessageIn(
             body=message.body,
             properties=record.encode_properties(properties),
             flag=message.flag,
             born_timestamp=message.born_timestamp,
-            born_host=born_host,
+            born_host=packed_host(message.born_host),  # as the half stores it
             sys_flag=(message.sys_flag & ~TRANSACTION_TYPE_MASK) | TRANSACTION_COMMIT,
             reconsume_times=message.reconsume_times,
         )
@@ -482,13 +492,11 @@ class TransactionService:
         message.prepared_offset = half_offset
         return destination[0], destination[1], [message]
 
-    def _op(self, key: int, decision: Decision) -> MessageIn:
-        return MessageIn(
-            body=str(key).encode(),
-            properties=_OP_PROPERTIES[decision],
-            born_timestamp=self.clock.wall_ms(),
-            born_host=record.pack_host(self.store.store_host),
-        )
+    def _op(self, key: int, decision: Decision, now_ms: int) -> MessageIn:
+        host = self.store.store_host
+        if host != self._op_host[0]:
+            self._op_host = (host, record.pack_host(host))
+        return MessageIn(str(key).encode(), _OP_PROPERTIES[decision], 0, now_ms, self._op_host[1])
 
     # ------------------------------------------------------------ check-back
 
@@ -609,7 +617,10 @@ class TransactionService:
 
     def _add(self, half: Half) -> None:
         old = self._pending.get(half.key)
-        half.copies = [*(old.copies if old is not None else ()), half.commit_offset]
+        if old is None:
+            half.copies = [half.commit_offset]
+        else:
+            half.copies = [*old.copies, half.commit_offset]
         self._pending[half.key] = half
         self._keys[half.commit_offset] = half.key
 
@@ -622,12 +633,15 @@ class TransactionService:
         self._pending[half.key] = half
 
     def _done(self, half: Half) -> None:
-        self._deciding.pop(half.key, None)
-        self._forget(half.key)
+        key = half.key
+        self._deciding.pop(key, None)
+        if key in self._fresh:
+            self._forget(key)
+        keys, recent = self._keys, self._recent
         for offset in half.copies:
-            self._keys.pop(offset, None)
-            self._recent[offset] = half.key
-        if len(self._recent) > RECENT_DECIDED:
+            keys.pop(offset, None)
+            recent[offset] = key
+        if len(recent) > RECENT_DECIDED:
             for offset in list(self._recent)[: RECENT_DECIDED // 2]:
                 del self._recent[offset]
 
@@ -749,7 +763,8 @@ class TransactionService:
         self._take(half)
         try:
             self.store.append_together(
-                [(OP_TOPIC, 0, [self._op(key, Decision.COMMIT)])], check_space=False
+                [(OP_TOPIC, 0, [self._op(key, Decision.COMMIT, self.clock.wall_ms())])],
+                check_space=False,
             )
         except BaseException:
             self._untake(half)
@@ -799,6 +814,9 @@ class _EntryOffsets:
     def __getitem__(self, i: int) -> int:
         return self.queue.entry(self.first + i)[0]
 
+
+# The `counts` key of each decision written.
+_COUNTED = {decision: decision.value.lower() for decision in Decision}
 
 _OP_PROPERTIES = {
     decision: record.encode_properties(
