@@ -26,6 +26,13 @@ def encode_properties(properties: dict[str, str]) -> bytes | None: ...
 def scan_dispatch(
     buf: bytes, pos: int
 ) -> tuple[list[tuple[int, int, bytes, int, int, int, bytes]], int, bool] | None: ...
+def encode_records(
+    records: list[tuple[bytes, int, int, object]],
+    position: int,
+    file_size: int,
+    store_timestamp: int,
+    store_host: bytes,
+) -> tuple[list[tuple[int, bytes]], list[int]] | None: ...
 def gather_records(
     data: bytes | bytearray,
     start: int,

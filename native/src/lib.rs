@@ -15,6 +15,7 @@
 //! | `decode_properties` | `ferry.record.decode_properties`                        |
 //! | `encode_properties` | `ferry.record.encode_properties`                        |
 //! | `scan_dispatch`     | `ferry.record.scan_dispatch`                            |
+//! | `encode_records`    | `CommitLog.append_many`'s layout of `record.encode_raw` |
 //! | `index_records`     | `services.broker.store.indexfile.build_python`          |
 //! | `AclFast.check`     | `ferry.acl.AclChecker.check`, for a remembered grant    |
 //!
@@ -27,6 +28,7 @@
 mod acl;
 mod be;
 mod dispatch;
+mod encode;
 mod gather;
 mod index;
 
@@ -702,6 +704,7 @@ fn ferry_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(decode_properties, module)?)?;
     module.add_function(wrap_pyfunction!(encode_properties, module)?)?;
     module.add_function(wrap_pyfunction!(dispatch::scan_dispatch, module)?)?;
+    module.add_function(wrap_pyfunction!(encode::encode_records, module)?)?;
     module.add_function(wrap_pyfunction!(gather::gather_records, module)?)?;
     module.add_function(wrap_pyfunction!(index::index_records, module)?)?;
     module.add_class::<acl::AclFast>()?;

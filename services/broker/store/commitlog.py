@@ -180,6 +180,20 @@ class CommitLog:
         self._write_offset = buf_start + len(buf)
         return offsets
 
+    def write_chunks(self, chunks: Sequence[tuple[int, bytes]]) -> None:
+        """Append bytes already laid out from `max_offset` on, as `append_many` lays
+        them out (records, and a BLANK marker before one that starts the next file):
+        one chunk per file, each written at once, the first at `max_offset` and each
+        later one at a file's start."""
+        end = self._write_offset
+        for i, (start, data) in enumerate(chunks):
+            where_expected = start == end if i == 0 else start >= end and not start % self.file_size
+            if not where_expected:
+                raise RecordError(f"a chunk laid out at {start}, but the log is at {end}")
+            self._write(start, data)
+            end = start + len(data)
+        self._write_offset = end
+
     def start_at(self, offset: int) -> None:
         """An empty log (a new slave) begins at `offset`, a file start: the first
         write creates the file named for it."""

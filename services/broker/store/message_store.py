@@ -46,6 +46,7 @@ from typing import Protocol
 
 from ferry import record
 from ferry.model import DELAY_LEVELS_S
+from ferry.native import native as _native
 from ferry.runtime.clock import Clock, wait_event
 from ferry.runtime.errors import (
     FailedPrecondition,
@@ -538,23 +539,11 @@ class MessageStore:
         first_queue_offset = self._next_queue_offset.get(key, 0)
         topic_bytes = topic.encode()
         store_ts = self.clock.wall_ms()
-        store_host = self._store_host
-        items = []
-        for i, m in enumerate(messages):
-            size = record.encoded_size(len(topic_bytes), len(m.body), len(m.properties))
-            items.append(
-                (
-                    size,
-                    _encoder(
-                        topic_bytes, queue_id, first_queue_offset + i, m, store_ts, store_host
-                    ),
-                )
-            )
         files_before = self.commit_log.files_end
-        try:
-            offsets = self.commit_log.append_many(items)
-        except OSError as exc:
-            raise self._write_failure(exc) from exc
+        offsets = self._write_records(
+            [(topic_bytes, queue_id, first_queue_offset + i, m) for i, m in enumerate(messages)],
+            store_ts,
+        )
         self._next_queue_offset[key] = first_queue_offset + len(messages)
         end = self.commit_log.max_offset
         self.put_message_count += len(messages)
@@ -592,30 +581,27 @@ class MessageStore:
             raise Unavailable("the store is not open")
         self.failstop.check()
         store_ts = self.clock.wall_ms()
-        store_host = self._store_host
         next_offsets = self._next_queue_offset
         planned: dict[tuple[str, int], int] = {}
-        items = []
+        records = []
         firsts = []
         for topic, queue_id, messages in parts:
             key = (topic, queue_id)
-            first = planned.get(key, next_offsets.get(key, 0))
+            first = planned.get(key)
+            if first is None:
+                first = next_offsets.get(key, 0)
             firsts.append(first)
             planned[key] = first + len(messages)
             topic_bytes = topic.encode()
-            for i, m in enumerate(messages):
-                size = record.encoded_size(len(topic_bytes), len(m.body), len(m.properties))
-                items.append(
-                    (size, _encoder(topic_bytes, queue_id, first + i, m, store_ts, store_host))
-                )
+            if len(messages) == 1:
+                records.append((topic_bytes, queue_id, first, messages[0]))
+            else:
+                records += [(topic_bytes, queue_id, first + i, m) for i, m in enumerate(messages)]
         files_before = self.commit_log.files_end
-        try:
-            offsets = self.commit_log.append_many(items)
-        except OSError as exc:
-            raise self._write_failure(exc) from exc
+        offsets = self._write_records(records, store_ts)
         next_offsets.update(planned)
         end = self.commit_log.max_offset
-        self.put_message_count += len(items)
+        self.put_message_count += len(records)
         self._appended(files_before)
         prefix = self._msg_id_prefix
         results = []
@@ -636,6 +622,41 @@ class MessageStore:
                 )
             )
         return results
+
+    def _write_records(
+        self, records: list[tuple[bytes, int, int, MessageIn]], store_ts: int
+    ) -> list[int]:
+        """Append (topic bytes, queue id, queue offset, message) records to the
+        commit log in one write per file; their commit offsets. Laid out by
+        ferry_native's `encode_records` when built and sure of them, else by
+        `CommitLog.append_many` with `record.encode_raw` (the same bytes).
+
+        Raises:
+            RecordError: a record too large for a file (nothing written).
+            Unavailable, ResourceExhausted: as `_write_failure`.
+        """
+        log_ = self.commit_log
+        store_host = self._store_host
+        try:
+            if _native is not None:
+                laid_out = _native.encode_records(
+                    records, log_.max_offset, log_.file_size, store_ts, store_host
+                )
+                if laid_out is not None:
+                    chunks, offsets = laid_out
+                    log_.write_chunks(chunks)
+                    return offsets
+            return log_.append_many(
+                [
+                    (
+                        record.encoded_size(len(t), len(m.body), len(m.properties)),
+                        _encoder(t, q, o, m, store_ts, store_host),
+                    )
+                    for t, q, o, m in records
+                ]
+            )
+        except OSError as exc:
+            raise self._write_failure(exc) from exc
 
     async def read_full(self, commit_offset: int, size: int | None = None) -> record.Record | None:
         """The whole record at `commit_offset` (of `size` bytes; None: as its
