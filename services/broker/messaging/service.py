@@ -154,7 +154,7 @@ class Staged:
 
     @property
     def count(self) -> int:
-        return len(self.result.msg_ids) if self.index is None else 1
+        return len(self.result.commit_offsets) if self.index is None else 1
 
     def outcome(self, status: SendStatus) -> SendOutcome:
         r, i = self.result, self.index
