@@ -1,9 +1,10 @@
 """The message index's lookup latency (tx_bench's last figure): a ferry ASYNC_MASTER
 (`services.broker` process, on the server CPUs) takes `messages` messages, each with its
 own key (`IdxKey<n>`), in batch sends over RocketMQ's protocol (the index built as it
-goes); once its index has caught up, `lookups` QUERY_MESSAGE requests (12) for random
-keys go one at a time over one connection, each timed from request to answer, and each
-must find its message.
+goes); once its index and its consume queues have caught up (the dispatcher trails batch
+sends, and its catch-up would otherwise share the loop with the lookups), `lookups`
+QUERY_MESSAGE requests (12) for random keys go one at a time over one connection, each
+timed from request to answer, and each must find its message.
 """
 
 from __future__ import annotations
@@ -103,6 +104,36 @@ async def _indexed(address: str, last: int, timeout_s: float) -> float:
         client.close()
 
 
+async def _dispatched(address: str, messages: int, timeout_s: float) -> float:
+    """Wait until the topic's consume queues hold all `messages` (GET_MAX_OFFSET 30 on
+    each queue): the dispatcher, which trails batch sends, has caught up and no longer
+    takes turns on the loop between lookups. The seconds waited."""
+    client = await RemotingClient.connect(address)
+    started = time.monotonic()
+    try:
+        while True:
+            total = 0
+            for queue_id in range(QUEUES):
+                answer = await client.request(
+                    Command(codes.GET_MAX_OFFSET, ext={"topic": TOPIC, "queueId": str(queue_id)}),
+                    timeout=30,
+                )
+                if answer.code != codes.SUCCESS:
+                    raise RuntimeError(
+                        f"GET_MAX_OFFSET queue {queue_id}: {answer.code} {answer.remark}"
+                    )
+                total += int(answer.ext.get("offset", "0"))
+            if total >= messages:
+                return time.monotonic() - started
+            if time.monotonic() - started > timeout_s:
+                raise RuntimeError(
+                    f"consume queues hold {total:,} of {messages:,} after {timeout_s:.0f} s"
+                )
+            await asyncio.sleep(0.5)
+    finally:
+        client.close()
+
+
 async def _lookups(address: str, messages: int, lookups: int) -> list[float]:
     client = await RemotingClient.connect(address)
     rng = random.Random(30)
@@ -128,6 +159,7 @@ def lookup_latency(
         _create_topic(broker.target, TOPIC, QUEUES)
         write_s = asyncio.run(_fill(broker.remoting_target, messages))
         index_s = asyncio.run(_indexed(broker.remoting_target, messages - 1, 1800))
+        index_s += asyncio.run(_dispatched(broker.remoting_target, messages, 1800))
         times = sorted(asyncio.run(_lookups(broker.remoting_target, messages, lookups)))
     return LookupResult(
         p50_ms=statistics.median(times),
