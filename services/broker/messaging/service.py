@@ -460,16 +460,14 @@ class MessagingService:
                 born_timestamp=message.born_timestamp or now_ms,
                 born_host=self._born_host,
             )
-        return MessageIn(
-            body=message.body,
-            properties=properties,
-            flag=message.flag,
-            born_timestamp=message.born_timestamp or now_ms,
-            born_host=self._born_host
-            if message.born_host is None
-            else packed_host(message.born_host),
-            sys_flag=message.sys_flag,
-            reconsume_times=message.reconsume_times,
+        return MessageIn(  # positional: once per message sent
+            message.body,
+            properties,
+            message.flag,
+            message.born_timestamp or now_ms,
+            self._born_host if message.born_host is None else packed_host(message.born_host),
+            message.sys_flag,
+            message.reconsume_times,
         )
 
     def _retry_route(

