@@ -532,6 +532,21 @@ class FailoverGroup:
         """`pull` of each of `topics`, by topic."""
         return {t: self.pull(m, t) for t in topics}
 
+    def settled_images(self, timeout_s: float = 60) -> tuple[Member, int, dict[int, LogImage]]:
+        """(leader, its log end, every member's log image) at a moment when every live
+        member holds the leader's whole log. The producers are stopped, but the leader
+        may still append on its own (a transaction's check copy every
+        transactionCheckInterval while a half waits for an answer): when it did between
+        the followers' catching up and the reading of the images, wait for them again."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            end = self.wait_in_sync()
+            leader = self.leader()
+            assert leader is not None
+            images = self.images()
+            if all(images[m.id].end == end for m in self.live()) or time.monotonic() > deadline:
+                return leader, end, images
+
     def images(self, members: Iterable[Member] | None = None) -> dict[int, LogImage]:
         return {m.id: read_image(m.store) for m in members or self.members}
 
@@ -1537,10 +1552,7 @@ def check_final(
         f"member(s) {dead} died during the test: {[m.log()[-2000:] for m in group.members if not m.alive]}"
     )
     group.wait_isr()
-    end = group.wait_in_sync()
-    leader = group.leader()
-    assert leader is not None
-    images = group.images()
+    leader, end, images = group.settled_images()
     assert images[leader.id].end == end, (images[leader.id].end, end)
     assert_identical(images)
     attempts = [a for p in producers for a in p.snapshot()]

@@ -122,11 +122,12 @@ class Setup:
             tries -= 1
             directory = self.root / f"mqadmin-{next(self._runs)}"
             result = run_java("rocketmq4", MQADMIN, list(args), directory=directory)
-            # The oracle's transport failing (CI: a write to Apache's name server failed on
-            # a loaded machine) says nothing about either server's answer: run it again.
-            # Against ferry it would be ferry's fault, and fails at once.
+            # mqadmin's own transport failing says nothing about the server's answer: on a
+            # loaded machine (CI) a write to Apache's name server failed, and a 2 s wait for
+            # an answer ran out while the JVMs competed for the CPU. Run it again (3 tries
+            # in all): a server that never answers still fails.
             lost = any(e in result.stderr for e in TRANSPORT_ERRORS)
-            if result.stdout.strip() or not lost or not tries or self.apache_addr not in args:
+            if result.stdout.strip() or not lost or not tries:
                 break
         if not result.stdout.strip():
             raise AssertionError(
