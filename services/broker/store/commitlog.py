@@ -187,8 +187,10 @@ class CommitLog:
         later one at a file's start."""
         end = self._write_offset
         for i, (start, data) in enumerate(chunks):
-            where_expected = start == end if i == 0 else start >= end and not start % self.file_size
-            if not where_expected:
+            # A later chunk starts the next file, after the BLANK marker ending the one
+            # before (which may end exactly at the file's end).
+            next_file = i > 0 and start >= end and start % self.file_size == 0
+            if start != end and not next_file:
                 raise RecordError(f"a chunk laid out at {start}, but the log is at {end}")
             self._write(start, data)
             end = start + len(data)

@@ -409,6 +409,11 @@ class MessageStore:
         """("ip", port) written into records as their store host."""
         return getattr(self, "_store_host_addr", self.config.store_host)
 
+    @property
+    def packed_store_host(self) -> bytes:
+        """`store_host` as a record carries it (`record.pack_host`)."""
+        return self._store_host
+
     # ------------------------------------------------------------ state
 
     @property
@@ -587,16 +592,11 @@ class MessageStore:
         firsts = []
         for topic, queue_id, messages in parts:
             key = (topic, queue_id)
-            first = planned.get(key)
-            if first is None:
-                first = next_offsets.get(key, 0)
+            first = planned.get(key, next_offsets.get(key, 0))
             firsts.append(first)
             planned[key] = first + len(messages)
             topic_bytes = topic.encode()
-            if len(messages) == 1:
-                records.append((topic_bytes, queue_id, first, messages[0]))
-            else:
-                records += [(topic_bytes, queue_id, first + i, m) for i, m in enumerate(messages)]
+            records += [(topic_bytes, queue_id, first + i, m) for i, m in enumerate(messages)]
         files_before = self.commit_log.files_end
         offsets = self._write_records(records, store_ts)
         next_offsets.update(planned)

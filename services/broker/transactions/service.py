@@ -169,7 +169,6 @@ class TransactionService:
         self._fresh_bytes = 0
         self._checkers: list[Checker] = []
         self._loaded = False
-        self._op_host: tuple[tuple[str, int] | None, bytes] = (None, b"")  # packed store host
 
     # ------------------------------------------------------------ doors
 
@@ -493,10 +492,9 @@ class TransactionService:
         return destination[0], destination[1], [message]
 
     def _op(self, key: int, decision: Decision, now_ms: int) -> MessageIn:
-        host = self.store.store_host
-        if host != self._op_host[0]:
-            self._op_host = (host, record.pack_host(host))
-        return MessageIn(str(key).encode(), _OP_PROPERTIES[decision], 0, now_ms, self._op_host[1])
+        return MessageIn(
+            str(key).encode(), _OP_PROPERTIES[decision], 0, now_ms, self.store.packed_store_host
+        )
 
     # ------------------------------------------------------------ check-back
 
@@ -635,8 +633,7 @@ class TransactionService:
     def _done(self, half: Half) -> None:
         key = half.key
         self._deciding.pop(key, None)
-        if key in self._fresh:
-            self._forget(key)
+        self._forget(key)
         keys, recent = self._keys, self._recent
         for offset in half.copies:
             keys.pop(offset, None)
