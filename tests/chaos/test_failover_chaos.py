@@ -73,8 +73,10 @@ class Run:
 
     def start(self, scenario: str, size: int = 3, **options) -> tuple[FailoverGroup, Producers]:
         self.report = Report(scenario)
+        # Kept before it starts: close() stops what a failed start left running.
         self.group = FailoverGroup(self.root / "group", self.etcd_endpoint, PORTS, self.loop,
-                                   size=size, **options).start()  # fmt: skip
+                                   size=size, **options)  # fmt: skip
+        self.group.start()
         self.producers = Producers(self.group.master_addr, count=3).start()
         return self.group, self.producers
 

@@ -5,6 +5,7 @@ a broker's topics created and read back over a channel."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -12,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import urllib.request
 from collections.abc import Sequence
@@ -69,9 +71,14 @@ class PortRange:
     the test choosing it and a process binding it (a port from bind(0) could).
     The ranges in use: test_make_run < 20000, the chaos suite 20000-20999,
     test_k8s_local_run 21000-31499, test_failover_metadata 31500-31999,
-    test_failover 32000-32383 and
-    test_failover_chaos 32384-32767 (each file's members on its own range: they
-    rely on --dist loadfile)."""
+    test_failover 32000-32383 and test_failover_chaos 32384-32767.
+
+    A range's object can be imported by several test files (the chaos suite's), and
+    pytest-xdist may run those files in different processes at once, each with its
+    own copy starting at `start`. A port free when probed may be one a member of the
+    other process has just released, to restart on it a moment later. So each port
+    handed out is also claimed, across processes, in `_CLAIMS`: a file per port
+    holding its owner's PID, taken under a lock; a dead owner's claim is free again."""
 
     def __init__(self, start: int, end: int) -> None:
         self.next, self.end = start, end
@@ -87,8 +94,38 @@ class PortRange:
                     s.bind(("127.0.0.1", port))
                 except OSError:
                     continue
+            if _claim(port):
                 return port
         pytest.fail(f"no free loopback port left in {self.start}-{self.end}")
+
+
+_CLAIMS = Path(tempfile.gettempdir()) / f"ferry-test-ports-{os.getuid()}"
+
+
+def _claim(port: int) -> bool:
+    """Claim `port` for this process unless a live process holds it."""
+    _CLAIMS.mkdir(exist_ok=True)
+    claim = _CLAIMS / str(port)
+    with open(_CLAIMS / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        try:
+            owner = int(claim.read_text() or "0")
+        except (FileNotFoundError, ValueError):
+            owner = 0
+        if owner and owner != os.getpid() and _alive(owner):
+            return False
+        claim.write_text(str(os.getpid()))
+        return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class FreePorts(PortRange):
