@@ -553,6 +553,7 @@ class BrokerApp:
                     broker_name=cfg.broker_name,
                     send_stream_max_in_flight=cfg.send_stream_max_in_flight,
                     transactions=self.transactions,
+                    max_answer_bytes=cfg.grpc_max_message_size,
                 ),
                 _ADD[BROKER_SERVICE],
             ),

@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from ferry.v1 import broker_pb2
-from tests.conftest import wait_for
+from tests.conftest import start_broker, wait_for
 from tests.integration.support import run_ferry
 from tests.integration.test_broker_grpc import create_topic
 from tests.integration.test_replication import pair
@@ -165,3 +165,37 @@ def test_a_slave_indexes_what_it_replicates(master_and_slave):
     assert [m.msg_id for m in found] == list(sent.msg_ids)
     assert [m.msg_id for m in on(slave, "rk7")] == [m.msg_id for m in on(master, "rk7")]
     assert slave.app.store.index_files[0] == 1
+
+
+@pytest.fixture
+def small_answers(loop_thread, tmp_path):
+    """A broker whose gRPC answers stop at 128 KiB (test brokers take 64 KiB messages)."""
+    broker = start_broker(loop_thread, tmp_path / "small", grpcMaxMessageSize=128 * 1024)
+    yield broker
+    broker.stop()
+
+
+def test_a_lookup_leaves_out_the_oldest_rather_than_pass_the_grpc_limit(small_answers):
+    broker = small_answers
+    create_topic(broker, "Big", queues=1)
+    bodies = [bytes([65 + i]) * 50_000 for i in range(6)]
+    sent = [
+        broker.broker.SendMessage(
+            broker_pb2.SendMessageRequest(topic="Big", body=b, keys="bulk"), timeout=5
+        ).msg_id
+        for b in bodies
+    ]
+    request = broker_pb2.QueryMessageByKeyRequest(topic="Big", key="bulk")
+    found = wait_for(
+        lambda: (
+            (r := broker.broker.QueryMessageByKey(request, timeout=5)).left_out + len(r.messages)
+            == 6
+            and r
+        ),
+        what="6 messages indexed under 'bulk'",
+    )
+    # Two 50 KB messages fit in 128 KiB, three do not: the newest two come back.
+    assert [m.msg_id for m in found.messages] == sent[-2:]
+    assert [m.body for m in found.messages] == bodies[-2:]
+    assert found.left_out == 4
+    assert found.ByteSize() <= 128 * 1024

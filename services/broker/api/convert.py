@@ -301,13 +301,32 @@ def message_ext_pb(r: record.StoredMessage) -> broker_pb2.MessageExt:
     return broker_pb2.MessageExt(**_message_fields(r, {}))
 
 
-def query_response_pb(found: KeyLookup) -> broker_pb2.QueryMessageResponse:
-    """Messages found by key, with every property (KEYS, TAGS and UNIQ_KEY included)."""
+def query_response_pb(found: KeyLookup, max_bytes: int) -> broker_pb2.QueryMessageResponse:
+    """Messages found by key, with every property (KEYS, TAGS and UNIQ_KEY included):
+    the newest of them whose answer stays within `max_bytes` (the server's gRPC send
+    limit; one message always fits, see BrokerConfig.grpc_max_message_size)."""
+    messages: list[broker_pb2.MessageExt] = []
+    room = max_bytes - _QUERY_ANSWER_SLACK
+    for _, m in reversed(found.found):
+        pb = _found_message_pb(m)
+        size = pb.ByteSize() + _FIELD_OVERHEAD
+        if messages and size > room:
+            break
+        room -= size
+        messages.append(pb)
+    messages.reverse()
     return broker_pb2.QueryMessageResponse(
-        messages=[_found_message_pb(m) for _, m in found.found],
+        messages=messages,
         index_last_update_timestamp=found.last_update_timestamp,
         index_last_update_commit_offset=found.last_update_commit_offset,
+        left_out=len(found.found) - len(messages),
     )
+
+
+# A repeated message field's tag and length prefix (at most 1 + 5 bytes), and room for
+# the answer's other fields and gRPC's own framing.
+_FIELD_OVERHEAD = 6
+_QUERY_ANSWER_SLACK = 1024
 
 
 def view_offset_of(request: broker_pb2.ViewMessageRequest) -> int:

@@ -70,10 +70,14 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         broker_name: str = "",
         send_stream_max_in_flight: int = 1024,
         transactions: TransactionService | None = None,
+        max_answer_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         """`transactions` (a master's): SendMessage with TRAN_MSG=true stores a
-        transaction's half message (proto/ferry/v1/transactions.proto)."""
+        transaction's half message (proto/ferry/v1/transactions.proto).
+        `max_answer_bytes`: the server's gRPC send limit (grpcMaxMessageSize); a key
+        lookup leaves out the oldest messages found rather than pass it."""
         self.transactions = transactions
+        self.max_answer_bytes = max_answer_bytes
         self.send_stream_max_in_flight = send_stream_max_in_flight
         self.pop = pop
         self.broker_name = broker_name
@@ -275,7 +279,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             request.begin_timestamp,
             request.end_timestamp or 2**63 - 1,
         )
-        return convert.query_response_pb(found)
+        return convert.query_response_pb(found, self.max_answer_bytes)
 
     @grpc_method
     async def QueryMessageByUniqueKey(
@@ -287,7 +291,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         found = await self.messaging.find_by_key(
             request.topic, request.unique_key, UNIQUE_QUERY_NUM, unique=True
         )
-        return convert.query_response_pb(found)
+        return convert.query_response_pb(found, self.max_answer_bytes)
 
     @grpc_method
     async def ViewMessage(
