@@ -3,6 +3,7 @@ free loopback ports for them, and stopping them by PID."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 
@@ -12,6 +13,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def pid_alive(pid: int) -> bool:
+    """A process has `pid` (one of another user's counts; so does a zombie)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def signal_and_reap(proc: subprocess.Popen | None, sig: int, timeout_s: float) -> None:

@@ -4,21 +4,13 @@ come with the JVM's own last lines."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from tests.apache import ApacheNamesrv, ApacheProxy, port_open
 from tests.conftest import wait_for
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+from tests.processes import pid_alive
 
 
 def _files(root: Path) -> set[Path]:
@@ -31,7 +23,7 @@ def test_a_failing_test_still_stops_the_jvm_it_started(tmp_path):
         pid, port = ns.pid, ns.port
         assert port_open(port)
         _ = 1 / 0
-    assert pid and not _alive(pid)
+    assert pid and not pid_alive(pid)
     assert not port_open(port)
 
 

@@ -33,6 +33,7 @@ from ferry.v1 import (
     namesrv_pb2_grpc,
 )
 from tests.conftest import wait_for
+from tests.processes import pid_alive
 
 REPO = Path(__file__).resolve().parents[2]
 BROKER_SCRIPT = Path(__file__).with_name("keepalive_broker.py")
@@ -112,20 +113,10 @@ def _claim(port: int) -> bool:
             owner = int(claim.read_text() or "0")
         except (FileNotFoundError, ValueError):
             owner = 0
-        if owner and owner != os.getpid() and _alive(owner):
+        if owner and owner != os.getpid() and pid_alive(owner):
             return False
         claim.write_text(str(os.getpid()))
         return True
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class FreePorts(PortRange):
