@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import functools
 import re
 import shutil
 import subprocess
@@ -80,7 +81,8 @@ def proto_rpcs(root: Path = ROOT) -> dict[str, list[str]]:
     return rpcs
 
 
-def served_services(process: str, root: Path = ROOT) -> set[str]:
+@functools.cache
+def served_services(process: str, root: Path = ROOT) -> frozenset[str]:
     """The gRPC services `services/<process>/` registers: every
     `..._pb2.DESCRIPTOR.services_by_name["X"]` in its tree, as a full name."""
     names = proto_services(root)
@@ -95,10 +97,10 @@ def served_services(process: str, root: Path = ROOT) -> set[str]:
                 and node.slice.value in names
             ):
                 found.add(names[node.slice.value])
-    return found
+    return frozenset(found)
 
 
-def serving_processes(root: Path = ROOT) -> dict[str, set[str]]:
+def serving_processes(root: Path = ROOT) -> dict[str, frozenset[str]]:
     """`services/<process>` (one with a `__main__.py`) -> the services it serves."""
     return {
         main.parent.name: served
@@ -116,7 +118,7 @@ def contract_process_rows(text: str) -> dict[str, str]:
     return rows
 
 
-def contract_service_problems(text: str, processes: dict[str, set[str]]) -> list[str]:
+def contract_service_problems(text: str, processes: dict[str, frozenset[str]]) -> list[str]:
     rows = contract_process_rows(text)
     problems = []
     for process, services in processes.items():
@@ -193,7 +195,7 @@ def grpcurl_lists(path: Path) -> list[tuple[int, str, list[str]]]:
     return found
 
 
-def transcript_problems(output: list[str], processes: dict[str, set[str]]) -> str | None:
+def transcript_problems(output: list[str], processes: dict[str, frozenset[str]]) -> str | None:
     """What is wrong with one `grpcurl list` output: it must be one process's
     services (its ferry.v1 ones all there; the rest, such as a broker's local
     proxy, optional), with health and reflection, sorted as grpcurl prints."""
@@ -238,9 +240,7 @@ def test_the_transcript_scan_finds_the_transcripts():
 def request_codes(path: Path = CODES_PY) -> dict[str, int]:
     """The request codes of ferry/remoting/codes.py (the block before "responses")."""
     text = path.read_text()
-    requests = text[
-        : text.index("# ---------------------------------------------------------------- responses")
-    ]
+    requests = re.split(r"^# -+ responses$", text, maxsplit=1, flags=re.M)[0]
     return {n: int(v) for n, v in re.findall(r"^([A-Z][A-Z0-9_]*) = (\d+)$", requests, flags=re.M)}
 
 
@@ -252,7 +252,8 @@ def _codes_attributes(node: ast.AST) -> list[str]:
     ]
 
 
-def handled_codes(side: str, root: Path = ROOT) -> tuple[set[str], set[str]]:
+@functools.cache
+def handled_codes(side: str, root: Path = ROOT) -> tuple[frozenset[str], frozenset[str]]:
     """(served, referenced) request codes of `services/<side>/`: the keys of its
     handler tables (dict literals keyed by `codes.X`), and every `codes.X` it
     names at all (such as the check-backs a broker sends its producers)."""
@@ -267,7 +268,7 @@ def handled_codes(side: str, root: Path = ROOT) -> tuple[set[str], set[str]]:
                 keys = [_codes_attributes(k) for k in node.keys if k is not None]
                 if len(keys) == len(node.keys) and all(len(k) == 1 for k in keys):
                     served |= {k[0] for k in keys} & names
-    return served, referenced
+    return frozenset(served), frozenset(referenced)
 
 
 REMOTING_SIDES = {"Name server": "namesrv", "Broker": "broker"}
@@ -484,9 +485,8 @@ def missing_markdown_citations(files: Iterable[Path], root: Path = ROOT) -> list
     """`NAME.md` cited in code, configuration and scripts that is no Markdown
     file of the repository (by its path from the root or the citing file, or by
     its file name). The docs tests, which build such names, are not scanned."""
-    markdown = {
-        p.relative_to(root).as_posix() for p in root.rglob("*.md") if ".venv" not in p.parts
-    }
+    files = list(files)
+    markdown = {p.relative_to(root).as_posix() for p in files if p.suffix == ".md"}
     basenames = {m.rsplit("/", 1)[-1] for m in markdown}
     found = []
     for path in files:
