@@ -374,12 +374,7 @@ def package_map_problems(text: str, root: Path = ROOT) -> list[str]:
     for cells in _table_after(text, "## Package map"):
         folder = ""
         for token in re.findall(r"`([^`]+)`", cells[0]):
-            if token.startswith(tuple(b + "/" for b in CODE_ROOTS)) or token in (
-                b + "/" for b in CODE_ROOTS
-            ):
-                path = token
-            else:
-                path = folder + token
+            path = token if token.startswith(tuple(b + "/" for b in CODE_ROOTS)) else folder + token
             folder = path if path.endswith("/") else path.rsplit("/", 1)[0] + "/"
             named.add(folder)
             if not (root / path).exists():
