@@ -2,7 +2,9 @@
 
 Each entry of `BENCHMARKS` names a module with `TITLE` and
 `run(quick: bool, workdir: Path) -> BenchResult`. Modules are imported only
-when they run. Without --out the section is printed, not written.
+when they run. Without --out the section is printed, not written; with it, the
+section goes at the end of the file's log and the file's "Current figures" are
+rewritten from that log (benchmarks/current.py).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import shlex
 import shutil
 import signal
@@ -18,6 +21,7 @@ import tempfile
 import traceback
 from pathlib import Path
 
+from benchmarks import current
 from benchmarks.procs import settle_disk
 from benchmarks.report import BenchResult, cpu_snapshot, render_section
 
@@ -37,23 +41,22 @@ BENCHMARKS: dict[str, str] = {
 
 HEADER = """# Benchmarks
 
-Appended by `make bench` (`python -m benchmarks --out BENCHMARKS.md`), newest last.
-Each section records the machine and compares every figure with a baseline measured
-in the same run; ratios are value / baseline.
+`make bench` (`python -m benchmarks --out BENCHMARKS.md`) appends each run to the log
+at the end of this file, newest last, then rewrites the current figures below from that
+log. Each run records the machine and compares every figure with a baseline measured in
+the same run; ratios are value / baseline. A run written to a file of its own first
+(`--out FILE`) was appended here afterwards, as its Command line says.
 """
 
 
 def _append(path: Path, section: str) -> None:
-    """Append `section` after a blank line; a new file starts with `HEADER`."""
-    if path.exists():
-        text = path.read_text()
-        prefix = (
-            "" if not text or text.endswith("\n\n") else "\n" if text.endswith("\n") else "\n\n"
-        )
-    else:
-        prefix = HEADER + "\n"
-    with open(path, "a") as out:
-        out.write(prefix + section)
+    """Append `section` to the log after a blank line (a new file starts with
+    `HEADER`), then rewrite the file's current figures from its log."""
+    text = path.read_text() if path.exists() else HEADER + "\n"
+    prefix = "" if not text or text.endswith("\n\n") else "\n" if text.endswith("\n") else "\n\n"
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(current.refresh(text + prefix + section))
+    os.replace(partial, path)
 
 
 def _terminated(signum: int, frame: object) -> None:

@@ -198,9 +198,10 @@ class Topology:
 
 def find_k8s_dir(explicit: Path | None = None) -> Path:
     """deploy/k8s of this checkout: the given one, else under the current
-    directory, else next to the installed package (an editable install)."""
+    directory (kept relative, so what `ferry dev` prints names no path of the
+    machine), else next to the installed package (an editable install)."""
     candidates = [explicit] if explicit else [
-        Path.cwd() / "deploy" / "k8s",
+        Path("deploy") / "k8s",
         Path(__file__).resolve().parents[2] / "deploy" / "k8s",
     ]  # fmt: skip
     for path in candidates:
