@@ -24,16 +24,14 @@ from services.broker.store.consumequeue import ConsumeQueueError
 from services.broker.store.index import IndexConfig, KeyLookup
 from services.broker.store.message_store import (
     FlushDiskType,
-    GetResult,
-    GetStatus,
     MessageIn,
     MessageStore,
     PutResult,
     PutStatus,
-    QueueView,
     StoreConfig,
     copy_message,
 )
+from services.broker.store.reads import GetResult, GetStatus, QueueView
 from services.broker.store.recovery import RecoveryError, RecoveryReport
 from services.broker.store.retention import CleanResult, RetentionConfig, RetentionStatus
 from services.broker.store.storelock import StoreLockedError
