@@ -1,33 +1,40 @@
-"""The message store: the commit log, its consume queues, recovery, appends
-and reads — RocketMQ's DefaultMessageStore, without the broker around it.
+"""The message store: the commit log, its consume queues, recovery and the
+appends — RocketMQ's DefaultMessageStore, without the broker around it.
 
-Data flow: `put` (the appender) encodes records and writes them to the commit
-log; the dispatcher tails the commit log into the consume queues and wakes
-long-polling readers (`longpoll.py`); the message index tails it too, with its
-own offset (`index.py`; lookups by key: `find_by_key`); the flusher makes the log
-and the queues durable and writes the checkpoint (`flush.py`); retention deletes
-old files (`retention.py`); the reads (`reads.py`: `get_messages` reads a
-queue's entries and then their records) answer for the store, which delegates
-to them. The HA data plane sees the store only through `replica_log`
-(`replica_log.py`).
+Data flow: the appends encode records and write them to the commit log, one
+entry point per kind of caller — `append_sends` (messages clients send),
+`append_own` (the broker's own records: pop journal, retries, dead letters,
+metadata changes, timer entries), `append_due` (messages accepted once and
+coming due: the delay-level scheduler, transaction check copies; never refused
+for space), `append_decisions` (the transaction service's decisions, several
+queues in one append) and `append_replicated` (a slave's bytes from its HA
+master, through `replica_log`). The dispatcher tails the commit log into the
+consume queues and wakes long-polling readers (`longpoll.py`); the message
+index tails it too, with its own offset (`index.py`); the flusher makes the log
+and the queues durable and writes the checkpoint (`flush.py`); retention
+deletes old files (`retention.py`). The reads (`reads.py`: pulls, records by
+offset, by key and by time, the confirm offset) answer through the store's own
+methods, which delegate to them. The HA data plane sees the store only through
+`replica_log` (`replica_log.py`).
 
 Ownership and concurrency: everything here runs on the event loop thread.
 Work that may wait on the disk does not: fdatasync (the flusher), commit-log
-reads that are not in the page cache (`reader.py` tries a non-blocking
-read first and falls back to a reader thread), allocating the next commit-log
-file (ahead of need, in a thread) and unlinking deleted files. A file read in
-a thread is pinned so retention cannot close it under the read. The appender
-is `_append`: it assigns commit offsets and queue offsets and writes without
-awaiting in between, so appends are serialised and each batch is contiguous.
-No other code writes the commit log (on a slave, the HA client appends raw
-bytes through `replica_log`).
+reads that are not in the page cache (`reader.py` tries a non-blocking read
+first and falls back to a reader thread), allocating the next commit-log file
+(ahead of need, in a thread) and unlinking deleted files. A file read in a
+thread is pinned so retention cannot close it under the read. The appenders
+are `_append` (one queue) and `append_decisions` (several), both over
+`_write_records`: they assign commit offsets and queue offsets and write
+without awaiting in between, so appends are serialised and each batch is
+contiguous. No other code writes the commit log.
 
 Storage errors: a full disk refuses the write (RESOURCE_EXHAUSTED) and loses
 nothing; any other failed write or sync trips `failstop` (`failstop.py`).
 The store holds `storePathRootDir/lock` while open (`storelock.py`).
 
-Topic configuration, permissions and queue choice are the caller's job
-(`messaging/service.py`); this module trusts its arguments.
+Must never: check topic configuration, permissions or queue choice (the
+caller's job, `messaging/`; this module trusts its arguments), nor read
+records itself (`reads.py` does).
 """
 
 from __future__ import annotations
@@ -412,44 +419,32 @@ class MessageStore:
         timers, the metadata log), or None while it has never been written."""
         return self.queues.get(topic, queue_id)
 
-    # ------------------------------------------------------------ writes
+    # ------------------------------------------------------------ appends
+    # One entry point per kind of caller; each says whether the disk's warning
+    # ratio refuses it. Underneath, `_append` (one queue) and
+    # `append_decisions` (several) lay records out with `_write_records`, and
+    # `_appended` wakes what follows the log. None of them awaits: appends are
+    # serialised, and each batch is contiguous in the log.
 
-    async def put(
-        self, topic: str, queue_id: int, messages: Sequence[MessageIn], wait_flush: bool = True
-    ) -> PutResult:
-        """Append messages to one queue as one contiguous unit. With SYNC_FLUSH
-        and `wait_flush`, return once their bytes are fsynced (group commit),
-        or with FLUSH_DISK_TIMEOUT after `sync_flush_timeout_s`.
+    def append_sends(self, topic: str, queue_id: int, messages: Sequence[MessageIn]) -> PutResult:
+        """Messages clients send (the send use case in messaging/, a consumer's
+        send-back), at once, without waiting for a flush: the caller waits once
+        for a run of them (`wait_stored`). Their queues are dispatched at once.
 
         Raises:
             ResourceExhausted: the disk is full or above the warning ratio.
-            Unavailable: a storage fault; nothing more is acknowledged.
+            Unavailable: a storage fault.
         """
-        result = self.append_internal(topic, queue_id, messages)
-        if not await self.wait_stored(result.end_offset, wait_flush):
-            result = dataclasses.replace(result, status=PutStatus.FLUSH_DISK_TIMEOUT)
-        return result
+        self.retention.check_writable()
+        return self._append(topic, queue_id, messages)
 
-    async def wait_stored(self, end_offset: int, wait_flush: bool = True) -> bool:
-        """What an acknowledgement of appends up to `end_offset` waits for:
-        with `wait_flush`, their flush (SYNC_FLUSH; False if it timed out);
-        without, only that no storage fault has happened.
-
-        Raises:
-            Unavailable: a storage fault; nothing more is acknowledged.
-        """
-        if not wait_flush:
-            self.failstop.check()
-            return True
-        return await self.wait_durable(end_offset)
-
-    def append_internal(
+    def append_own(
         self, topic: str, queue_id: int, messages: Sequence[MessageIn], dispatch_now: bool = True
     ) -> PutResult:
-        """Append at once, without waiting for a flush: the caller decides what
-        to wait for (`wait_durable`). Sends go through `put`; the broker's own
-        records (pop checkpoints and acks, timer deliveries, retry and
-        dead-letter copies) come here directly.
+        """Records the broker writes for itself (the pop journal, pop retries and
+        dead letters, metadata changes, the timer's entries and deliveries), at
+        once, without waiting for a flush (the caller decides: `wait_stored`,
+        `wait_durable`).
 
         `dispatch_now=False` is for records no consumer waits for (the pop
         journal, read back only by a restart): their consume-queue entries are
@@ -465,67 +460,26 @@ class MessageStore:
         return self._append(topic, queue_id, messages, dispatch_now)
 
     def append_due(self, topic: str, queue_id: int, messages: Sequence[MessageIn]) -> PutResult:
-        """Append messages the broker already accepted once (a delayed message
-        coming due), at once: unlike `append_internal` this does not refuse above
-        the disk warning ratio, since refusing would strand what was acknowledged.
+        """Messages the broker already accepted once, coming due (the delay-level
+        scheduler's deliveries, the transaction service's check copies of a
+        half), at once: unlike `append_sends` this does not refuse above the
+        disk warning ratio, since refusing would strand what was acknowledged.
 
         Raises:
             Unavailable: a storage fault.
         """
         return self._append(topic, queue_id, messages)
 
-    async def wait_durable(self, end_offset: int) -> bool:
-        """With SYNC_FLUSH, wait until the log is fsynced up to `end_offset`
-        (False after `sync_flush_timeout_s`); at once otherwise.
-
-        Raises:
-            Unavailable: a storage fault.
-        """
-        ok = True
-        if self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH:
-            ok = await self.flusher.wait_flushed(end_offset, self.config.sync_flush_timeout_s)
-        self.failstop.check()
-        return ok
-
-    def _append(
-        self, topic: str, queue_id: int, messages: Sequence[MessageIn], dispatch_now: bool = True
-    ) -> PutResult:
-        if not self._opened:
-            raise Unavailable("the store is not open")
-        self.failstop.check()
-        key = (topic, queue_id)
-        first_queue_offset = self._next_queue_offset.get(key, 0)
-        topic_bytes = topic.encode()
-        store_ts = self.clock.wall_ms()
-        files_before = self.commit_log.files_end
-        offsets = self._write_records(
-            [(topic_bytes, queue_id, first_queue_offset + i, m) for i, m in enumerate(messages)],
-            store_ts,
-        )
-        self._next_queue_offset[key] = first_queue_offset + len(messages)
-        end = self.commit_log.max_offset
-        self.put_message_count += len(messages)
-        self._appended(files_before, dispatch_now)
-        return PutResult(
-            PutStatus.PUT_OK,
-            topic,
-            queue_id,
-            first_queue_offset,
-            offsets,
-            self._msg_id_prefix,
-            end,
-            store_ts,
-        )
-
-    def append_together(
+    def append_decisions(
         self,
         parts: Sequence[tuple[str, int, Sequence[MessageIn]]],
         check_space: bool = True,
     ) -> list[PutResult]:
-        """Append records for several (topic, queue id) destinations in one
-        commit-log append, in the order given: a crash keeps a prefix of them,
-        never a later one without an earlier one (a committed transaction and
-        its op record). One PutResult per part; a destination named twice gets
+        """The transaction service's decisions: records for several (topic,
+        queue id) destinations (a committed message or a discarded half's copy,
+        each with its op record) in one commit-log append, in the order given:
+        a crash keeps a prefix of them, never a later one without an earlier
+        one. One PutResult per part; a destination named twice gets
         consecutive queue offsets. `check_space=False` appends what the broker
         accepted already, as `append_due`.
 
@@ -576,6 +530,88 @@ class MessageStore:
             )
         return results
 
+    def append_replicated(self, commit_offset: int, data: bytes | memoryview) -> int:
+        """Bytes the HA master replicated to this slave (through `replica_log`),
+        appended as they are at `commit_offset`, which must be the log's end —
+        or, for an empty log, the start of a file (the master's choice). Returns
+        the new end. The dispatcher builds the consume queues from them.
+
+        Raises:
+            ValueError: the offset is not where the bytes can go.
+            OSError: not written (a full disk; any other error also trips fail-stop).
+        """
+        if not self._opened:
+            raise ValueError("the store is not open")
+        self.failstop.check()
+        log_ = self.commit_log
+        if commit_offset != log_.max_offset:
+            if log_.segment_starts() or self.queues.all():
+                raise ValueError(f"bytes at {commit_offset}, but the log ends at {log_.max_offset}")
+            try:
+                log_.start_at(commit_offset)
+            except CommitLogError as exc:
+                raise ValueError(str(exc)) from None
+            self.dispatcher.offset = commit_offset
+        files_before = log_.files_end
+        try:
+            end = log_.append_raw(data)
+        except CommitLogError as exc:
+            raise ValueError(str(exc)) from None
+        except OSError as exc:
+            if not is_full_disk(exc):
+                self.failstop.trip(StorageFault("pwrite", str(exc.filename or log_.directory), exc))
+            raise
+        self._appended(files_before)
+        return end
+
+    async def put(
+        self, topic: str, queue_id: int, messages: Sequence[MessageIn], wait_flush: bool = True
+    ) -> PutResult:
+        """One send from start to end, for tools and tests: `append_sends`, then
+        `wait_stored`; FLUSH_DISK_TIMEOUT if the flush timed out. (The broker's
+        send use case stages many sends and waits once for all of them.)
+
+        Raises:
+            ResourceExhausted: the disk is full or above the warning ratio.
+            Unavailable: a storage fault; nothing more is acknowledged.
+        """
+        result = self.append_sends(topic, queue_id, messages)
+        if not await self.wait_stored(result.end_offset, wait_flush):
+            result = dataclasses.replace(result, status=PutStatus.FLUSH_DISK_TIMEOUT)
+        return result
+
+    def _append(
+        self, topic: str, queue_id: int, messages: Sequence[MessageIn], dispatch_now: bool = True
+    ) -> PutResult:
+        """The appender of `append_sends`, `append_own` and `append_due`: one
+        queue's records, queue offsets assigned here."""
+        if not self._opened:
+            raise Unavailable("the store is not open")
+        self.failstop.check()
+        key = (topic, queue_id)
+        first_queue_offset = self._next_queue_offset.get(key, 0)
+        topic_bytes = topic.encode()
+        store_ts = self.clock.wall_ms()
+        files_before = self.commit_log.files_end
+        offsets = self._write_records(
+            [(topic_bytes, queue_id, first_queue_offset + i, m) for i, m in enumerate(messages)],
+            store_ts,
+        )
+        self._next_queue_offset[key] = first_queue_offset + len(messages)
+        end = self.commit_log.max_offset
+        self.put_message_count += len(messages)
+        self._appended(files_before, dispatch_now)
+        return PutResult(
+            PutStatus.PUT_OK,
+            topic,
+            queue_id,
+            first_queue_offset,
+            offsets,
+            self._msg_id_prefix,
+            end,
+            store_ts,
+        )
+
     def _write_records(
         self, records: list[tuple[bytes, int, int, MessageIn]], store_ts: int
     ) -> list[int]:
@@ -611,38 +647,22 @@ class MessageStore:
         except OSError as exc:
             raise self._write_failure(exc) from exc
 
-    def append_raw(self, commit_offset: int, data: bytes | memoryview) -> int:
-        """A slave's replicated bytes, appended as they are at `commit_offset`,
-        which must be the log's end — or, for an empty log, the start of a file
-        (the master's choice). Returns the new end.
-
-        Raises:
-            ValueError: the offset is not where the bytes can go.
-            OSError: not written (a full disk; any other error also trips fail-stop).
-        """
-        if not self._opened:
-            raise ValueError("the store is not open")
-        self.failstop.check()
-        log_ = self.commit_log
-        if commit_offset != log_.max_offset:
-            if log_.segment_starts() or self.queues.all():
-                raise ValueError(f"bytes at {commit_offset}, but the log ends at {log_.max_offset}")
-            try:
-                log_.start_at(commit_offset)
-            except CommitLogError as exc:
-                raise ValueError(str(exc)) from None
-            self.dispatcher.offset = commit_offset
-        files_before = log_.files_end
-        try:
-            end = log_.append_raw(data)
-        except CommitLogError as exc:
-            raise ValueError(str(exc)) from None
-        except OSError as exc:
-            if not is_full_disk(exc):
-                self.failstop.trip(StorageFault("pwrite", str(exc.filename or log_.directory), exc))
-            raise
-        self._appended(files_before)
-        return end
+    def _write_failure(self, exc: OSError) -> FerryError:
+        """What a producer is told when the commit log cannot take its messages.
+        Nothing already stored is touched: the log's end did not move, and the
+        next append writes over whatever part of this one reached the file."""
+        root = self.config.root
+        if is_full_disk(exc):
+            log.error("commit log write refused, the disk is full: %s", exc)
+            return ResourceExhausted(
+                f"the broker's disk is full ({exc.strerror}: {exc.filename or root}); the "
+                "message was not stored and nothing stored before is affected; free space "
+                f"under {root} (storePathRootDir) and send again"
+            )
+        self.failstop.trip(
+            StorageFault("pwrite", str(exc.filename or self.commit_log.directory), exc)
+        )
+        return self.failstop.refusal()
 
     def _appended(self, files_before: int, dispatch_now: bool = True) -> None:
         if dispatch_now:
@@ -655,6 +675,34 @@ class MessageStore:
             self.allocator.wake()  # a new file: allocate the next, run retention
             self.retention.wake()
 
+    # ------------------------------------------------------------ waits
+
+    async def wait_stored(self, end_offset: int, wait_flush: bool = True) -> bool:
+        """What an acknowledgement of appends up to `end_offset` waits for:
+        with `wait_flush`, their flush (SYNC_FLUSH; False if it timed out);
+        without, only that no storage fault has happened.
+
+        Raises:
+            Unavailable: a storage fault; nothing more is acknowledged.
+        """
+        if not wait_flush:
+            self.failstop.check()
+            return True
+        return await self.wait_durable(end_offset)
+
+    async def wait_durable(self, end_offset: int) -> bool:
+        """With SYNC_FLUSH, wait until the log is fsynced up to `end_offset`
+        (False after `sync_flush_timeout_s`); at once otherwise.
+
+        Raises:
+            Unavailable: a storage fault.
+        """
+        ok = True
+        if self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH:
+            ok = await self.flusher.wait_flushed(end_offset, self.config.sync_flush_timeout_s)
+        self.failstop.check()
+        return ok
+
     async def wait_for_growth(self, offset: int, timeout_s: float) -> bool:
         """True once the log ends past `offset`; False after `timeout_s`."""
         if self.max_offset > offset:
@@ -662,6 +710,8 @@ class MessageStore:
         grown = self._grown
         await wait_event(grown, timeout_s)
         return self.max_offset > offset
+
+    # ------------------------------------------------------------ cutting the log
 
     def restart_at(self, start_offset: int) -> None:
         """Drop the whole log and every consume queue and start empty at
@@ -729,23 +779,6 @@ class MessageStore:
         log.warning(
             "commit log truncated at %d (%d consume-queue entries dropped)", offset, dropped
         )
-
-    def _write_failure(self, exc: OSError) -> FerryError:
-        """What a producer is told when the commit log cannot take its messages.
-        Nothing already stored is touched: the log's end did not move, and the
-        next append writes over whatever part of this one reached the file."""
-        root = self.config.root
-        if is_full_disk(exc):
-            log.error("commit log write refused, the disk is full: %s", exc)
-            return ResourceExhausted(
-                f"the broker's disk is full ({exc.strerror}: {exc.filename or root}); the "
-                "message was not stored and nothing stored before is affected; free space "
-                f"under {root} (storePathRootDir) and send again"
-            )
-        self.failstop.trip(
-            StorageFault("pwrite", str(exc.filename or self.commit_log.directory), exc)
-        )
-        return self.failstop.refusal()
 
     # ------------------------------------------------------------ reads
     # MessageReads (reads.py) does them; the async ones hand back its own
