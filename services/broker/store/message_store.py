@@ -50,6 +50,7 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from ferry import record
 from ferry.model import DELAY_LEVELS_S
@@ -793,7 +794,7 @@ class MessageStore:
         tag_hashes: frozenset[int] | None = None,
         raw: bool = False,
         max_bytes: int | None = None,
-    ) -> Coroutine[None, None, GetResult]:
+    ) -> Coroutine[Any, Any, GetResult]:
         """Up to `max_count` records of a queue from `queue_offset` that consumers
         may see (`MessageReads.get_messages`)."""
         return self.reads.get_messages(
@@ -802,7 +803,7 @@ class MessageStore:
 
     def read_entries(
         self, entries: Sequence[tuple[int, int, int]]
-    ) -> Coroutine[None, None, list[record.StoredMessage | None]]:
+    ) -> Coroutine[Any, Any, list[record.StoredMessage | None]]:
         """The records consume-queue entries point at (`MessageReads.read_entries`)."""
         return self.reads.read_entries(entries)
 
@@ -812,11 +813,11 @@ class MessageStore:
 
     def read_full(
         self, commit_offset: int, size: int | None = None
-    ) -> Coroutine[None, None, record.Record | None]:
+    ) -> Coroutine[Any, Any, record.Record | None]:
         """The whole record at `commit_offset`, or None (`MessageReads.read_full`)."""
         return self.reads.read_full(commit_offset, size)
 
-    def record_bytes(self, commit_offset: int) -> Coroutine[None, None, bytes | None]:
+    def record_bytes(self, commit_offset: int) -> Coroutine[Any, Any, bytes | None]:
         """The record at `commit_offset` as stored, if consumers may see it
         (`MessageReads.record_bytes`)."""
         return self.reads.record_bytes(commit_offset)
@@ -829,24 +830,24 @@ class MessageStore:
         begin_ms: int = 0,
         end_ms: int = 2**63 - 1,
         unique: bool = False,
-    ) -> Coroutine[None, None, KeyLookup]:
+    ) -> Coroutine[Any, Any, KeyLookup]:
         """The records of `topic` whose KEYS (or UNIQ_KEY) hold `key`, through
         the message index (`MessageReads.find_by_key`)."""
         return self.reads.find_by_key(topic, key, max_num, begin_ms, end_ms, unique)
 
     def offset_by_time(
         self, topic: str, queue_id: int, timestamp_ms: int, upper: bool = False
-    ) -> Coroutine[None, None, int]:
+    ) -> Coroutine[Any, Any, int]:
         """A queue offset by store time (`MessageReads.offset_by_time`)."""
         return self.reads.offset_by_time(topic, queue_id, timestamp_ms, upper)
 
-    def earliest_store_time(self, topic: str, queue_id: int) -> Coroutine[None, None, int]:
+    def earliest_store_time(self, topic: str, queue_id: int) -> Coroutine[Any, Any, int]:
         """The store time of a queue's first kept message; −1 if it has none."""
         return self.reads.earliest_store_time(topic, queue_id)
 
     def store_time_at(
         self, topic: str, queue_id: int, queue_offset: int
-    ) -> Coroutine[None, None, int]:
+    ) -> Coroutine[Any, Any, int]:
         """The store time of the message at `queue_offset`; −1 if there is none."""
         return self.reads.store_time_at(topic, queue_id, queue_offset)
 

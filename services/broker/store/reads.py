@@ -272,6 +272,9 @@ class MessageReads:
         return out
 
     def read_record(self, commit_offset: int, size: int) -> record.Record:
+        """The record of `size` bytes at `commit_offset`, read on the loop and
+        checked, CRC included (the delay scheduler's reads). RecordError when
+        it is not a record."""
         decoded = record.decode(self._log.read(commit_offset, size), 0)
         if not isinstance(decoded, record.Record):
             raise record.RecordError(f"commit offset {commit_offset} holds a BLANK marker")
