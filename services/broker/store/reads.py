@@ -8,11 +8,12 @@ and the cold-read threads (`reader.py`); MessageStore hands them over and
 delegates to them, so callers keep using the store's own methods.
 
 Must never: write anything — no commit-log append, no consume-queue entry, no
-index entry, no checkpoint; never wait on the disk on the loop (a read that is
-not in the page cache goes to `LogReader`'s threads); never answer from a closed
-store (`check_open`). The appends live in `message_store.py`; they tell this
-module only that the store opened or closed (`opened`, `closed`) and that
-records were cut (`forget_store_times`).
+index entry, no checkpoint; make the loop wait on the disk (a read that is not
+in the page cache goes to `LogReader`'s threads; `read_record` alone reads
+synchronously, for a caller that asks it to); answer from a closed store
+(`check_open`). The appends live in `message_store.py`; the store tells this
+module only that it opened or closed (`opened`, `closed`) and that records were
+cut (`forget_store_times`).
 
 Ownership and concurrency: the event loop thread, like the rest of the store.
 """
