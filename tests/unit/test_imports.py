@@ -9,9 +9,10 @@ named (`from a.b import c` is an edge to `a.b.c` when that is a module, else to
 The broker's rooms (services/broker/), lowest first; each package's `__init__.py`
 says what it owns and what it must not import:
 
-    store/      the storage engine: message_store, commitlog, allocator, reader,
-                consumequeue, dispatcher, longpoll, flush, checkpoint, recovery,
-                retention, failstop, storelock, replica_log
+    store/      the storage engine: message_store, reads, commitlog, allocator,
+                reader, consumequeue, dispatcher, longpoll, flush, checkpoint,
+                recovery, retention, failstop, storelock, replica_log, index,
+                indexfile
     metadata/   tables (BrokerMetadata), metadata_log (the failover metadata log)
     messaging/  rules (topic/queue/permission rules, lookups), service (send and
                 pull), admin (admin use cases)

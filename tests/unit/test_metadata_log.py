@@ -56,7 +56,7 @@ class Member:
     def copy_from(self, other: Member) -> None:
         """What HA does: the other's log bytes past ours, appended as they are."""
         start, end = self.store.max_offset, other.store.max_offset
-        self.store.append_raw(start, other.store.commit_log.read(start, end - start))
+        self.store.append_replicated(start, other.store.commit_log.read(start, end - start))
 
     def tables(self) -> tuple[dict, dict]:
         return self.metadata.topics.snapshot()[0], self.metadata.subscription_groups.snapshot()[0]
@@ -132,15 +132,15 @@ def test_a_new_master_restores_topics_it_has_messages_for(tmp_path: Path) -> Non
     async def scenario():
         m = await Member(tmp_path / "m").open()
         one = [MessageIn(body=b"x", properties=b"")]
-        m.store.append_internal("legacy", 0, one)
-        m.store.append_internal("legacy", 5, one)
-        m.store.append_internal("%DLQ%g", 0, one)
-        m.store.append_internal("rmq_sys_wheel_timer", 0, one)
+        m.store.append_own("legacy", 0, one)
+        m.store.append_own("legacy", 5, one)
+        m.store.append_own("%DLQ%g", 0, one)
+        m.store.append_own("rmq_sys_wheel_timer", 0, one)
         await m.log.put_topic(TopicConfig("gone", 1, 1))
-        m.store.append_internal("gone", 0, one)
+        m.store.append_own("gone", 0, one)
         await m.log.delete_topic("gone")
         # Recovery dispatching the deleted topic's record again must not revive it.
-        m.store.append_internal("gone", 0, one)
+        m.store.append_own("gone", 0, one)
         await m.log.take_over()
         topics = m.metadata.topics
         assert topics.get("legacy") == TopicConfig("legacy", 6, 6, perm=6)

@@ -276,7 +276,7 @@ def test_a_sync_masters_dispatch_wakes_a_long_poll_when_its_ack_came_first(harne
     async def scenario():
         waiter = asyncio.create_task(store.wait_for_messages("T", 0, 0, 10.0))
         await long_poll_waiting(store, ("T", 0))
-        first = store.append_internal("T", 0, [msg(b"one")])
+        first = store.append_sends("T", 0, [msg(b"one")])
         await asyncio.wait_for(dispatched(first.end_offset), 5.0)
         # Nothing confirmed yet: the dispatch woke no one.
         assert woken == [] and not waiter.done()
@@ -286,7 +286,7 @@ def test_a_sync_masters_dispatch_wakes_a_long_poll_when_its_ack_came_first(harne
         woken.clear()
         waiter = asyncio.create_task(store.wait_for_messages("T", 0, 1, 10.0))
         await long_poll_waiting(store, ("T", 0))
-        second = store.append_internal("T", 0, [msg(b"two")])
+        second = store.append_sends("T", 0, [msg(b"two")])
         confirmed[0] = second.end_offset  # acked before the dispatcher ran, nothing after
         await asyncio.wait_for(dispatched(second.end_offset), 5.0)
         # The dispatch step itself woke it (not the long poll's 1 s re-check).

@@ -1,7 +1,8 @@
 """The store/HA seam: truncation at every record boundary (commit log, consume
 queues, next queue offsets and checkpoint stay consistent, and a reopened
 store agrees), restarting empty at a file start, regions held for transfers,
-wait-for-growth, and one process per store."""
+wait-for-growth, one process per store, and the reads forgetting what a cut
+removed."""
 
 from __future__ import annotations
 
@@ -180,3 +181,32 @@ def test_a_second_store_on_a_locked_root_fails_at_once_and_the_first_goes_on(tmp
         first.close()
     # Released at a clean stop: the next open works.
     Opened(tmp_path / "s").close()
+
+
+def test_a_store_time_read_before_a_cut_is_not_answered_after_it(tmp_path):
+    """Store times are cached by commit offset (the statistics codes read the
+    same records again and again): a cut forgets them, so the record written
+    where a cut one was answers with its own store time."""
+    loop = asyncio.new_event_loop()
+    clock = FakeClock()
+    store = MessageStore(config(tmp_path / "s"), clock)
+    store.open()
+    loop.run_until_complete(store.start())
+
+    def append(body: bytes):
+        result = loop.run_until_complete(store.put("T", 0, [MessageIn(body=body, properties=b"")]))
+        loop.run_until_complete(store.wait_dispatched())
+        return result
+
+    try:
+        first = append(b"cut")
+        assert loop.run_until_complete(store.store_time_at("T", 0, 0)) == first.store_timestamp
+        loop.run_until_complete(store.truncate(first.commit_offsets[0]))
+        clock.advance(5)
+        again = append(b"written over it")
+        assert again.commit_offsets == first.commit_offsets and again.queue_offset == 0
+        assert again.store_timestamp == first.store_timestamp + 5000
+        assert loop.run_until_complete(store.store_time_at("T", 0, 0)) == again.store_timestamp
+    finally:
+        loop.run_until_complete(store.stop())
+        loop.close()

@@ -8,7 +8,9 @@
   below with their reason.
 - Outside services/broker/store/, the store is used through MessageStore's own
   methods and properties: nothing reaches into one of its parts (`store.queues`,
-  `store.dispatcher`…) or a private name (`store._append`).
+  `store.dispatcher`, `store.reads`…) or a private name (`store._append`). The
+  reads live in their own class (store/reads.py), but the store delegates to it,
+  so callers name one object whatever side of it serves them.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ ALLOWED = {
 # MessageStore's parts: only the store package itself reaches into them.
 STORE_PARTS = {
     "queues", "dispatcher", "retention", "commit_log", "long_polls", "flusher", "reader",
-    "allocator", "config",
+    "allocator", "config", "reads",
 }  # fmt: skip
 
 

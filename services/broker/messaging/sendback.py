@@ -181,7 +181,7 @@ class SendBack:
                 store_topic, store_queue = topic, queue_id
         copy = copy_message(message, properties, message.reconsume_times + 1)
         started = time.perf_counter()
-        result = messaging.store.append_internal(store_topic, store_queue, [copy])
+        result = messaging.store.append_sends(store_topic, store_queue, [copy])
         status = await messaging.settle((Staged(topic, result, started),), wait_store_msg_ok=False)
         if topic.startswith(DLQ_TOPIC_PREFIX):
             self.dead_letters += 1

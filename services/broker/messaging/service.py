@@ -301,7 +301,7 @@ class MessagingService:
         if new_topic and self.create_topic is not None:
             self.create_topic(config)  # the send passed every check: a refusal changes nothing
         started = time.perf_counter()
-        result = self.store.append_internal(store_topic, store_queue, encoded)
+        result = self.store.append_sends(store_topic, store_queue, encoded)
         return Staged(topic, result, started)
 
     def stage_many(
@@ -394,7 +394,7 @@ class MessagingService:
         appends += [((st, sq), [(i, m, topic)]) for i, st, sq, m, topic in alone]
         for (store_topic, store_queue), members in appends:
             try:
-                result = self.store.append_internal(
+                result = self.store.append_sends(
                     store_topic, store_queue, [m for _, m, _ in members]
                 )
             except ResourceExhausted as exc:  # a full disk: each of them refused
@@ -441,7 +441,7 @@ class MessagingService:
         if accepted:
             started = time.perf_counter()
             try:
-                result = self.store.append_internal(half, 0, [m for _, _, m in accepted])
+                result = self.store.append_sends(half, 0, [m for _, _, m in accepted])
             except ResourceExhausted as exc:  # a full disk: each of them refused
                 for i, _, _ in accepted:
                     out[i] = exc

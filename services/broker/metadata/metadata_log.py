@@ -216,7 +216,7 @@ class MetadataLog:
         if self.fence is not None:
             self.fence(True)
         body = encode_change(queue_id, op, value)
-        result = self.store.append_internal(
+        result = self.store.append_own(
             METADATA_TOPIC, queue_id, [MessageIn(body=body, properties=b"")]
         )
         version = apply()

@@ -175,7 +175,7 @@ class Reviver:
             return
         if retries:
             self._ensure_topic(retry_topic(group, origin))
-            self.store.append_internal(TIMER_TOPIC, 0, retries)
+            self.store.append_own(TIMER_TOPIC, 0, retries)
             self.redeliveries += len(retries)
         self.send_to_dlq(group, dead_letters, group_config.retry_max_times)
         pop_state.journal(Acks(group, topic, queue_id, tuple(resolved), "revive"))
@@ -210,7 +210,7 @@ class Reviver:
             return
         topic = dlq_topic(group)
         self._ensure_topic(topic)
-        self.store.append_internal(topic, 0, copies)
+        self.store.append_own(topic, 0, copies)
         self.dead_letters += len(copies)
         log.warning(
             "pop: %d messages of group %s went to %s after %d redeliveries",

@@ -192,7 +192,7 @@ class PopState:
     def journal(self, item: Checkpoint | Acks | Change, end_only: bool = False) -> int:
         """Append one revive record; returns its revive-queue offset (the
         checkpoint id), or with `end_only` the commit offset just past it."""
-        result = self.store.append_internal(
+        result = self.store.append_own(
             self.config.revive_topic, 0, [MessageIn(encode_revive(item), b"")], dispatch_now=False
         )
         return result.end_offset if end_only else result.queue_offset

@@ -191,9 +191,9 @@ class TimerService:
                 if copy is not None:
                     targets.setdefault(copy[0], []).append(copy[1])
             for (topic, queue_id), messages in targets.items():
-                self.store.append_internal(topic, queue_id, messages)
+                self.store.append_own(topic, queue_id, messages)
             offsets = [item[1] for item in batch]
-            done = self.store.append_internal(
+            done = self.store.append_own(
                 TIMER_TOPIC, DONE_QUEUE, [MessageIn(encode_timer_done(offsets), b"")]
             )
         except BaseException:

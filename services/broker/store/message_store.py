@@ -1,32 +1,40 @@
-"""The message store: the commit log, its consume queues, recovery, appends
-and reads — RocketMQ's DefaultMessageStore, without the broker around it.
+"""The message store: the commit log, its consume queues, recovery and the
+appends — RocketMQ's DefaultMessageStore, without the broker around it.
 
-Data flow: `put` (the appender) encodes records and writes them to the commit
-log; the dispatcher tails the commit log into the consume queues and wakes
-long-polling readers (`longpoll.py`); the message index tails it too, with its
-own offset (`index.py`; lookups by key: `find_by_key`); the flusher makes the log
-and the queues durable and writes the checkpoint (`flush.py`); retention deletes
-old files (`retention.py`);
-`get_messages` reads a queue's entries and then their records. The HA data
-plane sees the store only through `replica_log` (`replica_log.py`).
+Data flow: the appends encode records and write them to the commit log, one
+entry point per kind of caller — `append_sends` (messages clients send),
+`append_own` (the broker's own records: pop journal, retries, dead letters,
+metadata changes, timer entries), `append_due` (messages accepted once and
+coming due: the delay-level scheduler, transaction check copies; never refused
+for space), `append_decisions` (the transaction service's decisions, several
+queues in one append) and `append_replicated` (a slave's bytes from its HA
+master, through `replica_log`). The dispatcher tails the commit log into the
+consume queues and wakes long-polling readers (`longpoll.py`); the message
+index tails it too, with its own offset (`index.py`); the flusher makes the log
+and the queues durable and writes the checkpoint (`flush.py`); retention
+deletes old files (`retention.py`). The reads (`reads.py`: pulls, records by
+offset, by key and by time, the confirm offset) answer through the store's own
+methods, which delegate to them. The HA data plane sees the store only through
+`replica_log` (`replica_log.py`).
 
 Ownership and concurrency: everything here runs on the event loop thread.
 Work that may wait on the disk does not: fdatasync (the flusher), commit-log
-reads that are not in the page cache (`get_messages` tries a non-blocking
-read first and falls back to a reader thread), allocating the next commit-log
-file (ahead of need, in a thread) and unlinking deleted files. A file read in
-a thread is pinned so retention cannot close it under the read. The appender
-is `_append`: it assigns commit offsets and queue offsets and writes without
-awaiting in between, so appends are serialised and each batch is contiguous.
-No other code writes the commit log (on a slave, the HA client appends raw
-bytes through `replica_log`).
+reads that are not in the page cache (`reader.py` tries a non-blocking read
+first and falls back to a reader thread), allocating the next commit-log file
+(ahead of need, in a thread) and unlinking deleted files. A file read in a
+thread is pinned so retention cannot close it under the read. The appenders
+are `_append` (one queue) and `append_decisions` (several), both over
+`_write_records`: they assign commit offsets and queue offsets and write
+without awaiting in between, so appends are serialised and each batch is
+contiguous. No other code writes the commit log.
 
 Storage errors: a full disk refuses the write (RESOURCE_EXHAUSTED) and loses
 nothing; any other failed write or sync trips `failstop` (`failstop.py`).
 The store holds `storePathRootDir/lock` while open (`storelock.py`).
 
-Topic configuration, permissions and queue choice are the caller's job
-(`messaging/service.py`); this module trusts its arguments.
+Must never: check topic configuration, permissions or queue choice (the
+caller's job, `messaging/`; this module trusts its arguments), nor read
+records itself (`reads.py` does).
 """
 
 from __future__ import annotations
@@ -38,18 +46,17 @@ import enum
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Protocol
+from typing import Any
 
 from ferry import record
 from ferry.model import DELAY_LEVELS_S
 from ferry.native import native as _native
 from ferry.runtime.clock import Clock, wait_event
 from ferry.runtime.errors import (
-    FailedPrecondition,
     FerryError,
     ResourceExhausted,
     StorageFault,
@@ -63,9 +70,10 @@ from services.broker.store.consumequeue import ConsumeQueues
 from services.broker.store.dispatcher import Dispatcher
 from services.broker.store.failstop import FailStop, is_full_disk
 from services.broker.store.flush import Flusher
-from services.broker.store.index import IndexConfig, KeyLookup, MessageIndex, carries_key
+from services.broker.store.index import IndexConfig, KeyLookup, MessageIndex
 from services.broker.store.longpoll import LongPolls
 from services.broker.store.reader import LogReader
+from services.broker.store.reads import GetResult, MessageReads, QueueView
 from services.broker.store.recovery import RecoveryReport, recover_store
 from services.broker.store.replica_log import StoreReplicaLog
 from services.broker.store.retention import (
@@ -78,8 +86,6 @@ from services.broker.store.retention import (
 from services.broker.store.storelock import StoreLock
 
 log = logging.getLogger(__name__)
-# Store times of records kept for the statistics codes (RocketMQ protocol 202/208).
-STORE_TIME_CACHE = 65_536
 
 
 class FlushDiskType(enum.Enum):
@@ -183,45 +189,6 @@ class PutResult:
         return ids
 
 
-class GetStatus(enum.Enum):
-    FOUND = "FOUND"
-    NO_NEW_MSG = "NO_NEW_MSG"  # queue_offset == max (nothing yet)
-    NO_MATCHED_MSG = "NO_MATCHED_MSG"  # entries exist, none matched the tags
-    OFFSET_ILLEGAL = "OFFSET_ILLEGAL"  # past the max offset
-    OFFSET_MOVED = "OFFSET_MOVED"  # below the min offset
-
-
-@dataclass(slots=True)  # not frozen: one per send or pull, and frozen __init__ costs ~5x
-class GetResult:
-    status: GetStatus
-    records: list[record.StoredMessage]  # decoded (empty when read `raw`)
-    next_begin_offset: int
-    min_offset: int
-    max_offset: int
-    # Read `raw`: the records found, as stored, back to back (RocketMQ's pull
-    # body), and how many there are.
-    raw: bytes = b""
-    raw_count: int = 0
-    last_commit_offset: int = -1  # of the last record found; -1 when none
-
-
-class QueueView(Protocol):
-    """A consume queue as its readers see it: offsets and entries, never writes.
-    An entry is (commit offset, size, tag hash or due time)."""
-
-    @property
-    def min_offset(self) -> int: ...
-
-    @property
-    def max_offset(self) -> int: ...
-
-    def entry(self, queue_offset: int) -> tuple[int, int, int]: ...
-
-    def entries(
-        self, queue_offset: int, max_count: int, limit: int | None = None
-    ) -> list[tuple[int, int, int]]: ...
-
-
 class MessageStore:
     """One broker's store. Constructing it takes `storePathRootDir/lock`
     (StoreLockedError when another process holds it); `stop` or `abandon`
@@ -250,7 +217,6 @@ class MessageStore:
             self._lock.release()
             raise
         self.queues = ConsumeQueues(config.consume_queue_dir, config.consume_queue_entries_per_file)
-        self.long_polls = LongPolls(self._visible_at)
         self._dispatch_notified = 0  # the dispatcher's offset at its last step
         self.replica_log = StoreReplicaLog(self)
         self.dispatcher = Dispatcher(
@@ -291,16 +257,21 @@ class MessageStore:
         # Next queue offset per (topic, queue id): assigned by the appender.
         self._next_queue_offset: dict[tuple[str, int], int] = {}
         self.reader = LogReader(self.commit_log, config.reader_threads)
+        self.reads = MessageReads(
+            self.commit_log,
+            self.queues,
+            self.reader,
+            self.index,
+            confirmed=confirmed,
+            max_pull_bytes=config.max_pull_bytes,
+            max_query_num=config.index.max_query_num,
+        )
+        self.long_polls = LongPolls(self.reads.visible_at)
         self.allocator = SegmentAllocator(self.commit_log, config.preallocate, lambda: self._opened)
         self._grown = asyncio.Event()  # replaced after each append: wait_for_growth
         self._tasks: list[asyncio.Task] = []
         self._opened = False
-        self._confirmed = confirmed
         self.put_message_count = 0
-        # commit offset -> store time of the record there (statistics read the same few
-        # records again and again); emptied when records are cut or the log restarts.
-        self._store_times: dict[int, int] = {}
-        self.get_message_count = 0
 
     # ------------------------------------------------------------ lifecycle
 
@@ -330,6 +301,7 @@ class MessageStore:
         self.flusher.write_checkpoint_now(self.flusher.snapshot())
         (self.config.root / ABORT).write_bytes(str(os.getpid()).encode())
         self._opened = True
+        self.reads.opened()
         return report
 
     async def start(self) -> None:
@@ -388,6 +360,7 @@ class MessageStore:
 
     def _close_files(self) -> None:
         self._opened = False
+        self.reads.closed()
         self.reader.close()
         self.commit_log.close()
         self.queues.close()
@@ -432,9 +405,7 @@ class MessageStore:
     def confirm_offset(self) -> int:
         """The highest commit offset consumers may see (docs/guides/replication.md,
         "SYNC_MASTER")."""
-        if self._confirmed is not None:
-            return min(self._confirmed(), self.max_offset)
-        return self.max_offset
+        return self.reads.confirm_offset
 
     def queue_max_offset(self, topic: str, queue_id: int) -> int:
         queue = self.queues.get(topic, queue_id)
@@ -449,54 +420,32 @@ class MessageStore:
         timers, the metadata log), or None while it has never been written."""
         return self.queues.get(topic, queue_id)
 
-    async def wait_for_any(self, keys: Iterable[tuple[str, int]], timeout_s: float) -> None:
-        """Long polling over several queues: return when any of them may have
-        something new, or after `timeout_s`."""
-        await self.long_polls.wait_any(keys, timeout_s)
+    # ------------------------------------------------------------ appends
+    # One entry point per kind of caller; each says whether the disk's warning
+    # ratio refuses it. Underneath, `_append` (one queue) and
+    # `append_decisions` (several) lay records out with `_write_records`, and
+    # `_appended` wakes what follows the log. None of them awaits: appends are
+    # serialised, and each batch is contiguous in the log.
 
-    def wake(self, keys: Iterable[tuple[str, int]]) -> None:
-        """Wake the long polls of these queues to look again (something other
-        than an append changed what they may hand out: an ack, a redelivery)."""
-        self.long_polls.notify(keys)
-
-    # ------------------------------------------------------------ writes
-
-    async def put(
-        self, topic: str, queue_id: int, messages: Sequence[MessageIn], wait_flush: bool = True
-    ) -> PutResult:
-        """Append messages to one queue as one contiguous unit. With SYNC_FLUSH
-        and `wait_flush`, return once their bytes are fsynced (group commit),
-        or with FLUSH_DISK_TIMEOUT after `sync_flush_timeout_s`.
+    def append_sends(self, topic: str, queue_id: int, messages: Sequence[MessageIn]) -> PutResult:
+        """Messages clients send (the send use case in messaging/, a consumer's
+        send-back), at once, without waiting for a flush: the caller waits once
+        for a run of them (`wait_stored`). Their queues are dispatched at once.
 
         Raises:
             ResourceExhausted: the disk is full or above the warning ratio.
-            Unavailable: a storage fault; nothing more is acknowledged.
+            Unavailable: a storage fault.
         """
-        result = self.append_internal(topic, queue_id, messages)
-        if not await self.wait_stored(result.end_offset, wait_flush):
-            result = dataclasses.replace(result, status=PutStatus.FLUSH_DISK_TIMEOUT)
-        return result
+        self.retention.check_writable()
+        return self._append(topic, queue_id, messages)
 
-    async def wait_stored(self, end_offset: int, wait_flush: bool = True) -> bool:
-        """What an acknowledgement of appends up to `end_offset` waits for:
-        with `wait_flush`, their flush (SYNC_FLUSH; False if it timed out);
-        without, only that no storage fault has happened.
-
-        Raises:
-            Unavailable: a storage fault; nothing more is acknowledged.
-        """
-        if not wait_flush:
-            self.failstop.check()
-            return True
-        return await self.wait_durable(end_offset)
-
-    def append_internal(
+    def append_own(
         self, topic: str, queue_id: int, messages: Sequence[MessageIn], dispatch_now: bool = True
     ) -> PutResult:
-        """Append at once, without waiting for a flush: the caller decides what
-        to wait for (`wait_durable`). Sends go through `put`; the broker's own
-        records (pop checkpoints and acks, timer deliveries, retry and
-        dead-letter copies) come here directly.
+        """Records the broker writes for itself (the pop journal, pop retries and
+        dead letters, metadata changes, the timer's entries and deliveries), at
+        once, without waiting for a flush (the caller decides: `wait_stored`,
+        `wait_durable`).
 
         `dispatch_now=False` is for records no consumer waits for (the pop
         journal, read back only by a restart): their consume-queue entries are
@@ -512,67 +461,26 @@ class MessageStore:
         return self._append(topic, queue_id, messages, dispatch_now)
 
     def append_due(self, topic: str, queue_id: int, messages: Sequence[MessageIn]) -> PutResult:
-        """Append messages the broker already accepted once (a delayed message
-        coming due), at once: unlike `append_internal` this does not refuse above
-        the disk warning ratio, since refusing would strand what was acknowledged.
+        """Messages the broker already accepted once, coming due (the delay-level
+        scheduler's deliveries, the transaction service's check copies of a
+        half), at once: unlike `append_sends` this does not refuse above the
+        disk warning ratio, since refusing would strand what was acknowledged.
 
         Raises:
             Unavailable: a storage fault.
         """
         return self._append(topic, queue_id, messages)
 
-    async def wait_durable(self, end_offset: int) -> bool:
-        """With SYNC_FLUSH, wait until the log is fsynced up to `end_offset`
-        (False after `sync_flush_timeout_s`); at once otherwise.
-
-        Raises:
-            Unavailable: a storage fault.
-        """
-        ok = True
-        if self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH:
-            ok = await self.flusher.wait_flushed(end_offset, self.config.sync_flush_timeout_s)
-        self.failstop.check()
-        return ok
-
-    def _append(
-        self, topic: str, queue_id: int, messages: Sequence[MessageIn], dispatch_now: bool = True
-    ) -> PutResult:
-        if not self._opened:
-            raise Unavailable("the store is not open")
-        self.failstop.check()
-        key = (topic, queue_id)
-        first_queue_offset = self._next_queue_offset.get(key, 0)
-        topic_bytes = topic.encode()
-        store_ts = self.clock.wall_ms()
-        files_before = self.commit_log.files_end
-        offsets = self._write_records(
-            [(topic_bytes, queue_id, first_queue_offset + i, m) for i, m in enumerate(messages)],
-            store_ts,
-        )
-        self._next_queue_offset[key] = first_queue_offset + len(messages)
-        end = self.commit_log.max_offset
-        self.put_message_count += len(messages)
-        self._appended(files_before, dispatch_now)
-        return PutResult(
-            PutStatus.PUT_OK,
-            topic,
-            queue_id,
-            first_queue_offset,
-            offsets,
-            self._msg_id_prefix,
-            end,
-            store_ts,
-        )
-
-    def append_together(
+    def append_decisions(
         self,
         parts: Sequence[tuple[str, int, Sequence[MessageIn]]],
         check_space: bool = True,
     ) -> list[PutResult]:
-        """Append records for several (topic, queue id) destinations in one
-        commit-log append, in the order given: a crash keeps a prefix of them,
-        never a later one without an earlier one (a committed transaction and
-        its op record). One PutResult per part; a destination named twice gets
+        """The transaction service's decisions: records for several (topic,
+        queue id) destinations (a committed message or a discarded half's copy,
+        each with its op record) in one commit-log append, in the order given:
+        a crash keeps a prefix of them, never a later one without an earlier
+        one. One PutResult per part; a destination named twice gets
         consecutive queue offsets. `check_space=False` appends what the broker
         accepted already, as `append_due`.
 
@@ -623,6 +531,88 @@ class MessageStore:
             )
         return results
 
+    def append_replicated(self, commit_offset: int, data: bytes | memoryview) -> int:
+        """Bytes the HA master replicated to this slave (through `replica_log`),
+        appended as they are at `commit_offset`, which must be the log's end —
+        or, for an empty log, the start of a file (the master's choice). Returns
+        the new end. The dispatcher builds the consume queues from them.
+
+        Raises:
+            ValueError: the offset is not where the bytes can go.
+            OSError: not written (a full disk; any other error also trips fail-stop).
+        """
+        if not self._opened:
+            raise ValueError("the store is not open")
+        self.failstop.check()
+        log_ = self.commit_log
+        if commit_offset != log_.max_offset:
+            if log_.segment_starts() or self.queues.all():
+                raise ValueError(f"bytes at {commit_offset}, but the log ends at {log_.max_offset}")
+            try:
+                log_.start_at(commit_offset)
+            except CommitLogError as exc:
+                raise ValueError(str(exc)) from None
+            self.dispatcher.offset = commit_offset
+        files_before = log_.files_end
+        try:
+            end = log_.append_raw(data)
+        except CommitLogError as exc:
+            raise ValueError(str(exc)) from None
+        except OSError as exc:
+            if not is_full_disk(exc):
+                self.failstop.trip(StorageFault("pwrite", str(exc.filename or log_.directory), exc))
+            raise
+        self._appended(files_before)
+        return end
+
+    async def put(
+        self, topic: str, queue_id: int, messages: Sequence[MessageIn], wait_flush: bool = True
+    ) -> PutResult:
+        """One send from start to end, for tools and tests: `append_sends`, then
+        `wait_stored`; FLUSH_DISK_TIMEOUT if the flush timed out. (The broker's
+        send use case stages many sends and waits once for all of them.)
+
+        Raises:
+            ResourceExhausted: the disk is full or above the warning ratio.
+            Unavailable: a storage fault; nothing more is acknowledged.
+        """
+        result = self.append_sends(topic, queue_id, messages)
+        if not await self.wait_stored(result.end_offset, wait_flush):
+            result = dataclasses.replace(result, status=PutStatus.FLUSH_DISK_TIMEOUT)
+        return result
+
+    def _append(
+        self, topic: str, queue_id: int, messages: Sequence[MessageIn], dispatch_now: bool = True
+    ) -> PutResult:
+        """The appender of `append_sends`, `append_own` and `append_due`: one
+        queue's records, queue offsets assigned here."""
+        if not self._opened:
+            raise Unavailable("the store is not open")
+        self.failstop.check()
+        key = (topic, queue_id)
+        first_queue_offset = self._next_queue_offset.get(key, 0)
+        topic_bytes = topic.encode()
+        store_ts = self.clock.wall_ms()
+        files_before = self.commit_log.files_end
+        offsets = self._write_records(
+            [(topic_bytes, queue_id, first_queue_offset + i, m) for i, m in enumerate(messages)],
+            store_ts,
+        )
+        self._next_queue_offset[key] = first_queue_offset + len(messages)
+        end = self.commit_log.max_offset
+        self.put_message_count += len(messages)
+        self._appended(files_before, dispatch_now)
+        return PutResult(
+            PutStatus.PUT_OK,
+            topic,
+            queue_id,
+            first_queue_offset,
+            offsets,
+            self._msg_id_prefix,
+            end,
+            store_ts,
+        )
+
     def _write_records(
         self, records: list[tuple[bytes, int, int, MessageIn]], store_ts: int
     ) -> list[int]:
@@ -658,62 +648,22 @@ class MessageStore:
         except OSError as exc:
             raise self._write_failure(exc) from exc
 
-    async def read_full(self, commit_offset: int, size: int | None = None) -> record.Record | None:
-        """The whole record at `commit_offset` (of `size` bytes; None: as its
-        head says), every field (sysflag, PREPAREDTRANSACTIONOFFSET, the body
-        as stored), read off the loop when cold; None when it is not there
-        (deleted, past the end, or not a record start)."""
-        self._check_readable()
-        if not self.commit_log.min_offset <= commit_offset <= self.max_offset - record.BLANK_SIZE:
-            return None
-        try:
-            if size is None:
-                head = record.peek(await self.reader.read(commit_offset, record.BLANK_SIZE))
-                if isinstance(head, record.Blank):
-                    return None
-                size = head
-            if size > self.max_offset - commit_offset:
-                return None
-            data = await self.reader.read(commit_offset, size)
-            decoded = record.decode(bytes(data), 0, check_crc=False)
-        except (record.RecordError, CommitLogError, OSError):
-            return None
-        if not isinstance(decoded, record.Record) or decoded.commit_offset != commit_offset:
-            return None
-        return decoded
-
-    def append_raw(self, commit_offset: int, data: bytes | memoryview) -> int:
-        """A slave's replicated bytes, appended as they are at `commit_offset`,
-        which must be the log's end — or, for an empty log, the start of a file
-        (the master's choice). Returns the new end.
-
-        Raises:
-            ValueError: the offset is not where the bytes can go.
-            OSError: not written (a full disk; any other error also trips fail-stop).
-        """
-        if not self._opened:
-            raise ValueError("the store is not open")
-        self.failstop.check()
-        log_ = self.commit_log
-        if commit_offset != log_.max_offset:
-            if log_.segment_starts() or self.queues.all():
-                raise ValueError(f"bytes at {commit_offset}, but the log ends at {log_.max_offset}")
-            try:
-                log_.start_at(commit_offset)
-            except CommitLogError as exc:
-                raise ValueError(str(exc)) from None
-            self.dispatcher.offset = commit_offset
-        files_before = log_.files_end
-        try:
-            end = log_.append_raw(data)
-        except CommitLogError as exc:
-            raise ValueError(str(exc)) from None
-        except OSError as exc:
-            if not is_full_disk(exc):
-                self.failstop.trip(StorageFault("pwrite", str(exc.filename or log_.directory), exc))
-            raise
-        self._appended(files_before)
-        return end
+    def _write_failure(self, exc: OSError) -> FerryError:
+        """What a producer is told when the commit log cannot take its messages.
+        Nothing already stored is touched: the log's end did not move, and the
+        next append writes over whatever part of this one reached the file."""
+        root = self.config.root
+        if is_full_disk(exc):
+            log.error("commit log write refused, the disk is full: %s", exc)
+            return ResourceExhausted(
+                f"the broker's disk is full ({exc.strerror}: {exc.filename or root}); the "
+                "message was not stored and nothing stored before is affected; free space "
+                f"under {root} (storePathRootDir) and send again"
+            )
+        self.failstop.trip(
+            StorageFault("pwrite", str(exc.filename or self.commit_log.directory), exc)
+        )
+        return self.failstop.refusal()
 
     def _appended(self, files_before: int, dispatch_now: bool = True) -> None:
         if dispatch_now:
@@ -726,6 +676,34 @@ class MessageStore:
             self.allocator.wake()  # a new file: allocate the next, run retention
             self.retention.wake()
 
+    # ------------------------------------------------------------ waits
+
+    async def wait_stored(self, end_offset: int, wait_flush: bool = True) -> bool:
+        """What an acknowledgement of appends up to `end_offset` waits for:
+        with `wait_flush`, their flush (SYNC_FLUSH; False if it timed out);
+        without, only that no storage fault has happened.
+
+        Raises:
+            Unavailable: a storage fault; nothing more is acknowledged.
+        """
+        if not wait_flush:
+            self.failstop.check()
+            return True
+        return await self.wait_durable(end_offset)
+
+    async def wait_durable(self, end_offset: int) -> bool:
+        """With SYNC_FLUSH, wait until the log is fsynced up to `end_offset`
+        (False after `sync_flush_timeout_s`); at once otherwise.
+
+        Raises:
+            Unavailable: a storage fault.
+        """
+        ok = True
+        if self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH:
+            ok = await self.flusher.wait_flushed(end_offset, self.config.sync_flush_timeout_s)
+        self.failstop.check()
+        return ok
+
     async def wait_for_growth(self, offset: int, timeout_s: float) -> bool:
         """True once the log ends past `offset`; False after `timeout_s`."""
         if self.max_offset > offset:
@@ -734,11 +712,13 @@ class MessageStore:
         await wait_event(grown, timeout_s)
         return self.max_offset > offset
 
+    # ------------------------------------------------------------ cutting the log
+
     def restart_at(self, start_offset: int) -> None:
         """Drop the whole log and every consume queue and start empty at
         `start_offset`, a file start (a slave whose offset fell out of its
         master's retention, or an empty slave starting where its master says)."""
-        self._store_times.clear()
+        self.reads.forget_store_times()
         if self.commit_log.segment_starts() or self.queues.all():
             log.warning("store discarded: empty, starting at commit offset %d", start_offset)
         self.commit_log.discard_all()
@@ -764,7 +744,7 @@ class MessageStore:
         Raises:
             ValueError: `offset` is outside the log or not a record boundary.
         """
-        self._store_times.clear()
+        self.reads.forget_store_times()
         log_ = self.commit_log
         if not log_.min_offset <= offset <= log_.max_offset:
             raise ValueError(
@@ -801,26 +781,11 @@ class MessageStore:
             "commit log truncated at %d (%d consume-queue entries dropped)", offset, dropped
         )
 
-    def _write_failure(self, exc: OSError) -> FerryError:
-        """What a producer is told when the commit log cannot take its messages.
-        Nothing already stored is touched: the log's end did not move, and the
-        next append writes over whatever part of this one reached the file."""
-        root = self.config.root
-        if is_full_disk(exc):
-            log.error("commit log write refused, the disk is full: %s", exc)
-            return ResourceExhausted(
-                f"the broker's disk is full ({exc.strerror}: {exc.filename or root}); the "
-                "message was not stored and nothing stored before is affected; free space "
-                f"under {root} (storePathRootDir) and send again"
-            )
-        self.failstop.trip(
-            StorageFault("pwrite", str(exc.filename or self.commit_log.directory), exc)
-        )
-        return self.failstop.refusal()
-
     # ------------------------------------------------------------ reads
+    # MessageReads (reads.py) does them; the async ones hand back its own
+    # coroutine, so a pull costs no second one.
 
-    async def get_messages(
+    def get_messages(
         self,
         topic: str,
         queue_id: int,
@@ -829,143 +794,35 @@ class MessageStore:
         tag_hashes: frozenset[int] | None = None,
         raw: bool = False,
         max_bytes: int | None = None,
-    ) -> GetResult:
-        """Up to `max_count` records from a queue, starting at `queue_offset`,
-        only those below the confirm offset; `tag_hashes` filters by tags.
-        `raw`: the records' bytes as stored (`GetResult.raw`) instead of
-        decoded ones. `max_bytes` lowers the byte budget (maxPullBytes): the
-        first record is returned whatever its size, later ones while they fit.
-
-        Raises:
-            Unavailable: the store is closed (see `_check_readable`).
-        """
-        self._check_readable()
-        queue = self.queues.get(topic, queue_id)
-        if queue is None:
-            status = GetStatus.NO_NEW_MSG if queue_offset == 0 else GetStatus.OFFSET_ILLEGAL
-            return GetResult(status, [], 0, 0, 0)
-        low, high = queue.min_offset, queue.max_offset
-        if queue_offset < low:
-            return GetResult(GetStatus.OFFSET_MOVED, [], low, low, high)
-        if queue_offset > high:
-            return GetResult(GetStatus.OFFSET_ILLEGAL, [], high, low, high)
-        if queue_offset == high:
-            return GetResult(GetStatus.NO_NEW_MSG, [], queue_offset, low, high)
-        confirm = self.confirm_offset
-        entries = queue.entries(queue_offset, max_count)
-        found: list[record.StoredMessage] = []
-        pieces: list[bytes] = []  # raw: the records of each span read
-        raw_count = 0
-        last_commit_offset = -1
-        decode = record.decode_stored
-        next_offset = queue_offset
-        budget = self.config.max_pull_bytes
-        if max_bytes is not None:
-            budget = min(budget, max_bytes)
-        spans = _spans(entries, self.commit_log.file_size, max_span=budget)
-        for span_start, span_end, span_entries in spans:
-            if span_entries[0][0] + span_entries[0][1] > confirm:
-                break
-            if span_start < self.commit_log.min_offset:
-                break  # deleted by retention meanwhile: the next pull is told OFFSET_MOVED
-            if (found or raw_count) and span_entries[0][1] > budget:
-                break  # full: not one more record fits
-            data = await self.reader.read(span_start, span_end - span_start)
-            if raw:  # the records as stored: one walk (native when built)
-                chunk, taken, kept, last, budget, stop = record.gather_records(
-                    data, span_start, span_entries, confirm, budget, raw_count > 0, tag_hashes
-                )
-                next_offset += taken
-                if kept:
-                    pieces.append(chunk)
-                    raw_count += kept
-                    last_commit_offset = last
-                if stop:
-                    break
-                continue
-            stop = False
-            for commit_offset, size, code in span_entries:
-                if commit_offset + size > confirm or (budget < size and found):
-                    stop = True
-                    break
-                next_offset += 1
-                if tag_hashes is not None and code not in tag_hashes:
-                    continue
-                found.append(decode(data, commit_offset - span_start, size))
-                last_commit_offset = commit_offset
-                budget -= size
-            if stop:
-                break
-        count = raw_count if raw else len(found)
-        self.get_message_count += count
-        if count:
-            # One event-loop turn between reading the records and building the
-            # answer from them: a send waiting meanwhile goes first.
-            await asyncio.sleep(0)
-            return GetResult(
-                GetStatus.FOUND,
-                found,
-                next_offset,
-                low,
-                high,
-                raw=b"".join(pieces),
-                raw_count=raw_count,
-                last_commit_offset=last_commit_offset,
-            )
-        if next_offset > queue_offset:
-            return GetResult(GetStatus.NO_MATCHED_MSG, [], next_offset, low, high)
-        return GetResult(GetStatus.NO_NEW_MSG, [], queue_offset, low, high)
-
-    async def read_entries(
-        self, entries: Sequence[tuple[int, int, int]]
-    ) -> list[record.StoredMessage | None]:
-        """The records consume-queue entries point at, in order (off the loop when
-        cold); None for one that retention deleted meanwhile or that is unreadable."""
-        self._check_readable()
-        out: list[record.StoredMessage | None] = []
-        spans = _spans(
-            list(entries), self.commit_log.file_size, max_span=self.config.max_pull_bytes
+    ) -> Coroutine[Any, Any, GetResult]:
+        """Up to `max_count` records of a queue from `queue_offset` that consumers
+        may see (`MessageReads.get_messages`)."""
+        return self.reads.get_messages(
+            topic, queue_id, queue_offset, max_count, tag_hashes, raw, max_bytes
         )
-        for span_start, span_end, span_entries in spans:
-            if span_start < self.commit_log.min_offset:
-                out.extend(None for _ in span_entries)
-                continue
-            data = await self.reader.read(span_start, span_end - span_start)
-            for commit_offset, size, _ in span_entries:
-                try:
-                    out.append(record.decode_stored(data, commit_offset - span_start, size))
-                except record.RecordError:
-                    log.error(
-                        "no readable record at commit offset %d (%d bytes)", commit_offset, size
-                    )
-                    out.append(None)
-        return out
+
+    def read_entries(
+        self, entries: Sequence[tuple[int, int, int]]
+    ) -> Coroutine[Any, Any, list[record.StoredMessage | None]]:
+        """The records consume-queue entries point at (`MessageReads.read_entries`)."""
+        return self.reads.read_entries(entries)
 
     def read_record(self, commit_offset: int, size: int) -> record.Record:
-        decoded = record.decode(self.commit_log.read(commit_offset, size), 0)
-        if not isinstance(decoded, record.Record):
-            raise record.RecordError(f"commit offset {commit_offset} holds a BLANK marker")
-        return decoded
+        """The record at `commit_offset`, read on the loop (`MessageReads.read_record`)."""
+        return self.reads.read_record(commit_offset, size)
 
-    async def record_bytes(self, commit_offset: int) -> bytes | None:
-        """The whole record that starts at `commit_offset`, as stored, if one
-        does and consumers may see it (below the confirm offset); else None."""
-        low, visible = self.commit_log.min_offset, self.confirm_offset
-        if not low <= commit_offset <= visible - record.MIN_RECORD_SIZE:
-            return None
-        try:
-            size = record.peek(await self.reader.read(commit_offset, record.BLANK_SIZE))
-            if isinstance(size, record.Blank):
-                return None
-            if size > min(visible, self.commit_log.file_end(commit_offset)) - commit_offset:
-                return None
-            data = bytes(await self.reader.read(commit_offset, size))
-            stored = record.decode_stored(data, 0, size)
-        except (record.RecordError, CommitLogError):
-            return None  # not a record start (a lying offset), or deleted meanwhile
-        return data if stored.commit_offset == commit_offset else None
+    def read_full(
+        self, commit_offset: int, size: int | None = None
+    ) -> Coroutine[Any, Any, record.Record | None]:
+        """The whole record at `commit_offset`, or None (`MessageReads.read_full`)."""
+        return self.reads.read_full(commit_offset, size)
 
-    async def find_by_key(
+    def record_bytes(self, commit_offset: int) -> Coroutine[Any, Any, bytes | None]:
+        """The record at `commit_offset` as stored, if consumers may see it
+        (`MessageReads.record_bytes`)."""
+        return self.reads.record_bytes(commit_offset)
+
+    def find_by_key(
         self,
         topic: str,
         key: str,
@@ -973,38 +830,33 @@ class MessageStore:
         begin_ms: int = 0,
         end_ms: int = 2**63 - 1,
         unique: bool = False,
-    ) -> KeyLookup:
-        """The records of `topic` stored in [begin_ms, end_ms] whose KEYS hold `key`
-        (`unique`: whose UNIQ_KEY is `key`), the newest `max_num` of them (at most the
-        index's `max_query_num`) in commit-offset order, each checked against the
-        record itself; only records consumers may see.
+    ) -> Coroutine[Any, Any, KeyLookup]:
+        """The records of `topic` whose KEYS (or UNIQ_KEY) hold `key`, through
+        the message index (`MessageReads.find_by_key`)."""
+        return self.reads.find_by_key(topic, key, max_num, begin_ms, end_ms, unique)
 
-        Raises:
-            Unavailable: the store is closed.
-            FailedPrecondition: the message index is off (messageIndexEnable=false).
-        """
-        self._check_readable()
-        if self.index is None:
-            raise FailedPrecondition(
-                "the message index is off on this broker (messageIndexEnable=false)"
-            )
-        limit = max(0, min(max_num, self.config.index.max_query_num))
-        candidates = self.index.lookup(topic, key, begin_ms, end_ms, 2 * limit + 16)
-        found: list[tuple[bytes, record.StoredMessage]] = []
-        for commit_offset in candidates:
-            if len(found) >= limit:
-                break
-            data = await self.record_bytes(commit_offset)
-            if data is None:
-                continue
-            try:
-                message = record.decode_stored(data, 0, len(data))
-            except record.RecordError:
-                continue
-            if carries_key(message, topic, key, unique, begin_ms, end_ms):
-                found.append((data, message))
-        found.sort(key=lambda item: item[1].commit_offset)
-        return KeyLookup(found, *self.index.last_update())
+    def offset_by_time(
+        self, topic: str, queue_id: int, timestamp_ms: int, upper: bool = False
+    ) -> Coroutine[Any, Any, int]:
+        """A queue offset by store time (`MessageReads.offset_by_time`)."""
+        return self.reads.offset_by_time(topic, queue_id, timestamp_ms, upper)
+
+    def earliest_store_time(self, topic: str, queue_id: int) -> Coroutine[Any, Any, int]:
+        """The store time of a queue's first kept message; −1 if it has none."""
+        return self.reads.earliest_store_time(topic, queue_id)
+
+    def store_time_at(
+        self, topic: str, queue_id: int, queue_offset: int
+    ) -> Coroutine[Any, Any, int]:
+        """The store time of the message at `queue_offset`; −1 if there is none."""
+        return self.reads.store_time_at(topic, queue_id, queue_offset)
+
+    @property
+    def get_message_count(self) -> int:
+        """Records handed out by `get_messages` since the store was built."""
+        return self.reads.get_message_count
+
+    # ------------------------------------------------------------ the message index
 
     async def wait_indexed(self) -> None:
         """Return once every record written is in the message index (tests, tools)."""
@@ -1025,78 +877,17 @@ class MessageStore:
             return 0, 0
         return self.index.file_count, self.index.size_bytes
 
-    async def offset_by_time(
-        self, topic: str, queue_id: int, timestamp_ms: int, upper: bool = False
-    ) -> int:
-        """Binary search of a queue by store time (RocketMQ 5's boundary types):
-        the first queue offset stored at or after `timestamp_ms`, or the max
-        offset when none is; with `upper`, the last one stored at or before it,
-        or the min offset when none is. Store times rise along a queue (one
-        appender, one clock); an entry whose record retention deleted counts as
-        older than any time."""
-        self._check_readable()
-        queue = self.queues.get(topic, queue_id)
-        if queue is None:
-            return 0
-        first, end = queue.min_offset, queue.max_offset
-        low, high = first, end  # the answer (for `upper`: plus one) is in [low, high]
-        while low < high:
-            middle = (low + high) // 2
-            stored = await self._store_time(queue, middle)
-            if stored < timestamp_ms or (upper and stored == timestamp_ms):
-                low = middle + 1
-            else:
-                high = middle
-        return max(first, low - 1) if upper else low
+    # ------------------------------------------------------------ long polls
 
-    async def earliest_store_time(self, topic: str, queue_id: int) -> int:
-        """The store time of a queue's first kept message; −1 if it has none."""
-        self._check_readable()
-        queue = self.queues.get(topic, queue_id)
-        if queue is None or queue.min_offset >= queue.max_offset:
-            return -1
-        return await self._store_time(queue, queue.min_offset)
+    async def wait_for_any(self, keys: Iterable[tuple[str, int]], timeout_s: float) -> None:
+        """Long polling over several queues: return when any of them may have
+        something new, or after `timeout_s`."""
+        await self.long_polls.wait_any(keys, timeout_s)
 
-    async def store_time_at(self, topic: str, queue_id: int, queue_offset: int) -> int:
-        """The store time of the message at `queue_offset`; −1 if the queue
-        has none there (never written, deleted by retention, or not yet)."""
-        self._check_readable()
-        queue = self.queues.get(topic, queue_id)
-        if queue is None or not queue.min_offset <= queue_offset < queue.max_offset:
-            return -1
-        return await self._store_time(queue, queue_offset)
-
-    async def _store_time(self, queue: QueueView, queue_offset: int) -> int:
-        """The store time of one entry's record; −1 if it is gone or unreadable."""
-        commit_offset, size, _ = queue.entry(queue_offset)
-        if commit_offset < self.commit_log.min_offset or size < record.STORE_TIMESTAMP_END:
-            return -1
-        known = self._store_times.get(commit_offset)
-        if known is not None:
-            return known
-        try:
-            head = await self.reader.read(commit_offset, record.STORE_TIMESTAMP_END)
-            stored = record.store_timestamp(head)
-        except (record.RecordError, CommitLogError):
-            return -1
-        if len(self._store_times) >= STORE_TIME_CACHE:
-            self._store_times.clear()
-        self._store_times[commit_offset] = stored
-        return stored
-
-    def _check_readable(self) -> None:
-        """A closed store has no queues: a read that reached it after it closed
-        (a long poll released by `stop`, a request the broker took just before
-        it stopped or changed its role) must not answer as if a queue were
-        empty, or a consumer would move its offset back to the queue's start.
-
-        Raises:
-            Unavailable: the store is closed; the reader retries (elsewhere).
-        """
-        if not self._opened:
-            raise Unavailable(
-                "the store is closed: the broker is stopping or changing its role; retry"
-            )
+    def wake(self, keys: Iterable[tuple[str, int]]) -> None:
+        """Wake the long polls of these queues to look again (something other
+        than an append changed what they may hand out: an ack, a redelivery)."""
+        self.long_polls.notify(keys)
 
     async def wait_for_messages(
         self, topic: str, queue_id: int, queue_offset: int, timeout_s: float
@@ -1117,23 +908,9 @@ class MessageStore:
         `notify_confirmed` wakes them once it comes, and waking them now only
         sends them back to wait (twice the wake-ups per pull)."""
         start, self._dispatch_notified = self._dispatch_notified, self.dispatcher.offset
-        if self._confirmed is not None and self.confirm_offset <= start:
+        if self.reads.confirmed_only and self.reads.confirm_offset <= start:
             return
         self.long_polls.notify(keys)
-
-    def _visible_at(self, topic: str, queue_id: int, queue_offset: int) -> bool:
-        """Whether a pull from `queue_offset` has something to answer now: a message
-        consumers may see there, or an offset the reader must correct (below the
-        queue's first). On a SYNC_MASTER the message at `queue_offset` itself must be
-        confirmed: one past the confirm offset would be read as nothing, and a pull
-        woken for it answers NOT_FOUND and comes straight back."""
-        queue = self.queues.get(topic, queue_id)
-        if queue is None or queue_offset >= queue.max_offset:
-            return False
-        if self._confirmed is None or queue_offset < queue.min_offset:
-            return True
-        offset, size, _ = queue.entry(queue_offset)
-        return offset + size <= self.confirm_offset
 
     # ------------------------------------------------------------ for the layers above
     # What messaging, metadata, metrics and the app read of the store's parts:
@@ -1213,33 +990,3 @@ def _encoder(
         )  # fmt: skip
 
     return encode
-
-
-def _spans(
-    entries: list[tuple[int, int, int]],
-    file_size: int,
-    max_span: int,
-    max_gap: int = 64 << 10,
-) -> Iterator[tuple[int, int, list[tuple[int, int, int]]]]:
-    """Group consume-queue entries into commit-log ranges read with one pread
-    each: entries close together (and in one file) share a read of at most
-    `max_span` bytes (a single larger record is a span of its own). Lazy: a
-    pull that has its fill stops asking, and nothing more is grouped or read."""
-    start = end = 0
-    group: list[tuple[int, int, int]] = []
-    for entry in entries:
-        offset, size, _ = entry
-        if (
-            group
-            and 0 <= offset - end <= max_gap
-            and offset + size - start <= max_span
-            and offset // file_size == start // file_size
-        ):
-            end = offset + size
-            group.append(entry)
-            continue
-        if group:
-            yield start, end, group
-        start, end, group = offset, offset + size, [entry]
-    if group:
-        yield start, end, group

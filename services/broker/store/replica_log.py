@@ -36,7 +36,7 @@ class ReplicaSource(Protocol):
 
     async def wait_for_growth(self, offset: int, timeout_s: float) -> bool: ...
 
-    def append_raw(self, commit_offset: int, data: bytes | memoryview) -> int: ...
+    def append_replicated(self, commit_offset: int, data: bytes | memoryview) -> int: ...
 
     def restart_at(self, start_offset: int) -> None: ...
 
@@ -91,7 +91,7 @@ class StoreReplicaLog:
         if now - self._window_start > BULK_WINDOW_S:
             self._window_start, self._window_bytes = now, 0
         self._window_bytes += len(data)
-        return self._store.append_raw(offset, data)
+        return self._store.append_replicated(offset, data)
 
     def receiving_bulk(self) -> bool:
         return (

@@ -18,7 +18,7 @@ Records, as RocketMQ 4.9 writes them:
 
 A transaction is known by its original half's queue offset (its *key*): every
 copy maps back to it. A commit and its op record are one commit-log append
-(`MessageStore.append_together`), so a crash or a cut replication stream can
+(`MessageStore.append_decisions`), so a crash or a cut replication stream can
 separate them only at the very end of the log; `load` writes the missing op of
 such a tail commit. A decision is taken once: the key leaves the pending table
 before anything awaits, and a second END for it (a duplicate, a late answer
@@ -410,7 +410,7 @@ class TransactionService:
                         )  # fmt: skip
                 parts.append((OP_TOPIC, 0, [self._op(half.key, decision, now_ms)]))
             started = time.perf_counter()
-            results = self.store.append_together(parts, check_space=bool(commits))
+            results = self.store.append_decisions(parts, check_space=bool(commits))
         except BaseException:
             for half, _ in decided:
                 self._untake(half)
@@ -759,7 +759,7 @@ class TransactionService:
             return
         self._take(half)
         try:
-            self.store.append_together(
+            self.store.append_decisions(
                 [(OP_TOPIC, 0, [self._op(key, Decision.COMMIT, self.clock.wall_ms())])],
                 check_space=False,
             )
