@@ -1,8 +1,13 @@
 """Automatic failover: masters elected in etcd, epochs and the member that swaps
 between master and slave incarnations of the broker.
 
-Owns: `node` (FailoverNode: campaign, step down, swap incarnations), `etcd` (the
-etcd client wrapper and the group's keys) and `epochs` (the epoch history file).
+Owns: `node` (FailoverNode: composes the parts below, moves between roles and
+swaps incarnations of the app), `election` (who may campaign, the campaign, the
+leader key), `lease` (the etcd lease and its clock, the fence), `insync` (a
+master run's in-sync set and its replica acknowledgements), `handover` (`ferry
+failover`), `role` (the member's role), `metrics` (the `ferry_ha_*` series),
+`etcd` (the etcd client wrapper and the group's keys) and `epochs` (the epoch
+history file). Only `node` starts, stops or reads a run of the app.
 
 May import: the app (it builds a BrokerApp per incarnation) and the
 `Incarnation` contract the app side declares (services/broker/incarnation.py).
