@@ -17,8 +17,8 @@ Owns, for one run of this member as master (a new `InSyncSet` per run):
 Runs on the event loop: the HA master's ack callbacks and the node's
 housekeeping call in; each change runs in a task of its own, one at a time
 (`_lock`). Writes to etcd only through the `LeaderKey` (so only while this
-member leads). Must never read the running broker app, and never outlive its
-run: `stop` ends it when the run stops.
+member leads). Must never read the running broker app, and never change the
+set once its run stops (`close`).
 """
 
 from __future__ import annotations
@@ -128,9 +128,14 @@ class InSyncSet:
         """The run has started: changes to the set may begin."""
         self._active = True
 
-    async def stop(self) -> None:
-        """The run stops: no change begins or completes any more."""
+    def close(self) -> None:
+        """The run stops: no change begins; one under way gives up at its next
+        step (a slave counted but not yet published is no longer required)."""
         self._active = False
+
+    async def stop(self) -> None:
+        """The member stops: `close`, and cancel the changes under way."""
+        self.close()
         await cancel_and_wait(*self._tasks)
 
     # ------------------------------------------------------------ what others ask
@@ -194,7 +199,7 @@ class InSyncSet:
             self._spawn(self._change(remove=members), f"isr-remove-{sorted(members)}")
 
     def _spawn(self, coro, name: str) -> None:
-        """A task of this set, cancelled at stop, forgotten when done."""
+        """A task of this set, cancelled by `stop`, forgotten when done."""
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
