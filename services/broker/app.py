@@ -400,13 +400,11 @@ class BrokerApp:
         # in-sync set) comes first: the store reads its confirmed offset, and
         # it tells the store when that moves.
         acks = None
-        if cfg.is_master:
+        if incarnation is not None:
+            acks = incarnation.acks  # failover: the node's, counted by its in-sync set
+        elif cfg.is_master:
             acks = ReplicaAcks(
-                cfg.ha_max_gap_not_in_sync,
-                on_confirmed=lambda _: store.notify_confirmed(),
-                # Failover: what a new leader's log holds is its epoch's start.
-                local_end=(lambda: store.max_offset) if incarnation is not None else None,
-                on_outsider_ack=incarnation.on_outsider_ack if incarnation is not None else None,
+                cfg.ha_max_gap_not_in_sync, on_confirmed=lambda _: store.notify_confirmed()
             )
         self.acks = acks
         confirmed = None

@@ -15,6 +15,7 @@ from typing import Any
 
 from ferry.runtime.server import GrpcServer
 from ferry.runtime.swap import ServiceSwitch
+from services.ha.sync import ReplicaAcks
 
 
 @dataclass
@@ -24,8 +25,11 @@ class Incarnation:
     epoch: int  # the epoch led, or followed (0: no leader known)
     on_store_open: Callable[[object], Awaitable[None]]
     fence: Callable[[bool], None]
-    on_slave_timeout: Callable[[list[Hashable]], None]
-    on_outsider_ack: Callable[[Hashable, int], None]
+    # A master run's: told which in-sync replicas lagged past slaveTimeout.
+    on_slave_timeout: Callable[[list[Hashable]], None] | None
+    # A master run's replica acknowledgements: the node's, which its in-sync
+    # set counts (None: a follower run, which has none).
+    acks: ReplicaAcks | None
     metrics_port: int
     # The node's gRPC server, which outlives the run, and where the run mounts
     # its servicers (None: the app runs its own server).

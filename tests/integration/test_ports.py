@@ -16,7 +16,7 @@ from ferry.remoting.client import call
 from ferry.remoting.codec import Command
 from ferry.remoting.discovery import DiscoveryError, grpc_address_sync
 from ferry.v1 import broker_pb2
-from services.broker.failover.node import _Unavailable
+from services.broker.failover.runs import _Unavailable
 from tests.conftest import start_broker
 from tests.integration.support import HeldPort, create_topic, live_addrs
 

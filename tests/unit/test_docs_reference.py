@@ -280,7 +280,7 @@ def test_a_missing_metric_is_caught_and_a_longer_name_does_not_hide_it():
     names = declared_metrics()
     text = METRICS_MD.read_text()
     assert undocumented_metrics(_drop_lines(text, "`ferry_ha_leader`"), names) == [
-        "ferry_ha_leader (services/broker/failover/node.py)"
+        "ferry_ha_leader (services/broker/failover/metrics.py)"
     ]  # `ferry_ha_leader_changes_total` is still there, and does not count
     no_total = text.replace("`ferry_pop_dead_letters_total`", "`ferry_pop_dead_letters`")
     assert [m.split()[0] for m in undocumented_metrics(no_total, names)] == [

@@ -25,7 +25,8 @@ says what it owns and what it must not import:
     cluster/    registration, slave_sync, replication (the SYNC_MASTER ack wait)
     app.py, config.py, metrics.py   the composition root and its config/metrics
     incarnation.py                  the contract failover/ drives the app through
-    failover/   node, etcd, epochs: drives the app; only the entry points import it
+    failover/   node, runs, lease, election, insync, handover, rejoin, role, metrics,
+                etcd, epochs: drives the app; only the entry points import it
     cli.py, __main__.py             the entry points
 
 `python tests/unit/test_imports.py` prints the map with each module's level (the
