@@ -82,6 +82,7 @@ from services.broker.config import BrokerConfig
 from services.broker.incarnation import Incarnation
 from services.broker.messaging.admin import AdminService
 from services.broker.messaging.service import MessagingService, SendStatus
+from services.broker.messaging.statistics import StatisticsService
 from services.broker.metadata.metadata_log import MetadataLog
 from services.broker.metadata.tables import BrokerMetadata
 from services.broker.metrics import BrokerMetrics, BrokerStateCollector
@@ -304,6 +305,7 @@ class BrokerApp:
         self.pop: PopService | None = None
         self.timer: TimerService | None = None
         self.transactions: TransactionService | None = None  # masters
+        self.statistics: StatisticsService | None = None
         self.acks: ReplicaAcks | None = None
         self.replication: SyncReplication | None = None  # SYNC_MASTER: sends wait for a slave
         self.ha_master: HAMaster | None = None
@@ -533,6 +535,9 @@ class BrokerApp:
             allow_mixed_message_type=cfg.enable_mixed_message_type,
         )
         self.messaging = messaging
+        self.statistics = statistics = StatisticsService(
+            store, metadata, messaging.stats, admin, self.clock, cfg.flush_disk_type, cfg.store_root
+        )
         extra_services = []
         if cfg.enable_proxy and cfg.is_slave:
             log.warning(
@@ -559,7 +564,7 @@ class BrokerApp:
             ),
             Service(
                 ADMIN_SERVICE,
-                BrokerAdminServicer(admin, self.gate, cfg.flush_disk_type),
+                BrokerAdminServicer(admin, statistics, self.gate),
                 _ADD[ADMIN_SERVICE],
             ),
             Service(
