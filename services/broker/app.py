@@ -38,35 +38,20 @@ import logging
 import os
 import socket
 import ssl
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
 from ferry.model import SCHEDULE_TOPIC, TopicConfig, order_brokers, revive_topic
-from ferry.remoting.metrics import RemotingMetrics
-from ferry.remoting.server import Check, Connection, Handler, RemotingServer
-from ferry.runtime import auth
-from ferry.runtime.acl_file import AclFile
+from ferry.remoting.server import RemotingServer
 from ferry.runtime.clock import Clock, SystemClock
-from ferry.runtime.errors import ConfigError, FerryError, StorageFault
+from ferry.runtime.errors import FerryError, StorageFault
 from ferry.runtime.files import atomic_write_bytes
-from ferry.runtime.metrics_http import MetricsEndpoint, start_metrics_endpoint
+from ferry.runtime.metrics_http import MetricsEndpoint
 from ferry.runtime.server import GrpcServer, Service
-from ferry.runtime.tls import ClientTLS, ServerTLS
-from ferry.v1 import (
-    broker_admin_pb2,
-    broker_admin_pb2_grpc,
-    broker_pb2,
-    broker_pb2_grpc,
-    ha_admin_pb2,
-    ha_admin_pb2_grpc,
-    slave_sync_pb2,
-    slave_sync_pb2_grpc,
-    transactions_pb2,
-    transactions_pb2_grpc,
-)
+from ferry.runtime.tls import ClientTLS
 from services.broker.api.servicer import (
     BrokerAdminServicer,
     BrokerServicer,
@@ -87,14 +72,26 @@ from services.broker.metadata.metadata_log import MetadataLog
 from services.broker.metadata.tables import BrokerMetadata
 from services.broker.metrics import BrokerMetrics, BrokerStateCollector
 from services.broker.pop import PopConfig, PopService
-from services.broker.remoting import after_close as remoting_after_close
 from services.broker.remoting import connection_closed as remoting_connection_closed
 from services.broker.remoting import handlers as remoting_handlers
 from services.broker.remoting import housekeeping as remoting_housekeeping
-from services.broker.remoting.acl import acl_check
 from services.broker.remoting.deps import Deps
 from services.broker.schedule.delay import DelayScheduler
 from services.broker.schedule.timer import TimerService
+from services.broker.servers import (
+    ADD,
+    ADMIN_SERVICE,
+    BROKER_SERVICE,
+    HA_ADMIN_SERVICE,
+    SLAVE_SYNC_SERVICE,
+    TRANSACTIONS_SERVICE,
+    grpc_server,
+    listen_remoting,
+    load_acl_file,
+    metrics_endpoint,
+    remoting_server,
+    rocketmq_v2_service,
+)
 from services.broker.store import (
     FlushDiskType,
     IndexConfig,
@@ -113,136 +110,6 @@ if TYPE_CHECKING:
     from services.proxy.servicer import MessagingServicer
 
 log = logging.getLogger(__name__)
-
-BROKER_SERVICE = broker_pb2.DESCRIPTOR.services_by_name["Broker"].full_name
-ADMIN_SERVICE = broker_admin_pb2.DESCRIPTOR.services_by_name["BrokerAdmin"].full_name
-SLAVE_SYNC_SERVICE = slave_sync_pb2.DESCRIPTOR.services_by_name["SlaveSync"].full_name
-HA_ADMIN_SERVICE = ha_admin_pb2.DESCRIPTOR.services_by_name["HAAdmin"].full_name
-TRANSACTIONS_SERVICE = transactions_pb2.DESCRIPTOR.services_by_name["Transactions"].full_name
-_ADD = {  # how each service is added to a server
-    BROKER_SERVICE: broker_pb2_grpc.add_BrokerServicer_to_server,
-    ADMIN_SERVICE: broker_admin_pb2_grpc.add_BrokerAdminServicer_to_server,
-    SLAVE_SYNC_SERVICE: slave_sync_pb2_grpc.add_SlaveSyncServicer_to_server,
-    HA_ADMIN_SERVICE: ha_admin_pb2_grpc.add_HAAdminServicer_to_server,
-    TRANSACTIONS_SERVICE: transactions_pb2_grpc.add_TransactionsServicer_to_server,
-}
-
-
-def load_acl_file(cfg: BrokerConfig) -> AclFile | None:
-    """The plain_acl.yml of aclEnable (None when off); ConfigError naming aclFile and
-    what is wrong in the file."""
-    if not cfg.acl_enable:
-        return None
-    assert cfg.acl_file is not None  # load_config gives aclEnable its default file
-    try:
-        acl = AclFile(cfg.acl_file)
-    except ValueError as exc:
-        raise ConfigError(
-            "aclFile", f"aclEnable=true and the ACL file cannot be used: {exc}"
-        ) from None
-    log.info(
-        "RocketMQ's ACL on: %d accounts from %s (re-read when it changes)",
-        len(acl.config.accounts),
-        acl.path,
-    )
-    return acl
-
-
-def grpc_server(
-    cfg: BrokerConfig,
-    services: Sequence[Service],
-    registry: CollectorRegistry,
-    acl: AclFile | None = None,
-) -> GrpcServer:
-    """The broker's gRPC server for `services` on grpcListenPort: its options,
-    admin-token interceptors (with `acl`: the token or an admin account's
-    signature), TLS and plaintext health port. A `BrokerApp` builds its own; a
-    failover node builds one for all its runs (services.broker.failover.node)."""
-    return GrpcServer(
-        services,
-        cfg.bind_host,
-        cfg.grpc_port,
-        cfg.grpc_max_message_size,
-        interceptors=_interceptors(cfg, acl),
-        tls=(
-            ServerTLS.load(
-                cfg.tls_cert,
-                cfg.tls_key,
-                cfg.tls_client_ca or None,
-                keys=("tlsCert", "tlsKey", "tlsClientCa"),
-            )
-            if cfg.tls_cert
-            else None
-        ),
-        health_port=cfg.health_port,
-        registry=registry,
-    )
-
-
-def _interceptors(cfg: BrokerConfig, acl: AclFile | None) -> list[Any]:
-    out = list(auth.interceptors(cfg.admin_token, auth.BROKER_ADMIN_METHODS, acl))
-    if acl is not None and cfg.enable_proxy:
-        from services.proxy.auth import AclInterceptor  # local mode: the SDKs' door too
-
-        out.append(AclInterceptor(acl))
-    return out
-
-
-def remoting_server(
-    registry: CollectorRegistry,
-    handlers: Mapping[int, Handler],
-    on_close: Callable[[Connection], None] | None = None,
-    acl: AclFile | None = None,
-) -> RemotingServer:
-    """The broker's RocketMQ-protocol server serving `handlers`, every request
-    checked against `acl` when given. A `BrokerApp` builds its own; a failover
-    node builds one for all its runs."""
-    check: Check | None = acl_check(acl) if acl is not None else None
-    return RemotingServer(
-        "broker",
-        handlers,
-        metrics=RemotingMetrics(registry, "broker"),
-        on_close=on_close,
-        after_close=remoting_after_close(),
-        check=check,
-    )
-
-
-async def listen_remoting(cfg: BrokerConfig, server: RemotingServer) -> tuple[int, int]:
-    """Listen on listenPort and fastListenPort (unless -1); the bound ports
-    (fast: -1 when off). An OSError names the key whose port is taken."""
-    ports = []
-    for key, port in (("listenPort", cfg.listen_port), ("fastListenPort", cfg.fast_port)):
-        if port < 0:
-            ports.append(-1)
-            continue
-        try:
-            ports.append(await server.listen(cfg.bind_host, port))
-        except OSError as exc:
-            raise OSError(
-                f"cannot listen on {cfg.bind_host}:{port} ({key}, RocketMQ's protocol): "
-                f"{exc.strerror or exc}"
-            ) from None
-    return ports[0], ports[1]
-
-
-def servable(cfg: BrokerConfig) -> dict[str, Callable[[Any, Any], None]]:
-    """Every service a broker with `cfg` may serve in some role, by name, with
-    how to add it to a server (a failover node's server holds them all)."""
-    services: dict[str, Callable[[Any, Any], None]] = dict(_ADD)
-    if cfg.enable_proxy:
-        services.update([_messaging_service()])
-    return services
-
-
-def _messaging_service() -> tuple[str, Callable[[Any, Any], None]]:
-    """apache.rocketmq.v2.MessagingService (enableProxy): its name and adder."""
-    from apache.rocketmq.v2 import service_pb2, service_pb2_grpc
-
-    return (
-        service_pb2.DESCRIPTOR.services_by_name["MessagingService"].full_name,
-        service_pb2_grpc.add_MessagingServiceServicer_to_server,
-    )
 
 
 def _ha_server_ssl(cfg: BrokerConfig) -> ssl.SSLContext:
@@ -560,12 +427,12 @@ class BrokerApp:
                     transactions=self.transactions,
                     max_answer_bytes=cfg.grpc_max_message_size,
                 ),
-                _ADD[BROKER_SERVICE],
+                ADD[BROKER_SERVICE],
             ),
             Service(
                 ADMIN_SERVICE,
                 BrokerAdminServicer(admin, statistics, self.gate),
-                _ADD[ADMIN_SERVICE],
+                ADD[ADMIN_SERVICE],
             ),
             Service(
                 SLAVE_SYNC_SERVICE,
@@ -574,13 +441,13 @@ class BrokerApp:
                     self.gate,
                     log_position=self.journal.position if self.journal else None,
                 ),
-                _ADD[SLAVE_SYNC_SERVICE],
+                ADD[SLAVE_SYNC_SERVICE],
             ),
-            Service(HA_ADMIN_SERVICE, HAAdminServicer(self._ha_status), _ADD[HA_ADMIN_SERVICE]),
+            Service(HA_ADMIN_SERVICE, HAAdminServicer(self._ha_status), ADD[HA_ADMIN_SERVICE]),
             Service(
                 TRANSACTIONS_SERVICE,
                 TransactionsServicer(self.transactions, self.gate, cfg.broker_name),
-                _ADD[TRANSACTIONS_SERVICE],
+                ADD[TRANSACTIONS_SERVICE],
             ),
             *extra_services,
         ]
@@ -616,10 +483,8 @@ class BrokerApp:
                 transactions=self.transactions,
             )
         )
-        if cfg.metrics_port >= 0 and self.incarnation is None:
-            self._metrics_endpoint = start_metrics_endpoint(
-                cfg.bind_host, cfg.metrics_port, self.registry, loop=asyncio.get_running_loop()
-            )
+        if self.incarnation is None:
+            self._metrics_endpoint = metrics_endpoint(cfg, self.registry)
         await store.start()
         if self.incarnation is not None:
             # Before HA or any send: a new leader records its epoch, a follower
@@ -821,7 +686,7 @@ class BrokerApp:
                 topic_message_type_check=cfg.enable_topic_message_type_check,
             ),
         )
-        name, add = _messaging_service()
+        name, add = rocketmq_v2_service()
         return Service(name, self.proxy, add)
 
     async def _start_ha(self, store: MessageStore) -> None:

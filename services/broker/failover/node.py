@@ -254,7 +254,7 @@ class FailoverNode:
         self.remoting_locks.channel_closed(connection)
 
     async def start(self) -> None:
-        from services.broker.app import (
+        from services.broker.servers import (
             grpc_server,
             listen_remoting,
             load_acl_file,
