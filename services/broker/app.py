@@ -8,11 +8,13 @@ speak RocketMQ's protocol (services.broker.remoting's handlers), and
 Records' store host (and so every offsetMsgId) is brokerIP1 with the bound
 RocketMQ-protocol port, as RocketMQ's clients expect.
 
-Start: recover the store (before anything listens) → open metadata → bind the
-gRPC server, the RocketMQ-protocol ports and the metrics endpoint → start the
-dispatcher/flusher, the delay scheduler (masters) and the offset persister →
-SERVING → register with every name server. Stop: NOT_SERVING → unregister
-from every name server → stop the RocketMQ-protocol server, then the gRPC
+Start (`start` reads as these steps): recover the store (before anything
+listens) → open metadata → build the use cases and servicers → bind the gRPC
+server, the RocketMQ-protocol ports and the metrics endpoint (built by
+servers.py) → start the dispatcher/flusher, HA, the delay scheduler (masters)
+and the offset persister → SERVING → register with every name server → the
+ready line and the port file. Stop: NOT_SERVING → unregister from every name
+server → stop the RocketMQ-protocol server, then the gRPC
 server (each with the grace) → close the local proxy's loopback channel →
 stop background tasks → close the store cleanly (flush, checkpoint, remove
 `abort`) → persist metadata. A failover run (`incarnation`) binds no server:
@@ -105,6 +107,7 @@ from services.ha.slave import HASlave, HASlaveConfig
 from services.ha.sync import ReplicaAcks
 
 if TYPE_CHECKING:
+    from ferry.runtime.acl_file import AclFile
     from ferry.runtime.swap import Mount
     from services.proxy.routes import LocalRoutes
     from services.proxy.servicer import MessagingServicer
@@ -134,6 +137,35 @@ def _ha_client_ssl(cfg: BrokerConfig) -> ssl.SSLContext:
 
 def schedule_topic_config(levels: int) -> TopicConfig:
     return TopicConfig(SCHEDULE_TOPIC, read_queue_nums=levels, write_queue_nums=levels, perm=6)
+
+
+def store_config_of(cfg: BrokerConfig) -> StoreConfig:
+    """The store's settings from the broker's."""
+    return StoreConfig(
+        root=cfg.store_root,
+        commit_log_file_size=cfg.commit_log_file_size,
+        consume_queue_entries_per_file=cfg.consume_queue_entries_per_file,
+        flush_disk_type=FlushDiskType(cfg.flush_disk_type),
+        flush_interval_s=cfg.flush_interval_s,
+        sync_flush_timeout_s=cfg.sync_flush_timeout_s,
+        store_host=(_ipv4_or_loopback(cfg.broker_ip1), cfg.listen_port),
+        delay_levels_s=tuple(cfg.message_delay_levels_s),
+        retention=RetentionConfig(
+            file_reserved_time_s=cfg.file_reserved_time_s,
+            delete_when_hours=cfg.delete_when_hours,
+            disk_max_used_space_ratio=cfg.disk_max_used_space_ratio,
+            disk_space_clean_forcibly_ratio=cfg.disk_space_clean_forcibly_ratio,
+            disk_space_warning_level_ratio=cfg.disk_space_warning_level_ratio,
+            clean_file_forcibly_enable=cfg.clean_file_forcibly_enable,
+            delete_files_interval_s=cfg.delete_commit_log_files_interval_s,
+            check_interval_s=cfg.clean_resource_interval_s,
+        ),
+        index=IndexConfig(
+            enabled=cfg.message_index_enable,
+            max_hash_slot_num=cfg.max_hash_slot_num,
+            max_index_num=cfg.max_index_num,
+        ),
+    )
 
 
 class BrokerApp:
@@ -235,34 +267,25 @@ class BrokerApp:
     # ------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        cfg = self.config
+        """The module docstring's order, one named step each: config → parts (the
+        store recovered before anything listens, then the use cases and their
+        servicers) → serve → background tasks → SERVING → register → ready."""
         # Before anything is recovered or bound: a bad ACL file stops startup at once.
-        acl = load_acl_file(cfg) if self.incarnation is None else None
-        store_config = StoreConfig(
-            root=cfg.store_root,
-            commit_log_file_size=cfg.commit_log_file_size,
-            consume_queue_entries_per_file=cfg.consume_queue_entries_per_file,
-            flush_disk_type=FlushDiskType(cfg.flush_disk_type),
-            flush_interval_s=cfg.flush_interval_s,
-            sync_flush_timeout_s=cfg.sync_flush_timeout_s,
-            store_host=(_ipv4_or_loopback(cfg.broker_ip1), cfg.listen_port),
-            delay_levels_s=tuple(cfg.message_delay_levels_s),
-            retention=RetentionConfig(
-                file_reserved_time_s=cfg.file_reserved_time_s,
-                delete_when_hours=cfg.delete_when_hours,
-                disk_max_used_space_ratio=cfg.disk_max_used_space_ratio,
-                disk_space_clean_forcibly_ratio=cfg.disk_space_clean_forcibly_ratio,
-                disk_space_warning_level_ratio=cfg.disk_space_warning_level_ratio,
-                clean_file_forcibly_enable=cfg.clean_file_forcibly_enable,
-                delete_files_interval_s=cfg.delete_commit_log_files_interval_s,
-                check_interval_s=cfg.clean_resource_interval_s,
-            ),
-            index=IndexConfig(
-                enabled=cfg.message_index_enable,
-                max_hash_slot_num=cfg.max_hash_slot_num,
-                max_index_num=cfg.max_index_num,
-            ),
-        )
+        acl = load_acl_file(self.config) if self.incarnation is None else None
+        store_config = store_config_of(self.config)
+        store, metadata = await self._open_store(store_config)
+        self._build_use_cases(store, metadata)
+        await self._serve(self._servicers(metadata, store_config), store, metadata, acl)
+        await self._start_log(store)
+        await self._start_tasks(store, metadata)
+        await self._start_serving()
+        await self._register(metadata)
+        self._ready(store)
+
+    async def _open_store(self, store_config: StoreConfig) -> tuple[MessageStore, BrokerMetadata]:
+        """The store, recovered, and the metadata tables (a master's ReplicaAcks
+        first: the store reads it)."""
+        cfg = self.config
         incarnation = self.incarnation
         # Every part gets its collaborators through its constructor, so the
         # order below is the dependency order. A master's ReplicaAcks (the HA
@@ -309,6 +332,15 @@ class BrokerApp:
             metadata.topics.ensure_system_topic(
                 schedule_topic_config(len(cfg.message_delay_levels_s))
             )
+        return store, metadata
+
+    def _build_use_cases(self, store: MessageStore, metadata: BrokerMetadata) -> None:
+        """Metrics, the SYNC_MASTER acknowledgement policy and the use cases
+        (send and pull, timers, pop and transactions on a master, the failover
+        metadata log, admin, statistics)."""
+        cfg = self.config
+        incarnation = self.incarnation
+        acks = self.acks
         identity = (cfg.cluster_name, cfg.broker_name, cfg.broker_id, cfg.broker_role)
         self.metrics = metrics = BrokerMetrics(self.registry, cfg, timed=not cfg.is_slave)
         if acks is not None and cfg.broker_role == "SYNC_MASTER":
@@ -402,9 +434,14 @@ class BrokerApp:
             allow_mixed_message_type=cfg.enable_mixed_message_type,
         )
         self.messaging = messaging
-        self.statistics = statistics = StatisticsService(
+        self.statistics = StatisticsService(
             store, metadata, messaging.stats, admin, self.clock, cfg.flush_disk_type, cfg.store_root
         )
+
+    def _servicers(self, metadata: BrokerMetadata, store_config: StoreConfig) -> list[Service]:
+        """The gRPC services over the use cases (and the SDKs' door with enableProxy)."""
+        cfg = self.config
+        messaging, admin, statistics = self.messaging, self.admin, self.statistics
         extra_services = []
         if cfg.enable_proxy and cfg.is_slave:
             log.warning(
@@ -451,6 +488,18 @@ class BrokerApp:
             ),
             *extra_services,
         ]
+        return services
+
+    async def _serve(
+        self,
+        services: list[Service],
+        store: MessageStore,
+        metadata: BrokerMetadata,
+        acl: AclFile | None,
+    ) -> None:
+        """Bind the gRPC server, the RocketMQ-protocol ports and the metrics
+        endpoint (with failover: mount on the node's servers), still NOT_SERVING."""
+        cfg = self.config
         self.remoting_deps = deps = Deps.from_app(self)
         table = remoting_handlers(deps)
         on_close = remoting_connection_closed(deps)
@@ -485,6 +534,10 @@ class BrokerApp:
         )
         if self.incarnation is None:
             self._metrics_endpoint = metrics_endpoint(cfg, self.registry)
+
+    async def _start_log(self, store: MessageStore) -> None:
+        """The dispatcher and flusher, then HA and the failover metadata log."""
+        cfg = self.config
         await store.start()
         if self.incarnation is not None:
             # Before HA or any send: a new leader records its epoch, a follower
@@ -498,6 +551,13 @@ class BrokerApp:
         elif self.journal is not None:
             # A new master has every acknowledged change before its first send.
             await self.journal.take_over()
+
+    async def _start_tasks(self, store: MessageStore, metadata: BrokerMetadata) -> None:
+        """The background tasks: delay scheduler, timers and pop revive (masters),
+        transaction checks, the offset persister, traffic rates, RocketMQ clients'
+        expiry, and the fail-stop watch."""
+        cfg = self.config
+        deps = self.remoting_deps
         if not cfg.is_slave:
             self.scheduler = DelayScheduler(
                 store, metadata.delay_offsets, metadata.topics, self.clock
@@ -526,8 +586,16 @@ class BrokerApp:
             asyncio.create_task(remoting_housekeeping(deps), name="remoting-housekeeping")
         )
         self._fault_watch = asyncio.create_task(self._stop_on_storage_fault(), name="fail-stop")
+
+    async def _start_serving(self) -> None:
+        """SERVING: the gate opens and health says so."""
+        assert self.server is not None
         self.gate.open = True
         await self.server.set_serving(None if self._mount is None else self._mount.servicers)
+
+    async def _register(self, metadata: BrokerMetadata) -> None:
+        """Register with every name server (and keep registering)."""
+        cfg = self.config
         if cfg.namesrv_addrs:
             from services.broker.cluster.registration import BrokerIdentity, Registrar
 
@@ -562,6 +630,10 @@ class BrokerApp:
             await self.registrar.start()
         else:
             log.warning("no name server configured (namesrvAddr): running standalone")
+
+    def _ready(self, store: MessageStore) -> None:
+        """The ready line, then the port file."""
+        cfg = self.config
         log.info(
             "broker ready: cluster=%s name=%s id=%d role=%s rocketmq=%s%s grpc=%s metrics=%d "
             "store=%s commit_log=[%d,%d)",
