@@ -11,10 +11,11 @@ progress) — read from the store, the metadata tables and the traffic rates
 the same windows on every door: ferry.v1's put_tps and get_tps are the first (10 s)
 of the RocketMQ door's putTps and getTransferedTps.
 
-Must never: change anything (it only reads); render a wire format (JSON keys,
-RocketMQ's "a b c" rates and byte counts, protobuf: the doors do); learn which door
-asked. Runs on the event-loop thread, which owns the store and tables it reads; the
-only I/O is one statfs of the store's disk and the store's own async reads of store
+Must never: change the store or the tables (it reads them; `forget_group` only drops
+a deleted group's rates); render a wire format (JSON keys, RocketMQ's "a b c" rates
+and byte counts, protobuf: the doors do); learn which door asked. Runs on the
+event-loop thread, which owns the store and tables it reads; the only I/O is one
+statfs of the store's disk and the store's own async reads of records and store
 times.
 """
 

@@ -18,7 +18,9 @@ Statistics: GET_BROKER_RUNTIME_INFO 28, GET_TOPIC_STATS_INFO 202,
 GET_CONSUME_STATS 208, GET_CONSUMER_CONNECTION_LIST 203,
 GET_PRODUCER_CONNECTION_LIST 204, QUERY_TOPIC_CONSUME_BY_WHO 300, and
 INVOKE_BROKER_TO_RESET_OFFSET 222 (the broker tells the group's connected
-consumers where to start again, as Apache's does).
+consumers where to start again, as Apache's does). The figures of 28, 202 and
+208 are the statistics use case's (services.broker.messaging.statistics, which
+ferry.v1's GetBrokerRuntimeInfo answers from too); this module only renders them.
 
 Bodies are in the forms mqadmin parses (fastjson's, with MessageQueue objects
 as map keys for 202, 208 and 222: `ferry.remoting.bodies.dumps_object_keyed`).
