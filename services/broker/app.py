@@ -8,11 +8,13 @@ speak RocketMQ's protocol (services.broker.remoting's handlers), and
 Records' store host (and so every offsetMsgId) is brokerIP1 with the bound
 RocketMQ-protocol port, as RocketMQ's clients expect.
 
-Start: recover the store (before anything listens) → open metadata → bind the
-gRPC server, the RocketMQ-protocol ports and the metrics endpoint → start the
-dispatcher/flusher, the delay scheduler (masters) and the offset persister →
-SERVING → register with every name server. Stop: NOT_SERVING → unregister
-from every name server → stop the RocketMQ-protocol server, then the gRPC
+Start (`start` reads as these steps): recover the store (before anything
+listens) → open metadata → build the use cases and servicers → bind the gRPC
+server, the RocketMQ-protocol ports and the metrics endpoint (built by
+servers.py) → start the dispatcher/flusher, HA, the delay scheduler (masters)
+and the offset persister → SERVING → register with every name server → the
+ready line and the port file. Stop: NOT_SERVING → unregister from every name
+server → stop the RocketMQ-protocol server, then the gRPC
 server (each with the grace) → close the local proxy's loopback channel →
 stop background tasks → close the store cleanly (flush, checkpoint, remove
 `abort`) → persist metadata. A failover run (`incarnation`) binds no server:
@@ -38,35 +40,20 @@ import logging
 import os
 import socket
 import ssl
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
 from ferry.model import SCHEDULE_TOPIC, TopicConfig, order_brokers, revive_topic
-from ferry.remoting.metrics import RemotingMetrics
-from ferry.remoting.server import Check, Connection, Handler, RemotingServer
-from ferry.runtime import auth
-from ferry.runtime.acl_file import AclFile
+from ferry.remoting.server import RemotingServer
 from ferry.runtime.clock import Clock, SystemClock
-from ferry.runtime.errors import ConfigError, FerryError, StorageFault
+from ferry.runtime.errors import FerryError, StorageFault
 from ferry.runtime.files import atomic_write_bytes
-from ferry.runtime.metrics_http import MetricsEndpoint, start_metrics_endpoint
+from ferry.runtime.metrics_http import MetricsEndpoint
 from ferry.runtime.server import GrpcServer, Service
-from ferry.runtime.tls import ClientTLS, ServerTLS
-from ferry.v1 import (
-    broker_admin_pb2,
-    broker_admin_pb2_grpc,
-    broker_pb2,
-    broker_pb2_grpc,
-    ha_admin_pb2,
-    ha_admin_pb2_grpc,
-    slave_sync_pb2,
-    slave_sync_pb2_grpc,
-    transactions_pb2,
-    transactions_pb2_grpc,
-)
+from ferry.runtime.tls import ClientTLS
 from services.broker.api.servicer import (
     BrokerAdminServicer,
     BrokerServicer,
@@ -82,18 +69,31 @@ from services.broker.config import BrokerConfig
 from services.broker.incarnation import Incarnation
 from services.broker.messaging.admin import AdminService
 from services.broker.messaging.service import MessagingService, SendStatus
+from services.broker.messaging.statistics import StatisticsService
 from services.broker.metadata.metadata_log import MetadataLog
 from services.broker.metadata.tables import BrokerMetadata
 from services.broker.metrics import BrokerMetrics, BrokerStateCollector
 from services.broker.pop import PopConfig, PopService
-from services.broker.remoting import after_close as remoting_after_close
 from services.broker.remoting import connection_closed as remoting_connection_closed
 from services.broker.remoting import handlers as remoting_handlers
 from services.broker.remoting import housekeeping as remoting_housekeeping
-from services.broker.remoting.acl import acl_check
 from services.broker.remoting.deps import Deps
 from services.broker.schedule.delay import DelayScheduler
 from services.broker.schedule.timer import TimerService
+from services.broker.servers import (
+    ADD,
+    ADMIN_SERVICE,
+    BROKER_SERVICE,
+    HA_ADMIN_SERVICE,
+    SLAVE_SYNC_SERVICE,
+    TRANSACTIONS_SERVICE,
+    grpc_server,
+    listen_remoting,
+    load_acl_file,
+    metrics_endpoint,
+    remoting_server,
+    rocketmq_v2_service,
+)
 from services.broker.store import (
     FlushDiskType,
     IndexConfig,
@@ -107,141 +107,12 @@ from services.ha.slave import HASlave, HASlaveConfig
 from services.ha.sync import ReplicaAcks
 
 if TYPE_CHECKING:
+    from ferry.runtime.acl_file import AclFile
     from ferry.runtime.swap import Mount
     from services.proxy.routes import LocalRoutes
     from services.proxy.servicer import MessagingServicer
 
 log = logging.getLogger(__name__)
-
-BROKER_SERVICE = broker_pb2.DESCRIPTOR.services_by_name["Broker"].full_name
-ADMIN_SERVICE = broker_admin_pb2.DESCRIPTOR.services_by_name["BrokerAdmin"].full_name
-SLAVE_SYNC_SERVICE = slave_sync_pb2.DESCRIPTOR.services_by_name["SlaveSync"].full_name
-HA_ADMIN_SERVICE = ha_admin_pb2.DESCRIPTOR.services_by_name["HAAdmin"].full_name
-TRANSACTIONS_SERVICE = transactions_pb2.DESCRIPTOR.services_by_name["Transactions"].full_name
-_ADD = {  # how each service is added to a server
-    BROKER_SERVICE: broker_pb2_grpc.add_BrokerServicer_to_server,
-    ADMIN_SERVICE: broker_admin_pb2_grpc.add_BrokerAdminServicer_to_server,
-    SLAVE_SYNC_SERVICE: slave_sync_pb2_grpc.add_SlaveSyncServicer_to_server,
-    HA_ADMIN_SERVICE: ha_admin_pb2_grpc.add_HAAdminServicer_to_server,
-    TRANSACTIONS_SERVICE: transactions_pb2_grpc.add_TransactionsServicer_to_server,
-}
-
-
-def load_acl_file(cfg: BrokerConfig) -> AclFile | None:
-    """The plain_acl.yml of aclEnable (None when off); ConfigError naming aclFile and
-    what is wrong in the file."""
-    if not cfg.acl_enable:
-        return None
-    assert cfg.acl_file is not None  # load_config gives aclEnable its default file
-    try:
-        acl = AclFile(cfg.acl_file)
-    except ValueError as exc:
-        raise ConfigError(
-            "aclFile", f"aclEnable=true and the ACL file cannot be used: {exc}"
-        ) from None
-    log.info(
-        "RocketMQ's ACL on: %d accounts from %s (re-read when it changes)",
-        len(acl.config.accounts),
-        acl.path,
-    )
-    return acl
-
-
-def grpc_server(
-    cfg: BrokerConfig,
-    services: Sequence[Service],
-    registry: CollectorRegistry,
-    acl: AclFile | None = None,
-) -> GrpcServer:
-    """The broker's gRPC server for `services` on grpcListenPort: its options,
-    admin-token interceptors (with `acl`: the token or an admin account's
-    signature), TLS and plaintext health port. A `BrokerApp` builds its own; a
-    failover node builds one for all its runs (services.broker.failover.node)."""
-    return GrpcServer(
-        services,
-        cfg.bind_host,
-        cfg.grpc_port,
-        cfg.grpc_max_message_size,
-        interceptors=_interceptors(cfg, acl),
-        tls=(
-            ServerTLS.load(
-                cfg.tls_cert,
-                cfg.tls_key,
-                cfg.tls_client_ca or None,
-                keys=("tlsCert", "tlsKey", "tlsClientCa"),
-            )
-            if cfg.tls_cert
-            else None
-        ),
-        health_port=cfg.health_port,
-        registry=registry,
-    )
-
-
-def _interceptors(cfg: BrokerConfig, acl: AclFile | None) -> list[Any]:
-    out = list(auth.interceptors(cfg.admin_token, auth.BROKER_ADMIN_METHODS, acl))
-    if acl is not None and cfg.enable_proxy:
-        from services.proxy.auth import AclInterceptor  # local mode: the SDKs' door too
-
-        out.append(AclInterceptor(acl))
-    return out
-
-
-def remoting_server(
-    registry: CollectorRegistry,
-    handlers: Mapping[int, Handler],
-    on_close: Callable[[Connection], None] | None = None,
-    acl: AclFile | None = None,
-) -> RemotingServer:
-    """The broker's RocketMQ-protocol server serving `handlers`, every request
-    checked against `acl` when given. A `BrokerApp` builds its own; a failover
-    node builds one for all its runs."""
-    check: Check | None = acl_check(acl) if acl is not None else None
-    return RemotingServer(
-        "broker",
-        handlers,
-        metrics=RemotingMetrics(registry, "broker"),
-        on_close=on_close,
-        after_close=remoting_after_close(),
-        check=check,
-    )
-
-
-async def listen_remoting(cfg: BrokerConfig, server: RemotingServer) -> tuple[int, int]:
-    """Listen on listenPort and fastListenPort (unless -1); the bound ports
-    (fast: -1 when off). An OSError names the key whose port is taken."""
-    ports = []
-    for key, port in (("listenPort", cfg.listen_port), ("fastListenPort", cfg.fast_port)):
-        if port < 0:
-            ports.append(-1)
-            continue
-        try:
-            ports.append(await server.listen(cfg.bind_host, port))
-        except OSError as exc:
-            raise OSError(
-                f"cannot listen on {cfg.bind_host}:{port} ({key}, RocketMQ's protocol): "
-                f"{exc.strerror or exc}"
-            ) from None
-    return ports[0], ports[1]
-
-
-def servable(cfg: BrokerConfig) -> dict[str, Callable[[Any, Any], None]]:
-    """Every service a broker with `cfg` may serve in some role, by name, with
-    how to add it to a server (a failover node's server holds them all)."""
-    services: dict[str, Callable[[Any, Any], None]] = dict(_ADD)
-    if cfg.enable_proxy:
-        services.update([_messaging_service()])
-    return services
-
-
-def _messaging_service() -> tuple[str, Callable[[Any, Any], None]]:
-    """apache.rocketmq.v2.MessagingService (enableProxy): its name and adder."""
-    from apache.rocketmq.v2 import service_pb2, service_pb2_grpc
-
-    return (
-        service_pb2.DESCRIPTOR.services_by_name["MessagingService"].full_name,
-        service_pb2_grpc.add_MessagingServiceServicer_to_server,
-    )
 
 
 def _ha_server_ssl(cfg: BrokerConfig) -> ssl.SSLContext:
@@ -266,6 +137,35 @@ def _ha_client_ssl(cfg: BrokerConfig) -> ssl.SSLContext:
 
 def schedule_topic_config(levels: int) -> TopicConfig:
     return TopicConfig(SCHEDULE_TOPIC, read_queue_nums=levels, write_queue_nums=levels, perm=6)
+
+
+def store_config_of(cfg: BrokerConfig) -> StoreConfig:
+    """The store's settings from the broker's."""
+    return StoreConfig(
+        root=cfg.store_root,
+        commit_log_file_size=cfg.commit_log_file_size,
+        consume_queue_entries_per_file=cfg.consume_queue_entries_per_file,
+        flush_disk_type=FlushDiskType(cfg.flush_disk_type),
+        flush_interval_s=cfg.flush_interval_s,
+        sync_flush_timeout_s=cfg.sync_flush_timeout_s,
+        store_host=(_ipv4_or_loopback(cfg.broker_ip1), cfg.listen_port),
+        delay_levels_s=tuple(cfg.message_delay_levels_s),
+        retention=RetentionConfig(
+            file_reserved_time_s=cfg.file_reserved_time_s,
+            delete_when_hours=cfg.delete_when_hours,
+            disk_max_used_space_ratio=cfg.disk_max_used_space_ratio,
+            disk_space_clean_forcibly_ratio=cfg.disk_space_clean_forcibly_ratio,
+            disk_space_warning_level_ratio=cfg.disk_space_warning_level_ratio,
+            clean_file_forcibly_enable=cfg.clean_file_forcibly_enable,
+            delete_files_interval_s=cfg.delete_commit_log_files_interval_s,
+            check_interval_s=cfg.clean_resource_interval_s,
+        ),
+        index=IndexConfig(
+            enabled=cfg.message_index_enable,
+            max_hash_slot_num=cfg.max_hash_slot_num,
+            max_index_num=cfg.max_index_num,
+        ),
+    )
 
 
 class BrokerApp:
@@ -304,6 +204,7 @@ class BrokerApp:
         self.pop: PopService | None = None
         self.timer: TimerService | None = None
         self.transactions: TransactionService | None = None  # masters
+        self.statistics: StatisticsService | None = None
         self.acks: ReplicaAcks | None = None
         self.replication: SyncReplication | None = None  # SYNC_MASTER: sends wait for a slave
         self.ha_master: HAMaster | None = None
@@ -366,34 +267,25 @@ class BrokerApp:
     # ------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        cfg = self.config
+        """The module docstring's order, one named step each: config → parts (the
+        store recovered before anything listens, then the use cases and their
+        servicers) → serve → background tasks → SERVING → register → ready."""
         # Before anything is recovered or bound: a bad ACL file stops startup at once.
-        acl = load_acl_file(cfg) if self.incarnation is None else None
-        store_config = StoreConfig(
-            root=cfg.store_root,
-            commit_log_file_size=cfg.commit_log_file_size,
-            consume_queue_entries_per_file=cfg.consume_queue_entries_per_file,
-            flush_disk_type=FlushDiskType(cfg.flush_disk_type),
-            flush_interval_s=cfg.flush_interval_s,
-            sync_flush_timeout_s=cfg.sync_flush_timeout_s,
-            store_host=(_ipv4_or_loopback(cfg.broker_ip1), cfg.listen_port),
-            delay_levels_s=tuple(cfg.message_delay_levels_s),
-            retention=RetentionConfig(
-                file_reserved_time_s=cfg.file_reserved_time_s,
-                delete_when_hours=cfg.delete_when_hours,
-                disk_max_used_space_ratio=cfg.disk_max_used_space_ratio,
-                disk_space_clean_forcibly_ratio=cfg.disk_space_clean_forcibly_ratio,
-                disk_space_warning_level_ratio=cfg.disk_space_warning_level_ratio,
-                clean_file_forcibly_enable=cfg.clean_file_forcibly_enable,
-                delete_files_interval_s=cfg.delete_commit_log_files_interval_s,
-                check_interval_s=cfg.clean_resource_interval_s,
-            ),
-            index=IndexConfig(
-                enabled=cfg.message_index_enable,
-                max_hash_slot_num=cfg.max_hash_slot_num,
-                max_index_num=cfg.max_index_num,
-            ),
-        )
+        acl = load_acl_file(self.config) if self.incarnation is None else None
+        store_config = store_config_of(self.config)
+        store, metadata = await self._open_store(store_config)
+        self._build_use_cases(store, metadata)
+        await self._serve(self._servicers(metadata, store_config), store, metadata, acl)
+        await self._start_log(store)
+        await self._start_tasks(store, metadata)
+        await self._start_serving()
+        await self._register(metadata)
+        self._ready(store)
+
+    async def _open_store(self, store_config: StoreConfig) -> tuple[MessageStore, BrokerMetadata]:
+        """The store, recovered, and the metadata tables (a master's ReplicaAcks
+        first: the store reads it)."""
+        cfg = self.config
         incarnation = self.incarnation
         # Every part gets its collaborators through its constructor, so the
         # order below is the dependency order. A master's ReplicaAcks (the HA
@@ -438,6 +330,15 @@ class BrokerApp:
             metadata.topics.ensure_system_topic(
                 schedule_topic_config(len(cfg.message_delay_levels_s))
             )
+        return store, metadata
+
+    def _build_use_cases(self, store: MessageStore, metadata: BrokerMetadata) -> None:
+        """Metrics, the SYNC_MASTER acknowledgement policy and the use cases
+        (send and pull, timers, pop and transactions on a master, the failover
+        metadata log, admin, statistics)."""
+        cfg = self.config
+        incarnation = self.incarnation
+        acks = self.acks
         identity = (cfg.cluster_name, cfg.broker_name, cfg.broker_id, cfg.broker_role)
         self.metrics = metrics = BrokerMetrics(self.registry, cfg, timed=not cfg.is_slave)
         if acks is not None and cfg.broker_role == "SYNC_MASTER":
@@ -531,6 +432,14 @@ class BrokerApp:
             allow_mixed_message_type=cfg.enable_mixed_message_type,
         )
         self.messaging = messaging
+        self.statistics = StatisticsService(
+            store, metadata, messaging.stats, admin, self.clock, cfg.flush_disk_type, cfg.store_root
+        )
+
+    def _servicers(self, metadata: BrokerMetadata, store_config: StoreConfig) -> list[Service]:
+        """The gRPC services over the use cases (and the SDKs' door with enableProxy)."""
+        cfg = self.config
+        messaging, admin, statistics = self.messaging, self.admin, self.statistics
         extra_services = []
         if cfg.enable_proxy and cfg.is_slave:
             log.warning(
@@ -553,12 +462,12 @@ class BrokerApp:
                     transactions=self.transactions,
                     max_answer_bytes=cfg.grpc_max_message_size,
                 ),
-                _ADD[BROKER_SERVICE],
+                ADD[BROKER_SERVICE],
             ),
             Service(
                 ADMIN_SERVICE,
-                BrokerAdminServicer(admin, self.gate, cfg.flush_disk_type),
-                _ADD[ADMIN_SERVICE],
+                BrokerAdminServicer(admin, statistics, self.gate),
+                ADD[ADMIN_SERVICE],
             ),
             Service(
                 SLAVE_SYNC_SERVICE,
@@ -567,16 +476,28 @@ class BrokerApp:
                     self.gate,
                     log_position=self.journal.position if self.journal else None,
                 ),
-                _ADD[SLAVE_SYNC_SERVICE],
+                ADD[SLAVE_SYNC_SERVICE],
             ),
-            Service(HA_ADMIN_SERVICE, HAAdminServicer(self._ha_status), _ADD[HA_ADMIN_SERVICE]),
+            Service(HA_ADMIN_SERVICE, HAAdminServicer(self._ha_status), ADD[HA_ADMIN_SERVICE]),
             Service(
                 TRANSACTIONS_SERVICE,
                 TransactionsServicer(self.transactions, self.gate, cfg.broker_name),
-                _ADD[TRANSACTIONS_SERVICE],
+                ADD[TRANSACTIONS_SERVICE],
             ),
             *extra_services,
         ]
+        return services
+
+    async def _serve(
+        self,
+        services: list[Service],
+        store: MessageStore,
+        metadata: BrokerMetadata,
+        acl: AclFile | None,
+    ) -> None:
+        """Bind the gRPC server, the RocketMQ-protocol ports and the metrics
+        endpoint (with failover: mount on the node's servers), still NOT_SERVING."""
+        cfg = self.config
         self.remoting_deps = deps = Deps.from_app(self)
         table = remoting_handlers(deps)
         on_close = remoting_connection_closed(deps)
@@ -609,10 +530,12 @@ class BrokerApp:
                 transactions=self.transactions,
             )
         )
-        if cfg.metrics_port >= 0 and self.incarnation is None:
-            self._metrics_endpoint = start_metrics_endpoint(
-                cfg.bind_host, cfg.metrics_port, self.registry, loop=asyncio.get_running_loop()
-            )
+        if self.incarnation is None:
+            self._metrics_endpoint = metrics_endpoint(cfg, self.registry)
+
+    async def _start_log(self, store: MessageStore) -> None:
+        """The dispatcher and flusher, then HA and the failover metadata log."""
+        cfg = self.config
         await store.start()
         if self.incarnation is not None:
             # Before HA or any send: a new leader records its epoch, a follower
@@ -626,6 +549,13 @@ class BrokerApp:
         elif self.journal is not None:
             # A new master has every acknowledged change before its first send.
             await self.journal.take_over()
+
+    async def _start_tasks(self, store: MessageStore, metadata: BrokerMetadata) -> None:
+        """The background tasks: delay scheduler, timers and pop revive (masters),
+        transaction checks, the offset persister, traffic rates, RocketMQ clients'
+        expiry, and the fail-stop watch."""
+        cfg = self.config
+        deps = self.remoting_deps
         if not cfg.is_slave:
             self.scheduler = DelayScheduler(
                 store, metadata.delay_offsets, metadata.topics, self.clock
@@ -654,8 +584,16 @@ class BrokerApp:
             asyncio.create_task(remoting_housekeeping(deps), name="remoting-housekeeping")
         )
         self._fault_watch = asyncio.create_task(self._stop_on_storage_fault(), name="fail-stop")
+
+    async def _start_serving(self) -> None:
+        """SERVING: the gate opens and health says so."""
+        assert self.server is not None
         self.gate.open = True
         await self.server.set_serving(None if self._mount is None else self._mount.servicers)
+
+    async def _register(self, metadata: BrokerMetadata) -> None:
+        """Register with every name server (and keep registering)."""
+        cfg = self.config
         if cfg.namesrv_addrs:
             from services.broker.cluster.registration import BrokerIdentity, Registrar
 
@@ -690,6 +628,10 @@ class BrokerApp:
             await self.registrar.start()
         else:
             log.warning("no name server configured (namesrvAddr): running standalone")
+
+    def _ready(self, store: MessageStore) -> None:
+        """The ready line, then the port file."""
+        cfg = self.config
         log.info(
             "broker ready: cluster=%s name=%s id=%d role=%s rocketmq=%s%s grpc=%s metrics=%d "
             "store=%s commit_log=[%d,%d)",
@@ -814,7 +756,7 @@ class BrokerApp:
                 topic_message_type_check=cfg.enable_topic_message_type_check,
             ),
         )
-        name, add = _messaging_service()
+        name, add = rocketmq_v2_service()
         return Service(name, self.proxy, add)
 
     async def _start_ha(self, store: MessageStore) -> None:

@@ -96,7 +96,7 @@ def test_java_producer_messages_read_back_through_ferry_v1(java_door, tmp_path, 
 
     stored = pull_all(door.broker, TOPIC, range(QUEUES))
     assert len(stored) == COUNT
-    host, port = door.deps.store_host()
+    host, port = door.broker.app.store.store_host
     for spec, answer in zip(specs, sent, strict=True):
         message = stored[(answer["queueId"], answer["queueOffset"])]
         assert message.msg_id == answer["offsetMsgId"]

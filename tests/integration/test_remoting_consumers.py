@@ -260,7 +260,7 @@ def test_found_answers_carry_the_stored_bytes_as_stored(door):
     got = records(answer.body)
     assert [r.body for r in got] == [b"m0", b"m1", b"m2"]
     assert [r.queue_offset for r in got] == offsets
-    stored = [door.loop.run(door.deps.store.record_bytes(r.commit_offset)) for r in got]
+    stored = [door.loop.run(door.broker.app.store.record_bytes(r.commit_offset)) for r in got]
     assert answer.body == b"".join(stored)
 
 
@@ -310,7 +310,7 @@ def suspended_pull(door, queue_offset: int):
         queueOffset=queue_offset, maxMsgNums=32, sysFlag=0x2 | 0x4, commitOffset=0,
         suspendTimeoutMillis=20_000, subscription="*", subVersion=0,
     )  # fmt: skip
-    waiting = door.deps.store.long_polls._waiters
+    waiting = door.broker.app.store.long_polls._waiters
     wait_for(lambda: door.loop.call(lambda: (TOPIC, 1) in waiting), what="the pull to wait")
     return pending
 

@@ -152,7 +152,7 @@ def test_send_v2_is_the_message_ferry_v1_reads(door: Door):
     assert answer.ext["queueId"] == "2" and answer.ext["queueOffset"] == "0"
     assert (answer.ext["MSG_REGION"], answer.ext["TRACE_ON"]) == ("DefaultRegion", "true")
     msg_id = answer.ext["msgId"]
-    host, port = door.deps.store_host()
+    host, port = door.broker.app.store.store_host
     assert (host, port) == ("127.0.0.1", door.broker.app.remoting_port)  # the door's own port
     assert msg_id[:16] == record.message_id((host, port), 0)[:16]
 

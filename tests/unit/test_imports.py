@@ -15,15 +15,19 @@ says what it owns and what it must not import:
                 indexfile
     metadata/   tables (BrokerMetadata), metadata_log (the failover metadata log)
     messaging/  rules (topic/queue/permission rules, lookups), service (send and
-                pull), admin (admin use cases)
+                pull), admin (admin use cases), statistics (the figures mqadmin
+                and ferry.v1 report)
     pop/        state, records (revive-record format), revive, service (PopService)
     schedule/   delay (delay levels), timer, timer_done (timer-done record format)
     transactions/  service (half messages, decisions, check-back)
     api/        servicer, convert, sendstream: the gRPC adapters
     remoting/   deps, convert and one module per family of codes: the
-                RocketMQ-protocol adapters (api/'s peer; neither imports the other)
+                RocketMQ-protocol adapters (api/'s peer; neither imports the other;
+                never the store: they reach it through the use cases)
     cluster/    registration, slave_sync, replication (the SYNC_MASTER ack wait)
     app.py, config.py, metrics.py   the composition root and its config/metrics
+    servers.py                      the servers the roots build (gRPC, RocketMQ
+                                    protocol, metrics endpoint)
     incarnation.py                  the contract failover/ drives the app through
     failover/   node, runs, lease, election, insync, handover, rejoin, role, metrics,
                 etcd, epochs: drives the app; only the entry points import it
@@ -43,7 +47,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 B = "services.broker"
 
-_LOWER_THAN_APP = (f"{B}.app", f"{B}.cli", f"{B}.__main__", f"{B}.failover")
+_LOWER_THAN_APP = (f"{B}.app", f"{B}.servers", f"{B}.cli", f"{B}.__main__", f"{B}.failover")
 # package -> what it must never import (prefixes).
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     f"{B}.store": (
@@ -70,11 +74,14 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         f"{B}.pop", f"{B}.api", f"{B}.cluster", f"{B}.metrics", *_LOWER_THAN_APP,
     ),
     f"{B}.api": (f"{B}.remoting", f"{B}.cluster", f"{B}.metrics", *_LOWER_THAN_APP),
-    f"{B}.remoting": (f"{B}.api", f"{B}.cluster", f"{B}.metrics", *_LOWER_THAN_APP),
+    f"{B}.remoting": (
+        f"{B}.store", f"{B}.api", f"{B}.cluster", f"{B}.metrics", *_LOWER_THAN_APP,
+    ),
     f"{B}.cluster": (f"{B}.pop", f"{B}.schedule", f"{B}.metrics", *_LOWER_THAN_APP),
     f"{B}.metrics": _LOWER_THAN_APP,
     f"{B}.config": _LOWER_THAN_APP,
     f"{B}.app": (f"{B}.failover", f"{B}.cli", f"{B}.__main__"),
+    f"{B}.servers": (f"{B}.app", f"{B}.failover", f"{B}.cli", f"{B}.__main__"),
     f"{B}.incarnation": (
         f"{B}.store", f"{B}.metadata", f"{B}.messaging", f"{B}.pop", f"{B}.schedule",
         f"{B}.api", f"{B}.cluster", f"{B}.metrics", f"{B}.config", *_LOWER_THAN_APP,
@@ -82,13 +89,14 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 # Only these broker modules speak gRPC or protobuf.
 WIRE = ("grpc", "ferry.v1", "apache.rocketmq")
-WIRE_ALLOWED = (f"{B}.api", f"{B}.cluster", f"{B}.app")
+WIRE_ALLOWED = (f"{B}.api", f"{B}.cluster", f"{B}.app", f"{B}.servers")
 # Who may import failover/: itself and the entry points.
 FAILOVER_IMPORTERS = (f"{B}.failover", f"{B}.cli", f"{B}.__main__", "ferry.cli")
 # Edges between services that are allowed, each with its reason.
 CROSS_SERVICE = {
     (B, "services.ha"): "HA replication runs inside the broker process (no entry point of its own)",
     (f"{B}.app", "services.proxy"): "the composition root embeds the proxy in local mode",
+    (f"{B}.servers", "services.proxy"): "in local mode the gRPC server checks the SDKs' door too",
 }
 
 
@@ -232,7 +240,7 @@ def forbidden_edges(edges: dict[str, set[str]]) -> list[str]:
                     bad.append(f"{src} -> {dst} ({pkg} must not import it)")
             speaks_wire = any(_within(dst, w) for w in WIRE)
             if _within(src, B) and speaks_wire and not any(_within(src, a) for a in WIRE_ALLOWED):
-                bad.append(f"{src} -> {dst} (only api/, cluster/ and app speak gRPC)")
+                bad.append(f"{src} -> {dst} (only api/, cluster/, app and servers speak gRPC)")
             if _within(dst, f"{B}.failover") and not any(
                 _within(src, a) for a in FAILOVER_IMPORTERS
             ):

@@ -22,7 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 ROOTS = (
     "services/broker/app.py",
+    "services/broker/servers.py",
     "services/broker/failover/node.py",
+    "services/broker/failover/runs.py",
     "services/namesrv/app.py",
     "services/proxy/app.py",
 )

@@ -44,6 +44,7 @@ from services.broker.messaging.service import (
     UNIQUE_QUERY_NUM,
     MessagingService,
 )
+from services.broker.messaging.statistics import StatisticsService
 from services.broker.pop import PopService
 from services.broker.transactions import TransactionService
 
@@ -303,10 +304,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
 
 
 class BrokerAdminServicer(broker_admin_pb2_grpc.BrokerAdminServicer):
-    def __init__(self, admin: AdminService, gate: Gate, flush_disk_type: str) -> None:
+    def __init__(self, admin: AdminService, statistics: StatisticsService, gate: Gate) -> None:
         self.admin = admin
+        self.statistics = statistics
         self.gate = gate
-        self.flush_disk_type = flush_disk_type
 
     @grpc_method
     async def UpdateAndCreateTopic(
@@ -350,7 +351,7 @@ class BrokerAdminServicer(broker_admin_pb2_grpc.BrokerAdminServicer):
     async def GetBrokerRuntimeInfo(
         self, request: broker_admin_pb2.GetBrokerRuntimeInfoRequest, context
     ) -> broker_admin_pb2.BrokerRuntimeInfo:
-        info = self.admin.runtime_info(self.flush_disk_type)
+        info = self.statistics.runtime_info()
         return broker_admin_pb2.BrokerRuntimeInfo(**info.__dict__)
 
     @grpc_method

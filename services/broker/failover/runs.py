@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry
 from ferry.remoting import codes
 from ferry.remoting.codec import Command
 from ferry.remoting.server import Connection, Handler, RemotingServer
-from ferry.runtime.metrics_http import MetricsEndpoint, start_metrics_endpoint
+from ferry.runtime.metrics_http import MetricsEndpoint
 from ferry.runtime.server import GrpcServer
 from ferry.runtime.swap import ServiceSwitch
 from services.broker.config import BrokerConfig
@@ -39,6 +39,14 @@ from services.broker.failover.lease import Fence
 from services.broker.incarnation import Incarnation
 from services.broker.messaging.clients import ClientTables
 from services.broker.messaging.locks import QueueLocks
+from services.broker.servers import (
+    grpc_server,
+    listen_remoting,
+    load_acl_file,
+    metrics_endpoint,
+    remoting_server,
+    servable,
+)
 from services.ha.sync import ReplicaAcks
 
 log = logging.getLogger(__name__)
@@ -153,14 +161,6 @@ class Runs:
 
     async def open(self) -> None:
         """Bind the servers every run will serve on."""
-        from services.broker.app import (
-            grpc_server,
-            listen_remoting,
-            load_acl_file,
-            remoting_server,
-            servable,
-        )
-
         cfg = self.config
         acl = load_acl_file(cfg)  # the node's servers check every run's requests
         self.switch = ServiceSwitch(
@@ -172,11 +172,7 @@ class Runs:
         self._port = await self.server.start()
         self.remoting = remoting_server(self.registry, self._between, acl=acl)
         self._remoting_ports = await listen_remoting(cfg, self.remoting)
-        if cfg.metrics_port >= 0:
-            self._metrics_endpoint = start_metrics_endpoint(
-                cfg.bind_host, cfg.metrics_port, _Delegating(self),  # type: ignore[arg-type]
-                loop=asyncio.get_running_loop(),
-            )  # fmt: skip
+        self._metrics_endpoint = metrics_endpoint(cfg, _Delegating(self))  # type: ignore[arg-type]
 
     async def close(self) -> None:
         """Stop the running app (no grace) and the servers."""

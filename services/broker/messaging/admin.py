@@ -1,5 +1,6 @@
 """The broker's administration use cases: topics, subscription groups, the
-broker's permission, an on-demand retention pass, runtime figures.
+broker's permission, an on-demand retention pass. (The figures the broker reports
+about itself are statistics.py's.)
 
 Every change is persisted (by the metadata table) before the call returns,
 and topic changes are registered with the name servers at once through the
@@ -14,11 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 
-from ferry import __version__
 from ferry.model import (
     SCHEDULE_TOPIC,
     DataVersion,
@@ -34,43 +32,6 @@ from services.broker.metadata.metadata_log import MetadataLog
 from services.broker.store import CleanResult, MessageStore
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RuntimeInfo:
-    broker_role: str
-    cluster_name: str
-    broker_name: str
-    broker_id: int
-    commit_log_min_offset: int
-    commit_log_max_offset: int
-    confirm_offset: int
-    dispatch_behind_bytes: int
-    put_tps: float
-    get_tps: float
-    topic_count: int
-    flush_disk_type: str
-    broker_permission: int
-    start_timestamp: int
-    version: str
-    master_addr: str
-    table: dict[str, str]
-
-
-class _Rate:
-    """Per-second rate of a growing counter, over the last sampling window."""
-
-    def __init__(self) -> None:
-        self._last = (time.monotonic(), 0)
-        self.value = 0.0
-
-    def update(self, count: int) -> float:
-        now = time.monotonic()
-        then, before = self._last
-        if now - then >= 1.0:
-            self.value = (count - before) / (now - then)
-            self._last = (now, count)
-        return self.value
 
 
 class AdminService:
@@ -101,8 +62,6 @@ class AdminService:
         self.announce_all = announce_all
         self.started_ms = clock.wall_ms()
         self.master_addr = ""
-        self._put_rate = _Rate()
-        self._get_rate = _Rate()
 
     @property
     def permission(self) -> int:
@@ -222,52 +181,3 @@ class AdminService:
             report.disk_used_ratio * 100,
         )
         return report
-
-    def runtime_info(self, flush_disk_type: str) -> RuntimeInfo:
-        store = self.store
-        topics, _ = self.metadata.topics.snapshot()
-        return RuntimeInfo(
-            broker_role=self.role,
-            cluster_name=self.cluster_name,
-            broker_name=self.broker_name,
-            broker_id=self.broker_id,
-            commit_log_min_offset=store.min_offset,
-            commit_log_max_offset=store.max_offset,
-            confirm_offset=store.confirm_offset,
-            dispatch_behind_bytes=store.dispatch_behind_bytes,
-            put_tps=self._put_rate.update(store.put_message_count),
-            get_tps=self._get_rate.update(store.get_message_count),
-            topic_count=len(topics),
-            flush_disk_type=flush_disk_type,
-            broker_permission=self.permission,
-            start_timestamp=self.started_ms,
-            version=__version__,
-            master_addr=self.master_addr,
-            table={
-                "flushedOffset": str(store.flushed_offset),
-                "dispatchedOffset": str(store.dispatched_offset),
-                "putMessageTotal": str(store.put_message_count),
-                "getMessageTotal": str(store.get_message_count),
-                "commitLogFiles": str(store.commit_log_files),
-                "consumeQueues": str(store.queue_count),
-                **self._retention_table(),
-            },
-        )
-
-    def _retention_table(self) -> dict[str, str]:
-        """Disk use and the retention settings, as broker.conf writes them
-        (fileReservedTime in hours, ratios in percent)."""
-        retention = self.store.retention_status()
-        cfg = retention.config
-        return {
-            "diskUsedRatio": f"{retention.disk_used_ratio * 100:.1f}%",
-            "fileReservedTime": f"{cfg.file_reserved_time_s / 3600:g}h",
-            "deleteWhen": ";".join(f"{h:02d}" for h in cfg.delete_when_hours),
-            "diskMaxUsedSpaceRatio": f"{cfg.disk_max_used_space_ratio * 100:g}%",
-            "diskSpaceCleanForciblyRatio": f"{cfg.disk_space_clean_forcibly_ratio * 100:g}%",
-            "diskSpaceWarningLevelRatio": f"{cfg.disk_space_warning_level_ratio * 100:g}%",
-            "cleanFileForciblyEnable": str(cfg.clean_file_forcibly_enable).lower(),
-            "deletedCommitLogFiles": str(retention.deleted_files_total),
-            "deletedConsumeQueueFiles": str(retention.deleted_queue_files_total),
-            "sendsRefusedDiskFull": str(retention.disk_full).lower(),
-        }

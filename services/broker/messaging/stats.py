@@ -84,8 +84,3 @@ class TrafficStats:
             return 0.0
         (t0, _, _, before), (t1, _, _, after) = pair
         return (after.get((group, topic), 0) - before.get((group, topic), 0)) / (t1 - t0)
-
-    def triple(self, rate: Callable[[float], float]) -> str:
-        """`a b c`: a rate over 10 s, 60 s and 600 s, as RocketMQ writes putTps
-        (clusterList reads the first)."""
-        return " ".join(f"{rate(w):.4f}" for w in WINDOWS_S)

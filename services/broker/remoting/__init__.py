@@ -6,9 +6,9 @@ Owns: `deps` (what the handlers are built from), `convert` (header parsing and
 the one FerryError → response-code table), and one module per family of
 codes; `handlers(deps)` is the whole table the broker's RemotingServer serves.
 
-May import: ferry.remoting, messaging/, metadata/, pop/, schedule/, store/,
-transactions/ (public surface). Must never import: cluster/, failover/, app, `grpc` or
-`ferry.v1`.
+May import: ferry.remoting, messaging/, metadata/, pop/, schedule/,
+transactions/ (public surface). Must never import: store/ (every figure and record
+comes through a use case), cluster/, failover/, app, `grpc` or `ferry.v1`.
 """
 
 from __future__ import annotations

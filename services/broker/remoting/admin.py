@@ -18,7 +18,9 @@ Statistics: GET_BROKER_RUNTIME_INFO 28, GET_TOPIC_STATS_INFO 202,
 GET_CONSUME_STATS 208, GET_CONSUMER_CONNECTION_LIST 203,
 GET_PRODUCER_CONNECTION_LIST 204, QUERY_TOPIC_CONSUME_BY_WHO 300, and
 INVOKE_BROKER_TO_RESET_OFFSET 222 (the broker tells the group's connected
-consumers where to start again, as Apache's does).
+consumers where to start again, as Apache's does). The figures of 28, 202 and
+208 are the statistics use case's (services.broker.messaging.statistics, which
+ferry.v1's GetBrokerRuntimeInfo answers from too); this module only renders them.
 
 Bodies are in the forms mqadmin parses (fastjson's, with MessageQueue objects
 as map keys for 202, 208 and 222: `ferry.remoting.bodies.dumps_object_keyed`).
@@ -29,11 +31,10 @@ Apache answers a header it cannot decode; nothing changes.
 from __future__ import annotations
 
 import logging
-import shutil
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from ferry import __version__, record
+from ferry import __version__
 from ferry.model import (
     SCHEDULE_TOPIC,
     SubscriptionGroupConfig,
@@ -44,9 +45,9 @@ from ferry.model import (
 from ferry.remoting import bodies, codes
 from ferry.remoting.codec import Command
 from ferry.remoting.server import Connection, Handler
-from ferry.runtime import errors
 from services.broker.config import KNOWN_KEYS, parse_properties, shown_value
 from services.broker.messaging.clients import Member
+from services.broker.messaging.statistics import BrokerFigures
 from services.broker.metadata.tables import (
     group_from_json,
     group_to_json,
@@ -103,6 +104,56 @@ def running_for(ms: int) -> str:
     """`[ 0 days, 0 hours, 0 minutes, 16 seconds ]`, as RocketMQ's runtime key."""
     s = max(0, ms) // 1000
     return f"[ {s // 86400} days, {s % 86400 // 3600} hours, {s % 3600 // 60} minutes, {s % 60} seconds ]"
+
+
+def rates(per_window: Sequence[float]) -> str:
+    """`a b c`: a rate over 10 s, 60 s and 600 s, as RocketMQ writes putTps
+    (clusterList reads the first)."""
+    return " ".join(f"{rate:.4f}" for rate in per_window)
+
+
+def runtime_table(figures: BrokerFigures) -> dict[str, str]:
+    """RocketMQ's runtime KVTable with ferry's figures, plus ferry's own keys
+    (docs/reference/remoting.md lists which RocketMQ keys ferry leaves out)."""
+    info = figures.info
+    # (the retention's used ratio, blocks in use over all blocks: what Java's
+    # getTotalSpace and getFreeSpace give Apache's commitLogDiskRatio)
+    used = f"{figures.disk_used_ratio:.2f}"
+    table = {
+        **info.table,
+        "brokerVersionDesc": f"ferry-{__version__}",
+        "brokerVersion": str(PROTOCOL_VERSION),
+        "brokerRole": info.broker_role,
+        "bootTimestamp": str(info.start_timestamp),
+        "runtime": running_for(figures.uptime_ms),
+        "putTps": rates(figures.put_tps),
+        "getTransferedTps": rates(figures.get_tps),
+        "putMessageTimesTotal": str(figures.put_total),
+        "msgPutTotalTodayNow": str(figures.put_total),
+        "msgGetTotalTodayNow": str(figures.get_total),
+        "commitLogMinOffset": str(info.commit_log_min_offset),
+        "commitLogMaxOffset": str(info.commit_log_max_offset),
+        "confirmOffset": str(info.confirm_offset),
+        "dispatchBehindBytes": str(info.dispatch_behind_bytes),
+        "remainHowManyDataToFlush": human_bytes(figures.unflushed_bytes),
+        "earliestMessageTimeStamp": str(figures.earliest_message_ms),
+        "commitLogDiskRatio": used,
+        "consumeQueueDiskRatio": used,
+        "commitLogDirCapacity": (
+            f"Total : {human_bytes(figures.disk_total_bytes)}, "
+            f"Free : {human_bytes(figures.disk_free_bytes)}."
+        ),
+        # ferry handles requests on its event loop: no thread-pool queue to wait in,
+        # no page-cache lock to wait for.
+        "sendThreadPoolQueueSize": "0",
+        "sendThreadPoolQueueHeadWaitTimeMills": "0",
+        "pullThreadPoolQueueSize": "0",
+        "pullThreadPoolQueueHeadWaitTimeMills": "0",
+        "queryThreadPoolQueueSize": "0",
+        "queryThreadPoolQueueHeadWaitTimeMills": "0",
+        "pageCacheLockTimeMills": "0",
+    }
+    return dict(sorted(table.items()))
 
 
 def _subscription_json(sub) -> dict[str, Any]:
@@ -249,7 +300,7 @@ class AdminCodes:
             await self.deps.admin.delete_group(group)
         elif boolean(request.ext, "removeOffset"):
             self.metadata.consumer_offsets.remove_group(group)
-        self.deps.messaging.stats.forget_group(group)
+        self.deps.statistics.forget_group(group)
         return request.answer(codes.SUCCESS)
 
     async def all_topic_config(self, connection: Connection, request: Command) -> Command:
@@ -324,124 +375,45 @@ class AdminCodes:
     # ------------------------------------------------------------ statistics
 
     async def runtime_info(self, connection: Connection, request: Command) -> Command:
-        table = await self.runtime_table()
+        table = runtime_table(await self.deps.statistics.broker_figures())
         return request.answer(codes.SUCCESS, body=bodies.dumps({"table": table}))
-
-    async def runtime_table(self) -> dict[str, str]:
-        """RocketMQ's runtime KVTable with ferry's figures, plus ferry's own keys
-        (docs/reference/remoting.md lists which RocketMQ keys ferry leaves out)."""
-        deps = self.deps
-        store = deps.store
-        stats = deps.messaging.stats
-        info = deps.admin.runtime_info(deps.config.flush_disk_type)
-        now_ms = deps.clock.wall_ms()
-        disk = shutil.disk_usage(deps.config.store_root)
-        # (the retention's used ratio, blocks in use over all blocks: what Java's
-        # getTotalSpace and getFreeSpace give Apache's commitLogDiskRatio)
-        used = f"{deps.store.retention_status().disk_used_ratio:.2f}"
-        earliest = await self._earliest_message_time()
-        table = {
-            **info.table,
-            "brokerVersionDesc": f"ferry-{__version__}",
-            "brokerVersion": str(PROTOCOL_VERSION),
-            "brokerRole": info.broker_role,
-            "bootTimestamp": str(info.start_timestamp),
-            "runtime": running_for(now_ms - info.start_timestamp),
-            "putTps": stats.triple(stats.put_tps),
-            "getTransferedTps": stats.triple(stats.got_tps),
-            "putMessageTimesTotal": str(store.put_message_count),
-            "msgPutTotalTodayNow": str(store.put_message_count),
-            "msgGetTotalTodayNow": str(store.get_message_count),
-            "commitLogMinOffset": str(store.min_offset),
-            "commitLogMaxOffset": str(store.max_offset),
-            "confirmOffset": str(store.confirm_offset),
-            "dispatchBehindBytes": str(store.dispatch_behind_bytes),
-            "remainHowManyDataToFlush": human_bytes(
-                max(0, store.max_offset - store.flushed_offset)
-            ),
-            "earliestMessageTimeStamp": str(earliest),
-            "commitLogDiskRatio": used,
-            "consumeQueueDiskRatio": used,
-            "commitLogDirCapacity": (
-                f"Total : {human_bytes(disk.total)}, Free : {human_bytes(disk.free)}."
-            ),
-            # ferry handles requests on its event loop: no thread-pool queue to wait in,
-            # no page-cache lock to wait for.
-            "sendThreadPoolQueueSize": "0",
-            "sendThreadPoolQueueHeadWaitTimeMills": "0",
-            "pullThreadPoolQueueSize": "0",
-            "pullThreadPoolQueueHeadWaitTimeMills": "0",
-            "queryThreadPoolQueueSize": "0",
-            "queryThreadPoolQueueHeadWaitTimeMills": "0",
-            "pageCacheLockTimeMills": "0",
-        }
-        return dict(sorted(table.items()))
-
-    async def _earliest_message_time(self) -> int:
-        """The store time of the commit log's first kept record; −1 for none."""
-        store = self.deps.store
-        if store.min_offset >= store.confirm_offset:
-            return -1
-        try:
-            data = await store.record_bytes(store.min_offset)
-        except errors.FerryError:
-            return -1
-        if data is None:
-            return -1
-        try:
-            return record.store_timestamp(data)
-        except record.RecordError:
-            return -1
 
     async def topic_stats(self, connection: Connection, request: Command) -> Command:
         topic = text(request.ext, "topic")
-        config = self.metadata.topics.get(topic)
-        if config is None:
+        queues = await self.deps.statistics.topic_stats(topic)
+        if queues is None:
             return request.answer(codes.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
-        store = self.deps.store
-        pairs = []
-        for queue_id in range(config.write_queue_nums):
-            low = store.queue_min_offset(topic, queue_id)
-            high = store.queue_max_offset(topic, queue_id)
-            last = await store.store_time_at(topic, queue_id, high - 1) if high > 0 else 0
-            pairs.append(
-                (
-                    queue_key(topic, self.broker_name, queue_id),
-                    {"lastUpdateTimestamp": max(last, 0), "maxOffset": high, "minOffset": low},
-                )
+        pairs = [
+            (
+                queue_key(topic, self.broker_name, q.queue_id),
+                {
+                    "lastUpdateTimestamp": q.last_update_ms,
+                    "maxOffset": q.max_offset,
+                    "minOffset": q.min_offset,
+                },
             )
+            for q in queues
+        ]
         body = '{"offsetTable":' + bodies.dumps_object_keyed(pairs) + "}"
         return request.answer(codes.SUCCESS, body=body.encode())
 
     async def consume_stats(self, connection: Connection, request: Command) -> Command:
         group = text(request.ext, "consumerGroup")
         asked = request.ext.get("topic") or ""
-        topics = [asked] if asked else self.metadata.consumer_offsets.topics_of(group)
-        clients = self.deps.clients
-        subscribed = any(m.subscriptions for m in clients.consumers(group))
-        store = self.deps.store
-        offsets = self.metadata.consumer_offsets
-        pairs = []
-        tps = 0.0
-        for topic in topics:
-            config = self.metadata.topics.get(topic)
-            if config is None:
-                continue
-            if subscribed and clients.subscription(group, topic) is None:
-                continue  # online, and not reading this topic
-            for queue_id in range(config.read_queue_nums):
-                broker_offset = store.queue_max_offset(topic, queue_id)
-                consumer_offset = offsets.query(group, topic, queue_id)
-                consumer_offset = max(consumer_offset or 0, 0)
-                entry = {"brokerOffset": broker_offset, "consumerOffset": consumer_offset}
-                last = 0
-                if consumer_offset > 0:
-                    last = max(await store.store_time_at(topic, queue_id, consumer_offset - 1), 0)
-                entry["lastTimestamp"] = last
-                pairs.append((queue_key(topic, self.broker_name, queue_id), entry))
-            tps += self.deps.messaging.stats.group_tps(group, topic)
+        stats = await self.deps.statistics.consume_stats(group, asked, self.deps.clients)
+        pairs = [
+            (
+                queue_key(q.topic, self.broker_name, q.queue_id),
+                {
+                    "brokerOffset": q.broker_offset,
+                    "consumerOffset": q.consumer_offset,
+                    "lastTimestamp": q.last_timestamp_ms,
+                },
+            )
+            for q in stats.queues
+        ]
         body = (
-            '{"consumeTps":' + repr(round(tps, 4)) + ',"offsetTable":'
+            '{"consumeTps":' + repr(round(stats.consume_tps, 4)) + ',"offsetTable":'
             + bodies.dumps_object_keyed(pairs) + "}"
         )  # fmt: skip
         return request.answer(codes.SUCCESS, body=body.encode())
@@ -504,7 +476,7 @@ class AdminCodes:
                 f"[reset-offset] reset offset failed, no topic in this broker. topic={topic}",
             )
         offsets = self.metadata.consumer_offsets
-        store = self.deps.store
+        messaging = self.deps.messaging
         pairs = []
         for queue_id in range(config.write_queue_nums):
             current = offsets.query(group, topic, queue_id)
@@ -513,9 +485,9 @@ class AdminCodes:
                     codes.SYSTEM_ERROR, f"THe consumer group <{group}> not exist"
                 )  # (sic: Apache's remark)
             if timestamp == -1:
-                target = store.queue_max_offset(topic, queue_id)
+                target = messaging.queue_offsets(topic, queue_id)[1]
             else:
-                target = await store.offset_by_time(topic, queue_id, timestamp)
+                target = await messaging.offset_by_time(topic, queue_id, timestamp)
             target = max(target, 0)
             pairs.append(
                 (

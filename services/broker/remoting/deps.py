@@ -4,7 +4,6 @@ use cases and tables, never the app itself."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from services.broker.messaging.clients import ClientTables
@@ -16,9 +15,9 @@ if TYPE_CHECKING:
     from services.broker.config import BrokerConfig
     from services.broker.messaging.admin import AdminService
     from services.broker.messaging.service import MessagingService
+    from services.broker.messaging.statistics import StatisticsService
     from services.broker.metadata.tables import BrokerMetadata
     from services.broker.pop import PopService
-    from services.broker.store import MessageStore
     from services.broker.transactions import TransactionService
 
 
@@ -38,11 +37,8 @@ class Deps:
     messaging: MessagingService
     admin: AdminService
     metadata: BrokerMetadata
-    store: MessageStore
+    statistics: StatisticsService  # every figure mqadmin prints (the handlers only render)
     pop: PopService | None
-    # ("ip", port) written into records as their store host: this broker's
-    # RocketMQ-protocol address (offsetMsgId decodes to it).
-    store_host: Callable[[], tuple[str, int]]
     # Who is connected (heartbeats) and which orderly consumer holds which
     # queue: state of the RocketMQ door only, shared by its handler families
     # and the server's close hook (`services.broker.remoting.connection_closed`).
@@ -80,9 +76,8 @@ class Deps:
             messaging=app.messaging,
             admin=app.admin,
             metadata=app.metadata,
-            store=app.store,
+            statistics=app.statistics,
             pop=app.pop,
-            store_host=lambda: app.store.store_host,
             acl_enabled=app.config.acl_enable,
             transactions=getattr(app, "transactions", None),
             **shared,

@@ -35,10 +35,10 @@ from ferry.remoting.codec import Command
 from ferry.remoting.server import Connection, Handler
 from ferry.runtime import errors
 from services.broker.messaging.clients import TAG
+from services.broker.messaging.service import GetStatus
 from services.broker.remoting import convert
 from services.broker.remoting.consumers import SQL92_REFUSAL
 from services.broker.remoting.deps import Deps
-from services.broker.store import GetStatus
 
 FLAG_COMMIT_OFFSET = 0x1
 FLAG_SUSPEND = 0x2
