@@ -77,7 +77,7 @@ from services.broker.failover.etcd import Etcd, group_prefix
 from services.broker.failover.node import IN_SYNC_HEALTH
 from services.broker.store.commitlog import segment_name
 from tests.chaos.harness import read_log
-from tests.conftest import LoopThread, broker_options, wait_equal, wait_for
+from tests.conftest import LoopThread, broker_options
 from tests.faultproxy import FaultProxy
 from tests.integration.support import (
     BrokerServer,
@@ -88,6 +88,7 @@ from tests.integration.support import (
     run_ferry,
     stop_pid,
 )
+from tests.waiting import wait_equal, wait_for
 
 CLUSTER = "DefaultCluster"
 BROKER = "broker-a"

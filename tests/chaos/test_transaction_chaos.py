@@ -27,9 +27,9 @@ import grpc
 from ferry.v1 import broker_pb2, broker_pb2_grpc, transactions_pb2, transactions_pb2_grpc
 from tests.chaos.harness import ROUNDS, Pair, Report
 from tests.chaos.test_failover_chaos import run  # noqa: F401 - the scenario's fixture
-from tests.conftest import wait_for
 from tests.failover_support import CHANNEL_OPTIONS, TTL_S, kill_master
 from tests.integration.support import create_topic, pull_all
+from tests.waiting import wait_for
 
 TX_TOPIC = "TxChaos"
 TX_GROUP = "tx-chaos-producers"

@@ -35,9 +35,9 @@ from ferry.remoting.codec import Command
 from ferry.v1 import namesrv_pb2, namesrv_pb2_grpc
 from tests.compat import clients
 from tests.compat.ferry_remoting import group_addrs
-from tests.conftest import wait_for
 from tests.failover_support import BROKER, TOPIC, FailoverGroup, Member
 from tests.integration.support import FreePorts
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(240)
 

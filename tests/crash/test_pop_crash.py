@@ -16,8 +16,9 @@ from ferry.v1 import broker_admin_pb2, broker_admin_pb2_grpc, broker_pb2, broker
 from services.broker.metadata.tables import BrokerMetadata
 from services.broker.pop import PopConfig, PopService
 from services.broker.store import MessageStore, StoreConfig
-from tests.conftest import broker_options, wait_for
+from tests.conftest import broker_options
 from tests.integration.support import BrokerServer, create_topic, free_port
+from tests.waiting import wait_for
 
 FILE = 1 << 20
 MESSAGES = 2000

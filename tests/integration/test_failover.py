@@ -20,7 +20,7 @@ import pytest
 
 from ferry import record
 from services.broker.store.commitlog import segment_name
-from tests.conftest import LoopThread, wait_equal, wait_for
+from tests.conftest import LoopThread
 from tests.failover_support import (
     FILE_SIZE,
     QUEUES,
@@ -44,6 +44,7 @@ from tests.failover_support import (
     read_image,
 )
 from tests.integration.support import PortRange, pull_all, run_ferry, sample, scrape
+from tests.waiting import wait_equal, wait_for
 
 # Fixed ports for members that restart (see PortRange for the suites' ranges).
 PORTS = PortRange(32000, 32384)

@@ -18,9 +18,9 @@ import pytest
 from ferry.remoting import codes
 from ferry.remoting.client import RemotingClient
 from ferry.remoting.codec import Command
-from tests.conftest import wait_for
 from tests.failover_support import TOPIC, FailoverGroup
 from tests.integration.support import FreePorts
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 

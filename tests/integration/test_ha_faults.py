@@ -14,10 +14,11 @@ import time
 import pytest
 
 from ferry.v1 import broker_pb2
-from tests.conftest import start_broker, wait_for
+from tests.conftest import start_broker
 from tests.faultproxy import FaultProxy
 from tests.integration.test_broker_grpc import create_topic
 from tests.integration.test_replication import ha_status
+from tests.waiting import wait_for
 
 FILE = 256 * 1024
 SLAVE_TIMEOUT_MS = 1000

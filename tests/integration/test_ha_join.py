@@ -10,8 +10,9 @@ import shutil
 import threading
 
 from ferry.v1 import broker_pb2
-from tests.conftest import start_broker, wait_for
+from tests.conftest import start_broker
 from tests.integration.test_broker_grpc import create_topic
+from tests.waiting import wait_for
 
 FILE = 128 * 1024
 

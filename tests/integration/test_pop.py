@@ -12,8 +12,9 @@ import grpc
 import pytest
 
 from ferry.v1 import broker_admin_pb2, broker_pb2, common_pb2
-from tests.conftest import start_broker, wait_for
+from tests.conftest import start_broker
 from tests.integration import support
+from tests.waiting import wait_for
 
 BACKOFF = "1s 1s 2s"  # messageDelayLevel: the retry backoff by attempt
 

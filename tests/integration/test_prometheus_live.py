@@ -21,11 +21,12 @@ import pytest
 
 from ferry.model import PROPERTY_TIMER_DELIVER_MS
 from ferry.v1 import broker_pb2
-from tests.conftest import start_broker, start_namesrv, wait_for
+from tests.conftest import start_broker, start_namesrv
 from tests.faultproxy import FaultProxy
 from tests.integration.support import free_port
 from tests.integration.test_broker_grpc import create_topic
 from tests.integration.test_replication import ha_status
+from tests.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "k8s" / "monitoring" / "grafana" / "ferry-dashboard.json"

@@ -34,8 +34,9 @@ from ferry.runtime import auth as ferry_auth
 from ferry.v1 import common_pb2
 from services.proxy import auth
 from tests.compat.acl_probe import ACL_YAML, ADMIN, PUB, SUB
-from tests.conftest import LoopThread, start_broker, start_namesrv, wait_for
+from tests.conftest import LoopThread, start_broker, start_namesrv
 from tests.integration import support
+from tests.waiting import wait_for
 
 TOPIC = "AclTopicA"  # PUB: PUB, SUB: SUB
 SUB_ONLY = "AclTopicB"  # PUB's key has SUB only

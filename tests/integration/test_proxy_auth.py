@@ -32,8 +32,9 @@ from rocketmq.v5.util.signature import Signature
 from apache.rocketmq.v2 import definition_pb2 as v2
 from apache.rocketmq.v2 import service_pb2, service_pb2_grpc
 from services.proxy import auth
-from tests.conftest import LoopThread, start_broker, start_namesrv, wait_for
+from tests.conftest import LoopThread, start_broker, start_namesrv
 from tests.integration import support
+from tests.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 TOPIC = "AuthTopic"

@@ -38,8 +38,8 @@ from ferry.client.pop import PopConsumer
 from ferry.v1 import broker_pb2
 from tests.compat.backends import BACKENDS, BROKER_MAX_BODY, start_backend
 from tests.compat.specs import parametrize_cluster
-from tests.conftest import wait_for
 from tests.integration import support
+from tests.waiting import wait_for
 
 TOPIC = "SdkTopic"
 # A back end's first test also starts its cluster (Apache's JVMs: ~15 s, more on a busy

@@ -24,7 +24,7 @@ from rocketmq.v5.producer import TransactionChecker
 
 from tests.compat.backends import BACKENDS, TRANSACTION_SETTINGS, start_backend
 from tests.compat.specs import parametrize_cluster
-from tests.conftest import wait_for
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(300)
 # A checker's "I don't know yet": the v5 API has no UNKNOWN; both proxies leave the

@@ -23,8 +23,9 @@ from ferry.remoting.server import RemotingServer
 from ferry.runtime.clock import FakeClock
 from ferry.v1 import broker_pb2
 from services.broker.remoting.deps import Deps
-from tests.conftest import LoopThread, RunningBroker, start_broker, wait_for
+from tests.conftest import LoopThread, RunningBroker, start_broker
 from tests.integration import support
+from tests.waiting import wait_for
 
 TOPIC = "Orders"
 GROUP = "cg"
