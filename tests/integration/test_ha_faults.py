@@ -159,7 +159,8 @@ def test_handshake_replicates_and_a_wrong_secret_gets_nothing(loop_thread, tmp_p
         master.broker.SendMessage(broker_pb2.SendMessageRequest(topic="H", body=b"secret stuff"))
         end = master.app.store.max_offset
         wait_for(lambda: good.app.store.max_offset == end, 10, "the slave with the right secret")
-        time.sleep(0.5)  # the wrong one has had its chances (reconnects every 0.2 s)
+        # The wrong one has had its chances: refused three times (it reconnects every 0.2 s).
+        wait_for(lambda: master.app.ha_master.protocol_errors >= 3, 10, "three refusals")
         assert bad.app.store.max_offset == 0
         assert not (tmp_path / "bad" / "commitlog").exists() or not list(
             (tmp_path / "bad" / "commitlog").iterdir()
