@@ -23,7 +23,8 @@ from ferry.v1 import (
     common_pb2,
 )
 from tests.conftest import LoopThread
-from tests.failover_support import TTL_S, FailoverGroup
+from tests.failover.config import TTL_S
+from tests.failover.group import FailoverGroup
 from tests.integration.support import PortRange, create_topic, pull_all, scrape
 from tests.waiting import wait_equal, wait_for
 
