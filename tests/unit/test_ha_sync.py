@@ -99,8 +99,7 @@ def test_a_sync_send_pushes_its_bytes_before_waiting_and_only_when_unconfirmed()
         assert pushes == []
         acks.connect("r1", 0)
         waiting = asyncio.create_task(replication.wait(put(100)))
-        while not acks.waiting:
-            await asyncio.sleep(0)
+        await wait_for_async(lambda: acks.waiting, 5, "the send to wait", interval_s=0)
         assert pushes == [0]  # pushed before it waited
         acks.ack("r1", 100)
         assert await waiting == SendStatus.SEND_OK
