@@ -235,8 +235,9 @@ def test_a_sync_masters_long_poll_waits_for_its_own_message_to_be_confirmed(harn
         waiter = asyncio.create_task(store.wait_for_messages("T", 0, 1, 10.0))
         await long_poll_waiting(store, ("T", 0))
         store.notify_confirmed()  # what HA calls when the confirm offset moves
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
+        # Woken, it looks again, finds offset 1 unconfirmed and waits again.
+        await wait_for_async(lambda: store.long_polls.waiting == 1 or waiter.done(), 5,
+                             "the pull to look again", interval_s=0)  # fmt: skip
         assert not waiter.done(), "woken while the message at offset 1 is unconfirmed"
         confirmed[0] = results[1].end_offset
         store.notify_confirmed()
