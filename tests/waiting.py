@@ -25,9 +25,20 @@ from typing import Any
 What = str | Callable[[], str]
 
 
-def _timed_out(timeout_s: float, what: What, last: Any) -> AssertionError:
-    said = what() if callable(what) else what
-    return AssertionError(f"timed out after {timeout_s}s waiting for {said} (last value: {last!r})")
+def _said(what: What) -> str:
+    return what() if callable(what) else what
+
+
+def _poll(predicate: Callable[[], Any], timeout_s: float, interval_s: float) -> tuple[bool, Any]:
+    """(True, the first truthy value) or, at the deadline, (False, the last value)."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return True, last
+        time.sleep(interval_s)
+    return False, last
 
 
 def wait_for(
@@ -37,34 +48,36 @@ def wait_for(
     interval_s: float = 0.02,
 ) -> Any:
     """Poll `predicate` until it returns a truthy value; fail saying `what` did not happen."""
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval_s)
-    raise _timed_out(timeout_s, what, last)
+    ok, last = _poll(predicate, timeout_s, interval_s)
+    if not ok:
+        raise AssertionError(
+            f"timed out after {round(timeout_s, 2)}s waiting for {_said(what)} "
+            f"(last value: {last!r})"
+        )
+    return last
 
 
 def wait_equal(
-    get: Callable[[], Any], want: Any, timeout_s: float = 5.0, what: What = "value"
+    get: Callable[[], Any],
+    want: Any,
+    timeout_s: float = 5.0,
+    what: What = "value",
+    interval_s: float = 0.02,
 ) -> None:
     """Poll `get()` until it equals `want`; fail showing the last value beside `want`."""
-    last = None
+    got = None
 
     def same() -> bool:
-        nonlocal last
-        last = get()
-        return last == want
+        nonlocal got
+        got = get()
+        return got == want
 
-    try:
-        wait_for(same, timeout_s, what)
-    except AssertionError:
-        said = what() if callable(what) else what
+    ok, _ = _poll(same, timeout_s, interval_s)
+    if not ok:
         raise AssertionError(
-            f"timed out after {timeout_s}s waiting for {said}:\n got  {last!r}\n want {want!r}"
-        ) from None
+            f"timed out after {round(timeout_s, 2)}s waiting for {_said(what)}:\n"
+            f" got  {got!r}\n want {want!r}"
+        )
 
 
 async def wait_for_async(
@@ -81,4 +94,6 @@ async def wait_for_async(
         if last:
             return last
         await asyncio.sleep(interval_s)
-    raise _timed_out(timeout_s, what, last)
+    raise AssertionError(
+        f"timed out after {round(timeout_s, 2)}s waiting for {_said(what)} (last value: {last!r})"
+    )
