@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import grpc
@@ -147,11 +146,15 @@ def test_signed_sdk_sends_and_receives(cluster):
     try:
         sent = {producer.send(_message(f"signed {i}".encode())).message_id for i in range(5)}
         got = {}
-        deadline = time.monotonic() + 60
-        while len(got) < len(sent) and time.monotonic() < deadline:
+
+        def received_all() -> bool:
             for m in consumer.receive(32, 30):
                 got[m.message_id] = m.body
                 consumer.ack(m)
+            return len(got) >= len(sent)
+
+        wait_for(received_all, 60, lambda: f"{len(sent)} messages ({len(got)} so far)",
+                 interval_s=0)  # fmt: skip
         assert set(got) == sent
         assert sorted(got.values()) == [f"signed {i}".encode() for i in range(5)]
     finally:
