@@ -153,13 +153,17 @@ def _receive(consumer, max_msgs: int, invisible_s: int, settled_s: float = 10.0)
 
 
 def _receive_until(consumer, want: int, timeout_s: float, invisible_s: int = 30, ack=True):
+    """At least `want` messages, received (and acked, with `ack`) within `timeout_s`."""
     got = []
-    deadline = time.monotonic() + timeout_s
-    while len(got) < want and time.monotonic() < deadline:
+
+    def enough() -> bool:
         for m in _receive(consumer, 32, invisible_s):
             got.append(m)
             if ack:
                 consumer.ack(m)
+        return len(got) >= want
+
+    wait_for(enough, timeout_s, lambda: f"{want} messages ({len(got)} so far)", interval_s=0)
     return got
 
 
