@@ -200,7 +200,8 @@ def test_prometheus_sees_the_lag_ha_status_reports_and_the_dashboard_works(loop_
             return not missing
 
         wait_for(every_core_panel_has_series, 30,
-                 lambda: f"series for every core panel (none yet: {sorted(missing)})", 1)  # fmt: skip
+                 lambda: f"series for every core panel (none yet: {sorted(missing)})",
+                 interval_s=1)  # fmt: skip
     finally:
         prom.stop()
         loop_thread.call(proxy.heal)
