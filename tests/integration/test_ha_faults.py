@@ -288,12 +288,13 @@ def test_a_misbehaving_master_gets_its_connection_closed_and_nothing_appended(
             conn.sendall(struct.pack(">qi", 0, len(good)) + good)
             wait_for(lambda: slave.app.store.max_offset == len(good), 10, "the good frame")
             # ... and acknowledges it with a report of its new end.
-            acked = b""
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                acked += conn.recv(8)
-                if len(acked) >= 8 and struct.unpack(">q", acked[-8:])[0] == len(good):
-                    break
+            acked = bytearray()
+
+            def reported_new_end() -> bool:
+                acked.extend(conn.recv(8))
+                return len(acked) >= 8 and struct.unpack(">q", acked[-8:])[0] == len(good)
+
+            wait_for(reported_new_end, 10, "a report of the slave's new end", interval_s=0)
             assert struct.unpack(">q", acked[-8:])[0] == len(good)
         assert slave.app.store.commit_log.read_raw(0, len(good)) == good
     finally:
