@@ -42,6 +42,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tests.processes import free_port, signal_and_reap
+from tests.waiting import wait_for
 
 log = logging.getLogger(__name__)
 
@@ -290,8 +291,7 @@ class JavaProcess:
         return self.home / "logs" / "rocketmqlogs"
 
     def _wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def ready() -> bool:
             if self._proc is not None and self._proc.poll() is not None:
                 raise RuntimeError(
                     f"{self.name} (Apache RocketMQ, {self.main_class}) exited with status "
@@ -300,14 +300,16 @@ class JavaProcess:
             said = not self.ready_line or self.ready_line in self.stdout_path.read_text(
                 errors="replace"
             )
-            if said and all(port_open(port) for port in self.ports()):
-                return
-            time.sleep(0.1)
-        raise RuntimeError(
-            f"{self.name} (Apache RocketMQ, {self.main_class}) was not ready within "
-            f"{timeout_s:.0f}s (waiting for {self.ready_line!r} and ports {self.ports()}); "
-            f"its logs end:\n{self.log_tail()}"
-        )
+            return said and all(port_open(port) for port in self.ports())
+
+        try:
+            wait_for(ready, timeout_s, f"{self.name} to be ready", interval_s=0.1)
+        except AssertionError:
+            raise RuntimeError(
+                f"{self.name} (Apache RocketMQ, {self.main_class}) was not ready within "
+                f"{timeout_s:.0f}s (waiting for {self.ready_line!r} and ports {self.ports()}); "
+                f"its logs end:\n{self.log_tail()}"
+            ) from None
 
     def _signal_and_reap(self, sig: int, timeout_s: float) -> None:
         proc, self._proc = self._proc, None

@@ -1,4 +1,7 @@
-"""Shared fixtures: fake clock, in-process servers on 127.0.0.1:0, predicates with deadlines."""
+"""Shared fixtures: fake clock, in-process servers on 127.0.0.1:0, etcd, metric registries.
+
+Waiting on a condition is tests/waiting.py's; its helpers are importable from here too
+for code outside tests/ (benchmarks/admin_bench.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +9,6 @@ import asyncio
 import os
 import shutil
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -22,6 +24,7 @@ from ferry.runtime.clock import FakeClock
 from ferry.v1 import namesrv_pb2_grpc
 from services.namesrv.app import NamesrvApp, NamesrvConfig
 from tests import apache, durations
+from tests.waiting import wait_equal, wait_for, wait_for_async  # noqa: F401 (re-exported)
 
 # Property tests judge what code does, never how fast one example ran: Hypothesis's
 # default 200 ms deadline per example failed decoder tests on a loaded 2-core machine.
@@ -31,56 +34,6 @@ settings.load_profile("ferry")
 # Every JVM a test starts (Apache RocketMQ, the Java clients, mqadmin) starts on C1 and
 # the serial collector: cheaper to start, and no test measures speed (tests/apache.py).
 apache.quick_start = True
-
-
-def wait_for(
-    predicate: Callable[[], Any],
-    timeout_s: float = 5.0,
-    what: str = "condition",
-    interval_s: float = 0.02,
-) -> Any:
-    """Poll `predicate` until it returns a truthy value; fail saying `what` did not happen."""
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last value: {last!r})")
-
-
-def wait_equal(
-    get: Callable[[], Any], want: Any, timeout_s: float = 5.0, what: str = "value"
-) -> None:
-    """Poll `get()` until it equals `want`; fail showing the last value beside `want`."""
-    last = None
-
-    def same() -> bool:
-        nonlocal last
-        last = get()
-        return last == want
-
-    try:
-        wait_for(same, timeout_s, what)
-    except AssertionError:
-        raise AssertionError(
-            f"timed out after {timeout_s}s waiting for {what}:\n got  {last!r}\n want {want!r}"
-        ) from None
-
-
-async def wait_for_async(
-    predicate: Callable[[], Any], timeout_s: float = 5.0, what: str = "condition"
-) -> Any:
-    """`wait_for` inside an event loop: the loop keeps running while it polls."""
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last value: {last!r})")
 
 
 class LoopThread:

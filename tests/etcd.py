@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 from ferry.cli.dev import etcd_command, etcd_healthy, find_etcd
 from tests.processes import free_port, signal_and_reap
+from tests.waiting import wait_for
 
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 10.0
@@ -121,27 +121,31 @@ class EtcdServer:
             self._proc = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
-        deadline = time.monotonic() + timeout_s
+        proc = self._proc
+
+        def healthy() -> bool:
+            if proc.poll() is not None:
+                tail = self.log_tail()
+                with open(self.log_path, "rb") as log:
+                    log.seek(log_start)
+                    this_run = log.read().decode(errors="replace")
+                if "address already in use" in this_run:
+                    raise _PortTaken
+                raise RuntimeError(
+                    f"etcd exited with status {proc.returncode} while starting "
+                    f"({' '.join(command)}); {self.log_path} ends:\n{tail}"
+                )
+            return etcd_healthy(self.client_port, timeout_s=1.0)
+
         try:
-            while time.monotonic() < deadline:
-                if self._proc.poll() is not None:
-                    tail = self.log_tail()
-                    with open(self.log_path, "rb") as log:
-                        log.seek(log_start)
-                        this_run = log.read().decode(errors="replace")
-                    if "address already in use" in this_run:
-                        raise _PortTaken
-                    raise RuntimeError(
-                        f"etcd exited with status {self._proc.returncode} while starting "
-                        f"({' '.join(command)}); {self.log_path} ends:\n{tail}"
-                    )
-                if etcd_healthy(self.client_port, timeout_s=1.0):
-                    return
-                time.sleep(0.02)
-            raise RuntimeError(
+            wait_for(healthy, timeout_s, f"etcd at {self.url}")
+        except AssertionError:
+            error = RuntimeError(
                 f"etcd was not healthy (GET {self.url}/health) within {timeout_s}s "
                 f"({' '.join(command)}); {self.log_path} ends:\n{self.log_tail()}"
             )
+            self.kill()
+            raise error from None
         except BaseException:
             self.kill()
             raise

@@ -21,8 +21,9 @@ import grpc
 from ferry import record
 from ferry.v1 import broker_pb2, broker_pb2_grpc, ha_admin_pb2, ha_admin_pb2_grpc
 from services.broker.store.commitlog import segment_name
-from tests.conftest import broker_options, wait_for
+from tests.conftest import broker_options
 from tests.integration.support import BrokerServer, PortRange, create_topic
+from tests.waiting import wait_for
 
 ROUNDS = int(os.environ.get("FERRY_CHAOS_ROUNDS", "2"))
 FILE_SIZE = 1 << 20  # commit-log files roll every few rounds

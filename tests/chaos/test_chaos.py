@@ -29,9 +29,10 @@ from tests.chaos.harness import (
     fixed_port,
     read_log,
 )
-from tests.conftest import broker_options, wait_for
+from tests.conftest import broker_options
 from tests.faultproxy import FaultProxy
 from tests.integration.support import BrokerServer, NamesrvProcess, create_topic, run_ferry
+from tests.waiting import wait_for
 
 RECOVERED = r"store recovered .* commit_log=\[(\d+),(\d+)\)"
 

@@ -15,8 +15,9 @@ import pytest
 
 from ferry.v1 import broker_admin_pb2, broker_admin_pb2_grpc, broker_pb2, broker_pb2_grpc
 from tests.chaos.harness import QUEUES, TOPIC
-from tests.conftest import broker_options, wait_for
+from tests.conftest import broker_options
 from tests.integration.support import BrokerServer, create_topic
+from tests.waiting import wait_for
 
 FS_BYTES = 64 << 20
 FILE_BYTES = 1 << 20

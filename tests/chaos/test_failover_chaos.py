@@ -1,5 +1,5 @@
 """Automatic failover in rounds: the scenarios of
-tests/integration/test_failover.py (drivers in tests/failover_support.py)
+tests/integration/test_failover.py (drivers in tests/failover/scenarios.py)
 repeated FERRY_CHAOS_ROUNDS times against real etcd, a name server and
 broker-a's members as processes, under SYNC load. Each scenario checks the
 whole history at the end (every SEND_OK in the final log exactly once at its
@@ -29,22 +29,19 @@ import pytest
 
 from tests.chaos.harness import ROUNDS, Report
 from tests.conftest import LoopThread
-from tests.failover_support import (
-    FAULTS,
-    FailoverGroup,
-    HistoryResult,
-    Outcome,
-    Producers,
-    check_final,
+from tests.failover.faults import FAULTS, check_final, run_fault
+from tests.failover.group import FailoverGroup
+from tests.failover.history import HistoryResult
+from tests.failover.outcome import Outcome, percentile
+from tests.failover.producers import Producers
+from tests.failover.scenarios import (
     etcd_partition,
     freeze_leader,
     handover,
     kill_master,
     lagging_replica,
-    new_topics,
-    percentile,
-    run_fault,
 )
+from tests.failover.tables import new_topics
 from tests.integration.support import PortRange
 
 # Fixed ports for members that restart (see PortRange for the suites' ranges).

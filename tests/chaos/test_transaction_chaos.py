@@ -1,5 +1,5 @@
 """Transactional messages under master kills (issue 30), with automatic failover on: the
-members of broker-a (tests/failover_support.py's FailoverGroup, real etcd) take plain
+members of broker-a (tests/failover/group.py's FailoverGroup, real etcd) take plain
 sends (the history checker's producers) and, beside them, a transactional producer
 (`TxDriver`) that prepares messages one after another on whatever the name server says
 is the master, ends each with the decision its body names (even number: commit, odd:
@@ -27,9 +27,10 @@ import grpc
 from ferry.v1 import broker_pb2, broker_pb2_grpc, transactions_pb2, transactions_pb2_grpc
 from tests.chaos.harness import ROUNDS, Pair, Report
 from tests.chaos.test_failover_chaos import run  # noqa: F401 - the scenario's fixture
-from tests.conftest import wait_for
-from tests.failover_support import CHANNEL_OPTIONS, TTL_S, kill_master
+from tests.failover.config import CHANNEL_OPTIONS, TTL_S
+from tests.failover.scenarios import kill_master
 from tests.integration.support import create_topic, pull_all
+from tests.waiting import wait_for
 
 TX_TOPIC = "TxChaos"
 TX_GROUP = "tx-chaos-producers"

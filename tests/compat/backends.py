@@ -28,8 +28,9 @@ from pathlib import Path
 from rocketmq import ClientConfiguration, Credentials
 
 from tests.apache import ApacheAdmin, ApacheNamesrv, ApacheProxy
-from tests.conftest import LoopThread, start_broker, start_namesrv, wait_for
+from tests.conftest import LoopThread, start_broker, start_namesrv
 from tests.integration import support
+from tests.waiting import wait_for
 
 BROKER_MAX_BODY = 64 * 1024  # tests' brokers (conftest.broker_options): maxMessageSize
 LEVELS = "300ms 300ms 300ms 300ms"  # ferry's messageDelayLevel: the retry backoff by attempt

@@ -38,8 +38,9 @@ from ferry.remoting.client import call
 from ferry.remoting.codec import Command
 from ferry.v1 import namesrv_pb2_grpc, slave_sync_pb2, slave_sync_pb2_grpc
 from tests.apache import ApacheAdmin, ApacheBroker, ApacheNamesrv, JavaProcess
-from tests.conftest import broker_options, wait_for
+from tests.conftest import broker_options
 from tests.integration import support
+from tests.waiting import wait_for
 
 J = TypeVar("J", bound=JavaProcess)
 

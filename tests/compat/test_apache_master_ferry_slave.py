@@ -22,7 +22,8 @@ import pytest
 
 from tests.apache import ApacheBroker, ApacheNamesrv, run_java
 from tests.compat.specs import json_lines, message_specs, pull_all, user_view, write_specs
-from tests.conftest import start_broker, wait_for
+from tests.conftest import start_broker
+from tests.waiting import wait_for
 
 FILE = 4 * 1024 * 1024
 TOPIC = "CompatFromApache"

@@ -27,9 +27,10 @@ import pytest
 from ferry.v1 import broker_pb2, ha_admin_pb2, ha_admin_pb2_grpc
 from tests.apache import ApacheBroker, run_java
 from tests.compat.specs import json_lines, message_specs, pull_all, user_view
-from tests.conftest import start_broker, wait_for
+from tests.conftest import start_broker
 from tests.integration.test_broker_grpc import create_topic
 from tests.processes import free_port
+from tests.waiting import wait_for
 
 FILE = 4 * 1024 * 1024
 TOPIC = "CompatToApache"

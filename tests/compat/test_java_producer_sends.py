@@ -23,9 +23,10 @@ from ferry.remoting.client import call
 from ferry.remoting.codec import Command
 from tests.apache import run_java
 from tests.compat.specs import json_lines, message_specs, pull_all, user_view, write_specs
-from tests.conftest import LoopThread, start_broker, start_namesrv, wait_for
+from tests.conftest import LoopThread, start_broker, start_namesrv
 from tests.integration import support
 from tests.integration.test_remoting_sends import Door, connect_door
+from tests.waiting import wait_for
 
 TOPIC = "JavaToFerry"
 COUNT = 40

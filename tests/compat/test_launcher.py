@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.apache import ApacheNamesrv, ApacheProxy, port_open
-from tests.conftest import wait_for
 from tests.processes import pid_alive
+from tests.waiting import wait_for
 
 
 def _files(root: Path) -> set[Path]:

@@ -33,7 +33,7 @@ from tests.compat import clients
 from tests.compat.clients import Client
 from tests.compat.mqadmin import MqadminSession, Result
 from tests.compat.remoting_backends import ONE_GROUP, RemotingBackend, start_remoting_backend
-from tests.conftest import wait_for
+from tests.waiting import wait_for
 
 TOPIC = "AdmTopic"
 GROUP = "AdmGroup"

@@ -33,15 +33,9 @@ from ferry.remoting.client import call
 from ferry.remoting.codec import Command
 from ferry.v1 import namesrv_pb2
 from tests.apache import ApacheBroker, ApacheNamesrv, run_java
-from tests.conftest import (
-    LoopThread,
-    RunningBroker,
-    RunningNamesrv,
-    start_broker,
-    start_namesrv,
-    wait_for,
-)
+from tests.conftest import LoopThread, RunningBroker, RunningNamesrv, start_broker, start_namesrv
 from tests.integration import support
+from tests.waiting import wait_for
 
 MQADMIN = "org.apache.rocketmq.tools.command.MQAdminStartup"
 SHARED = "SharedTopic"

@@ -28,6 +28,7 @@ from tests.compat import clients
 from tests.compat.clients import Client
 from tests.compat.remoting_backends import BACKENDS, DELAY_S, SINGLE, start_remoting_backend
 from tests.compat.specs import parametrize_cluster
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -518,9 +519,13 @@ def test_what_java_sent_is_read_over_ferry_v1_and_by_the_v5_sdk(cluster, tmp_pat
             FerryConsumer(namesrv, names("gV1"), topic, from_beginning=True) as consumer,
         ):
             pulled = []
-            deadline = time.monotonic() + 30
-            while len(pulled) < len(every) and time.monotonic() < deadline:
-                pulled += consumer.poll(32, 500)
+
+            def pulled_all() -> bool:
+                pulled.extend(consumer.poll(32, 500))
+                return len(pulled) >= len(every)
+
+            wait_for(pulled_all, 30, lambda: f"{len(every)} over ferry.v1 ({len(pulled)} so far)",
+                     interval_s=0)  # fmt: skip
         assert len(pulled) == len(every), pulled
         for consumed in pulled:
             m = consumed.message
@@ -531,11 +536,15 @@ def test_what_java_sent_is_read_over_ferry_v1_and_by_the_v5_sdk(cluster, tmp_pat
             assert user_properties(dict(m.properties)) == expected_properties(s), m
 
         received = []
-        deadline = time.monotonic() + 30
-        while len(received) < len(every) and time.monotonic() < deadline:
+
+        def received_all() -> bool:
             for m in sdk.receive(32, 30):
                 received.append(m)
                 sdk.ack(m)
+            return len(received) >= len(every)
+
+        wait_for(received_all, 30, lambda: f"{len(every)} by the SDK ({len(received)} so far)",
+                 interval_s=0)  # fmt: skip
         assert sorted(m.message_id for m in received) == sorted(every)
         for m in received:
             s = every[m.message_id]

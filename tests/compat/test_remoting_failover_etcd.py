@@ -1,5 +1,5 @@
 """Automatic failover (enableFailover, etcd) under Apache's Java producer 4.9.8: broker-a's
-two members elect their master in a real etcd (tests/failover_support.py's FailoverGroup,
+two members elect their master in a real etcd (tests/failover/group.py's FailoverGroup,
 each member its own process), and RocketMQ's clients follow it through the name server's
 route as they read it over RocketMQ's protocol (105).
 
@@ -35,9 +35,11 @@ from ferry.remoting.codec import Command
 from ferry.v1 import namesrv_pb2, namesrv_pb2_grpc
 from tests.compat import clients
 from tests.compat.ferry_remoting import group_addrs
-from tests.conftest import wait_for
-from tests.failover_support import BROKER, TOPIC, FailoverGroup, Member
+from tests.failover.config import BROKER, TOPIC
+from tests.failover.group import FailoverGroup
+from tests.failover.member import Member
 from tests.integration.support import FreePorts
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -1,6 +1,6 @@
 """Transactions across an automatic failover (enableFailover, etcd), from Apache's 4.9.8
 `TransactionMQProducer` (tests/compat/client49 TxProducer49): broker-a's two members elect
-their master in a real etcd (tests/failover_support.py's FailoverGroup, SYNC_MASTER, each
+their master in a real etcd (tests/failover/group.py's FailoverGroup, SYNC_MASTER, each
 member its own process). Committed transactions and one left undecided are on the first
 master when it is SIGKILLed; the member elected next rebuilds the undecided one from the
 replicated log, checks it back with a producer of the group, and every message is
@@ -14,7 +14,8 @@ import pytest
 
 from tests.compat import clients
 from tests.compat.test_remoting_failover_etcd import wait_route
-from tests.failover_support import TOPIC, FailoverGroup
+from tests.failover.config import TOPIC
+from tests.failover.group import FailoverGroup
 from tests.integration.support import FreePorts
 
 pytestmark = pytest.mark.timeout(240)

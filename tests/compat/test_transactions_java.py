@@ -22,8 +22,9 @@ import pytest
 
 from ferry.v1 import broker_pb2, broker_pb2_grpc, namesrv_pb2_grpc
 from tests.compat import clients
-from tests.conftest import broker_options, wait_for
+from tests.conftest import broker_options
 from tests.integration import support
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(240)
 

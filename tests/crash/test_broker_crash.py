@@ -10,8 +10,9 @@ import time
 import grpc
 
 from ferry.v1 import broker_pb2, broker_pb2_grpc
-from tests.conftest import broker_options, wait_for
+from tests.conftest import broker_options
 from tests.integration.support import BrokerServer, create_topic, pull_all
+from tests.waiting import wait_for
 
 PRODUCERS = 4
 QUEUES = 4

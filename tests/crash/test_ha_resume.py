@@ -17,8 +17,9 @@ from ferry.v1 import (
     broker_pb2_grpc,
     common_pb2,
 )
-from tests.conftest import broker_options, wait_for
+from tests.conftest import broker_options
 from tests.integration.support import BrokerServer, free_port
+from tests.waiting import wait_for
 
 FILE = 256 * 1024
 

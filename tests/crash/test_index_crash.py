@@ -6,8 +6,9 @@ from __future__ import annotations
 import grpc
 
 from ferry.v1 import broker_pb2, broker_pb2_grpc
-from tests.conftest import broker_options, wait_for
+from tests.conftest import broker_options
 from tests.integration.support import BrokerServer, create_topic
+from tests.waiting import wait_for
 
 MESSAGES = 6000
 BATCH = 500

@@ -5,7 +5,6 @@ slave's copy of the revive records rebuilds the same in-flight state."""
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import grpc
@@ -16,8 +15,9 @@ from ferry.v1 import broker_admin_pb2, broker_admin_pb2_grpc, broker_pb2, broker
 from services.broker.metadata.tables import BrokerMetadata
 from services.broker.pop import PopConfig, PopService
 from services.broker.store import MessageStore, StoreConfig
-from tests.conftest import broker_options, wait_for
+from tests.conftest import broker_options
 from tests.integration.support import BrokerServer, create_topic, free_port
+from tests.waiting import wait_for
 
 FILE = 1 << 20
 MESSAGES = 2000
@@ -87,16 +87,21 @@ def test_sigkill_with_messages_in_flight_loses_none_and_repeats_no_ack(tmp_path)
             )
         acked: set[bytes] = set()
         unacked: set[bytes] = set()
-        turn = 0
-        while len(acked) + len(unacked) < MESSAGES:
+        turns = [0]
+
+        def popped_all() -> bool:
             got = _pop(broker, wait_ms=1000)
-            turn += 1
-            if turn % 2:  # every other batch is acknowledged, the rest stays in flight
+            turns[0] += 1
+            if turns[0] % 2:  # every other batch is acknowledged, the rest stays in flight
                 results = _ack(broker, got)
                 assert all(r.status == broker_pb2.OK for r in results)
                 acked.update(m.body for m in got)
             else:
                 unacked.update(m.body for m in got)
+            return len(acked) + len(unacked) >= MESSAGES
+
+        wait_for(popped_all, 90, lambda: f"all {MESSAGES} popped ({len(acked | unacked)} so far)",
+                 interval_s=0)  # fmt: skip
         assert not acked & unacked and len(acked | unacked) == MESSAGES
         channel.close()
         master.kill()
@@ -107,13 +112,17 @@ def test_sigkill_with_messages_in_flight_loses_none_and_repeats_no_ack(tmp_path)
         broker = broker_pb2_grpc.BrokerStub(channel)
         again: list[bytes] = []
         attempts: set[int] = set()
-        deadline = time.monotonic() + 90
-        while set(again) < unacked and time.monotonic() < deadline:
+
+        def popped_again() -> bool:
             got = _pop(broker, invisible_ms=60_000, wait_ms=1000)
             again.extend(m.body for m in got)
             attempts.update(m.delivery_attempt for m in got)
             if got:
                 _ack(broker, got)
+            return not set(again) < unacked
+
+        wait_for(popped_again, 90, lambda: f"the {len(unacked)} unacknowledged ones again "
+                 f"({len(unacked - set(again))} not yet)", interval_s=0)  # fmt: skip
         repeated = [body for body in again if body in acked]
         assert not repeated, f"{len(repeated)} acknowledged messages delivered again"
         assert set(again) == unacked, f"{len(unacked - set(again))} unacknowledged ones lost"

@@ -46,8 +46,9 @@ from services.broker.store import (
 from services.broker.store import commitlog as commitlog_module
 from services.broker.store import flush as flush_module
 from services.broker.store.checkpoint import ABORT, CHECKPOINT, load_checkpoint
-from tests.conftest import broker_options, wait_for, wait_for_async
+from tests.conftest import broker_options
 from tests.integration.support import BrokerServer, NamesrvProcess, create_topic, pull_all
+from tests.waiting import wait_for, wait_for_async
 
 TRIGGER_ENV = "FERRY_FAULT_TRIGGER"  # fdatasync and fsync fail while this file exists
 PWRITE_TRIGGER_ENV = "FERRY_FAULT_PWRITE_TRIGGER"  # pwrite fails while this file exists

@@ -29,10 +29,11 @@ import pytest
 from ferry import record
 from ferry.v1 import broker_pb2
 from services.ha import protocol
-from tests.conftest import start_broker, wait_for
+from tests.conftest import start_broker
 from tests.integration.test_broker_grpc import create_topic
 from tests.integration.test_ha_faults import FakeMaster
 from tests.integration.test_replication import ha_status
+from tests.waiting import wait_for
 
 INPUTS = int(os.environ.get("FERRY_HA_FUZZ_INPUTS", "2000"))
 FILE = 64 * 1024 * 1024

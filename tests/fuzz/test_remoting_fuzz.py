@@ -61,15 +61,9 @@ from ferry.remoting import batch, codec, codes
 from ferry.remoting.codec import FLAG_ONEWAY, FLAG_RESPONSE, MAX_FRAME, Command
 from ferry.runtime.clock import FakeClock
 from ferry.v1 import broker_pb2, namesrv_pb2
-from tests.conftest import (
-    LoopThread,
-    RunningBroker,
-    RunningNamesrv,
-    start_broker,
-    start_namesrv,
-    wait_for,
-)
+from tests.conftest import LoopThread, RunningBroker, RunningNamesrv, start_broker, start_namesrv
 from tests.integration import support
+from tests.waiting import wait_for
 
 EXAMPLES = int(os.environ.get("FERRY_FUZZ_EXAMPLES", "50"))
 FRAMES = int(os.environ.get("FERRY_REMOTING_FUZZ_FRAMES", "3000"))

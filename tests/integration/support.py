@@ -32,8 +32,8 @@ from ferry.v1 import (
     namesrv_pb2,
     namesrv_pb2_grpc,
 )
-from tests.conftest import wait_for
 from tests.processes import pid_alive
+from tests.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 BROKER_SCRIPT = Path(__file__).with_name("keepalive_broker.py")

@@ -23,9 +23,10 @@ import pytest
 from ferry.runtime import auth
 from ferry.v1 import broker_admin_pb2, common_pb2
 from tests.compat.acl_probe import ACL_YAML, ADMIN, LOCAL, PUB, SUB
-from tests.conftest import broker_options, start_broker, wait_for
+from tests.conftest import broker_options, start_broker
 from tests.integration import support
 from tests.integration.support import run_ferry
+from tests.waiting import wait_for
 
 TOKEN = "acl-admin-token-1"
 NO_ENV = {auth.ENV_ACCESS_KEY: "", auth.ENV_SECRET_KEY: "", auth.ENV_ADMIN_TOKEN: ""}

@@ -18,9 +18,10 @@ from ferry.v1 import (
     slave_sync_pb2,
     slave_sync_pb2_grpc,
 )
-from tests.conftest import start_broker, start_namesrv, wait_for
+from tests.conftest import start_broker, start_namesrv
 from tests.helpers import register_request
 from tests.integration.support import run_ferry
+from tests.waiting import wait_for
 
 TOKEN = "s3cret-admin-token"
 GOOD = auth.bearer(TOKEN)

@@ -19,11 +19,12 @@ from ferry.pipeline import analytics
 from ferry.pipeline.analytics import LAG, PUT_INCREASE, SCHEMA, SYNC_INCREASE, JobConfig
 from ferry.pipeline.exporter import Exporter, iso_utc
 from ferry.v1 import broker_pb2
-from tests.conftest import start_broker, wait_for
+from tests.conftest import start_broker
 from tests.faultproxy import FaultProxy
 from tests.integration.support import run_ferry
 from tests.integration.test_broker_grpc import create_topic
 from tests.integration.test_replication import ha_status
+from tests.waiting import wait_for
 
 T0 = datetime.datetime(2026, 11, 22, 10, 0, 0, tzinfo=datetime.UTC)
 

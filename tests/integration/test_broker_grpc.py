@@ -17,9 +17,10 @@ from ferry.v1 import (
     slave_sync_pb2,
     slave_sync_pb2_grpc,
 )
-from tests.conftest import start_broker, start_namesrv, wait_for
+from tests.conftest import start_broker, start_namesrv
 from tests.integration import support
 from tests.integration.support import has_route, live_addrs
+from tests.waiting import wait_for
 
 
 def create_topic(broker, name: str, queues: int = 4, perm: int = 6) -> common_pb2.DataVersion:
@@ -132,9 +133,11 @@ def test_long_poll_returns_as_soon_as_a_message_arrives(broker):
         )
         results.append((r, time.monotonic() - started))
 
+    long_polls = broker.app.store.long_polls
     t = threading.Thread(target=poll)
     t.start()
-    time.sleep(0.3)  # let the pull start waiting (it must still be waiting: checked below)
+    # The pull has found nothing and waits in the store (read on the loop that owns it).
+    wait_for(lambda: broker.loop.call(lambda: long_polls.waiting) == 1, 10, "the pull to wait")
     assert not results
     broker.broker.SendMessage(broker_pb2.SendMessageRequest(topic="Waiting", body=b"ping"))
     t.join(15)

@@ -5,8 +5,9 @@ master address handed to a slave, and KeepAlive loss when a broker dies."""
 from __future__ import annotations
 
 from ferry.model import TopicConfig
-from tests.conftest import start_broker, start_namesrv, wait_for
+from tests.conftest import start_broker, start_namesrv
 from tests.integration.support import has_route, live_addrs
+from tests.waiting import wait_for
 
 
 def test_force_register_false_asks_for_the_version_first(loop_thread, tmp_path, ns):

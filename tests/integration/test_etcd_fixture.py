@@ -14,8 +14,9 @@ from pathlib import Path
 import aetcd
 import pytest
 
-from tests.conftest import LoopThread, wait_for
+from tests.conftest import LoopThread
 from tests.etcd import EtcdServer
+from tests.waiting import wait_for
 
 
 @pytest.fixture

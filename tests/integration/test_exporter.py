@@ -10,11 +10,12 @@ import re
 from ferry.client.namesrv import NamesrvClient
 from ferry.pipeline.exporter import ROW_FIELDS, SCRAPE_UP, Exporter
 from ferry.v1 import broker_pb2
-from tests.conftest import start_broker, wait_for
+from tests.conftest import start_broker
 from tests.helpers import register_request
 from tests.integration.support import HeldPort, run_ferry
 from tests.integration.test_broker_grpc import create_topic
 from tests.integration.test_replication import ha_status
+from tests.waiting import wait_for
 
 TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 

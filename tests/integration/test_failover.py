@@ -1,7 +1,7 @@
 """Automatic failover (#16) end to end: real etcd, a real name server and
 broker-a's members as `python -m services.broker` processes with
 enableFailover=true, producers recording every attempt, and the Jepsen-style
-history checker of tests/failover_support.py after every scenario: each
+history checker of tests/failover/history.py after every scenario: each
 SEND_OK is in the final log exactly once at the offsets its producer was
 told and read there by a consumer, every record was sent by someone, the
 members' logs are byte-identical, and two masters' SEND_OKs never
@@ -20,30 +20,24 @@ import pytest
 
 from ferry import record
 from services.broker.store.commitlog import segment_name
-from tests.conftest import LoopThread, wait_equal, wait_for
-from tests.failover_support import (
-    FILE_SIZE,
-    QUEUES,
-    SLAVE_TIMEOUT_S,
-    TOPIC,
-    TTL_S,
-    Attempt,
-    FailoverGroup,
-    Outcome,
-    Producers,
-    assert_identical,
-    check_final,
-    check_history,
-    check_no_overlap,
+from tests.conftest import LoopThread
+from tests.failover.config import FILE_SIZE, QUEUES, SLAVE_TIMEOUT_S, TOPIC, TTL_S
+from tests.failover.faults import check_final
+from tests.failover.group import FailoverGroup
+from tests.failover.history import check_history, check_no_overlap
+from tests.failover.logs import assert_identical, read_image
+from tests.failover.outcome import Outcome
+from tests.failover.producers import Attempt, Producers
+from tests.failover.scenarios import (
     etcd_partition,
     ha_partition,
     handover,
     kill_master,
     lagging_replica,
     pause_follower,
-    read_image,
 )
 from tests.integration.support import PortRange, pull_all, run_ferry, sample, scrape
+from tests.waiting import wait_equal, wait_for
 
 # Fixed ports for members that restart (see PortRange for the suites' ranges).
 PORTS = PortRange(32000, 32384)
@@ -184,7 +178,7 @@ def test_lagging_replica_is_never_elected_over_an_in_sync_one(rig):
     """Three members: one falls out of the in-sync set (paused), the master
     dies, and the lagging one has the group to itself for over a TTL without
     being elected; the in-sync one, resumed, wins (see
-    failover_support.lagging_replica). The history holds."""
+    tests/failover/scenarios.py, lagging_replica). The history holds."""
     group = rig.group(size=3)
     producers = rig.start_producers(group, count=2)
     out = Outcome()

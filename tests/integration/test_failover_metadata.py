@@ -22,9 +22,11 @@ from ferry.v1 import (
     broker_pb2_grpc,
     common_pb2,
 )
-from tests.conftest import LoopThread, wait_equal, wait_for
-from tests.failover_support import TTL_S, FailoverGroup
+from tests.conftest import LoopThread
+from tests.failover.config import TTL_S
+from tests.failover.group import FailoverGroup
 from tests.integration.support import PortRange, create_topic, pull_all, scrape
+from tests.waiting import wait_equal, wait_for
 
 PORTS = PortRange(31500, 32000)
 NEW_TOPIC = "CreatedJustBefore"

@@ -1,5 +1,5 @@
 """A failover member's RocketMQ-protocol door across its role changes (real etcd, members as
-`python -m services.broker` processes, tests/failover_support.py).
+`python -m services.broker` processes, tests/failover/group.py).
 
 The member keeps its listener and its clients' connections from one run to the next, so it
 keeps what those connections told it too: the consumers' heartbeats (group members and
@@ -18,9 +18,10 @@ import pytest
 from ferry.remoting import codes
 from ferry.remoting.client import RemotingClient
 from ferry.remoting.codec import Command
-from tests.conftest import wait_for
-from tests.failover_support import TOPIC, FailoverGroup
+from tests.failover.config import TOPIC
+from tests.failover.group import FailoverGroup
 from tests.integration.support import FreePorts
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -15,8 +15,9 @@ from ferry.client.broker import BrokerClient
 from ferry.client.namesrv import NamesrvClient
 from ferry.client.transactions import TransactionProducer, TransactionState
 from ferry.v1 import transactions_pb2, transactions_pb2_grpc
-from tests.conftest import LoopThread, start_broker, start_namesrv, wait_for
+from tests.conftest import LoopThread, start_broker, start_namesrv
 from tests.integration import support
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(180)
 GROUP = "tx-client-group"

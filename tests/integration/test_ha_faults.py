@@ -14,10 +14,11 @@ import time
 import pytest
 
 from ferry.v1 import broker_pb2
-from tests.conftest import start_broker, wait_for
+from tests.conftest import start_broker
 from tests.faultproxy import FaultProxy
 from tests.integration.test_broker_grpc import create_topic
 from tests.integration.test_replication import ha_status
+from tests.waiting import wait_for
 
 FILE = 256 * 1024
 SLAVE_TIMEOUT_MS = 1000
@@ -158,7 +159,8 @@ def test_handshake_replicates_and_a_wrong_secret_gets_nothing(loop_thread, tmp_p
         master.broker.SendMessage(broker_pb2.SendMessageRequest(topic="H", body=b"secret stuff"))
         end = master.app.store.max_offset
         wait_for(lambda: good.app.store.max_offset == end, 10, "the slave with the right secret")
-        time.sleep(0.5)  # the wrong one has had its chances (reconnects every 0.2 s)
+        # The wrong one has had its chances: refused three times (it reconnects every 0.2 s).
+        wait_for(lambda: master.app.ha_master.protocol_errors >= 3, 10, "three refusals")
         assert bad.app.store.max_offset == 0
         assert not (tmp_path / "bad" / "commitlog").exists() or not list(
             (tmp_path / "bad" / "commitlog").iterdir()
@@ -286,12 +288,13 @@ def test_a_misbehaving_master_gets_its_connection_closed_and_nothing_appended(
             conn.sendall(struct.pack(">qi", 0, len(good)) + good)
             wait_for(lambda: slave.app.store.max_offset == len(good), 10, "the good frame")
             # ... and acknowledges it with a report of its new end.
-            acked = b""
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                acked += conn.recv(8)
-                if len(acked) >= 8 and struct.unpack(">q", acked[-8:])[0] == len(good):
-                    break
+            acked = bytearray()
+
+            def reported_new_end() -> bool:
+                acked.extend(conn.recv(8))
+                return len(acked) >= 8 and struct.unpack(">q", acked[-8:])[0] == len(good)
+
+            wait_for(reported_new_end, 10, "a report of the slave's new end", interval_s=0)
             assert struct.unpack(">q", acked[-8:])[0] == len(good)
         assert slave.app.store.commit_log.read_raw(0, len(good)) == good
     finally:

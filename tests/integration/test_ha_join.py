@@ -5,13 +5,13 @@ sync merges offsets without rewinding them and never shows a half table."""
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import threading
 
 from ferry.v1 import broker_pb2
-from tests.conftest import start_broker, wait_for
+from tests.conftest import start_broker
 from tests.integration.test_broker_grpc import create_topic
+from tests.waiting import wait_for
 
 FILE = 128 * 1024
 
@@ -285,7 +285,9 @@ def test_master_known_then_unknown_in_one_turn_does_not_stop_replication(loop_th
         ha = f"127.0.0.1:{master.app.ha_master.port}"
         hs = slave.app.ha_slave
         loop_thread.call(lambda: (hs.set_master(ha), hs.set_master("")))
-        loop_thread.run(asyncio.sleep(0.3))
+        # The HA task, woken by the first answer, was queued on the loop before this
+        # call: when it returns, the task has run and found no master.
+        loop_thread.call(lambda: None)
         assert not hs._task.done(), hs._task
         loop_thread.call(lambda: hs.set_master(ha))
         end = master.app.store.max_offset

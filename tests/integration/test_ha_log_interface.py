@@ -20,7 +20,7 @@ from services.ha import protocol
 from services.ha.master import HAMaster, HAMasterConfig
 from services.ha.slave import HASlave, HASlaveConfig
 from services.ha.sync import ReplicaAcks
-from tests.conftest import wait_for_async
+from tests.waiting import wait_for_async
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="needs memfd_create")
 

@@ -71,6 +71,7 @@ from ferry.v1 import (
 )
 from tests.integration.support import PortRange, child_env, make_test_certs, stop_pid
 from tests.unit.test_k8s_manifests import TLS_COMPONENT, render
+from tests.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 OVERLAYS = REPO / "deploy" / "k8s" / "overlays"
@@ -237,20 +238,27 @@ async def etcd_members(client_port: int) -> list[tuple[str, list[str]]]:
         return [(m.name, list(m.client_urls)) async for m in client.members()]
 
 
-def wait_for(what: str, check, deadline: float, logs: Path):
+def wait_cluster(what: str, check, deadline: float, logs: Path):
+    """Until `check()` is truthy (a gRPC error counts as not yet) by `deadline`, which the
+    whole cluster's start shares; fails with the last error and every pod's log tail."""
     last: object = None
-    while time.monotonic() < deadline:
+
+    def attempt():
+        nonlocal last
         try:
-            result = check()
-            if result:
-                return result
+            return check()
         except grpc.RpcError as exc:
             last = exc.code()
-        time.sleep(0.2)
-    tails = "\n".join(
-        f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in sorted(logs.glob("*.log"))
-    )
-    pytest.fail(f"{what} did not happen within {DEADLINE_S:.0f}s (last error {last})\n{tails}")
+            return None
+
+    def failed() -> str:
+        tails = "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}"
+            for p in sorted(logs.glob("*.log"))
+        )
+        return f"{what} (within {DEADLINE_S:.0f}s; last error {last})\n{tails}"
+
+    return wait_for(attempt, max(0.0, deadline - time.monotonic()), failed, interval_s=0.2)
 
 
 # Each overlay's broker pods per group: (master, slave) by their roles, or
@@ -324,7 +332,7 @@ def test_rendered_overlay_forms_a_cluster(tmp_path, overlay, tls):
 
         etcds = [p for p in names if p.startswith("etcd-")]
         for pod in etcds:  # healthy: the cluster has a leader, so a quorum formed
-            wait_for(
+            wait_cluster(
                 f"{pod} healthy",
                 lambda pod=pod: etcd_healthy(by_name[pod].ports[2379]),
                 deadline,
@@ -332,7 +340,7 @@ def test_rendered_overlay_forms_a_cluster(tmp_path, overlay, tls):
             )
         members = [(p, [f"http://127.0.0.1:{by_name[p].ports[2379]}"]) for p in etcds]
         for pod in etcds:  # one cluster of the three, not three of one
-            wait_for(
+            wait_cluster(
                 f"{pod} listing the 3 members under their names and local client URLs",
                 lambda pod=pod: (
                     sorted(asyncio.run(etcd_members(by_name[pod].ports[2379]))) == members
@@ -344,7 +352,7 @@ def test_rendered_overlay_forms_a_cluster(tmp_path, overlay, tls):
         servers = [p for p in names if not p.startswith(("ferry-exporter", "etcd-"))]
         health = {p: health_pb2_grpc.HealthStub(channel(p, probe_port(p))) for p in servers}
         for pod, stub in health.items():
-            wait_for(
+            wait_cluster(
                 f"{pod} SERVING",
                 lambda stub=stub: (
                     stub.Check(health_pb2.HealthCheckRequest(), timeout=2).status
@@ -380,7 +388,7 @@ def test_rendered_overlay_forms_a_cluster(tmp_path, overlay, tls):
                     view[group] = (routed[0], slave, slave_id, epoch)
                 return view
 
-            views.append(wait_for(f"4 brokers on {ns}", registered, deadline, root))
+            views.append(wait_cluster(f"4 brokers on {ns}", registered, deadline, root))
         assert views[0] == views[1], views
         groups = views[0]
         for group, (master, slave, slave_id, epoch) in groups.items():
@@ -415,7 +423,7 @@ def test_rendered_overlay_forms_a_cluster(tmp_path, overlay, tls):
                 )
                 return {q.broker_name for q in route.queue_datas} == {"broker-a", "broker-b"}
 
-            wait_for(f"{topic} routed to both groups by {ns}", routed, deadline, root)
+            wait_cluster(f"{topic} routed to both groups by {ns}", routed, deadline, root)
 
         if not tls:  # the SDKs' view: the proxy routes the topic to both groups' masters
             proxy_port = by_name["ferry-proxy-0"].ports[8081]
@@ -438,7 +446,7 @@ def test_rendered_overlay_forms_a_cluster(tmp_path, overlay, tls):
         for group in ("broker-a", "broker-b"):
             master, slave, slave_id, _ = groups[group]
             master_admin = ha_admin_pb2_grpc.HAAdminStub(channel(master))
-            wait_for(
+            wait_cluster(
                 f"{slave} connected to {master}'s HA port",
                 lambda a=master_admin: (
                     a.GetHAStatus(ha_admin_pb2.GetHAStatusRequest(), timeout=2).in_sync_slave_nums
@@ -459,7 +467,7 @@ def test_rendered_overlay_forms_a_cluster(tmp_path, overlay, tls):
             assert conn.replica_id == slave_id  # authenticated with the Secret's value
             assert conn.ack_offset == master_ha.master_max_offset > 0
             slave_stub = ha_admin_pb2_grpc.HAAdminStub(channel(slave))
-            wait_for(
+            wait_cluster(
                 f"{slave} at its master's offset",
                 lambda s=slave_stub, end=master_ha.master_max_offset: (
                     (st := s.GetHAStatus(ha_admin_pb2.GetHAStatusRequest(), timeout=2).slave)
@@ -485,7 +493,7 @@ def test_rendered_overlay_forms_a_cluster(tmp_path, overlay, tls):
 
         # The exporter's first rounds may predate the brokers (or an election);
         # its interval is 15 s.
-        wait_for("exporter rows for the 4 brokers", exported, time.monotonic() + 40, root)
+        wait_cluster("exporter rows for the 4 brokers", exported, time.monotonic() + 40, root)
         for name, proc in procs.items():
             assert proc.poll() is None, f"{name} exited with {proc.returncode}"
     finally:

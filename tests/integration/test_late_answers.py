@@ -26,7 +26,7 @@ from apache.rocketmq.v2 import service_pb2 as s
 from apache.rocketmq.v2 import service_pb2_grpc
 from ferry.runtime.late_answers import GRPC_LOGGER, LATE_ANSWERS
 from ferry.runtime.server import GrpcServer, Service
-from tests.conftest import wait_for_async
+from tests.waiting import wait_for_async
 
 MESSAGING = s.DESCRIPTOR.services_by_name["MessagingService"].full_name
 BODY = b"x" * (1 << 20)

@@ -14,9 +14,10 @@ import pytest
 from ferry.v1 import broker_pb2
 from services.broker.config import ConfigError, load_config
 from services.ha.slave import Inbound
-from tests.conftest import start_broker, wait_for
+from tests.conftest import start_broker
 from tests.integration.test_broker_grpc import create_topic
 from tests.integration.test_replication import ha_status
+from tests.waiting import wait_for
 
 
 def test_max_message_size(loop_thread, tmp_path):

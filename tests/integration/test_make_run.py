@@ -33,8 +33,8 @@ import pytest
 from ferry.cli.dev import etcd_healthy
 from ferry.client.namesrv import NamesrvClient
 from ferry.v1 import broker_pb2, broker_pb2_grpc
-from tests.conftest import wait_for
 from tests.integration.support import LineReader, child_env, grpcurl_path, run_ferry
+from tests.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 # Ports of the 2m-2s topology before the offset: name servers, brokers, the proxy, etcd.

@@ -12,9 +12,10 @@ import pytest
 from ferry import record
 from ferry.remoting import codes
 from ferry.remoting.codec import Command
-from tests.conftest import LoopThread, start_broker, wait_for
+from tests.conftest import LoopThread, start_broker
 from tests.integration import support
 from tests.integration.test_remoting_sends import TOPIC, Door, connect_door, props, v2
+from tests.waiting import wait_for
 
 UNIQ = "7F0000010B8C18B4AAC2{:012X}"
 

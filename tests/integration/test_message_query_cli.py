@@ -10,10 +10,11 @@ import grpc
 import pytest
 
 from ferry.v1 import broker_pb2
-from tests.conftest import start_broker, wait_for
+from tests.conftest import start_broker
 from tests.integration.support import run_ferry
 from tests.integration.test_broker_grpc import create_topic
 from tests.integration.test_replication import pair
+from tests.waiting import wait_for
 
 UNIQ = "7F00000100002A9F0000000000000001"
 

@@ -16,8 +16,9 @@ from ferry.model import DataVersion, TopicConfig
 from ferry.runtime.clock import SystemClock
 from ferry.v1 import namesrv_pb2
 from services.broker.cluster.registration import BrokerIdentity, Registrar
-from tests.conftest import LoopThread, RunningNamesrv, wait_for
+from tests.conftest import LoopThread, RunningNamesrv
 from tests.helpers import register_request
+from tests.waiting import wait_for
 
 A = "127.0.0.1:10911"  # the first master
 A_HA = "127.0.0.1:10912"

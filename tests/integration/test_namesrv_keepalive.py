@@ -8,9 +8,10 @@ import grpc
 import pytest
 
 from ferry.v1 import namesrv_pb2
-from tests.conftest import LoopThread, RunningNamesrv, wait_for
+from tests.conftest import LoopThread, RunningNamesrv
 from tests.helpers import register_request
 from tests.integration.support import has_route, live_addrs
+from tests.waiting import wait_for
 
 ADDR = "127.0.0.1:20911"
 TOPIC = "KeepAliveTopic"

@@ -4,9 +4,9 @@ registrations and unregisters by reason, including a killed KeepAlive broker."""
 from __future__ import annotations
 
 from ferry.v1 import namesrv_pb2
-from tests.conftest import wait_for
 from tests.helpers import register_request
 from tests.integration.support import has_route, sample, scrape
+from tests.waiting import wait_for
 
 KA_ADDR = "127.0.0.1:20911"
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 import zlib
 from pathlib import Path
 
@@ -19,9 +18,10 @@ from ferry.remoting import codes
 from ferry.remoting.client import recv_command
 from ferry.remoting.codec import Command, encode
 from ferry.v1 import namesrv_pb2
-from tests.conftest import LoopThread, start_broker, start_namesrv, wait_for
+from tests.conftest import LoopThread, start_broker, start_namesrv
 from tests.helpers import register_request
 from tests.integration import support
+from tests.waiting import wait_for
 
 JAVA_A = "127.0.0.1:30911"  # a RocketMQ broker (registers over RocketMQ's protocol)
 JAVA_A_SLAVE = "127.0.0.1:30921"
@@ -394,14 +394,6 @@ def test_query_data_version_and_unregister(rns, conn):
     assert conn.request(codes.UNREGISTER_BROKER, ext).code == codes.SUCCESS  # twice: still fine
 
 
-def wait_until(predicate, what: str, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.01)
-
-
 def test_a_broker_whose_connection_closes_leaves_the_routes(rns, loop_thread):
     live = rns.app.routes.live
     first = Conn(rns.remoting_addr)
@@ -413,11 +405,11 @@ def test_a_broker_whose_connection_closes_leaves_the_routes(rns, loop_thread):
         assert register(second, {"T": 4}).code == codes.SUCCESS
         first.close()
         connections = rns.app.remoting.connections
-        wait_until(lambda: loop_thread.call(lambda: len(connections)) == 1, "the first close")
+        wait_for(lambda: loop_thread.call(lambda: len(connections)) == 1, 5, "the first close")
         assert loop_thread.call(lambda: JAVA_A in live)
     finally:
         second.close()
-    wait_until(lambda: loop_thread.call(lambda: JAVA_A not in live), "the broker's removal")
+    wait_for(lambda: loop_thread.call(lambda: JAVA_A not in live), 5, "the broker's removal")
     assert loop_thread.call(lambda: "T" not in rns.app.routes.topic_queue_table)
 
 

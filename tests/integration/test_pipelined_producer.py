@@ -16,9 +16,9 @@ from ferry.client.namesrv import NamesrvClient
 from ferry.client.producer import BufferFull, PipelinedProducer
 from ferry.client.sendstream import StreamSendError
 from ferry.v1 import broker_pb2
-from tests.conftest import wait_for
 from tests.faultproxy import FaultProxy
 from tests.integration import support
+from tests.waiting import wait_for
 
 QUEUES = 4
 

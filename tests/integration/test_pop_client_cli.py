@@ -24,8 +24,9 @@ from ferry.client.broker import Producer
 from ferry.client.namesrv import NamesrvClient
 from ferry.client.pop import PopConsumer, StaleHandle
 from ferry.runtime.errors import InvalidArgument
-from tests.conftest import start_broker, wait_for
+from tests.conftest import start_broker
 from tests.integration.support import REPO, child_env, create_topic, run_ferry, stop_pid
+from tests.waiting import wait_for
 
 BROKERS = ("broker-a", "broker-b")
 # Quick redelivery: the retry backoff comes from the delay levels.

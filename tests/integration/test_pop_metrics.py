@@ -12,8 +12,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ferry.model import PROPERTY_TIMER_DELIVER_MS
 from ferry.v1 import broker_admin_pb2, broker_pb2, common_pb2
-from tests.conftest import start_broker, wait_for
+from tests.conftest import start_broker
 from tests.integration.support import create_topic, scrape
+from tests.waiting import wait_for
 
 # Quick retry backoff: the delay levels.
 LEVELS = "100ms 200ms 300ms"

@@ -21,11 +21,12 @@ import pytest
 
 from ferry.model import PROPERTY_TIMER_DELIVER_MS
 from ferry.v1 import broker_pb2
-from tests.conftest import start_broker, start_namesrv, wait_for
+from tests.conftest import start_broker, start_namesrv
 from tests.faultproxy import FaultProxy
 from tests.integration.support import free_port
 from tests.integration.test_broker_grpc import create_topic
 from tests.integration.test_replication import ha_status
+from tests.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "k8s" / "monitoring" / "grafana" / "ferry-dashboard.json"
@@ -190,15 +191,17 @@ def test_prometheus_sees_the_lag_ha_status_reports_and_the_dashboard_works(loop_
             p["title"]: p["targets"][0]["expr"] for p in dashboard["panels"] if p["type"] != "row"
         }
         assert set(panels) >= CORE_PANELS
-        deadline = time.monotonic() + 30
         missing = set(CORE_PANELS)
-        while missing and time.monotonic() < deadline:
+
+        def every_core_panel_has_series() -> bool:
             for title, expr in panels.items():
-                result = prom.query(expr)  # raises on a PromQL error
-                if result:
+                if prom.query(expr):  # raises on a PromQL error
                     missing.discard(title)
-            time.sleep(1)
-        assert not missing, f"panels with no series: {sorted(missing)}"
+            return not missing
+
+        wait_for(every_core_panel_has_series, 30,
+                 lambda: f"series for every core panel (none yet: {sorted(missing)})",
+                 interval_s=1)  # fmt: skip
     finally:
         prom.stop()
         loop_thread.call(proxy.heal)

@@ -10,8 +10,6 @@ A name server and a broker in this process, the proxy as its own process."""
 
 from __future__ import annotations
 
-import time
-
 import grpc
 import pytest
 import yaml
@@ -34,8 +32,9 @@ from ferry.runtime import auth as ferry_auth
 from ferry.v1 import common_pb2
 from services.proxy import auth
 from tests.compat.acl_probe import ACL_YAML, ADMIN, PUB, SUB
-from tests.conftest import LoopThread, start_broker, start_namesrv, wait_for
+from tests.conftest import LoopThread, start_broker, start_namesrv
 from tests.integration import support
+from tests.waiting import wait_for
 
 TOPIC = "AclTopicA"  # PUB: PUB, SUB: SUB
 SUB_ONLY = "AclTopicB"  # PUB's key has SUB only
@@ -108,11 +107,15 @@ def test_pub_key_sends_and_sub_key_receives(cluster):
     try:
         sent = {producer.send(_message(TOPIC, f"acl {i}".encode())).message_id for i in range(5)}
         got = {}
-        deadline = time.monotonic() + 60
-        while len(got) < len(sent) and time.monotonic() < deadline:
+
+        def received_all() -> bool:
             for m in consumer.receive(32, 30):
                 got[m.message_id] = m.body
                 consumer.ack(m)
+            return len(got) >= len(sent)
+
+        wait_for(received_all, 60, lambda: f"{len(sent)} messages ({len(got)} so far)",
+                 interval_s=0)  # fmt: skip
         assert set(got) == sent
         assert sorted(got.values()) == [f"acl {i}".encode() for i in range(5)]
     finally:

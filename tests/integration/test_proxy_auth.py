@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import grpc
@@ -32,8 +31,9 @@ from rocketmq.v5.util.signature import Signature
 from apache.rocketmq.v2 import definition_pb2 as v2
 from apache.rocketmq.v2 import service_pb2, service_pb2_grpc
 from services.proxy import auth
-from tests.conftest import LoopThread, start_broker, start_namesrv, wait_for
+from tests.conftest import LoopThread, start_broker, start_namesrv
 from tests.integration import support
+from tests.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 TOPIC = "AuthTopic"
@@ -146,11 +146,15 @@ def test_signed_sdk_sends_and_receives(cluster):
     try:
         sent = {producer.send(_message(f"signed {i}".encode())).message_id for i in range(5)}
         got = {}
-        deadline = time.monotonic() + 60
-        while len(got) < len(sent) and time.monotonic() < deadline:
+
+        def received_all() -> bool:
             for m in consumer.receive(32, 30):
                 got[m.message_id] = m.body
                 consumer.ack(m)
+            return len(got) >= len(sent)
+
+        wait_for(received_all, 60, lambda: f"{len(sent)} messages ({len(got)} so far)",
+                 interval_s=0)  # fmt: skip
         assert set(got) == sent
         assert sorted(got.values()) == [f"signed {i}".encode() for i in range(5)]
     finally:

@@ -12,8 +12,9 @@ import grpc
 from rocketmq import ClientConfiguration, Credentials, Message, Producer
 
 from ferry.v1 import broker_pb2, broker_pb2_grpc
-from tests.conftest import LoopThread, broker_options, start_namesrv, wait_for
+from tests.conftest import LoopThread, broker_options, start_namesrv
 from tests.integration import support
+from tests.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 TOPIC = "SdkFailover"

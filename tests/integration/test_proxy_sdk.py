@@ -38,8 +38,8 @@ from ferry.client.pop import PopConsumer
 from ferry.v1 import broker_pb2
 from tests.compat.backends import BACKENDS, BROKER_MAX_BODY, start_backend
 from tests.compat.specs import parametrize_cluster
-from tests.conftest import wait_for
 from tests.integration import support
+from tests.waiting import wait_for
 
 TOPIC = "SdkTopic"
 # A back end's first test also starts its cluster (Apache's JVMs: ~15 s, more on a busy
@@ -153,13 +153,17 @@ def _receive(consumer, max_msgs: int, invisible_s: int, settled_s: float = 10.0)
 
 
 def _receive_until(consumer, want: int, timeout_s: float, invisible_s: int = 30, ack=True):
+    """At least `want` messages, received (and acked, with `ack`) within `timeout_s`."""
     got = []
-    deadline = time.monotonic() + timeout_s
-    while len(got) < want and time.monotonic() < deadline:
+
+    def enough() -> bool:
         for m in _receive(consumer, 32, invisible_s):
             got.append(m)
             if ack:
                 consumer.ack(m)
+        return len(got) >= want
+
+    wait_for(enough, timeout_s, lambda: f"{want} messages ({len(got)} so far)", interval_s=0)
     return got
 
 

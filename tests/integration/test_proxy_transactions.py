@@ -15,7 +15,6 @@ has received the marker has received everything stored before it in that queue.
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from rocketmq import FilterExpression, Message, Producer, SimpleConsumer
@@ -24,7 +23,7 @@ from rocketmq.v5.producer import TransactionChecker
 
 from tests.compat.backends import BACKENDS, TRANSACTION_SETTINGS, start_backend
 from tests.compat.specs import parametrize_cluster
-from tests.conftest import wait_for
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(300)
 # A checker's "I don't know yet": the v5 API has no UNKNOWN; both proxies leave the
@@ -103,12 +102,14 @@ def _receive_through_marker(consumer) -> list[bytes]:
 def _receive_until(consumer, body: bytes, timeout_s: float = 90) -> list[bytes]:
     """Bodies received (and acked) up to and including the first `body`."""
     got: list[bytes] = []
-    deadline = time.monotonic() + timeout_s
-    while body not in got:
-        assert time.monotonic() < deadline, f"no {body!r} after {timeout_s} s; got {got}"
+
+    def through() -> bool:
         for m in _receive(consumer):
             got.append(m.body)
             consumer.ack(m)
+        return body in got
+
+    wait_for(through, timeout_s, lambda: f"{body!r} (got {got})", interval_s=0)
     return got
 
 

@@ -14,8 +14,8 @@ import sys
 import pytest
 
 from ferry.client.namesrv import NamesrvClient
-from tests.conftest import wait_for
 from tests.integration import support
+from tests.waiting import wait_for
 
 NOISE = ("Task was destroyed", "Exception in callback", "Event loop is closed", "Traceback")
 

@@ -23,8 +23,9 @@ from ferry.remoting.server import RemotingServer
 from ferry.runtime.clock import FakeClock
 from ferry.v1 import broker_pb2
 from services.broker.remoting.deps import Deps
-from tests.conftest import LoopThread, RunningBroker, start_broker, wait_for
+from tests.conftest import LoopThread, RunningBroker, start_broker
 from tests.integration import support
+from tests.waiting import wait_for
 
 TOPIC = "Orders"
 GROUP = "cg"
@@ -449,14 +450,17 @@ def _queue(queue_id: int):
 def pull_all(door: Door, client: RemotingClient, topic: str, want: int) -> list[record.Record]:
     """Long-poll queue 0 of `topic` until `want` records came."""
     got: list[record.Record] = []
-    deadline = time.monotonic() + 15
-    while len(got) < want and time.monotonic() < deadline:
+
+    def pulled() -> bool:
         answer = pull(
             door, client, len(got), topic=topic, sysFlag=0x2 | 0x4, subscription="*",
             suspendTimeoutMillis=2000,
         )  # fmt: skip
         assert answer.code in (0, codes.PULL_NOT_FOUND), answer.remark
-        got += records(answer.body)
+        got.extend(records(answer.body))
+        return len(got) >= want
+
+    wait_for(pulled, 15, lambda: f"{want} records in {topic} ({len(got)} so far)", interval_s=0)
     assert len(got) == want, f"{len(got)} of {want} records in {topic}"
     return got
 

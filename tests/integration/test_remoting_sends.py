@@ -29,8 +29,9 @@ from ferry.runtime.clock import FakeClock
 from ferry.v1 import broker_admin_pb2, broker_pb2
 from services.broker.remoting.deps import Deps
 from services.broker.store import commitlog as commitlog_module
-from tests.conftest import LoopThread, RunningBroker, start_broker, wait_for
+from tests.conftest import LoopThread, RunningBroker, start_broker
 from tests.integration import support
+from tests.waiting import wait_for
 
 TOPIC = "Orders"
 PROPS = "\x01".join  # one name/value pair of a property string

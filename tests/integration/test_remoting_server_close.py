@@ -12,7 +12,8 @@ import struct
 
 from ferry.remoting.codec import Command, encode
 from ferry.remoting.server import RemotingServer
-from tests.conftest import LoopThread, wait_for
+from tests.conftest import LoopThread
+from tests.waiting import wait_for
 
 SLOW, KEPT, DROPPED = 1, 2, 3  # request codes: held until released; after_close; not
 

@@ -20,8 +20,9 @@ from ferry.remoting import codes
 from ferry.remoting.client import call
 from ferry.remoting.codec import Command
 from ferry.v1 import broker_admin_pb2, broker_pb2, common_pb2
-from tests.conftest import start_broker, wait_for
+from tests.conftest import start_broker
 from tests.integration.support import create_topic
+from tests.waiting import wait_for
 
 TOPIC = "SlaveReads"
 STEERED = "steered"  # a group whose brokerId is 1: read from the slave

@@ -13,9 +13,10 @@ import pytest
 from ferry.remoting import codes
 from ferry.remoting.client import RemotingClient
 from ferry.remoting.codec import FLAG_ONEWAY, Command
-from tests.conftest import start_broker, wait_for
+from tests.conftest import start_broker
 from tests.integration import support
 from tests.integration.test_remoting_sends import TOPIC, Door, connect_door, props, v2
+from tests.waiting import wait_for
 
 
 @pytest.fixture

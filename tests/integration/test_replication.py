@@ -12,8 +12,9 @@ import grpc
 import pytest
 
 from ferry.v1 import broker_pb2, ha_admin_pb2, ha_admin_pb2_grpc
-from tests.conftest import start_broker, wait_for
+from tests.conftest import start_broker
 from tests.integration.test_broker_grpc import create_topic
+from tests.waiting import wait_for
 
 FILE = 256 * 1024
 

@@ -27,8 +27,9 @@ from ferry.client.namesrv import NamesrvClient
 from ferry.runtime import auth
 from ferry.v1 import broker_admin_pb2, broker_pb2, common_pb2
 from services.broker.store.retention import disk_used_ratio
-from tests.conftest import start_broker, wait_for
+from tests.conftest import start_broker
 from tests.integration.support import has_route, run_ferry
+from tests.waiting import wait_for
 
 TOKEN = "retention-admin-token"
 TOPIC = "Retained"

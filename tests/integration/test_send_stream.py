@@ -14,11 +14,11 @@ import pytest
 from ferry.client.sendstream import StreamSender, StreamSendError
 from ferry.v1 import broker_pb2, broker_pb2_grpc
 from services.broker.api.sendstream import SendStreamSession
-from tests.conftest import wait_for
 from tests.faultproxy import FaultProxy
 from tests.integration import support
 from tests.integration.test_ha_faults import _master, _slave
 from tests.integration.test_replication import ha_status
+from tests.waiting import wait_for
 
 TOPIC = "Streamed"
 QUEUES = 4

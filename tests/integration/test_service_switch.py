@@ -18,7 +18,7 @@ from apache.rocketmq.v2 import service_pb2_grpc
 from ferry.runtime.server import GrpcServer
 from ferry.runtime.swap import ServiceSwitch
 from ferry.v1 import ha_admin_pb2, ha_admin_pb2_grpc
-from tests.conftest import wait_for_async
+from tests.waiting import wait_for_async
 
 MESSAGING = s.DESCRIPTOR.services_by_name["MessagingService"].full_name
 HA_ADMIN = ha_admin_pb2.DESCRIPTOR.services_by_name["HAAdmin"].full_name

@@ -10,6 +10,7 @@ import time
 from ferry.v1 import broker_pb2
 from tests.conftest import start_broker
 from tests.integration import support
+from tests.waiting import wait_for
 
 COUNT = 10_000
 SPREAD_MS = 30_000
@@ -45,8 +46,9 @@ def test_10000_timed_messages_survive_a_restart_none_early_none_lost(loop_thread
         duplicates = 0
         lateness: list[int] = []
         restarted = False
-        deadline = time.monotonic() + SPREAD_MS / 1000 + 90
-        while len(received) < COUNT and time.monotonic() < deadline:
+
+        def received_all() -> bool:
+            nonlocal b, restarted, duplicates
             if not restarted and len(received) >= COUNT // 3:
                 b.stop()  # a restart in the middle: pending timers come back from the log
                 b = start_broker(loop_thread, store, **options)
@@ -62,7 +64,7 @@ def test_10000_timed_messages_survive_a_restart_none_early_none_lost(loop_thread
                 timeout=30,
             )
             if not r.messages:
-                continue
+                return False
             arrived = int(time.time() * 1000)
             for m in r.messages:
                 if m.body in received:
@@ -76,6 +78,11 @@ def test_10000_timed_messages_survive_a_restart_none_early_none_lost(loop_thread
                     receipt_handles=[m.receipt_handle for m in r.messages],
                 )
             )
+            return len(received) >= COUNT
+
+        wait_for(received_all, SPREAD_MS / 1000 + 90,
+                 lambda: f"{COUNT} timed messages ({len(received)} so far)",
+                 interval_s=0)  # fmt: skip
         assert restarted
         missing = COUNT - len(received)
         assert missing == 0, f"{missing} timed messages lost"

@@ -24,8 +24,9 @@ from ferry.v1 import (
     namesrv_pb2,
     namesrv_pb2_grpc,
 )
-from tests.conftest import start_broker, start_namesrv, wait_for
+from tests.conftest import start_broker, start_namesrv
 from tests.integration.support import grpcurl_path, make_test_certs, run_ferry
+from tests.waiting import wait_for
 
 
 @pytest.fixture(scope="module")

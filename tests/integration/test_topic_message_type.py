@@ -20,8 +20,9 @@ from ferry.v1 import (
     slave_sync_pb2,
     slave_sync_pb2_grpc,
 )
-from tests.conftest import start_broker, wait_for
+from tests.conftest import start_broker
 from tests.integration.support import run_ferry
+from tests.waiting import wait_for
 
 MASTER = "broker-t"
 

@@ -10,6 +10,7 @@ from services.broker.cluster.replication import SyncReplication
 from services.broker.messaging.service import SendStatus
 from services.broker.store import PutResult, PutStatus
 from services.ha.sync import ReplicaAcks
+from tests.waiting import wait_for_async
 
 GAP = 256 * 1024 * 1024
 
@@ -29,9 +30,11 @@ def test_each_ack_releases_every_waiter_at_or_below_it_and_no_other():
         acks = ReplicaAcks(GAP)
         acks.connect("r1", 0)
         waits = {o: asyncio.create_task(acks.wait(o, 5)) for o in (300, 100, 200, 400)}
-        await asyncio.sleep(0.01)
+        await wait_for_async(lambda: acks.waiting == 4, 5, "four sends to wait")
         acks.ack("r1", 250)
-        await asyncio.sleep(0.01)
+        await wait_for_async(lambda: waits[100].done() and waits[200].done(), 5,
+                             "the ack to release the waiters at or below it")  # fmt: skip
+        assert acks.waiting == 2
         done = {o for o, t in waits.items() if t.done()}
         assert done == {100, 200}
         acks.ack("r1", 400)
@@ -44,9 +47,11 @@ def test_a_slow_request_times_out_alone():
     async def scenario():
         acks = ReplicaAcks(GAP)
         acks.connect("r1", 0)
-        slow = asyncio.create_task(acks.wait(1000, 0.05))
         fast = asyncio.create_task(acks.wait(10, 5))
-        await asyncio.sleep(0.01)
+        await wait_for_async(lambda: acks.waiting == 1, 5, "the fast send to wait")
+        slow = asyncio.create_task(acks.wait(1000, 0.05))
+        # Both wait, unless the slow one's 50 ms have run out already on a busy machine.
+        await wait_for_async(lambda: acks.waiting == 2 or slow.done(), 5, "the slow send to wait")
         acks.ack("r1", 10)
         assert await fast is True  # released long before the slow one's deadline
         return await slow
@@ -94,8 +99,7 @@ def test_a_sync_send_pushes_its_bytes_before_waiting_and_only_when_unconfirmed()
         assert pushes == []
         acks.connect("r1", 0)
         waiting = asyncio.create_task(replication.wait(put(100)))
-        while not acks.waiting:
-            await asyncio.sleep(0)
+        await wait_for_async(lambda: acks.waiting, 5, "the send to wait", interval_s=0)
         assert pushes == [0]  # pushed before it waited
         acks.ack("r1", 100)
         assert await waiting == SendStatus.SEND_OK

@@ -18,7 +18,8 @@ from ferry.remoting import bodies, codec, codes
 from ferry.remoting.client import RemotingClient, call, recv_command
 from ferry.remoting.codec import Command, RemotingProtocolError
 from ferry.remoting.server import Batchable, RemotingServer
-from tests.conftest import LoopThread, wait_for
+from tests.conftest import LoopThread
+from tests.waiting import wait_for
 
 text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
 ext = st.dictionaries(st.text(st.characters(blacklist_categories=("Cs",)), min_size=1,

@@ -25,6 +25,7 @@ from services.broker.store import flush as flush_module
 from services.broker.store.consumequeue import ENTRY_SIZE
 from services.broker.store.recovery import RecoveryError
 from tests.conftest import copy_store
+from tests.waiting import wait_for_async
 
 FILE_SIZE = 4096
 
@@ -195,13 +196,10 @@ def test_record_bytes_only_where_a_record_starts(harness):
 
 
 async def long_poll_waiting(store: MessageStore, key: tuple[str, int]) -> None:
-    """Yield to the loop until a long poll on `key` is waiting (a task's first step
-    runs at the loop's next turn)."""
-    for _ in range(100):
-        if key in store.long_polls._waiters:
-            return
-        await asyncio.sleep(0)
-    raise AssertionError(f"no long poll waiting on {key}")
+    """Until a long poll on `key` is waiting (a task's first step runs at the loop's
+    next turn)."""
+    await wait_for_async(lambda: key in store.long_polls._waiters, 5,
+                         f"a long poll waiting on {key}", interval_s=0)  # fmt: skip
 
 
 def test_long_poll_returns_when_a_message_is_dispatched(harness):
@@ -237,8 +235,9 @@ def test_a_sync_masters_long_poll_waits_for_its_own_message_to_be_confirmed(harn
         waiter = asyncio.create_task(store.wait_for_messages("T", 0, 1, 10.0))
         await long_poll_waiting(store, ("T", 0))
         store.notify_confirmed()  # what HA calls when the confirm offset moves
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
+        # Woken, it looks again, finds offset 1 unconfirmed and waits again.
+        await wait_for_async(lambda: store.long_polls.waiting == 1 or waiter.done(), 5,
+                             "the pull to look again", interval_s=0)  # fmt: skip
         assert not waiter.done(), "woken while the message at offset 1 is unconfirmed"
         confirmed[0] = results[1].end_offset
         store.notify_confirmed()
@@ -270,8 +269,8 @@ def test_a_sync_masters_dispatch_wakes_a_long_poll_when_its_ack_came_first(harne
     store.long_polls.notify = spy
 
     async def dispatched(end: int) -> None:
-        while store.dispatcher.offset < end:
-            await asyncio.sleep(0)
+        await wait_for_async(lambda: store.dispatcher.offset >= end, 5,
+                             f"the dispatcher to reach {end}", interval_s=0)  # fmt: skip
 
     async def scenario():
         waiter = asyncio.create_task(store.wait_for_messages("T", 0, 0, 10.0))

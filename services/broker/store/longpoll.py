@@ -23,6 +23,11 @@ class LongPolls:
         self._waiters: dict[tuple[str, int], list[asyncio.Future]] = {}
         self.open = True
 
+    @property
+    def waiting(self) -> int:
+        """How many pulls are waiting now (one `wait_any` counts once, however many queues)."""
+        return len({id(f) for futures in self._waiters.values() for f in futures})
+
     async def wait(self, topic: str, queue_id: int, queue_offset: int, timeout_s: float) -> None:
         """Return when the queue has a visible message at `queue_offset`, or after `timeout_s`."""
         deadline = time.monotonic() + timeout_s
