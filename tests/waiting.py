@@ -1,5 +1,5 @@
 """Waiting in tests: poll a predicate until it holds or a deadline passes, and fail
-saying what did not happen (STYLE.md, "Tests": never `sleep(n)` to wait for a condition).
+saying what did not happen: a test never sleeps `n` seconds to wait for a condition.
 
 The one polling helper of the suite; every other wait (a group's leader, a route, a
 process's ready line, a consumer's messages) is a predicate handed to it.
