@@ -11,10 +11,20 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ferry.runtime.server import GrpcServer
 from ferry.runtime.swap import ServiceSwitch
+
+
+class Fence(Protocol):
+    """The node's fence on a master: messaging's `Fence`
+    (services.broker.messaging.contracts), named here since this contract may
+    not import messaging/."""
+
+    def check_accepting(self) -> None: ...
+
+    def check_acknowledging(self) -> None: ...
 
 
 @dataclass
@@ -23,7 +33,7 @@ class Incarnation:
 
     epoch: int  # the epoch led, or followed (0: no leader known)
     on_store_open: Callable[[object], Awaitable[None]]
-    fence: Callable[[bool], None]
+    fence: Fence  # the node itself
     on_slave_timeout: Callable[[list[Hashable]], None]
     on_outsider_ack: Callable[[Hashable, int], None]
     metrics_port: int

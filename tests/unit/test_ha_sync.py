@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from services.broker.cluster.replication import SyncReplication
-from services.broker.messaging.service import SendStatus
+from services.broker.messaging.outgoing import SendStatus
 from services.broker.store import PutResult, PutStatus
 from services.ha.sync import ReplicaAcks
 

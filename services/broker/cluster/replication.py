@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable
 
-from services.broker.messaging.service import SendStatus
+from services.broker.messaging.outgoing import SendStatus
 from services.broker.store import PutResult
 from services.ha.sync import ReplicaAcks
 

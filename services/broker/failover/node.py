@@ -323,8 +323,16 @@ class FailoverNode:
     def may_ack(self) -> bool:
         return time.monotonic() < self.valid_until
 
+    def check_accepting(self) -> None:
+        """messaging's Fence: raises Unavailable before a write this master must not take."""
+        self.fence(True)
+
+    def check_acknowledging(self) -> None:
+        """messaging's Fence: raises Unavailable before an answer this master may not give."""
+        self.fence(False)
+
     def fence(self, accepting: bool) -> None:
-        """messaging.fence: refuse sends a deposed or expiring master must not take."""
+        """Refuse sends a deposed or expiring master must not take."""
         if self.role != "leader":
             return
         if accepting and self.handing_over:
@@ -889,7 +897,7 @@ class FailoverNode:
         incarnation = Incarnation(
             epoch=epoch,
             on_store_open=on_open,
-            fence=self.fence,
+            fence=self,
             on_slave_timeout=self._on_slave_timeout,
             on_outsider_ack=self._on_outsider_ack,
             metrics_port=self._metrics_endpoint.port if self._metrics_endpoint else -1,

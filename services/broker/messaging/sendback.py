@@ -48,8 +48,11 @@ from ferry.model import (
     dlq_topic,
 )
 from ferry.runtime.errors import FailedPrecondition, NotFound, PermissionDenied
-from services.broker.messaging.service import MessagingService, SendStatus, Staged
-from services.broker.store import copy_message
+from services.broker.messaging.access import BrokerAccess
+from services.broker.messaging.outgoing import SendStatus, Staged
+from services.broker.messaging.rules import GroupLookup
+from services.broker.messaging.send import Settler
+from services.broker.store import MessageStore, copy_message
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +81,10 @@ class SendBackOutcome:
 class SendBack:
     def __init__(
         self,
-        messaging: MessagingService,
+        store: MessageStore,
+        access: BrokerAccess,
+        settler: Settler,
+        groups: GroupLookup | None,
         create_topic: Callable[[TopicConfig], Awaitable[object]],
         create_group: Callable[[SubscriptionGroupConfig], Awaitable[object]] | None,
         choose: Callable[[int], int] = random.randrange,
@@ -87,7 +93,10 @@ class SendBack:
         dead-letter topic / a consumer group met for the first time (None: a
         group must be created by an operator, autoCreateSubscriptionGroup=false).
         `choose(n)`: the retry queue among n."""
-        self.messaging = messaging
+        self.store = store
+        self.access = access
+        self.settler = settler
+        self.groups = groups
         self.create_topic = create_topic
         self.create_group = create_group
         self.choose = choose
@@ -101,14 +110,14 @@ class SendBack:
             GroupNotFound: none, and autoCreateSubscriptionGroup is off.
         """
         check_name(group, "group")
-        groups = self.messaging.groups
+        groups = self.groups
         config = groups.get(group) if groups is not None else None
         if config is not None:
             return config
-        if self.create_group is None or self.messaging.is_slave:
+        if self.create_group is None or self.access.is_slave:
             raise GroupNotFound(
                 f"consumer group {group!r} does not exist on broker "
-                f"{self.messaging.broker_name} and autoCreateSubscriptionGroup is off; create "
+                f"{self.access.broker_name} and autoCreateSubscriptionGroup is off; create "
                 "it with BrokerAdmin/UpdateAndCreateSubscriptionGroup"
             )
         config = SubscriptionGroupConfig(group)
@@ -120,7 +129,7 @@ class SendBack:
         """A consumer group announced itself (a heartbeat): its retry topic
         exists from then on, so its consumers find a route for it. Masters only;
         a group that may not be created is left alone."""
-        if self.messaging.is_slave:
+        if self.access.is_slave:
             return
         try:
             config = await self.group(group)
@@ -145,15 +154,15 @@ class SendBack:
             topic), Unavailable (fenced, storage fault), ResourceExhausted (a
             full disk), FailedPrecondition (no message at `commit_offset`).
         """
-        messaging = self.messaging
+        store = self.store
         config = await self.group(group)
-        self.messaging.check_broker_writable()
+        self.access.check_writable()
         if config.retry_queue_nums <= 0:
             return None
-        data = await messaging.store.record_bytes(commit_offset)
+        data = await store.record_bytes(commit_offset)
         if data is None:
             raise FailedPrecondition(
-                f"no message at commit offset {commit_offset} on broker {messaging.broker_name} "
+                f"no message at commit offset {commit_offset} on broker {self.access.broker_name} "
                 "(deleted by retention, or not an offset a pull returned)"
             )
         message = record.decode_stored(data, 0, len(data))
@@ -162,7 +171,7 @@ class SendBack:
         properties.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, message.msg_id)
         properties.pop(PROPERTY_DELAY, None)
         limit = config.retry_max_times if max_reconsume_times is None else max_reconsume_times
-        levels = len(messaging.store.delay_levels_s)
+        levels = len(store.delay_levels_s)
         if message.reconsume_times >= limit or delay_level < 0:
             topic, queue_id = dlq_topic(group), 0
             await self._ensure_topic(topic, DLQ_QUEUE_NUMS)
@@ -181,8 +190,10 @@ class SendBack:
                 store_topic, store_queue = topic, queue_id
         copy = copy_message(message, properties, message.reconsume_times + 1)
         started = time.perf_counter()
-        result = messaging.store.append_internal(store_topic, store_queue, [copy])
-        status = await messaging.settle((Staged(topic, result, started),), wait_store_msg_ok=False)
+        result = store.append_internal(store_topic, store_queue, [copy])
+        status = await self.settler.settle(
+            (Staged(topic, result, started),), wait_store_msg_ok=False
+        )
         if topic.startswith(DLQ_TOPIC_PREFIX):
             self.dead_letters += 1
             log.warning(
@@ -197,7 +208,7 @@ class SendBack:
         return SendBackOutcome(topic, level, message.reconsume_times + 1, status)
 
     async def _ensure_topic(self, topic: str, queue_nums: int) -> TopicConfig:
-        config = self.messaging.topics.get(topic)
+        config = self.access.topics.get(topic)
         if config is None:
             config = TopicConfig(
                 topic,

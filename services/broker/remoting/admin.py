@@ -249,7 +249,7 @@ class AdminCodes:
             await self.deps.admin.delete_group(group)
         elif boolean(request.ext, "removeOffset"):
             self.metadata.consumer_offsets.remove_group(group)
-        self.deps.messaging.stats.forget_group(group)
+        self.deps.pulls.stats.forget_group(group)
         return request.answer(codes.SUCCESS)
 
     async def all_topic_config(self, connection: Connection, request: Command) -> Command:
@@ -332,7 +332,7 @@ class AdminCodes:
         (docs/reference/remoting.md lists which RocketMQ keys ferry leaves out)."""
         deps = self.deps
         store = deps.store
-        stats = deps.messaging.stats
+        stats = deps.pulls.stats
         info = deps.admin.runtime_info(deps.config.flush_disk_type)
         now_ms = deps.clock.wall_ms()
         disk = shutil.disk_usage(deps.config.store_root)
@@ -439,7 +439,7 @@ class AdminCodes:
                     last = max(await store.store_time_at(topic, queue_id, consumer_offset - 1), 0)
                 entry["lastTimestamp"] = last
                 pairs.append((queue_key(topic, self.broker_name, queue_id), entry))
-            tps += self.deps.messaging.stats.group_tps(group, topic)
+            tps += self.deps.pulls.stats.group_tps(group, topic)
         body = (
             '{"consumeTps":' + repr(round(tps, 4)) + ',"offsetTable":'
             + bodies.dumps_object_keyed(pairs) + "}"
