@@ -512,7 +512,7 @@ class BrokerApp:
                 metadata.topics,
                 metadata.consumer_offsets,
                 self.clock,
-                on_delivered=metrics.observe_timer_delivery,
+                observer=metrics,
             )
             self.pop = PopService(
                 store,
@@ -692,8 +692,8 @@ class BrokerApp:
                     ),
                     epoch=epoch,
                 ),
-                topics=metadata.topics.snapshot,
-                permission=self.permission.get,
+                topics=metadata.topics,
+                permission=self.permission,
                 clock=self.clock,
                 period_s=cfg.effective_register_period_s,
                 timeout_s=cfg.register_timeout_s,
