@@ -526,11 +526,9 @@ class BrokerApp:
                     backoff_s=tuple(cfg.message_delay_levels_s),
                     auto_create_group=cfg.auto_create_subscription_group,
                 ),
-                readable=access.readable_topic,
-                create_topic=admin.create_system_topic,
-                timer_pending=lambda topic: (
-                    self.timer.pending_by_topic.get(topic, 0) if self.timer else 0
-                ),
+                access=access,
+                topic_creator=admin,
+                timers=self.timer,
             )
             self.transactions = TransactionService(
                 store,

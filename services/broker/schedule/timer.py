@@ -97,6 +97,10 @@ class TimerService:
     def pending(self) -> int:
         return len(self._pending)
 
+    def pending_for(self, topic: str) -> int:
+        """Timed messages not yet delivered to `topic` (pop's PendingTimers)."""
+        return self.pending_by_topic.get(topic, 0)
+
     # ------------------------------------------------------------ startup
 
     async def load(self) -> int:
