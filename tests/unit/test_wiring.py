@@ -69,8 +69,6 @@ CALLABLE_ALLOWED = {
     # a small Protocol of its own, as messaging/contracts.py declares them.
     "messaging/admin.py:AdminService.announce_topics": "not yet: the registrar's announcements",
     "messaging/admin.py:AdminService.announce_all": "not yet: the registrar's announcements",
-    "messaging/sendback.py:SendBack.create_topic": "not yet: the admin use case's update_topic",
-    "messaging/sendback.py:SendBack.create_group": "not yet: the admin use case's update_group",
     "cluster/registration.py:Registrar.on_master": "not yet: the app's reaction to a new master",
     "cluster/registration.py:Registrar.on_order_topics": "not yet: the app's ORDER_TOPIC_CONFIG",
     "cluster/registration.py:Registrar.on_fenced": "not yet: the app's reaction to a fence",

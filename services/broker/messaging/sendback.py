@@ -27,8 +27,9 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from ferry import record
 from ferry.model import (
@@ -78,6 +79,14 @@ class SendBackOutcome:
     status: SendStatus
 
 
+class TableChanges(Protocol):
+    """Topic and group changes, persisted and announced (the admin use case)."""
+
+    async def update_topic(self, config: TopicConfig) -> object: ...
+
+    async def update_group(self, config: SubscriptionGroupConfig) -> object: ...
+
+
 class SendBack:
     def __init__(
         self,
@@ -85,20 +94,20 @@ class SendBack:
         access: BrokerAccess,
         settler: Settler,
         groups: GroupLookup | None,
-        create_topic: Callable[[TopicConfig], Awaitable[object]],
-        create_group: Callable[[SubscriptionGroupConfig], Awaitable[object]] | None,
+        tables: TableChanges,
+        auto_create_group: bool = False,
         choose: Callable[[int], int] = random.randrange,
     ) -> None:
-        """`create_topic` / `create_group`: persist and announce a new retry or
-        dead-letter topic / a consumer group met for the first time (None: a
-        group must be created by an operator, autoCreateSubscriptionGroup=false).
+        """`tables`: persists and announces a new retry or dead-letter topic,
+        and a consumer group met for the first time when `auto_create_group`
+        (autoCreateSubscriptionGroup; else an operator creates it).
         `choose(n)`: the retry queue among n."""
         self.store = store
         self.access = access
         self.settler = settler
         self.groups = groups
-        self.create_topic = create_topic
-        self.create_group = create_group
+        self.tables = tables
+        self.auto_create_group = auto_create_group
         self.choose = choose
         self.sent_back = 0
         self.dead_letters = 0
@@ -114,14 +123,14 @@ class SendBack:
         config = groups.get(group) if groups is not None else None
         if config is not None:
             return config
-        if self.create_group is None or self.access.is_slave:
+        if not self.auto_create_group or self.access.is_slave:
             raise GroupNotFound(
                 f"consumer group {group!r} does not exist on broker "
                 f"{self.access.broker_name} and autoCreateSubscriptionGroup is off; create "
                 "it with BrokerAdmin/UpdateAndCreateSubscriptionGroup"
             )
         config = SubscriptionGroupConfig(group)
-        await self.create_group(config)
+        await self.tables.update_group(config)
         log.info("consumer group %s created on first use", group)
         return config
 
@@ -216,7 +225,7 @@ class SendBack:
                 write_queue_nums=queue_nums,
                 perm=PERM_READ | PERM_WRITE,
             )
-            await self.create_topic(config)
+            await self.tables.update_topic(config)
             log.info("created topic %s (%d queues) for sent-back messages", topic, queue_nums)
         elif not config.perm & PERM_WRITE:
             raise PermissionDenied(f"topic {topic!r} is not writable (perm={config.perm})")

@@ -66,8 +66,8 @@ class Deps:
                 self.sends.access,
                 self.sends.settler,
                 self.metadata.subscription_groups if self.metadata is not None else None,
-                self.admin.update_topic,
-                self.admin.update_group if self.config.auto_create_subscription_group else None,
+                self.admin,
+                self.config.auto_create_subscription_group,
             )
 
     @classmethod
