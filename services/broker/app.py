@@ -453,11 +453,11 @@ class BrokerApp:
             self.replication = SyncReplication(
                 acks,
                 cfg.slave_timeout_s,
-                store.notify_confirmed,
+                store,
                 failover=incarnation is not None,
                 min_in_sync_replicas=cfg.min_in_sync_replicas,
                 on_slave_timeout=incarnation.on_slave_timeout if incarnation else None,
-                observe=metrics.observe_sync,
+                observer=metrics,
                 push=lambda: self.ha_master.push_now() if self.ha_master else None,
             )
         fence = incarnation.fence if incarnation is not None else None

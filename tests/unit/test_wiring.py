@@ -72,9 +72,7 @@ CALLABLE_ALLOWED = {
     "cluster/registration.py:Registrar.on_master": "not yet: the app's reaction to a new master",
     "cluster/registration.py:Registrar.on_order_topics": "not yet: the app's ORDER_TOPIC_CONFIG",
     "cluster/registration.py:Registrar.on_fenced": "not yet: the app's reaction to a fence",
-    "cluster/replication.py:SyncReplication.notify_confirmed": "not yet: the store's signal",
     "cluster/replication.py:SyncReplication.on_slave_timeout": "not yet: the failover node's",
-    "cluster/replication.py:SyncReplication.observe": "not yet: a metrics observer",
     "cluster/replication.py:SyncReplication.push": "not yet: the HA master's push_now",
 }
 FENCES = (
