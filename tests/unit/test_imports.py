@@ -13,8 +13,9 @@ says what it owns and what it must not import:
                 consumequeue, dispatcher, longpoll, flush, checkpoint, recovery,
                 retention, failstop, storelock, replica_log
     metadata/   tables (BrokerMetadata), metadata_log (the failover metadata log)
-    messaging/  rules (topic/queue/permission rules, lookups), service (send and
-                pull), admin (admin use cases)
+    messaging/  rules (lookups), outgoing, contracts, access (permission and
+                topic/queue checks), staging, send and pull (the use cases),
+                admin (admin use cases), clients, locks, sendback, stats
     pop/        state, records (revive-record format), revive, service (PopService)
     schedule/   delay (delay levels), timer, timer_done (timer-done record format)
     transactions/  service (half messages, decisions, check-back)
