@@ -121,7 +121,12 @@ class AdminService:
         if self.announce_topics is not None:
             task = asyncio.get_running_loop().create_task(self.announce_topics([config]))
             self._announcing.add(task)
-            task.add_done_callback(self._announcing.discard)
+            task.add_done_callback(self._announced)
+
+    def _announced(self, task: asyncio.Task) -> None:
+        self._announcing.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("could not announce a new topic: %s", task.exception())
 
     def _writable_tables(self) -> None:
         if self.role == "SLAVE":
