@@ -67,8 +67,12 @@ from services.broker.cluster.replication import SyncReplication
 from services.broker.cluster.slave_sync import SlaveSyncLoop
 from services.broker.config import BrokerConfig
 from services.broker.incarnation import Incarnation
+from services.broker.messaging.access import BrokerAccess, BrokerPermission
 from services.broker.messaging.admin import AdminService
-from services.broker.messaging.service import MessagingService, SendStatus
+from services.broker.messaging.outgoing import SendStatus
+from services.broker.messaging.pull import PullService
+from services.broker.messaging.send import SendService, Settler
+from services.broker.messaging.staging import Stager
 from services.broker.messaging.statistics import StatisticsService
 from services.broker.metadata.metadata_log import MetadataLog
 from services.broker.metadata.tables import BrokerMetadata
@@ -204,6 +208,8 @@ class BrokerApp:
         self.pop: PopService | None = None
         self.timer: TimerService | None = None
         self.transactions: TransactionService | None = None  # masters
+        self.sends: SendService | None = None  # every door's one send call
+        self.pulls: PullService | None = None
         self.statistics: StatisticsService | None = None
         self.acks: ReplicaAcks | None = None
         self.replication: SyncReplication | None = None  # SYNC_MASTER: sends wait for a slave
@@ -215,7 +221,7 @@ class BrokerApp:
         # enableProxy on a master: the SDKs' MessagingService and its routes.
         self.proxy: MessagingServicer | None = None
         self.local_routes: LocalRoutes | None = None
-        self.permission = [config.broker_permission]
+        self.permission = BrokerPermission(config.broker_permission)
         self._metrics_endpoint: MetricsEndpoint | None = None
         self._tasks: list[asyncio.Task] = []
         self._fault_watch: asyncio.Task | None = None
@@ -325,7 +331,7 @@ class BrokerApp:
                     cfg.broker_ip1,
                     cfg.grpc_port,
                 )
-            self.permission[0] = persisted
+            self.permission.set(persisted)
         if not cfg.is_slave:
             metadata.topics.ensure_system_topic(
                 schedule_topic_config(len(cfg.message_delay_levels_s))
@@ -346,28 +352,56 @@ class BrokerApp:
             self.replication = SyncReplication(
                 acks,
                 cfg.slave_timeout_s,
-                store.notify_confirmed,
+                store,
                 failover=incarnation is not None,
                 min_in_sync_replicas=cfg.min_in_sync_replicas,
                 on_slave_timeout=incarnation.on_slave_timeout if incarnation else None,
-                observe=metrics.observe_sync,
+                observer=metrics,
                 push=lambda: self.ha_master.push_now() if self.ha_master else None,
             )
-        messaging = MessagingService(
+        fence = incarnation.fence if incarnation is not None else None
+        if incarnation is not None:
+            # Failover: topic and group changes are records of the replicated
+            # log, acknowledged once the in-sync set has them.
+            self.journal = MetadataLog(
+                store,
+                metadata,
+                cfg.config_dir,
+                self.clock,
+                replicate=self._replicate_change,
+                fence=fence,
+            )
+        self.admin = admin = AdminService(
+            identity,
+            metadata,
             store,
-            metadata.topics,
-            lambda: self.permission[0],
-            is_slave=cfg.is_slave,
-            max_message_size=cfg.max_message_size,
-            broker_name=cfg.broker_name,
-            slave_read_enable=cfg.slave_read_enable,
+            self.clock,
+            self.permission,
+            journal=None if cfg.is_slave else self.journal,
+            announce_topics=self._announce_topics,
+            announce_all=self._register_all,
+            allow_mixed_message_type=cfg.enable_mixed_message_type,
+        )
+        # The send and pull use cases, and what they share: the broker's
+        # access checks and the wait that acknowledges a send.
+        access = BrokerAccess(
+            metadata.topics, self.permission, cfg.is_slave, cfg.broker_name, fence=fence
+        )
+        stager = Stager(
+            store,
+            access,
+            cfg.max_message_size,
             groups=metadata.subscription_groups,
+            topic_creator=admin,
             timer_max_delay_s=cfg.timer_max_delay_s,
-            fence=incarnation.fence if incarnation is not None else None,
-            replication_wait=self.replication.wait if self.replication is not None else None,
-            on_sent=metrics.observe_send,
-            create_topic=self._create_system_topic,
-            on_lookup=metrics.observe_lookup,
+        )
+        settler = Settler(store, fence, self.replication, observer=metrics)
+        self.pulls = PullService(
+            store,
+            access,
+            groups=metadata.subscription_groups,
+            lookups=metrics,
+            slave_read_enable=cfg.slave_read_enable,
         )
         if not cfg.is_slave:
             # Masters run timed delivery and pop consumption; slaves hold their
@@ -377,7 +411,7 @@ class BrokerApp:
                 metadata.topics,
                 metadata.consumer_offsets,
                 self.clock,
-                on_delivered=metrics.observe_timer_delivery,
+                observer=metrics,
             )
             self.pop = PopService(
                 store,
@@ -391,15 +425,14 @@ class BrokerApp:
                     backoff_s=tuple(cfg.message_delay_levels_s),
                     auto_create_group=cfg.auto_create_subscription_group,
                 ),
-                readable=messaging.readable_topic,
-                create_topic=self._create_system_topic,
-                timer_pending=lambda topic: (
-                    self.timer.pending_by_topic.get(topic, 0) if self.timer else 0
-                ),
+                access=access,
+                topic_creator=admin,
+                timers=self.timer,
             )
             self.transactions = TransactionService(
                 store,
-                messaging,
+                stager,
+                settler,
                 metadata.topics,
                 metadata.consumer_offsets,
                 self.clock,
@@ -409,37 +442,22 @@ class BrokerApp:
                     check_max=cfg.transaction_check_max,
                 ),
             )
-        if self.incarnation is not None:
-            # Failover: topic and group changes are records of the replicated
-            # log, acknowledged once the in-sync set has them.
-            self.journal = MetadataLog(
-                store,
-                metadata,
-                cfg.config_dir,
-                self.clock,
-                replicate=self._replicate_change,
-                fence=self.incarnation.fence,
-            )
-        self.admin = admin = AdminService(
-            identity,
-            metadata,
-            store,
-            self.clock,
-            self.permission,
-            journal=None if cfg.is_slave else self.journal,
-            announce_topics=self._announce_topics,
-            announce_all=self._register_all,
-            allow_mixed_message_type=cfg.enable_mixed_message_type,
-        )
-        self.messaging = messaging
+        # Every door's one send call: halves go to the transaction use case (a master's).
+        self.sends = SendService(stager, settler, access, self.transactions)
         self.statistics = StatisticsService(
-            store, metadata, messaging.stats, admin, self.clock, cfg.flush_disk_type, cfg.store_root
+            store,
+            metadata,
+            self.pulls.stats,
+            admin,
+            self.clock,
+            cfg.flush_disk_type,
+            cfg.store_root,
         )
 
     def _servicers(self, metadata: BrokerMetadata, store_config: StoreConfig) -> list[Service]:
         """The gRPC services over the use cases (and the SDKs' door with enableProxy)."""
         cfg = self.config
-        messaging, admin, statistics = self.messaging, self.admin, self.statistics
+        sends, admin, statistics = self.sends, self.admin, self.statistics
         extra_services = []
         if cfg.enable_proxy and cfg.is_slave:
             log.warning(
@@ -452,14 +470,14 @@ class BrokerApp:
             Service(
                 BROKER_SERVICE,
                 BrokerServicer(
-                    messaging,
+                    sends,
+                    self.pulls,
                     metadata.consumer_offsets,
                     self.gate,
                     store_config.store_host,
                     pop=self.pop,
                     broker_name=cfg.broker_name,
                     send_stream_max_in_flight=cfg.send_stream_max_in_flight,
-                    transactions=self.transactions,
                     max_answer_bytes=cfg.grpc_max_message_size,
                 ),
                 ADD[BROKER_SERVICE],
@@ -521,7 +539,7 @@ class BrokerApp:
             BrokerStateCollector(
                 store,
                 metadata,
-                lambda: self.permission[0],
+                self.permission.get,
                 cfg,
                 ha=lambda: (self.ha_master, self.ha_slave),
                 pop=self.pop,
@@ -578,7 +596,7 @@ class BrokerApp:
                 asyncio.create_task(self.transactions.run(), name="transaction-check")
             )
         self._tasks.append(asyncio.create_task(self._persist_offsets(), name="offset-persister"))
-        self._tasks.append(asyncio.create_task(self.messaging.stats.run(), name="traffic-stats"))
+        self._tasks.append(asyncio.create_task(self.pulls.stats.run(), name="traffic-stats"))
         # RocketMQ's clients: members silent for 120 s and dead queue locks expire.
         self._tasks.append(
             asyncio.create_task(remoting_housekeeping(deps), name="remoting-housekeeping")
@@ -614,8 +632,8 @@ class BrokerApp:
                     ),
                     epoch=epoch,
                 ),
-                topics=metadata.topics.snapshot,
-                permission=lambda: self.permission[0],
+                topics=metadata.topics,
+                permission=self.permission,
                 clock=self.clock,
                 period_s=cfg.effective_register_period_s,
                 timeout_s=cfg.register_timeout_s,
@@ -743,7 +761,7 @@ class BrokerApp:
             cfg.broker_name,
             lambda: f"{host}:{self.port}",
             metadata.topics.get,
-            lambda: self.permission[0],
+            self.permission.get,
             tls=self.client_tls if cfg.tls_cert else None,
             channel_options=options,
         )
@@ -822,8 +840,8 @@ class BrokerApp:
     async def _replicate_change(self, result) -> bool:
         """A metadata-log record is acknowledged as a send is: once the
         in-sync set has it (SYNC_MASTER), at once otherwise."""
-        wait = self.messaging.replication_wait
-        return wait is None or await wait(result) is SendStatus.SEND_OK
+        replication = self.replication
+        return replication is None or await replication.wait(result) is SendStatus.SEND_OK
 
     def _checkpoint_pop(self) -> None:
         """Where a restart replays pop and timer state from; stored in the
@@ -834,16 +852,6 @@ class BrokerApp:
             self.timer.checkpoint()
         if self.transactions is not None:
             self.transactions.checkpoint()
-
-    def _create_system_topic(self, config: TopicConfig) -> None:
-        """A retry or dead-letter topic, created on first use and announced to
-        the name servers (so `ferry consume %DLQ%group` finds it)."""
-        assert self.metadata is not None
-        self.metadata.topics.put(config)
-        log.info("created topic %s (%d queue)", config.topic_name, config.queue_nums)
-        if self.registrar is not None:
-            task = asyncio.create_task(self.registrar.register_topics([config]))
-            self._tasks.append(task)
 
     def _apply_order_topics(self, table) -> None:
         """ORDER_TOPIC_CONFIG from the name servers: a topic listed with this

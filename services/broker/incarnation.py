@@ -11,11 +11,21 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ferry.runtime.server import GrpcServer
 from ferry.runtime.swap import ServiceSwitch
 from services.ha.sync import ReplicaAcks
+
+
+class Fence(Protocol):
+    """The node's fence on a master: messaging's `Fence`
+    (services.broker.messaging.contracts), named here since this contract may
+    not import messaging/."""
+
+    def check_accepting(self) -> None: ...
+
+    def check_acknowledging(self) -> None: ...
 
 
 @dataclass
@@ -24,7 +34,7 @@ class Incarnation:
 
     epoch: int  # the epoch led, or followed (0: no leader known)
     on_store_open: Callable[[object], Awaitable[None]]
-    fence: Callable[[bool], None]
+    fence: Fence  # the node itself
     # A master run's: told which in-sync replicas lagged past slaveTimeout.
     on_slave_timeout: Callable[[list[Hashable]], None] | None
     # A master run's replica acknowledgements: the node's, which its in-sync

@@ -466,7 +466,7 @@ class BrokerMetrics:
         self._sync_seconds.labels(*self.ids).observe(seconds)
 
     def observe_timer_delivery(self, lateness_s: float) -> None:
-        """TimerService.on_delivered: a timed message delivered `lateness_s` after its time."""
+        """the timer's DeliveryObserver: a timed message delivered `lateness_s` after its time."""
         self._timer_lateness.labels(*self.ids).observe(lateness_s)
 
 

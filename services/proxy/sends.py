@@ -53,7 +53,6 @@ def combinable(request: broker_pb2.SendMessageRequest) -> bool:
         or PROPERTY_SHARDING_KEY in props
         or PROPERTY_TIMER_DELIVER_MS in props
         or PROPERTY_DELAY in props
-        or "TRAN_MSG" in props  # a transaction's half message: stored elsewhere, alone
     )
 
 
@@ -82,11 +81,12 @@ class SendCoalescer:
         self.stats = SendStats()
 
     async def send(
-        self, addr: str, request: broker_pb2.SendMessageRequest
+        self, addr: str, request: broker_pb2.SendMessageRequest, alone: bool = False
     ) -> broker_pb2.SendResult:
         """The broker's result for this one message; raises the broker's
-        `grpc.aio.AioRpcError` as a unary `SendMessage` would."""
-        if not combinable(request):
+        `grpc.aio.AioRpcError` as a unary `SendMessage` would. `alone`: sent
+        on its own (a transaction's half, which no batch may carry)."""
+        if alone or not combinable(request):
             return await self._single(addr, request)
         key = (addr, request.topic, request.producer_group)
         lane = self._lanes.get(key)

@@ -311,7 +311,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             else:
                 broker = writable[(next(self._round_robin) + attempt) % len(writable)]
             try:
-                result = await self.sends.send(broker.addr, request)
+                result = await self.sends.send(broker.addr, request, alone=transactional)
             except grpc.aio.AioRpcError as exc:
                 code, last = convert.error_code(exc), f"{broker.broker_name}: {exc.details()}"
                 if exc.code() in LINK_ERRORS:

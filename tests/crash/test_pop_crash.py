@@ -156,6 +156,23 @@ def test_sigkill_with_messages_in_flight_loses_none_and_repeats_no_ack(tmp_path)
         slave.stop()
 
 
+class _Readable:
+    """Every topic of the table is readable (pop's ReadAccess)."""
+
+    def __init__(self, topics) -> None:
+        self.topics = topics
+
+    def readable_topic(self, topic: str):
+        return self.topics.get(topic)
+
+
+class _NoTopics:
+    """Creates nothing (messaging's TopicCreator): the replay only reads."""
+
+    def create_system_topic(self, config) -> None:
+        pass
+
+
 async def _replayed(store_root: Path, config_dir: Path) -> dict:
     """The in-flight state a broker rebuilds from this store's revive records
     alone (fresh metadata: replay from the first record)."""
@@ -172,8 +189,8 @@ async def _replayed(store_root: Path, config_dir: Path) -> dict:
             metadata.consumer_offsets,
             clock,
             PopConfig("broker-c", revive_topic("DefaultCluster"), (1.0,)),
-            readable=metadata.topics.get,
-            create_topic=lambda config: None,
+            access=_Readable(metadata.topics),
+            topic_creator=_NoTopics(),
         )
         assert await pop.load() > 0
         return pop.inflight_state()

@@ -189,7 +189,7 @@ def namesrv_door(ns: RunningNamesrv) -> Door:
 
 def seed_broker(broker: RunningBroker) -> None:
     support.create_topic(broker.channel, TOPIC, 4)
-    if broker.app.permission[0] != 6:  # UPDATE_BROKER_CONFIG may have changed it
+    if broker.app.permission.get() != 6:  # UPDATE_BROKER_CONFIG may have changed it
         broker.loop.run(broker.app.admin.update_permission(6))
 
 

@@ -132,7 +132,7 @@ def test_a_broker_registers_with_the_token_and_guards_its_admin_rpcs(loop_thread
                     getattr(admin, method)(request, metadata=metadata)
                 assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED, method
         assert topics() == before
-        assert broker.app.permission[0] == 6
+        assert broker.app.permission.get() == 6
         admin.UpdateAndCreateTopic(create, metadata=GOOD)
         assert b"Guarded" in topics()
         # Producers, consumers and reads need no token.

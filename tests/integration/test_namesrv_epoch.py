@@ -16,6 +16,7 @@ from ferry.model import DataVersion, TopicConfig
 from ferry.runtime.clock import SystemClock
 from ferry.v1 import namesrv_pb2
 from services.broker.cluster.registration import BrokerIdentity, Registrar
+from services.broker.messaging.access import BrokerPermission
 from tests.conftest import LoopThread, RunningNamesrv
 from tests.helpers import register_request
 from tests.waiting import wait_for
@@ -250,12 +251,17 @@ def test_a_groups_epoch_is_forgotten_with_its_last_broker(ns):
 # ---------------------------------------------------------------- the broker's Registrar
 
 
+class _Topics:
+    def snapshot(self) -> tuple[dict[str, TopicConfig], DataVersion]:
+        return {"TopicTest": TopicConfig("TopicTest", 4, 4, 6)}, DataVersion(1, 1)
+
+
 def registrar(ns: RunningNamesrv, identity: BrokerIdentity, fenced: list[str]) -> Registrar:
     return Registrar(
         [ns.remoting_addr],
         identity,
-        topics=lambda: ({"TopicTest": TopicConfig("TopicTest", 4, 4, 6)}, DataVersion(1, 1)),
-        permission=lambda: 6,
+        topics=_Topics(),
+        permission=BrokerPermission(6),
         clock=SystemClock(),
         period_s=30.0,
         timeout_s=5.0,

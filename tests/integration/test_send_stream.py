@@ -146,7 +146,7 @@ def test_a_stream_holds_at_most_max_in_flight_unanswered_messages(broker):
             yield broker_pb2.SendStreamRequest(messages=[_message(2000 + i)])
 
     async def go():
-        session = SendStreamSession(broker.app.messaging, lambda: None, max_in_flight=8)
+        session = SendStreamSession(broker.app.sends, lambda: None, max_in_flight=8)
         answers = session.run(requests())
         first = asyncio.ensure_future(answers.__anext__())  # starts the reader, answers once
         result = await first

@@ -15,6 +15,7 @@ import pytest
 
 from ferry.model import TopicConfig
 from ferry.runtime.errors import CorruptFileError, InvalidArgument, ResourceExhausted, StorageFault
+from services.broker.messaging.access import BrokerPermission
 from services.broker.messaging.admin import AdminService
 from services.broker.metadata import tables as metadata_module
 from services.broker.metadata.tables import BrokerMetadata
@@ -132,21 +133,21 @@ def test_a_write_failing_for_another_reason_than_a_full_disk_trips_fail_stop(
 
 
 def test_a_failed_write_leaves_the_brokers_permission_as_it_was(meta, fake_clock, monkeypatch):
-    permission = [6]
+    permission = BrokerPermission(6)
     admin = AdminService(("c", "broker-a", 0, "ASYNC_MASTER"), meta, None, fake_clock, permission)
     fail_writes(monkeypatch)
     with pytest.raises(ResourceExhausted):
         asyncio.run(admin.update_permission(4))
-    assert permission == [6]
+    assert permission.get() == 6
     assert meta.settings.broker_permission is None
 
 
 def test_update_permission_persists_before_it_returns(meta, fake_clock, tmp_path):
-    permission = [6]
+    permission = BrokerPermission(6)
     admin = AdminService(("c", "broker-a", 0, "SLAVE"), meta, None, fake_clock, permission)
     topics_version = meta.topics.data_version
     assert asyncio.run(admin.update_permission(4)) == (6, 4)
-    assert permission == [4]
+    assert permission.get() == 4
     assert read(tmp_path / "config" / "broker.json")["brokerConfig"] == {"brokerPermission": 4}
     assert meta.topics.data_version.counter == topics_version.counter + 1  # re-registers
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from services.broker.cluster.replication import SyncReplication
-from services.broker.messaging.service import SendStatus
+from services.broker.messaging.outgoing import SendStatus
 from services.broker.store import PutResult, PutStatus
 from services.ha.sync import ReplicaAcks
 from tests.waiting import wait_for_async
@@ -81,6 +81,11 @@ def test_acks_are_per_replica():
     assert acks.best_ack == 50 and acks.in_sync(60) == 2
 
 
+class _NoWaiters:
+    def notify_confirmed(self) -> None:
+        pass
+
+
 def test_a_sync_send_pushes_its_bytes_before_waiting_and_only_when_unconfirmed():
     """SyncReplication asks the HA master to send the new bytes now (push) right
     before a send waits for its slave; a send already confirmed neither pushes nor
@@ -93,7 +98,7 @@ def test_a_sync_send_pushes_its_bytes_before_waiting_and_only_when_unconfirmed()
         acks = ReplicaAcks(GAP)
         pushes: list[int] = []
         replication = SyncReplication(
-            acks, 5.0, lambda: None, push=lambda: pushes.append(acks.confirmed)
+            acks, 5.0, _NoWaiters(), push=lambda: pushes.append(acks.confirmed)
         )
         assert await replication.wait(put(100)) == SendStatus.SLAVE_NOT_AVAILABLE
         assert pushes == []

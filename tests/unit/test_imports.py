@@ -14,9 +14,10 @@ says what it owns and what it must not import:
                 recovery, retention, failstop, storelock, replica_log, index,
                 indexfile
     metadata/   tables (BrokerMetadata), metadata_log (the failover metadata log)
-    messaging/  rules (topic/queue/permission rules, lookups), service (send and
-                pull), admin (admin use cases), statistics (the figures mqadmin
-                and ferry.v1 report)
+    messaging/  rules (lookups), outgoing, contracts, access (permission and
+                topic/queue checks), staging, send and pull (the use cases),
+                admin (admin use cases), statistics (the figures
+                mqadmin and ferry.v1 report), clients, locks, sendback, stats
     pop/        state, records (revive-record format), revive, service (PopService)
     schedule/   delay (delay levels), timer, timer_done (timer-done record format)
     transactions/  service (half messages, decisions, check-back)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ferry.model import SCHEDULE_TOPIC, TopicConfig
+from ferry.model import PROPERTY_REAL_TOPIC, SCHEDULE_TOPIC, TopicConfig
 from ferry.runtime.clock import FakeClock
 from ferry.runtime.errors import (
     InvalidArgument,
@@ -17,13 +17,12 @@ from ferry.runtime.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from services.broker.messaging.service import (
-    PROPERTY_REAL_TOPIC,
-    MessagingService,
-    OutgoingMessage,
-    SendStatus,
-    parse_sub_expression,
-)
+from services.broker.messaging.access import BrokerAccess, BrokerPermission
+from services.broker.messaging.outgoing import OutgoingMessage, SendStatus
+from services.broker.messaging.pull import PullService
+from services.broker.messaging.rules import parse_sub_expression
+from services.broker.messaging.send import SendService, Settler
+from services.broker.messaging.staging import Stager
 from services.broker.schedule.delay import DelayScheduler
 from services.broker.store import GetStatus, MessageStore, StoreConfig
 from tests.waiting import wait_for_async
@@ -54,7 +53,7 @@ class Env:
             RO=TopicConfig("RO", 2, 2, 4),
             **{SCHEDULE_TOPIC: TopicConfig(SCHEDULE_TOPIC, 18, 18, 6)},
         )
-        self.permission = [6]
+        self.permission = BrokerPermission(6)
         self.open()
 
     def open(self) -> None:
@@ -63,9 +62,10 @@ class Env:
         )
         self.store.open()
         self.run(self.store.start())
-        self.service = MessagingService(
-            self.store, self.topics, lambda: self.permission[0], False, 1024, "broker-a"
-        )
+        self.access = BrokerAccess(self.topics, self.permission, False, "broker-a")
+        self.stager = Stager(self.store, self.access, 1024)
+        self.service = SendService(self.stager, Settler(self.store), self.access)
+        self.pulls = PullService(self.store, self.access)
 
     def run(self, coro):
         return self.loop.run_until_complete(coro)
@@ -76,7 +76,7 @@ class Env:
 
     def pull(self, queue_id, offset, topic="T", nums=32, wait_ms=0, expr=""):
         self.store.dispatcher.dispatch_all()
-        return self.run(self.service.pull("g", topic, queue_id, offset, nums, wait_ms, expr)).result
+        return self.run(self.pulls.pull("g", topic, queue_id, offset, nums, wait_ms, expr)).result
 
     def restart(self) -> None:
         self.run(self.store.stop())
@@ -138,7 +138,7 @@ def test_bad_sends_are_refused_and_store_nothing(env, kwargs, error, text):
 
 def test_drained_broker_refuses_writes_but_serves_reads(env):
     env.send(queue_id=0)
-    env.permission[0] = 4
+    env.permission.set(4)
     with pytest.raises(PermissionDenied, match="brokerPermission=4"):
         env.send()
     assert env.pull(0, 0).status is GetStatus.FOUND
@@ -165,7 +165,7 @@ def test_tag_expression_filters(env):
 
 def test_long_poll_answers_as_soon_as_a_message_arrives(env):
     async def scenario():
-        pull = asyncio.create_task(env.service.pull("g", "T", 1, 0, 32, 30_000))
+        pull = asyncio.create_task(env.pulls.pull("g", "T", 1, 0, 32, 30_000))
         await wait_for_async(lambda: env.store.long_polls.waiting == 1, 5, "the pull to wait")
         assert not pull.done()
         await env.service.send("T", 1, [OutgoingMessage(body=b"wake")])
@@ -185,7 +185,7 @@ def test_a_long_poll_when_the_store_stops_is_refused_not_answered_as_an_empty_qu
     env.store.dispatcher.dispatch_all()
 
     async def scenario():
-        pull = asyncio.create_task(env.service.pull("g", "T", 1, 3, 32, 30_000))
+        pull = asyncio.create_task(env.pulls.pull("g", "T", 1, 3, 32, 30_000))
         await wait_for_async(lambda: env.store.long_polls.waiting == 1, 5, "the pull to wait")
         assert not pull.done()
         await env.store.stop()
@@ -260,11 +260,11 @@ def test_pull_suggests_which_broker_to_read_from_next(env):
     env.send(bodies=[b"x" * 100] * 10, queue_id=0)
 
     def suggest(slave_read_enable, hot_bytes, groups=None):
-        env.service.slave_read_enable = slave_read_enable
-        env.service.hot_bytes = hot_bytes
-        env.service.groups = groups
+        env.pulls.slave_read_enable = slave_read_enable
+        env.pulls.hot_bytes = hot_bytes
+        env.pulls.groups = groups
         env.store.dispatcher.dispatch_all()
-        return env.run(env.service.pull("g", "T", 0, 0, 1, 0, "")).suggest_which_broker_id
+        return env.run(env.pulls.pull("g", "T", 0, 0, 1, 0, "")).suggest_which_broker_id
 
     # Without slaveReadEnable a consumer always stays on the master.
     assert suggest(False, hot_bytes=0) == 0

@@ -10,7 +10,7 @@ from ferry import record
 from ferry.model import SCHEDULE_TOPIC, SubscriptionGroupConfig, TopicConfig
 from ferry.runtime.clock import FakeClock
 from ferry.runtime.errors import InvalidArgument, NotFound, PermissionDenied
-from services.broker.messaging.service import OutgoingMessage
+from services.broker.messaging.outgoing import OutgoingMessage
 from tests.unit.test_messaging import Env
 
 
@@ -24,12 +24,13 @@ def env(tmp_path):
     e = Env(tmp_path / "store", FakeClock())
     e.created = []
 
-    def create(config: TopicConfig) -> None:
-        e.created.append(config)
-        e.topics[config.topic_name] = config
+    class Creator:
+        def create_system_topic(self, config: TopicConfig) -> None:
+            e.created.append(config)
+            e.topics[config.topic_name] = config
 
-    e.service.create_topic = create
-    e.service.groups = Groups(strict=SubscriptionGroupConfig("strict", retry_max_times=2))
+    e.stager.topic_creator = Creator()
+    e.stager.groups = Groups(strict=SubscriptionGroupConfig("strict", retry_max_times=2))
     yield e
     e.close()
 
@@ -76,12 +77,12 @@ def test_where_a_retry_goes(env, group, fields, dead):
 
 
 def test_no_topic_is_created_where_sends_are_refused(env):
-    env.permission[0] = 4
+    env.permission.set(4)
     with pytest.raises(PermissionDenied):
         send_one(env, "%RETRY%g", reconsume_times=20)
     assert env.created == []
-    env.permission[0] = 6
-    env.service.create_topic = None
+    env.permission.set(6)
+    env.stager.topic_creator = None
     with pytest.raises(NotFound, match="%RETRY%g"):
         send_one(env, "%RETRY%g")
 
@@ -114,7 +115,7 @@ def test_the_record_keeps_sys_flag_born_host_and_reconsume_times(env):
     first, second = records(env, "T", 1)
     assert (first.born_host, first.reconsume_times) == ("10.9.8.7:4321", 4)
     assert second.born_host == "127.0.0.1:0"
-    raw = env.run(env.service.stored_record(first.commit_offset))
+    raw = env.run(env.pulls.stored_record(first.commit_offset))
     decoded = record.decode(raw, 0)
     assert isinstance(decoded, record.Record) and decoded.sys_flag == 0x1
 
@@ -122,13 +123,13 @@ def test_the_record_keeps_sys_flag_born_host_and_reconsume_times(env):
 def test_stored_record_refuses_what_is_not_a_record_start(env):
     send_one(env, "T", queue_id=0, body=b"abc")
     (stored,) = records(env, "T")
-    raw = env.run(env.service.stored_record(stored.commit_offset))
+    raw = env.run(env.pulls.stored_record(stored.commit_offset))
     assert len(raw) == stored.size
     for offset in (stored.commit_offset + 4, stored.size, 10**12):
         with pytest.raises(NotFound, match=f"commit offset {offset}"):
-            env.run(env.service.stored_record(offset))
+            env.run(env.pulls.stored_record(offset))
     with pytest.raises(InvalidArgument):
-        env.run(env.service.stored_record(-1))
+        env.run(env.pulls.stored_record(-1))
 
 
 def test_search_by_time(env):
@@ -140,14 +141,14 @@ def test_search_by_time(env):
 
     def search(seconds: float, upper: bool = False) -> int:
         ts = start + int(seconds * 1000)
-        return env.run(env.service.offset_by_time("T", 2, ts, upper))
+        return env.run(env.pulls.offset_by_time("T", 2, ts, upper))
 
     assert [search(s) for s in (-1, 0, 0.5, 1, 2, 3, 4, 5)] == [0, 0, 1, 1, 2, 4, 4, 5]
     assert [search(s, True) for s in (-1, 0, 0.5, 1, 2, 3, 4, 5)] == [0, 0, 0, 1, 3, 3, 4, 4]
-    assert env.run(env.service.offset_by_time("T", 3, start, False)) == 0  # never written
-    assert env.run(env.service.earliest_store_time("T", 2)) == start
-    assert env.run(env.service.earliest_store_time("T", 3)) == -1
+    assert env.run(env.pulls.offset_by_time("T", 3, start, False)) == 0  # never written
+    assert env.run(env.pulls.earliest_store_time("T", 2)) == start
+    assert env.run(env.pulls.earliest_store_time("T", 3)) == -1
     with pytest.raises(NotFound):
-        env.run(env.service.offset_by_time("Nope", 0, start))
+        env.run(env.pulls.offset_by_time("Nope", 0, start))
     with pytest.raises(InvalidArgument, match="queue_id"):
-        env.run(env.service.earliest_store_time("T", 4))
+        env.run(env.pulls.earliest_store_time("T", 4))

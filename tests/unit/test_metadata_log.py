@@ -172,11 +172,15 @@ def test_a_change_the_in_sync_set_did_not_confirm_is_not_acknowledged(tmp_path: 
 
 
 def test_a_fenced_master_records_nothing(tmp_path: Path) -> None:
-    def fence(accepting: bool) -> None:
-        raise Unavailable("lease expiring")
+    class Fence:
+        def check_accepting(self) -> None:
+            raise Unavailable("lease expiring")
+
+        def check_acknowledging(self) -> None:
+            raise Unavailable("lease expired")
 
     async def scenario():
-        m = await Member(tmp_path / "m", fence=fence).open()
+        m = await Member(tmp_path / "m", fence=Fence()).open()
         with pytest.raises(Unavailable):
             await m.log.put_topic(TopicConfig("t1", 1, 1))
         assert m.store.max_offset == 0

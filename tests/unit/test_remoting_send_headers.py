@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from ferry.remoting import batch, codes
 from ferry.remoting.codec import Command
 from ferry.runtime.errors import FerryError, InvalidArgument
+from services.broker.messaging.outgoing import OutgoingMessage, is_half
 from services.broker.remoting.convert import BadRequest
 from services.broker.remoting.sends import (
     LONG_NAMES,
@@ -19,7 +20,6 @@ from services.broker.remoting.sends import (
     _parse_checked,
     _parse_plain,
     born_host,
-    is_prepared,
     kept_sys_flag,
     messages_of,
     parse_header,
@@ -162,10 +162,17 @@ def test_the_broker_stamps_its_cluster_on_every_message_it_stores():
 
 def test_sys_flag_bits():
     assert kept_sys_flag(0x1 | 0x2 | 0x300, {}) == 0x303
-    assert kept_sys_flag(0x10 | 0x20 | 0x40 | 0x8, {}) == 0  # hosts, unwrap, commit type
-    assert kept_sys_flag(0x4, {"TRAN_MSG": "true"}) == 0  # a half is stored without them
-    assert is_prepared(0x4, {}) and is_prepared(0, {"TRAN_MSG": "true"})
-    assert not is_prepared(0x8, {}) and not is_prepared(0xC, {"TRAN_MSG": "false"})
+    assert kept_sys_flag(0x10 | 0x20 | 0x40, {}) == 0  # hosts, unwrap
+    # The transaction type reaches the send use case, which routes a half by it
+    # (and stores none of it: tests/unit/test_messaging.py).
+    assert kept_sys_flag(0x4, {"TRAN_MSG": "true"}) == 0x4
+    assert kept_sys_flag(0x8, {}) == 0x8
+
+    def half(sys_flag: int, properties: dict[str, str]) -> bool:
+        return is_half(OutgoingMessage(b"b", properties=properties, sys_flag=sys_flag))
+
+    assert half(0x4, {}) and half(0, {"TRAN_MSG": "true"}) and half(0x2, {"TRAN_MSG": "TRUE"})
+    assert not half(0x8, {}) and not half(0xC, {"TRAN_MSG": "false"}) and not half(0x1, {})
     with pytest.raises(BadRequest, match="autoBatch"):
         kept_sys_flag(0x80, {})
 

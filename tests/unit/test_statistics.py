@@ -12,6 +12,7 @@ import pytest
 from ferry import record
 from ferry.model import TopicConfig
 from ferry.runtime.clock import FakeClock
+from services.broker.messaging.access import BrokerPermission
 from services.broker.messaging.admin import AdminService
 from services.broker.messaging.clients import ClientTables, ConsumerData, Subscription
 from services.broker.messaging.statistics import (
@@ -44,7 +45,7 @@ class World:
             lambda: self.now[0], lambda: (store.put_message_count, store.get_message_count)
         )
         identity = ("c", "broker-a", 0, "ASYNC_MASTER")
-        self.admin = AdminService(identity, self.metadata, store, self.clock, [6])
+        self.admin = AdminService(identity, self.metadata, store, self.clock, BrokerPermission(6))
         self.stats = StatisticsService(
             store, self.metadata, self.traffic, self.admin, self.clock, "ASYNC_FLUSH", root
         )

@@ -13,9 +13,19 @@ import pytest
 from ferry import record
 from ferry.model import TopicConfig
 from ferry.runtime.clock import FakeClock
-from ferry.runtime.errors import ConfigError, FailedPrecondition, InvalidArgument, NotFound
+from ferry.runtime.errors import (
+    ConfigError,
+    FailedPrecondition,
+    FerryError,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+)
 from services.broker.config import load_config
-from services.broker.messaging.service import MessagingService, OutgoingMessage
+from services.broker.messaging.access import BrokerAccess, BrokerPermission
+from services.broker.messaging.outgoing import OutgoingMessage
+from services.broker.messaging.send import SendService, Settler
+from services.broker.messaging.staging import Stager
 from services.broker.store import MessageStore, StoreConfig
 from services.broker.transactions import (
     CHECKPOINT_GROUP,
@@ -66,10 +76,12 @@ class Env:
         )
         self.store.open()
         self.run(self.store.start())
-        self.messaging = MessagingService(self.store, self.topics, lambda: 6, False, 4096, "b")
+        access = BrokerAccess(self.topics, BrokerPermission(6), False, "b")
+        stager, settler = Stager(self.store, access, 4096), Settler(self.store)
         self.tx = TransactionService(
-            self.store, self.messaging, self.topics, self.offsets, self.clock, self.config
+            self.store, stager, settler, self.topics, self.offsets, self.clock, self.config
         )
+        self.messaging = SendService(stager, settler, access, self.tx)
         self.tx.register_checker(self._checker)
         self.run(self.tx.load())
 
@@ -169,6 +181,66 @@ def test_a_half_without_a_producer_group_is_refused_in_its_place(env: Env):
     assert [type(r).__name__ for r in (results[0], results[2])] == ["Staged", "Staged"]
     assert [r.body for r in env.records(HALF_TOPIC)] == [b"a", b"c"]
     assert env.tx.pending_count == 2
+
+
+def test_the_send_use_case_routes_a_half_to_the_transactions(env: Env):
+    """Every door makes the same call: a half (sysFlag prepared, or TRAN_MSG)
+    goes to the transaction use case; its outcome names the half."""
+    by_flag = OutgoingMessage(b"a", properties={"UNIQ_KEY": "A"}, sys_flag=0x4 | 0x1)
+    outcome = env.run(env.messaging.send("T", 1, [by_flag], producer_group="pg"))
+    by_property = OutgoingMessage(b"b", properties={"TRAN_MSG": "true", "PGROUP": "pg"})
+    second = env.run(env.messaging.send("T", None, [by_property]))
+    assert (outcome.half, second.half) == (True, True)
+    assert (outcome.topic, second.topic) == (HALF_TOPIC, HALF_TOPIC)
+    halves = env.records(HALF_TOPIC)
+    assert [h.commit_offset for h in halves] == [outcome.commit_offset, second.commit_offset]
+    assert [h.sys_flag for h in halves] == [0x1, 0]  # the type bits are not stored
+    assert [h.properties["PGROUP"] for h in halves] == ["pg", "pg"]
+    assert env.tx.pending_count == 2 and env.delivered() == []
+
+
+def test_a_run_stages_its_halves_with_its_plain_sends(env: Env):
+    """RocketMQ's run path: each send in its place, halves and plain sends
+    answered from one stage_many and one settle."""
+    half = OutgoingMessage(b"h", properties={"TRAN_MSG": "true"})
+    plain = OutgoingMessage(b"p", properties={"UNIQ_KEY": "P"}, sys_flag=0x8)  # a stray type
+    results = env.messaging.stage_many(
+        [("T", 1, [plain], False, "pg"), ("T", 1, [half], False, "pg"),
+         ("T", 1, [half], False, ""), ("T", 2, [plain, plain], True, "pg")]
+    )  # fmt: skip
+    assert isinstance(results[2], InvalidArgument)  # a half without its producer group
+    staged = [r for r in results if not isinstance(r, FerryError)]
+    assert [s.half for s in staged] == [False, True, False]
+    env.run(env.messaging.settle(staged))
+    assert [r.body for r in env.records(HALF_TOPIC)] == [b"h"]
+    assert [(r.body, r.sys_flag) for r in env.records("T", 1)] == [(b"p", 0)]
+    assert len(env.records("T", 2)) == 2
+
+
+def test_a_batch_holds_no_half(env: Env):
+    for marked in (
+        OutgoingMessage(b"x", sys_flag=0x4),
+        OutgoingMessage(b"x", properties={"TRAN_MSG": "true", "PGROUP": "pg"}),
+    ):
+        with pytest.raises(PermissionDenied, match="transactional"):
+            env.run(env.messaging.send("T", 1, [OutgoingMessage(b"ok"), marked], batch=True))
+    assert env.store.max_offset == 0
+
+
+def test_a_slave_refuses_a_half_as_any_write(env: Env):
+    access = BrokerAccess(env.topics, BrokerPermission(6), True, "b")
+    slave = SendService(Stager(env.store, access, 4096), Settler(env.store), access)
+    half = OutgoingMessage(b"h", properties={"TRAN_MSG": "true", "PGROUP": "pg"})
+    refusals = []
+    for send in ([half], [OutgoingMessage(b"p")]):
+        with pytest.raises(PermissionDenied) as refused:
+            env.run(slave.send("T", 1, send))
+        refusals.append(refused.value.message)
+    [result] = slave.stage_many([("T", 1, [half], False, "pg")])
+    assert isinstance(result, PermissionDenied)
+    assert refusals == [result.message] * 2
+    assert "is a SLAVE and takes no writes" in result.message
+    assert env.store.max_offset == 0
 
 
 def test_commit_appends_the_message_and_its_op_record_together(env: Env):

@@ -10,7 +10,7 @@ from ferry.model import DataVersion, SubscriptionGroupConfig, TopicConfig, dlq_t
 from ferry.runtime.errors import FerryError, InvalidArgument
 from ferry.runtime.grpc_errors import status_of
 from ferry.v1 import broker_admin_pb2, broker_pb2, common_pb2
-from services.broker.messaging.service import OutgoingMessage, SendOutcome
+from services.broker.messaging.outgoing import OutgoingMessage, SendOutcome
 from services.broker.pop import AckResult, ChangeResult, GroupStatus, Popped
 from services.broker.store import CleanResult, GetResult, KeyLookup
 
@@ -108,14 +108,19 @@ def wait_of(msg: broker_pb2.SendMessageRequest | broker_pb2.SendMessagesRequest)
     return msg.wait_store_msg_ok if msg.HasField("wait_store_msg_ok") else True
 
 
-def outgoing(msg: broker_pb2.SendMessageRequest | broker_pb2.SendEntry) -> OutgoingMessage:
-    return OutgoingMessage(
-        body=msg.body,
-        tags=msg.tags,
-        keys=msg.keys,
-        properties=msg.properties,
-        flag=msg.flag,
-        born_timestamp=msg.born_timestamp,
+def outgoing(
+    msg: broker_pb2.SendMessageRequest | broker_pb2.SendEntry | broker_pb2.StreamedMessage,
+) -> OutgoingMessage:
+    """The domain's message of a request's entry: plain values, the protobuf
+    left at the door (a map copied only when not empty)."""
+    properties = msg.properties
+    return OutgoingMessage(  # positional: once per message sent
+        msg.body,
+        msg.tags,
+        msg.keys,
+        dict(properties) if properties else {},
+        msg.flag,
+        msg.born_timestamp,
     )
 
 

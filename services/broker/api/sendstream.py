@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from ferry.runtime import errors
 from ferry.v1 import broker_pb2
 from services.broker.api import convert
-from services.broker.messaging.service import MessagingService, Staged
+from services.broker.messaging.outgoing import Staged
+from services.broker.messaging.send import SendService
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,11 +43,11 @@ class _Pending:
 class SendStreamSession:
     def __init__(
         self,
-        messaging: MessagingService,
+        sends: SendService,
         check_open: Callable[[], None],
         max_in_flight: int,
     ) -> None:
-        self.messaging = messaging
+        self.sends = sends
         self.check_open = check_open
         self.max_in_flight = max_in_flight
         self._pending: deque[_Pending] = deque()
@@ -101,8 +102,8 @@ class SendStreamSession:
     def _stage(self, messages) -> list[_Pending]:
         """A request's messages, staged together (one append per queue)."""
         self.check_open()  # Unavailable: ends the stream
-        staged = self.messaging.stage_each(
-            [(m.topic, convert.queue_id_of(m), m) for m in messages]
+        staged = self.sends.stage_each(
+            [(m.topic, convert.queue_id_of(m), convert.outgoing(m)) for m in messages]
         )  # Unavailable (a storage fault) ends the stream too
         return [
             _Pending(m.sequence, s, convert.wait_of(m))
@@ -114,7 +115,7 @@ class SendStreamSession:
         for wait in (True, False):
             staged = [p.outcome for p in batch if p.wait is wait and isinstance(p.outcome, Staged)]
             if staged:
-                statuses[wait] = await self.messaging.settle(staged, wait)
+                statuses[wait] = await self.sends.settle(staged, wait)
         return broker_pb2.SendStreamResponse(
             results=[
                 convert.streamed_result_pb(

@@ -12,12 +12,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from ferry.model import (
-    PROPERTY_PRODUCER_GROUP,
-    PROPERTY_TRANSACTION_PREPARED,
-    check_name,
-    check_topic,
-)
+from ferry.model import check_name, check_topic
 from ferry.runtime.errors import (
     InvalidArgument,
     NotFound,
@@ -39,14 +34,10 @@ from ferry.v1 import (
 from services.broker.api import convert
 from services.broker.api.sendstream import SendStreamSession
 from services.broker.messaging.admin import AdminService
-from services.broker.messaging.service import (
-    MAX_QUERY_NUM,
-    UNIQUE_QUERY_NUM,
-    MessagingService,
-)
+from services.broker.messaging.pull import MAX_QUERY_NUM, UNIQUE_QUERY_NUM, PullService
+from services.broker.messaging.send import SendService
 from services.broker.messaging.statistics import StatisticsService
 from services.broker.pop import PopService
-from services.broker.transactions import TransactionService
 
 
 class Gate:
@@ -63,26 +54,26 @@ class Gate:
 class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     def __init__(
         self,
-        messaging: MessagingService,
+        sends: SendService,
+        pulls: PullService,
         offsets,  # services.broker.metadata.ConsumerOffsetTable
         gate: Gate,
         store_host: tuple[str, int],
         pop: PopService | None = None,
         broker_name: str = "",
         send_stream_max_in_flight: int = 1024,
-        transactions: TransactionService | None = None,
         max_answer_bytes: int = 64 * 1024 * 1024,
     ) -> None:
-        """`transactions` (a master's): SendMessage with TRAN_MSG=true stores a
-        transaction's half message (proto/ferry/v1/transactions.proto).
+        """`sends`: every send, a transaction's half (TRAN_MSG=true with
+        PGROUP, proto/ferry/v1/transactions.proto) included.
         `max_answer_bytes`: the server's gRPC send limit (grpcMaxMessageSize); a key
         lookup leaves out the oldest messages found rather than pass it."""
-        self.transactions = transactions
         self.max_answer_bytes = max_answer_bytes
         self.send_stream_max_in_flight = send_stream_max_in_flight
         self.pop = pop
         self.broker_name = broker_name
-        self.messaging = messaging
+        self.sends = sends
+        self.pulls = pulls
         self.offsets = offsets
         self.gate = gate
         self.store_host = store_host
@@ -92,40 +83,23 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         self, request: broker_pb2.SendMessageRequest, context: grpc.aio.ServicerContext
     ) -> broker_pb2.SendResult:
         self.gate.check()
-        if request.properties.get(PROPERTY_TRANSACTION_PREPARED) == "true":
-            return await self._prepare(request)
-        outcome = await self.messaging.send(
+        outcome = await self.sends.send(  # a half's result names the half, which ends it later
             request.topic,
             convert.queue_id_of(request),
-            (request,),  # a SendMessageRequest has every field a message needs
+            (convert.outgoing(request),),
             convert.wait_of(request),
         )
         return convert.send_result_pb(outcome)
-
-    async def _prepare(self, request: broker_pb2.SendMessageRequest) -> broker_pb2.SendResult:
-        """A transaction's half message: its SendResult's offsets end it later."""
-        if self.transactions is None:
-            raise PermissionDenied(
-                f"broker {self.broker_name} here is a SLAVE and takes no writes; send to its master"
-            )
-        staged = self.transactions.prepare(  # refuses a half without its PGROUP
-            request.topic,
-            convert.queue_id_of(request),
-            convert.outgoing(request),
-            request.properties.get(PROPERTY_PRODUCER_GROUP, ""),
-        )
-        status = await self.messaging.settle((staged,), convert.wait_of(request))
-        return convert.send_result_pb(staged.outcome(status))
 
     @grpc_method
     async def SendMessages(
         self, request: broker_pb2.SendMessagesRequest, context: grpc.aio.ServicerContext
     ) -> broker_pb2.SendResult:
         self.gate.check()
-        outcome = await self.messaging.send(
+        outcome = await self.sends.send(
             request.topic,
             convert.queue_id_of(request),
-            request.messages,
+            [convert.outgoing(m) for m in request.messages],
             convert.wait_of(request),
             batch=True,
         )
@@ -138,7 +112,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[broker_pb2.SendStreamResponse]:
         self.gate.check()
-        session = SendStreamSession(self.messaging, self.gate.check, self.send_stream_max_in_flight)
+        session = SendStreamSession(self.sends, self.gate.check, self.send_stream_max_in_flight)
         async for response in session.run(request_iterator):
             yield response
 
@@ -147,7 +121,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         self, request: broker_pb2.PullMessageRequest, context: grpc.aio.ServicerContext
     ) -> broker_pb2.PullMessageResponse:
         self.gate.check()
-        outcome = await self.messaging.pull(
+        outcome = await self.pulls.pull(
             request.consumer_group,
             request.topic,
             request.queue_id,
@@ -190,7 +164,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         self, request: broker_pb2.GetMaxOffsetRequest, context: grpc.aio.ServicerContext
     ) -> broker_pb2.GetOffsetResponse:
         self.gate.check()
-        _, high = self.messaging.queue_offsets(request.topic, request.queue_id)
+        _, high = self.pulls.queue_offsets(request.topic, request.queue_id)
         return broker_pb2.GetOffsetResponse(offset=high)
 
     @grpc_method
@@ -198,12 +172,12 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         self, request: broker_pb2.GetMinOffsetRequest, context: grpc.aio.ServicerContext
     ) -> broker_pb2.GetOffsetResponse:
         self.gate.check()
-        low, _ = self.messaging.queue_offsets(request.topic, request.queue_id)
+        low, _ = self.pulls.queue_offsets(request.topic, request.queue_id)
         return broker_pb2.GetOffsetResponse(offset=low)
 
     def _check_queue(self, group: str, topic: str, queue_id: int) -> None:
         check_name(group, "consumer_group")
-        self.messaging.queue_offsets(topic, queue_id)
+        self.pulls.queue_offsets(topic, queue_id)
 
     # ------------------------------------------------------------ pop
 
@@ -273,7 +247,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         self, request: broker_pb2.QueryMessageByKeyRequest, context: grpc.aio.ServicerContext
     ) -> broker_pb2.QueryMessageResponse:
         self.gate.check()
-        found = await self.messaging.find_by_key(
+        found = await self.pulls.find_by_key(
             request.topic,
             request.key,
             request.max_num or MAX_QUERY_NUM,
@@ -289,7 +263,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         context: grpc.aio.ServicerContext,
     ) -> broker_pb2.QueryMessageResponse:
         self.gate.check()
-        found = await self.messaging.find_by_key(
+        found = await self.pulls.find_by_key(
             request.topic, request.unique_key, UNIQUE_QUERY_NUM, unique=True
         )
         return convert.query_response_pb(found, self.max_answer_bytes)
@@ -299,7 +273,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         self, request: broker_pb2.ViewMessageRequest, context: grpc.aio.ServicerContext
     ) -> broker_pb2.ViewMessageResponse:
         self.gate.check()
-        data = await self.messaging.stored_record(convert.view_offset_of(request))
+        data = await self.pulls.stored_record(convert.view_offset_of(request))
         return convert.view_response_pb(data)
 
 

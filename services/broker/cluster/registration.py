@@ -43,6 +43,7 @@ import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
 
@@ -116,13 +117,25 @@ class _NameServer:
         self.fenced = False
 
 
+class TopicSnapshots(Protocol):
+    """The topic table as a registration reads it (metadata's TopicTable)."""
+
+    def snapshot(self) -> tuple[dict[str, TopicConfig], DataVersion]: ...
+
+
+class PermissionReading(Protocol):
+    """brokerPermission now (messaging's BrokerPermission)."""
+
+    def get(self) -> int: ...
+
+
 class Registrar:
     def __init__(
         self,
         namesrv_addrs: Sequence[str],
         identity: BrokerIdentity,
-        topics: Callable[[], tuple[dict[str, TopicConfig], DataVersion]],
-        permission: Callable[[], int],
+        topics: TopicSnapshots,
+        permission: PermissionReading,
         clock: Clock,
         period_s: float = 30.0,
         timeout_s: float = 6.0,
@@ -200,19 +213,19 @@ class Registrar:
     async def register_topics(self, topics: Sequence[TopicConfig]) -> None:
         """Register created/updated topics at once (incremental); a name server
         that does not know this broker (it restarted) gets a full registration."""
-        table, version = self.topics()
+        table, version = self.topics.snapshot()
         body = self._body({t.topic_name: t for t in topics}, version)
         request = self._base_request(body, incremental=True)
         await asyncio.gather(*(self._register_one(s, request, True) for s in self._servers))
 
     def _request(self) -> namesrv_pb2.RegisterBrokerRequest:
-        table, version = self.topics()
+        table, version = self.topics.snapshot()
         return self._base_request(self._body(table, version), incremental=False)
 
     def _body(
         self, table: dict[str, TopicConfig], version: DataVersion
     ) -> namesrv_pb2.RegisterBrokerBody:
-        perm = self.permission()
+        perm = self.permission.get()
         wrapper = common_pb2.TopicConfigSerializeWrapper(
             data_version=common_pb2.DataVersion(
                 timestamp=version.timestamp,

@@ -12,10 +12,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable
+from typing import Protocol
 
-from services.broker.messaging.service import SendStatus
+from services.broker.messaging.outgoing import SendStatus
 from services.broker.store import PutResult
 from services.ha.sync import ReplicaAcks
+
+
+class ConfirmSignal(Protocol):
+    """Wakes what waits for the confirm offset (the message store)."""
+
+    def notify_confirmed(self) -> None: ...
+
+
+class SyncObserver(Protocol):
+    """Metrics of the replication waits (the broker's metrics)."""
+
+    def observe_sync(self, status: str, seconds: float) -> None: ...
 
 
 class SyncReplication:
@@ -23,35 +36,35 @@ class SyncReplication:
         self,
         acks: ReplicaAcks,
         timeout_s: float,
-        notify_confirmed: Callable[[], None],
+        confirmed: ConfirmSignal,
         *,
         failover: bool = False,
         min_in_sync_replicas: int = 1,
         on_slave_timeout: Callable[[list[Hashable]], None] | None = None,
-        observe: Callable[[str, float], None] | None = None,
+        observer: SyncObserver | None = None,
         push: Callable[[], None] | None = None,
     ) -> None:
         """
         Args:
             acks: the HA master's replica acknowledgements.
             timeout_s: how long a send waits for a slave (slaveTimeout).
-            notify_confirmed: wakes long polls when the confirm offset moves
-                without a slave (an in-sync set of this master alone).
+            confirmed: woken (`notify_confirmed`) when the confirm offset moves
+                without a slave (an in-sync set of this master alone): long polls.
             failover: the in-sync set (`acks.required`) decides, and
                 `min_in_sync_replicas` members (this master included) must exist.
             on_slave_timeout: told which replicas lagged past the timeout (under
                 failover they leave the in-sync set).
-            observe: (status, seconds) of each wait, for metrics.
+            observer: (status, seconds) of each wait, for metrics.
             push: sends the new bytes to the slaves now, before the wait
                 (`HAMaster.push_now`), instead of one event-loop turn later.
         """
         self.acks = acks
         self.timeout_s = timeout_s
-        self.notify_confirmed = notify_confirmed
+        self.confirmed = confirmed
         self.failover = failover
         self.min_in_sync_replicas = min_in_sync_replicas
         self.on_slave_timeout = on_slave_timeout
-        self.observe = observe
+        self.observer = observer
         self.push = push
 
     async def wait(self, result: PutResult) -> SendStatus:
@@ -62,7 +75,7 @@ class SyncReplication:
         elif self.failover and not acks.required:
             # The in-sync set is this master alone (minInSyncReplicas=1).
             status = SendStatus.SEND_OK
-            self.notify_confirmed()
+            self.confirmed.notify_confirmed()
         elif not acks.slave_ok(result.end_offset):
             status = SendStatus.SLAVE_NOT_AVAILABLE
         else:
@@ -74,6 +87,6 @@ class SyncReplication:
                 status = SendStatus.FLUSH_SLAVE_TIMEOUT
                 if self.on_slave_timeout is not None:
                     self.on_slave_timeout(acks.lagging(result.end_offset))
-        if self.observe is not None:
-            self.observe(status.value, time.perf_counter() - started)
+        if self.observer is not None:
+            self.observer.observe_sync(status.value, time.perf_counter() - started)
         return status

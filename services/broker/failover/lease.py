@@ -12,7 +12,7 @@ Owns:
 - `Fence`: what the running app asks before it takes a send
   (`check_accepting`) or acknowledges one (`check_acknowledging`): a leader
   refuses both once its lease clock has run out, and takes no send while it
-  hands its role over. `fence(accepting)` is the same check as one callable.
+  hands its role over.
 
 Runs on the event loop. Only the node's lease task (`Lease.grant`,
 `Lease.renew`) writes the lease state; the fence only reads it and the
@@ -153,13 +153,6 @@ class Fence:
         """
         if self.role.leading:
             self._check_lease()
-
-    def fence(self, accepting: bool) -> None:
-        """messaging.fence: `check_accepting` (True) or `check_acknowledging`."""
-        if accepting:
-            self.check_accepting()
-        else:
-            self.check_acknowledging()
 
     def _check_lease(self) -> None:
         if not self.lease.may_ack():

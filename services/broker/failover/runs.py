@@ -251,7 +251,7 @@ class Runs:
         incarnation = Incarnation(
             epoch=epoch,
             on_store_open=on_store_open,
-            fence=self.fence.fence,
+            fence=self.fence,
             on_slave_timeout=on_slave_timeout,
             acks=acks,
             metrics_port=self._metrics_endpoint.port if self._metrics_endpoint else -1,

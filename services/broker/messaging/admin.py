@@ -13,6 +13,7 @@ the in-sync set has them.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -28,6 +29,7 @@ from ferry.model import (
 )
 from ferry.runtime.clock import Clock
 from ferry.runtime.errors import InvalidArgument, PermissionDenied
+from services.broker.messaging.access import BrokerPermission
 from services.broker.metadata.metadata_log import MetadataLog
 from services.broker.store import CleanResult, MessageStore
 
@@ -41,7 +43,7 @@ class AdminService:
         metadata,  # services.broker.metadata.BrokerMetadata
         store: MessageStore,
         clock: Clock,
-        permission: list[int],
+        permission: BrokerPermission,
         announce_topics: Callable[[Sequence[TopicConfig]], Awaitable[None]] | None = None,
         announce_all: Callable[[], Awaitable[None]] | None = None,
         journal: MetadataLog | None = None,
@@ -57,15 +59,33 @@ class AdminService:
         self.metadata = metadata
         self.store = store
         self.clock = clock
-        self._permission = permission  # one mutable cell shared with the messaging service
+        self._permission = permission  # shared with every check and report
         self.announce_topics = announce_topics
         self.announce_all = announce_all
         self.started_ms = clock.wall_ms()
         self.master_addr = ""
+        self._announcing: set[asyncio.Task] = set()
 
     @property
     def permission(self) -> int:
-        return self._permission[0]
+        return self._permission.get()
+
+    def create_system_topic(self, config: TopicConfig) -> None:
+        """A group's retry or dead-letter topic, created on first use (a send,
+        a pop revival) and announced to the name servers (so `ferry consume
+        %DLQ%group` finds it); messaging's `TopicCreator`. Put in the table
+        directly, as RocketMQ creates them, not through the metadata log."""
+        self.metadata.topics.put(config)
+        log.info("created topic %s (%d queue)", config.topic_name, config.queue_nums)
+        if self.announce_topics is not None:
+            task = asyncio.get_running_loop().create_task(self.announce_topics([config]))
+            self._announcing.add(task)
+            task.add_done_callback(self._announced)
+
+    def _announced(self, task: asyncio.Task) -> None:
+        self._announcing.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("could not announce a new topic: %s", task.exception())
 
     def _writable_tables(self) -> None:
         if self.role == "SLAVE":
@@ -152,10 +172,10 @@ class AdminService:
             (previous permission, new permission).
         """
         check_perm(perm, "broker_permission")
-        previous = self._permission[0]
+        previous = self._permission.get()
         self.metadata.topics.touch()
         self.metadata.settings.set_broker_permission(perm)
-        self._permission[0] = perm
+        self._permission.set(perm)
         log.warning(
             "brokerPermission changed from %d to %d, persisted in %s",
             previous,

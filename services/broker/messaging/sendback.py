@@ -27,8 +27,9 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from ferry import record
 from ferry.model import (
@@ -48,8 +49,11 @@ from ferry.model import (
     dlq_topic,
 )
 from ferry.runtime.errors import FailedPrecondition, NotFound, PermissionDenied
-from services.broker.messaging.service import MessagingService, SendStatus, Staged
-from services.broker.store import copy_message
+from services.broker.messaging.access import BrokerAccess
+from services.broker.messaging.outgoing import SendStatus, Staged
+from services.broker.messaging.rules import GroupLookup
+from services.broker.messaging.send import Settler
+from services.broker.store import MessageStore, copy_message
 
 log = logging.getLogger(__name__)
 
@@ -75,21 +79,35 @@ class SendBackOutcome:
     status: SendStatus
 
 
+class TableChanges(Protocol):
+    """Topic and group changes, persisted and announced (the admin use case)."""
+
+    async def update_topic(self, config: TopicConfig) -> object: ...
+
+    async def update_group(self, config: SubscriptionGroupConfig) -> object: ...
+
+
 class SendBack:
     def __init__(
         self,
-        messaging: MessagingService,
-        create_topic: Callable[[TopicConfig], Awaitable[object]],
-        create_group: Callable[[SubscriptionGroupConfig], Awaitable[object]] | None,
+        store: MessageStore,
+        access: BrokerAccess,
+        settler: Settler,
+        groups: GroupLookup | None,
+        tables: TableChanges,
+        auto_create_group: bool = False,
         choose: Callable[[int], int] = random.randrange,
     ) -> None:
-        """`create_topic` / `create_group`: persist and announce a new retry or
-        dead-letter topic / a consumer group met for the first time (None: a
-        group must be created by an operator, autoCreateSubscriptionGroup=false).
+        """`tables`: persists and announces a new retry or dead-letter topic,
+        and a consumer group met for the first time when `auto_create_group`
+        (autoCreateSubscriptionGroup; else an operator creates it).
         `choose(n)`: the retry queue among n."""
-        self.messaging = messaging
-        self.create_topic = create_topic
-        self.create_group = create_group
+        self.store = store
+        self.access = access
+        self.settler = settler
+        self.groups = groups
+        self.tables = tables
+        self.auto_create_group = auto_create_group
         self.choose = choose
         self.sent_back = 0
         self.dead_letters = 0
@@ -101,18 +119,18 @@ class SendBack:
             GroupNotFound: none, and autoCreateSubscriptionGroup is off.
         """
         check_name(group, "group")
-        groups = self.messaging.groups
+        groups = self.groups
         config = groups.get(group) if groups is not None else None
         if config is not None:
             return config
-        if self.create_group is None or self.messaging.is_slave:
+        if not self.auto_create_group or self.access.is_slave:
             raise GroupNotFound(
                 f"consumer group {group!r} does not exist on broker "
-                f"{self.messaging.broker_name} and autoCreateSubscriptionGroup is off; create "
+                f"{self.access.broker_name} and autoCreateSubscriptionGroup is off; create "
                 "it with BrokerAdmin/UpdateAndCreateSubscriptionGroup"
             )
         config = SubscriptionGroupConfig(group)
-        await self.create_group(config)
+        await self.tables.update_group(config)
         log.info("consumer group %s created on first use", group)
         return config
 
@@ -120,7 +138,7 @@ class SendBack:
         """A consumer group announced itself (a heartbeat): its retry topic
         exists from then on, so its consumers find a route for it. Masters only;
         a group that may not be created is left alone."""
-        if self.messaging.is_slave:
+        if self.access.is_slave:
             return
         try:
             config = await self.group(group)
@@ -145,15 +163,15 @@ class SendBack:
             topic), Unavailable (fenced, storage fault), ResourceExhausted (a
             full disk), FailedPrecondition (no message at `commit_offset`).
         """
-        messaging = self.messaging
+        store = self.store
         config = await self.group(group)
-        self.messaging.check_broker_writable()
+        self.access.check_writable()
         if config.retry_queue_nums <= 0:
             return None
-        data = await messaging.store.record_bytes(commit_offset)
+        data = await store.record_bytes(commit_offset)
         if data is None:
             raise FailedPrecondition(
-                f"no message at commit offset {commit_offset} on broker {messaging.broker_name} "
+                f"no message at commit offset {commit_offset} on broker {self.access.broker_name} "
                 "(deleted by retention, or not an offset a pull returned)"
             )
         message = record.decode_stored(data, 0, len(data))
@@ -162,7 +180,7 @@ class SendBack:
         properties.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, message.msg_id)
         properties.pop(PROPERTY_DELAY, None)
         limit = config.retry_max_times if max_reconsume_times is None else max_reconsume_times
-        levels = len(messaging.store.delay_levels_s)
+        levels = len(store.delay_levels_s)
         if message.reconsume_times >= limit or delay_level < 0:
             topic, queue_id = dlq_topic(group), 0
             await self._ensure_topic(topic, DLQ_QUEUE_NUMS)
@@ -181,8 +199,10 @@ class SendBack:
                 store_topic, store_queue = topic, queue_id
         copy = copy_message(message, properties, message.reconsume_times + 1)
         started = time.perf_counter()
-        result = messaging.store.append_sends(store_topic, store_queue, [copy])
-        status = await messaging.settle((Staged(topic, result, started),), wait_store_msg_ok=False)
+        result = store.append_sends(store_topic, store_queue, [copy])
+        status = await self.settler.settle(
+            (Staged(topic, result, started),), wait_store_msg_ok=False
+        )
         if topic.startswith(DLQ_TOPIC_PREFIX):
             self.dead_letters += 1
             log.warning(
@@ -197,7 +217,7 @@ class SendBack:
         return SendBackOutcome(topic, level, message.reconsume_times + 1, status)
 
     async def _ensure_topic(self, topic: str, queue_nums: int) -> TopicConfig:
-        config = self.messaging.topics.get(topic)
+        config = self.access.topics.get(topic)
         if config is None:
             config = TopicConfig(
                 topic,
@@ -205,7 +225,7 @@ class SendBack:
                 write_queue_nums=queue_nums,
                 perm=PERM_READ | PERM_WRITE,
             )
-            await self.create_topic(config)
+            await self.tables.update_topic(config)
             log.info("created topic %s (%d queues) for sent-back messages", topic, queue_nums)
         elif not config.perm & PERM_WRITE:
             raise PermissionDenied(f"topic {topic!r} is not writable (perm={config.perm})")

@@ -46,7 +46,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ferry.model import (
     SCHEDULE_TOPIC,
@@ -126,6 +126,16 @@ def decode_change(queue_id: int, body: bytes) -> tuple[str, Any]:
 # ---------------------------------------------------------------- the log
 
 
+class Fence(Protocol):
+    """Automatic failover's fence on a master: messaging's `Fence`
+    (services.broker.messaging.contracts), declared again here since metadata/
+    may not import messaging/."""
+
+    def check_accepting(self) -> None: ...
+
+    def check_acknowledging(self) -> None: ...
+
+
 class MetadataLog:
     def __init__(
         self,
@@ -134,11 +144,11 @@ class MetadataLog:
         config_dir: Path,
         clock: Clock,
         replicate: Callable[[PutResult], Awaitable[bool]] | None = None,
-        fence: Callable[[bool], None] | None = None,
+        fence: Fence | None = None,
     ) -> None:
         """`replicate(result)`: True once the in-sync set has the record
-        (None: nothing to wait for); `fence(accepting)`: raises when this
-        master must not take or acknowledge a change (services.broker.failover.node)."""
+        (None: nothing to wait for); `fence`: raises when this master must
+        not take or acknowledge a change (services.broker.failover.node)."""
         self.store = store
         self.metadata = metadata
         self.replicate = replicate
@@ -214,7 +224,7 @@ class MetadataLog:
         Nothing awaits between the append and the apply: a send to a topic
         the change creates lands after its record."""
         if self.fence is not None:
-            self.fence(True)
+            self.fence.check_accepting()
         body = encode_change(queue_id, op, value)
         result = self.store.append_own(
             METADATA_TOPIC, queue_id, [MessageIn(body=body, properties=b"")]
@@ -233,7 +243,7 @@ class MetadataLog:
                 "idempotent)"
             )
         if self.fence is not None:
-            self.fence(False)
+            self.fence.check_acknowledging()
         return version
 
     def _delete_topic(self, topic: str) -> DataVersion:

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import heapq
 import logging
-from collections.abc import Callable
 
 from ferry import record
 from ferry.model import (
@@ -35,6 +34,7 @@ from ferry.model import (
 )
 from ferry.runtime.clock import Clock
 from ferry.runtime.tasks import run_rounds
+from services.broker.messaging.contracts import TopicCreator
 from services.broker.messaging.rules import TopicLookup
 from services.broker.pop.records import Acks
 from services.broker.pop.state import (
@@ -62,14 +62,14 @@ class Reviver:
         topics: TopicLookup,
         clock: Clock,
         config: PopConfig,
-        create_topic: Callable[[TopicConfig], None],
+        topic_creator: TopicCreator,
     ) -> None:
         self.state = state
         self.store = store
         self.topics = topics
         self.clock = clock
         self.config = config
-        self.create_topic = create_topic  # persist + announce a retry or DLQ topic
+        self.topic_creator = topic_creator  # persists + announces a retry or DLQ topic
         self._wakeups: list[tuple[int, Key]] = []  # (visible, ordered queue) redeliveries
         self._wake = asyncio.Event()
         # While the reviver sleeps: the wall ms it wakes at by itself (0: awake,
@@ -222,7 +222,9 @@ class Reviver:
 
     def _ensure_topic(self, topic: str) -> None:
         if self.topics.get(topic) is None:
-            self.create_topic(TopicConfig(topic, read_queue_nums=1, write_queue_nums=1, perm=6))
+            self.topic_creator.create_system_topic(
+                TopicConfig(topic, read_queue_nums=1, write_queue_nums=1, perm=6)
+            )
 
     def _retry_copy(
         self, group: str, message: record.StoredMessage, origin: str, reconsumed: int, due: int

@@ -52,8 +52,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
 
 from ferry.model import (
     PROPERTY_ORIGIN_MESSAGE_ID,
@@ -79,6 +79,7 @@ from ferry.receipt_handle import (
 )
 from ferry.runtime.clock import Clock
 from ferry.runtime.errors import FerryError, InvalidArgument, NotFound
+from services.broker.messaging.contracts import TopicCreator
 from services.broker.messaging.rules import (
     OffsetTable,
     TopicLookup,
@@ -120,6 +121,22 @@ class _Taken(NamedTuple):
     entries: list[tuple[int, int, int]]  # their consume-queue entries
 
 
+class ReadAccess(Protocol):
+    """Whether consumers may read a topic here (messaging's BrokerAccess)."""
+
+    def readable_topic(self, topic: str) -> TopicConfig:
+        """The topic's config; raises NotFound or PermissionDenied."""
+        ...
+
+
+class PendingTimers(Protocol):
+    """Timed messages not yet delivered (schedule's TimerService)."""
+
+    def pending_for(self, topic: str) -> int:
+        """How many wait to be delivered to `topic`."""
+        ...
+
+
 class PopService:
     """Pop, ack, change-invisible-time and status: builds the pop state
     (`PopState`, `state.py`) and its revival (`Reviver`, `revive.py`), works on
@@ -134,9 +151,9 @@ class PopService:
         offsets: OffsetTable,
         clock: Clock,
         config: PopConfig,
-        readable: Callable[[str], TopicConfig],
-        create_topic: Callable[[TopicConfig], None],
-        timer_pending: Callable[[str], int] = lambda topic: 0,
+        access: ReadAccess,
+        topic_creator: TopicCreator,
+        timers: PendingTimers | None = None,
     ) -> None:
         self.store = store
         self.topics = topics
@@ -144,11 +161,11 @@ class PopService:
         self.offsets = offsets
         self.clock = clock
         self.config = config
-        self.readable = readable  # the topic, if consumers may read it here (messaging's rule)
-        self.timer_pending = timer_pending  # timed copies waiting, by target topic
+        self.access = access  # the topic, if consumers may read it here (messaging's rule)
+        self.timers = timers  # timed copies waiting, by target topic (None: no timer)
         self.state = PopState(store, groups, offsets, config)
-        # create_topic: persist + announce a retry or DLQ topic (the reviver makes them).
-        self.reviver = Reviver(self.state, store, topics, clock, config, create_topic)
+        # topic_creator: persists + announces a retry or DLQ topic (the reviver makes them).
+        self.reviver = Reviver(self.state, store, topics, clock, config, topic_creator)
         self._next_queue: dict[tuple[str, str], int] = {}
         self._names_ok: set[tuple[str, str]] = set()  # (group, topic) pairs that name valid topics
 
@@ -200,7 +217,7 @@ class PopService:
         max_wait_ms: int,
         sub_expression: str = "",
     ) -> list[Popped]:
-        config = self.readable(topic)
+        config = self.access.readable_topic(topic)
         self._check_group_name(group, topic)
         if queue_id is not None and queue_id != -1 and not 0 <= queue_id < config.read_queue_nums:
             raise InvalidArgument(
@@ -624,7 +641,7 @@ class PopService:
     def retries_pending(self, group: str, topic: str) -> int:
         """Retry copies waiting for their backoff or for a consumer."""
         retry = retry_topic(group, topic)
-        waiting = self.timer_pending(retry)
+        waiting = self.timers.pending_for(retry) if self.timers is not None else 0
         state = self.state.queues.get((group, retry, 0))
         backlog = self.store.queue_max_offset(retry, 0) - (state.committed if state else 0)
         return waiting + max(0, backlog)

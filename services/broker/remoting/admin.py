@@ -476,7 +476,7 @@ class AdminCodes:
                 f"[reset-offset] reset offset failed, no topic in this broker. topic={topic}",
             )
         offsets = self.metadata.consumer_offsets
-        messaging = self.deps.messaging
+        messaging = self.deps.pulls
         pairs = []
         for queue_id in range(config.write_queue_nums):
             current = offsets.query(group, topic, queue_id)

@@ -25,7 +25,7 @@ __all__ = [
     "text",
 ]
 from ferry.runtime import errors
-from services.broker.messaging.service import MessageTooLarge
+from services.broker.messaging.outgoing import MessageTooLarge
 
 if TYPE_CHECKING:
     from services.broker.remoting.deps import Gate

@@ -14,7 +14,8 @@ if TYPE_CHECKING:
     from ferry.runtime.clock import Clock
     from services.broker.config import BrokerConfig
     from services.broker.messaging.admin import AdminService
-    from services.broker.messaging.service import MessagingService
+    from services.broker.messaging.pull import PullService
+    from services.broker.messaging.send import SendService
     from services.broker.messaging.statistics import StatisticsService
     from services.broker.metadata.tables import BrokerMetadata
     from services.broker.pop import PopService
@@ -34,7 +35,8 @@ class Deps:
     config: BrokerConfig
     clock: Clock
     gate: Gate  # closed while starting and stopping: answer SERVICE_NOT_AVAILABLE
-    messaging: MessagingService
+    sends: SendService  # every send, transactional halves included
+    pulls: PullService
     admin: AdminService
     metadata: BrokerMetadata
     statistics: StatisticsService  # every figure mqadmin prints (the handlers only render)
@@ -46,18 +48,22 @@ class Deps:
     # and the VIP port) must share it, or their member lists would differ.
     clients: ClientTables = dataclasses.field(default_factory=ClientTables)
     locks: QueueLocks = dataclasses.field(default_factory=QueueLocks)
-    send_back: SendBack | None = None  # built from messaging and admin when not given
+    send_back: SendBack | None = None  # built from the send use case and admin when not given
     # RocketMQ's ACL checks every request (ferry.acl); the admin token then does not apply.
     acl_enabled: bool = False
-    # Transactional messages (a master's; None on a slave): prepared sends, 37 and 39.
+    # Transactional messages (a master's; None on a slave): END_TRANSACTION (37) and
+    # the check-backs (39). Prepared sends go through `sends`, as every send.
     transactions: TransactionService | None = None
 
     def __post_init__(self) -> None:
-        if self.send_back is None and self.admin is not None and self.messaging is not None:
+        if self.send_back is None and self.admin is not None and self.sends is not None:
             self.send_back = SendBack(
-                self.messaging,
-                self.admin.update_topic,
-                self.admin.update_group if self.config.auto_create_subscription_group else None,
+                self.store,
+                self.sends.access,
+                self.sends.settler,
+                self.metadata.subscription_groups if self.metadata is not None else None,
+                self.admin,
+                self.config.auto_create_subscription_group,
             )
 
     @classmethod
@@ -73,7 +79,8 @@ class Deps:
             config=app.config,
             clock=app.clock,
             gate=app.gate,
-            messaging=app.messaging,
+            sends=app.sends,
+            pulls=app.pulls,
             admin=app.admin,
             metadata=app.metadata,
             statistics=app.statistics,

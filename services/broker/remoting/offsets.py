@@ -57,7 +57,7 @@ class Offsets:
             self.deps.gate.check()
             group = group_of(request.ext)
             topic, queue_id = queue_of(request.ext)
-            low, _ = self.deps.messaging.queue_offsets(topic, queue_id)
+            low, _ = self.deps.pulls.queue_offsets(topic, queue_id)
             offset = self.table.query(group, topic, queue_id)
         except FerryError as exc:
             return error_answer(request, exc)
@@ -77,7 +77,7 @@ class Offsets:
             group = group_of(request.ext)
             topic, queue_id = queue_of(request.ext)
             offset = integer(request.ext, "commitOffset", low=0)
-            self.deps.messaging.queue_offsets(topic, queue_id)
+            self.deps.pulls.queue_offsets(topic, queue_id)
             self.table.commit(group, topic, queue_id, offset)
         except FerryError as exc:
             return error_answer(request, exc)
@@ -89,7 +89,7 @@ class Offsets:
             topic, queue_id = queue_of(request.ext)
             timestamp = integer(request.ext, "timestamp")
             upper = boundary_is_upper(request.ext)
-            offset = await self.deps.messaging.offset_by_time(topic, queue_id, timestamp, upper)
+            offset = await self.deps.pulls.offset_by_time(topic, queue_id, timestamp, upper)
         except FerryError as exc:
             return error_answer(request, exc)
         return request.answer(codes.SUCCESS, ext={"offset": offset})
@@ -103,7 +103,7 @@ class Offsets:
     def _queue_offset(self, request: Command, high: bool) -> Command:
         try:
             self.deps.gate.check()
-            low, top = self.deps.messaging.queue_offsets(*queue_of(request.ext))
+            low, top = self.deps.pulls.queue_offsets(*queue_of(request.ext))
         except FerryError as exc:
             return error_answer(request, exc)
         return request.answer(codes.SUCCESS, ext={"offset": top if high else low})
@@ -111,7 +111,7 @@ class Offsets:
     async def get_earliest_msg_storetime(self, connection: Connection, request: Command) -> Command:
         try:
             self.deps.gate.check()
-            timestamp = await self.deps.messaging.earliest_store_time(*queue_of(request.ext))
+            timestamp = await self.deps.pulls.earliest_store_time(*queue_of(request.ext))
         except FerryError as exc:
             return error_answer(request, exc)
         return request.answer(codes.SUCCESS, ext={"timestamp": timestamp})

@@ -2,7 +2,7 @@
 (361, 5.x's lite pull consumer; the same request).
 
 A pull goes through the same use case as ferry.v1's PullMessage
-(`MessagingService.pull`: readable topic and queue, slave reads and the
+(`PullService.pull`: readable topic and queue, slave reads and the
 suggested broker id, long polling on the store's arrival signal, tag
 filtering by consume-queue tag hash), asking for the records as stored: the
 answer's body is the store's bytes, back to back, never re-encoded.
@@ -35,7 +35,7 @@ from ferry.remoting.codec import Command
 from ferry.remoting.server import Connection, Handler
 from ferry.runtime import errors
 from services.broker.messaging.clients import TAG
-from services.broker.messaging.service import GetStatus
+from services.broker.messaging.pull import GetStatus
 from services.broker.remoting import convert
 from services.broker.remoting.consumers import SQL92_REFUSAL
 from services.broker.remoting.deps import Deps
@@ -138,7 +138,7 @@ def handlers(deps: Deps) -> dict[int, Handler]:
 
 async def _pull(deps: Deps, command: Command, header: PullHeader) -> Command:
     deps.gate.check()
-    messaging = deps.messaging
+    pulls = deps.pulls
     if header.subscribes:
         expression, kind = header.subscription or "*", header.expression_type.upper()
     else:
@@ -174,7 +174,7 @@ async def _pull(deps: Deps, command: Command, header: PullHeader) -> Command:
                 header.group, header.topic, header.queue_id, header.commit_offset
             )
 
-    outcome = await messaging.pull(
+    outcome = await pulls.pull(
         header.group,
         header.topic,
         header.queue_id,

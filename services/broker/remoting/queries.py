@@ -20,7 +20,7 @@ from ferry.remoting import codes
 from ferry.remoting.codec import MAX_FRAME, Command
 from ferry.remoting.server import Connection, Handler
 from ferry.runtime.errors import FailedPrecondition, FerryError, InvalidArgument, NotFound
-from services.broker.messaging.service import UNIQUE_QUERY_NUM
+from services.broker.messaging.pull import UNIQUE_QUERY_NUM
 from services.broker.remoting.convert import BadRequest, error_answer, integer, text
 from services.broker.remoting.deps import Deps
 
@@ -37,7 +37,7 @@ class Queries:
         try:
             self.deps.gate.check()
             offset = integer(request.ext, "offset", low=0)
-            data = await self.deps.messaging.stored_record(offset)
+            data = await self.deps.pulls.stored_record(offset)
         except NotFound as exc:
             # Apache 4.9 answers SYSTEM_ERROR; TOPIC_NOT_EXIST would mislead.
             return request.answer(codes.SYSTEM_ERROR, exc.message)
@@ -58,7 +58,7 @@ class Queries:
             unique = ext.get(UNIQUE_KEY_QUERY) == "true"
             if unique:
                 max_num = UNIQUE_QUERY_NUM
-            found = await self.deps.messaging.find_by_key(topic, key, max_num, begin, end, unique)
+            found = await self.deps.pulls.find_by_key(topic, key, max_num, begin, end, unique)
         except BadRequest as exc:
             return request.answer(codes.SYSTEM_ERROR, exc.message, ext=last)
         except FailedPrecondition as exc:  # the index is off: Apache finds nothing

@@ -4,8 +4,10 @@ a V2 header and a batch body, ferry.remoting.batch).
 
 Each handler parses and checks the header (and the batch body), turns the
 request into `OutgoingMessage`s and calls the one send use case
-(`MessagingService.send`), as ferry.v1's SendMessage does: a refused request
-stores nothing. What the header carries per message is kept in the record:
+(`SendService.send`), as ferry.v1's SendMessage does: a refused request
+stores nothing. Whether a send is a transactional half (sysFlag prepared or
+TRAN_MSG) is the use case's to read and route, from the message's sysFlag and
+properties as sent; its answer says so (`SendOutcome.half`). What the header carries per message is kept in the record:
 flag, sysFlag (the compression bits), bornTimestamp, the producer's address
 as born host, reconsumeTimes. The broker strips WAIT (it says whether to wait
 for the flush and the slave) and adds CLUSTER (its brokerClusterName), as
@@ -19,10 +21,11 @@ producer reads the answer's extFields whatever its code.
 
 Runs (ferry.remoting.server's `Batchable`): the sends of one code that arrived
 back to back on a connection are parsed one by one here and staged together by
-the use case (`MessagingService.stage_many`: the plain single messages appended
+the use case (`SendService.stage_many`: the plain single messages appended
 together, a batch or a send to a retry topic on its own in its place in the
-order), then one `settle` waits for the flush and the slave for all of them. A
-request refused is answered as it would be alone; the others go on.
+order, the halves together), then one `settle` waits for the flush and the
+slave for all of them. A request refused is answered as it would be alone; the
+others go on.
 """
 
 from __future__ import annotations
@@ -32,13 +35,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ferry import record
-from ferry.model import PROPERTY_TRANSACTION_PREPARED, check_name
+from ferry.model import check_name
 from ferry.native import native as _native
 from ferry.remoting import batch, codes
 from ferry.remoting.codec import Command
 from ferry.remoting.server import Batchable, Connection, Handler
-from ferry.runtime.errors import FerryError, PermissionDenied
-from services.broker.messaging.service import (
+from ferry.runtime.errors import FerryError
+from services.broker.messaging.outgoing import (
     OutgoingMessage,
     SendOutcome,
     SendStatus,
@@ -46,7 +49,6 @@ from services.broker.messaging.service import (
 )
 from services.broker.remoting.convert import BadRequest, boolean, error_answer, integer, text
 from services.broker.remoting.deps import Deps
-from services.broker.transactions import TransactionService
 
 INT32 = (-(2**31), 2**31 - 1)
 
@@ -71,15 +73,14 @@ SHORT_NAMES = dict(zip(LONG_NAMES, "abcdefghijklm", strict=True))
 # Message sysFlag bits (RocketMQ's MessageSysFlag).
 COMPRESSED = 0x1
 MULTI_TAGS = 0x2
-TRANSACTION_PREPARED = 0x4
 TRANSACTION_TYPE = 0xC
 INNER_BATCH = 0x80
 COMPRESSION_TYPE = 0x700
-# What a record keeps of a producer's sysFlag: the compression bits and the
-# multi-tags bit. The host bits describe the record's own address fields
-# (ferry's are IPv4); the transaction bits say where a message goes
-# (services.broker.transactions), the half itself is stored without them.
-KEPT_SYS_FLAG = COMPRESSED | MULTI_TAGS | COMPRESSION_TYPE
+# What the use case gets of a producer's sysFlag: the compression bits and the
+# multi-tags bit, which a record keeps, and the transaction type, which says
+# where a message goes (the send use case reads it; no record keeps it). The
+# host bits describe the record's own address fields (ferry's are IPv4).
+KEPT_SYS_FLAG = COMPRESSED | MULTI_TAGS | COMPRESSION_TYPE | TRANSACTION_TYPE
 
 PROPERTY_WAIT = "WAIT"
 PROPERTY_CLUSTER = "CLUSTER"
@@ -250,16 +251,8 @@ def born_host(remote: str) -> tuple[str, int] | None:
     return host, int(port)
 
 
-def is_prepared(sys_flag: int, properties: Mapping[str, str]) -> bool:
-    """A transactional half: sysFlag prepared (0x4) or TRAN_MSG=true."""
-    return (
-        sys_flag & TRANSACTION_TYPE == TRANSACTION_PREPARED
-        or properties.get(PROPERTY_TRANSACTION_PREPARED, "").lower() == "true"
-    )
-
-
 def kept_sys_flag(sys_flag: int, properties: Mapping[str, str]) -> int:
-    """The sysFlag a record keeps.
+    """The sysFlag the send use case gets (KEPT_SYS_FLAG).
 
     Raises:
         BadRequest: an inner batch (RocketMQ 5's autoBatch), which ferry does not store.
@@ -287,8 +280,7 @@ def messages_of(
     message it stores from a send.
 
     Raises:
-        BadRequest, PermissionDenied: as `kept_sys_flag`, or a batch body that
-            does not parse.
+        BadRequest: as `kept_sys_flag`, or a batch body that does not parse.
     """
     properties = dict(header.properties)
     wait = wait_store_msg_ok(properties)
@@ -316,15 +308,9 @@ def messages_of(
     except batch.BatchError as exc:
         raise BadRequest("body", str(exc)) from None
     messages = []
-    if is_prepared(header.sys_flag, properties):
-        raise PermissionDenied("a batch cannot be transactional: send each message on its own")
     for index, entry in enumerate(entries):
         own = parse_properties(entry.properties, f"body[{index}].properties")
         wait_store_msg_ok(own)
-        if is_prepared(0, own):
-            raise PermissionDenied(
-                f"body[{index}] is transactional (TRAN_MSG): a batch cannot be; send it alone"
-            )
         own.update(properties)  # the batch's own properties go on every message, as Apache's
         messages.append(
             OutgoingMessage(
@@ -359,65 +345,28 @@ class Sends:
             messages, wait, is_batch = messages_of(
                 request, header, connection.remote, self.deps.config.cluster_name
             )
-            if not is_batch and is_prepared(header.sys_flag, header.properties):
-                staged = self._prepare(header, messages[0])
-                status = await self.deps.messaging.settle((staged,), wait)
-                return answer(request, header, staged.outcome(status), transaction=True)
-            outcome = await self.deps.messaging.send(
-                header.topic, header.queue_id, messages, wait, batch=is_batch
+            outcome = await self.deps.sends.send(
+                header.topic, header.queue_id, messages, wait, is_batch, header.producer_group
             )
         except FerryError as exc:
             return error_answer(request, exc, ANSWER_EXT)
         return answer(request, header, outcome)
 
-    def _prepare(self, header: SendHeader, message: OutgoingMessage) -> Staged:
-        """A transactional half, staged (services.broker.transactions).
-
-        Raises:
-            PermissionDenied: no transactions here (a slave).
-        """
-        return self._transactions().prepare(
-            header.topic, header.queue_id, message, header.producer_group
-        )
-
-    def _transactions(self) -> TransactionService:
-        """Raises PermissionDenied: no transactions here (a slave)."""
-        transactions = self.deps.transactions
-        if transactions is None:
-            raise PermissionDenied(
-                f"broker {self.deps.config.broker_name} takes no transactional messages here "
-                "(a slave); send to its master"
-            )
-        return transactions
-
-    def _prepare_many(
-        self, halves: list[tuple[int, SendHeader, bool, OutgoingMessage]]
-    ) -> list[Staged | FerryError]:
-        """Transactional halves of a run, staged together.
-
-        Raises:
-            PermissionDenied: no transactions here (a slave).
-        """
-        return self._transactions().prepare_many(
-            [(h.topic, h.queue_id, m, h.producer_group) for _, h, _, m in halves]
-        )
-
     async def send_many(
         self, connection: Connection, requests: list[Command]
     ) -> list[Command | None]:
         """A run of sends (one code): each checked alone, staged together
-        (`MessagingService.stage_many`), settled once. The answers, in the
-        requests' order."""
+        (`SendService.stage_many`, halves included), settled once. The
+        answers, in the requests' order."""
         names = LONG_NAMES if requests[0].code == codes.SEND_MESSAGE else SHORT_NAMES
-        messaging = self.deps.messaging
+        use_case = self.deps.sends
         try:
             self.deps.gate.check()
         except FerryError as exc:
             return [error_answer(r, exc, ANSWER_EXT) for r in requests]
         answers: list[Command | None] = [None] * len(requests)
         parsed: list[tuple[int, SendHeader, bool]] = []
-        sends: list[tuple[str, int | None, list[OutgoingMessage], bool]] = []
-        halves: list[tuple[int, SendHeader, bool, OutgoingMessage]] = []
+        sends: list[tuple[str, int | None, list[OutgoingMessage], bool, str]] = []
         for i, request in enumerate(requests):
             try:
                 header = parse_header(request.ext, names)
@@ -427,13 +376,10 @@ class Sends:
             except FerryError as exc:
                 answers[i] = error_answer(request, exc, ANSWER_EXT)
                 continue
-            if not is_batch and is_prepared(header.sys_flag, header.properties):
-                halves.append((i, header, wait, messages[0]))
-                continue
             parsed.append((i, header, wait))
-            sends.append((header.topic, header.queue_id, messages, is_batch))
+            sends.append((header.topic, header.queue_id, messages, is_batch, header.producer_group))
         try:
-            results = messaging.stage_many(sends)
+            results = use_case.stage_many(sends)
         except FerryError as exc:  # a storage fault, a fence: every one unanswered
             return [
                 a or error_answer(r, exc, ANSWER_EXT)
@@ -445,39 +391,26 @@ class Sends:
                 answers[i] = error_answer(requests[i], result, ANSWER_EXT)
             else:
                 staged[i] = (result, header, wait)
-        half_indices = {h[0] for h in halves}
-        if halves:
-            try:
-                prepared = self._prepare_many(halves)
-            except FerryError as exc:  # a storage fault, or no transactions here
-                prepared = [exc] * len(halves)
-            for (i, header, wait, _), result in zip(halves, prepared, strict=True):
-                if isinstance(result, FerryError):
-                    answers[i] = error_answer(requests[i], result, ANSWER_EXT)
-                else:
-                    staged[i] = (result, header, wait)
         for wait in (False, True):
             members = [i for i, (_, _, w) in staged.items() if w is wait]
             if not members:
                 continue
             try:
-                status = await messaging.settle([staged[i][0] for i in members], wait)
+                status = await use_case.settle([staged[i][0] for i in members], wait)
             except FerryError as exc:
                 for i in members:
                     answers[i] = error_answer(requests[i], exc, ANSWER_EXT)
                 continue
             for i in members:
                 one, header, _ = staged[i]
-                answers[i] = answer(requests[i], header, one.outcome(status), i in half_indices)
+                answers[i] = answer(requests[i], header, one.outcome(status))
         return answers
 
 
-def answer(
-    request: Command, header: SendHeader, outcome: SendOutcome, transaction: bool = False
-) -> Command:
-    """`transaction`: a half's answer, whose msgId and queueOffset are the
-    half's (what END_TRANSACTION names) and which adds transactionId = the
-    client's UNIQ_KEY."""
+def answer(request: Command, header: SendHeader, outcome: SendOutcome) -> Command:
+    """A half's answer (`outcome.half`: its msgId and queueOffset are the
+    half's, what END_TRANSACTION names) adds transactionId = the client's
+    UNIQ_KEY."""
     queue_id = header.queue_id if header.queue_id is not None else outcome.queue_id
     ext = {
         "msgId": ",".join(outcome.msg_ids),
@@ -487,7 +420,7 @@ def answer(
         "queueOffset": str(outcome.queue_offset),
         **ANSWER_EXT,
     }
-    if transaction:
+    if outcome.half:
         ext["transactionId"] = header.properties.get("UNIQ_KEY", "")
     return request.answer_text(STATUS_CODES[outcome.status], ext)
 

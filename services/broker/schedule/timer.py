@@ -34,7 +34,8 @@ import asyncio
 import heapq
 import logging
 from collections import Counter, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from typing import Protocol
 
 from ferry import record
 from ferry.model import (
@@ -53,6 +54,14 @@ from services.broker.store import MessageIn, MessageStore, copy_message
 
 log = logging.getLogger(__name__)
 
+
+class DeliveryObserver(Protocol):
+    """Metrics of timed deliveries (the broker's metrics implement it)."""
+
+    def observe_timer_delivery(self, lateness_s: float) -> None:
+        """A timed message delivered `lateness_s` after its delivery time."""
+
+
 CHECKPOINT_GROUP = "CID_RMQ_SYS_TIMER"
 PENDING_QUEUE = 0
 DONE_QUEUE = 1
@@ -67,13 +76,13 @@ class TimerService:
         topics: TopicLookup,
         checkpoints: OffsetTable,
         clock: Clock,
-        on_delivered: Callable[[float], None] | None = None,
+        observer: DeliveryObserver | None = None,
     ) -> None:
         self.store = store
         self.topics = topics
         self.checkpoints = checkpoints
         self.clock = clock
-        self.on_delivered = on_delivered  # metrics: each delivery's lateness, seconds
+        self.observer = observer  # metrics: each delivery's lateness
         # (deliver_ms, timer queue offset, commit offset, size, target topic)
         self._heap: list[tuple[int, int, int, int, str]] = []
         self._pending: set[int] = set()
@@ -87,6 +96,10 @@ class TimerService:
     @property
     def pending(self) -> int:
         return len(self._pending)
+
+    def pending_for(self, topic: str) -> int:
+        """Timed messages not yet delivered to `topic` (pop's PendingTimers)."""
+        return self.pending_by_topic.get(topic, 0)
 
     # ------------------------------------------------------------ startup
 
@@ -207,8 +220,8 @@ class TimerService:
             self.pending_by_topic[target] -= 1
             if self.pending_by_topic[target] <= 0:
                 del self.pending_by_topic[target]
-            if self.on_delivered is not None:
-                self.on_delivered(max(0, delivered_at - deliver_ms) / 1000)
+            if self.observer is not None:
+                self.observer.observe_timer_delivery(max(0, delivered_at - deliver_ms) / 1000)
         self.delivered += len(batch)
         return len(batch)
 

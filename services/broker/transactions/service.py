@@ -50,13 +50,10 @@ from ferry.model import PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_PREPARED, 
 from ferry.runtime.clock import Clock
 from ferry.runtime.errors import FailedPrecondition, FerryError, InvalidArgument, NotFound
 from ferry.runtime.tasks import run_rounds
+from services.broker.messaging.outgoing import OutgoingMessage, Staged, packed_host
 from services.broker.messaging.rules import OffsetTable, TopicLookup, real_destination
-from services.broker.messaging.service import (
-    MessagingService,
-    OutgoingMessage,
-    Staged,
-    packed_host,
-)
+from services.broker.messaging.send import Settler
+from services.broker.messaging.staging import Stager
 from services.broker.store import MessageIn, MessageStore
 
 log = logging.getLogger(__name__)
@@ -147,14 +144,18 @@ class TransactionService:
     def __init__(
         self,
         store: MessageStore,
-        messaging: MessagingService,
+        stager: Stager,
+        settler: Settler,
         topics: TopicLookup,
         checkpoints: OffsetTable,
         clock: Clock,
         config: TransactionConfig = TransactionConfig(),  # noqa: B008 - frozen
     ) -> None:
+        """`stager`: checks a half as a send to its topic and appends it;
+        `settler`: waits for a commit as for a send (flush, slaves, fence)."""
         self.store = store
-        self.messaging = messaging
+        self.stager = stager
+        self.settler = settler
         self.topics = topics
         self.checkpoints = checkpoints
         self.clock = clock
@@ -192,10 +193,10 @@ class TransactionService:
         self, topic: str, queue_id: int | None, message: OutgoingMessage, producer_group: str
     ) -> Staged:
         """Check a prepared send as any send to `topic` and append its half
-        (not waited for: `MessagingService.settle` does). The outcome's
+        (not waited for: the send use case's `settle` does). The outcome's
         msg ids, queue offset and commit offset are the half's.
 
-        Raises the send's errors (messaging's `stage`), nothing appended.
+        Raises the send's errors (messaging's `Stager`), nothing appended.
         """
         [result] = self.prepare_many([(topic, queue_id, message, producer_group)])
         if isinstance(result, FerryError):
@@ -232,7 +233,7 @@ class TransactionService:
             halves.append((topic, queue_id, message))
         out: list[Staged | FerryError] = []
         timeout_ms = self.config.timeout_ms
-        results = self.messaging.stage_halves(halves, HALF_TOPIC)
+        results = self.stager.stage_halves(halves, HALF_TOPIC)
         for (topic, queue_id, message), result in zip(halves, results, strict=True):
             if isinstance(result, FerryError):
                 out.append(result)
@@ -427,7 +428,7 @@ class TransactionService:
         if staged[0].result.topic == OP_TOPIC:
             await self.store.wait_stored(staged[0].result.end_offset)
         else:
-            await self.messaging.settle(staged)
+            await self.settler.settle(staged)
 
     async def _key_at(self, commit_offset: int) -> int:
         """The key of the half copy that starts at `commit_offset`, read from the log.
