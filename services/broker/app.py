@@ -72,6 +72,7 @@ from services.broker.messaging.admin import AdminService
 from services.broker.messaging.outgoing import SendStatus
 from services.broker.messaging.pull import PullService
 from services.broker.messaging.send import SendService, Settler
+from services.broker.messaging.sendback import SendBack
 from services.broker.messaging.staging import Stager
 from services.broker.messaging.statistics import StatisticsService
 from services.broker.metadata.metadata_log import MetadataLog
@@ -206,6 +207,7 @@ class BrokerApp:
         self._mount: Mount | None = None  # failover: this run's servicers on the node's server
         self.scheduler: DelayScheduler | None = None
         self.pop: PopService | None = None
+        self.send_back: SendBack | None = None
         self.timer: TimerService | None = None
         self.transactions: TransactionService | None = None  # masters
         self.sends: SendService | None = None  # every door's one send call
@@ -444,6 +446,15 @@ class BrokerApp:
             )
         # Every door's one send call: halves go to the transaction use case (a master's).
         self.sends = SendService(stager, settler, access, self.transactions)
+        # A consumer's failed message back to its retry topic (RocketMQ's send-back).
+        self.send_back = SendBack(
+            store,
+            access,
+            settler,
+            metadata.subscription_groups,
+            admin,
+            cfg.auto_create_subscription_group,
+        )
         self.statistics = StatisticsService(
             store,
             metadata,

@@ -48,23 +48,13 @@ class Deps:
     # and the VIP port) must share it, or their member lists would differ.
     clients: ClientTables = dataclasses.field(default_factory=ClientTables)
     locks: QueueLocks = dataclasses.field(default_factory=QueueLocks)
-    send_back: SendBack | None = None  # built from the send use case and admin when not given
+    # A consumer's failed message back to its retry topic (built by the app).
+    send_back: SendBack | None = None
     # RocketMQ's ACL checks every request (ferry.acl); the admin token then does not apply.
     acl_enabled: bool = False
     # Transactional messages (a master's; None on a slave): END_TRANSACTION (37) and
     # the check-backs (39). Prepared sends go through `sends`, as every send.
     transactions: TransactionService | None = None
-
-    def __post_init__(self) -> None:
-        if self.send_back is None and self.admin is not None and self.sends is not None:
-            self.send_back = SendBack(
-                self.store,
-                self.sends.access,
-                self.sends.settler,
-                self.metadata.subscription_groups if self.metadata is not None else None,
-                self.admin,
-                self.config.auto_create_subscription_group,
-            )
 
     @classmethod
     def from_app(cls, app) -> Deps:  # services.broker.app.BrokerApp, started
@@ -85,6 +75,7 @@ class Deps:
             metadata=app.metadata,
             statistics=app.statistics,
             pop=app.pop,
+            send_back=app.send_back,
             acl_enabled=app.config.acl_enable,
             transactions=getattr(app, "transactions", None),
             **shared,
