@@ -172,7 +172,7 @@ def test_non_root_user_and_entry_point():
     assert re.search(r"^USER 10001:10001", runtime, re.M)
     assert 'ENTRYPOINT ["ferry"]' in runtime
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["ferry"] == "ferry.cli.main:main"
+    assert scripts["ferry"] == "services.cli.main:main"
     # No compiler or grpcio-tools in the final stages: they only appear in the build stage.
     assert "grpcio-tools" not in runtime and "gcc" not in DOCKERFILE
 
@@ -183,7 +183,7 @@ def test_non_root_user_and_entry_point():
 )
 def test_commands_a_deployment_runs_exist(command):
     result = subprocess.run(
-        [sys.executable, "-m", "ferry.cli.main", *command, "--help"],
+        [sys.executable, "-m", "services.cli", *command, "--help"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr

@@ -9,11 +9,11 @@ import time
 
 import grpc
 
-from ferry.cli.output import message_json, table
 from ferry.client.namesrv import NamesrvClient, parse_addrs
 from ferry.model import perm_to_string
 from ferry.runtime import auth
 from ferry.v1 import namesrv_pb2
+from services.cli.output import message_json, table
 
 # Commands that talk to one broker take its ferry.v1 gRPC address (what
 # `ferry cluster` lists), not its RocketMQ-protocol listenPort.

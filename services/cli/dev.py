@@ -2,7 +2,7 @@
 loopback until Ctrl-C.
 
 The topology is read from `deploy/k8s/overlays/<topology>/brokers/*.conf`, the
-files the overlay turns into the brokers' ConfigMaps (see ferry.cli.topology
+files the overlay turns into the brokers' ConfigMaps (see services.cli.topology
 for what is mapped to this machine): `2m-2s-failover` (the default) runs 2
 name servers, broker-a and broker-b each as two members that elect their
 master (a SYNC_MASTER) in etcd, the metrics exporter and the RocketMQ 5 proxy
@@ -42,7 +42,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from ferry.cli.topology import (
+from services.cli.topology import (
     DEFAULT_TOPOLOGY,
     TOPOLOGIES,
     LocalBroker,
@@ -601,7 +601,7 @@ def run(args: argparse.Namespace) -> int:
         spool = data_dir / "spool"
         exporter = _start(
             "exporter",
-            ["-m", "ferry.cli.main", "exporter", "-n", addr, "--spool", str(spool),
+            ["-m", "services.cli", "exporter", "-n", addr, "--spool", str(spool),
              "--interval", "5s"],
             data_dir,
         )  # fmt: skip
@@ -643,7 +643,7 @@ def run(args: argparse.Namespace) -> int:
             + ", ".join(m.config.broker_name for m, _ in masters)
         )
         print("\n".join(lines) + "\n", flush=True)
-        from ferry.cli.namesrv_cmds import cluster
+        from services.cli.namesrv_cmds import cluster
 
         cluster(argparse.Namespace(namesrv=addr, timeout=3.0, json=False))
         master = masters[0][0]
