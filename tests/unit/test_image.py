@@ -177,6 +177,20 @@ def test_non_root_user_and_entry_point():
     assert "grpcio-tools" not in runtime and "gcc" not in DOCKERFILE
 
 
+def test_only_the_analytics_image_installs_spark():
+    """The build stage makes the `spark` extra's wheels too; the runtime stage
+    installs ferry without it and the analytics stage adds it, from wheels
+    mounted rather than copied (so no layer of the runtime image holds PySpark)."""
+    build = DOCKERFILE.split("FROM python:3.11-slim AS build", 1)[1].split("\nFROM ", 1)[0]
+    runtime = DOCKERFILE.split("FROM python:3.11-slim AS runtime", 1)[1].split(" AS analytics")[0]
+    analytics = DOCKERFILE.split("FROM runtime AS analytics", 1)[1]
+    assert "pip wheel --no-cache-dir --wheel-dir /wheels '.[spark]'" in build
+    commands = "\n".join(line for line in runtime.splitlines() if not line.startswith("#"))
+    assert "ferry ferry-native" in commands and "spark" not in commands.lower()
+    assert "COPY --from=build /wheels" not in DOCKERFILE
+    assert "'ferry[spark]'" in analytics and "--mount=type=bind,from=build" in analytics
+
+
 @pytest.mark.parametrize(
     "command",
     [["namesrv"], ["broker"], ["exporter"], ["analytics", "run"], ["analytics", "report"]],
