@@ -42,6 +42,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from ferry.model import NAMESRV_ADDR_ENV
+from services.cli.failover_cmds import ENV_ETCD
 from services.cli.topology import (
     DEFAULT_TOPOLOGY,
     TOPOLOGIES,
@@ -651,10 +653,10 @@ def run(args: argparse.Namespace) -> int:
         ha_lines = f"  .venv/bin/ferry ha-status -b {master.addr}\n" if slaves else ""
         if slaves:
             ha_lines += f"  .venv/bin/ferry ha-status -b {slaves[0].addr}\n"
-        exports = f"  export FERRY_NAMESRV_ADDR='{addr}'\n"
+        exports = f"  export {NAMESRV_ADDR_ENV}='{addr}'\n"
         etcd_lines = ""
         if elected:  # the failover view, from etcd, and a graceful handover
-            exports += f"  export FERRY_ETCD_ENDPOINTS='{topology.etcd_endpoints}'\n"
+            exports += f"  export {ENV_ETCD}='{topology.etcd_endpoints}'\n"
             etcd_lines = (
                 "  .venv/bin/ferry ha-status\n"
                 f"  .venv/bin/ferry failover -c {master.config.cluster_name} "
