@@ -1,11 +1,10 @@
 """The `ferry` command: one launcher for every process and every admin request.
 
 Owns: the argument parser and the subcommands (`main.py` dispatches; a module per
-family of commands, `*_cmds.py`), `ferry dev` and the topologies it starts
-(`dev.py`, `topology.py`), and the text and JSON the commands print (`output.py`).
-A command converts its arguments, calls the client library (`ferry.client`,
-`ferry.remoting`) or a service's entry point, and renders the answer; the figures it
-prints are computed there, not here.
+family of commands, `*_cmds.py`), `ferry dev` and the topologies it starts (the
+`dev/` room), and the text and JSON the commands print (`output.py`). A command
+converts its arguments, calls the client library (`ferry.client`, `ferry.remoting`)
+or a service's entry point, and renders the answer.
 
 Imports: `ferry` (the library), each service's entry point (`services.*.cli`), the
 broker's config reader (a topology is a set of broker.conf files) and the failover

@@ -14,7 +14,6 @@ from ferry.runtime.errors import ConfigError, FerryError, InvalidArgument
 from services.broker import cli as broker_cli
 from services.cli import (
     broker_cmds,
-    dev,
     failover_cmds,
     group_cmds,
     message_cmds,
@@ -23,6 +22,7 @@ from services.cli import (
     stats_cmds,
     store_cmds,
 )
+from services.cli.dev import run as dev
 from services.namesrv import cli as namesrv_cli
 from services.proxy import cli as proxy_cli
 

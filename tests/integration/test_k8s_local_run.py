@@ -68,7 +68,7 @@ from ferry.v1 import (
     namesrv_pb2,
     namesrv_pb2_grpc,
 )
-from services.cli.dev import etcd_healthy, find_etcd
+from services.cli.dev.etcd import etcd_healthy, find_etcd
 from tests.integration.support import PortRange, child_env, make_test_certs, stop_pid
 from tests.unit.test_k8s_manifests import TLS_COMPONENT, render
 

@@ -32,7 +32,7 @@ import pytest
 
 from ferry.client.namesrv import NamesrvClient
 from ferry.v1 import broker_pb2, broker_pb2_grpc
-from services.cli.dev import etcd_healthy
+from services.cli.dev.etcd import etcd_healthy
 from tests.conftest import wait_for
 from tests.integration.support import LineReader, child_env, grpcurl_path, run_ferry
 

@@ -496,12 +496,21 @@ def test_namesrv_addresses_are_the_stable_pod_names(overlay):
     assert args[args.index("-n") + 1] == ";".join(NAMESRV_ADDRS)
 
 
+def test_ferry_dev_finds_the_overlays_from_any_directory(tmp_path, monkeypatch):
+    """Outside a checkout, `ferry dev` finds deploy/k8s next to the package it runs
+    from (an editable install): this repository's."""
+    from services.cli.dev.topology import find_k8s_dir
+
+    monkeypatch.chdir(tmp_path)
+    assert find_k8s_dir() == K8S.resolve()
+
+
 def test_make_run_starts_the_overlays_own_files(overlay, tls_variant, tmp_path):
     """ferry dev's topology is the rendered one: the same brokers, the same
     broker.conf text, the same ports (before the local offsets); a failover
     topology's brokers elect in ferry dev's own etcd."""
     from services.broker.config import load_config
-    from services.cli.topology import load_topology
+    from services.cli.dev.topology import load_topology
 
     name, docs = overlay
     topology = load_topology(name, K8S)
@@ -812,7 +821,7 @@ def test_etcd(overlay):
     entry; peers resolvable before anyone is ready; a PDB keeping quorum; every
     flag one the etcd binary knows (the Debian etcd-server here, 3.4, so the
     local run can start it too). The fixed-role overlays deploy no etcd."""
-    from services.cli.dev import find_etcd
+    from services.cli.dev.etcd import find_etcd
 
     name, docs = overlay
     etcd_objects = [
