@@ -95,15 +95,9 @@ CROSS_SERVICE = {
     ("services.cli.main", f"{B}.cli"): "`ferry broker` runs the broker's entry point",
     ("services.cli.main", "services.namesrv.cli"): "`ferry namesrv` runs the name server's",
     ("services.cli.main", "services.proxy.cli"): "`ferry proxy` runs the proxy's",
-    (
-        "services.cli.dev.topology",
-        f"{B}.config",
-    ): "a topology's broker.conf files, read as the broker reads them",
-    (
-        "services.cli.failover_cmds",
-        f"{B}.failover.etcd",
-    ): "`ferry failover` reads and writes etcd's failover keys",
-}
+    ("services.cli.dev.topology", f"{B}.config"): "broker.conf files, read as the broker reads them",
+    ("services.cli.failover_cmds", f"{B}.failover.etcd"): "ha-status and failover use etcd's failover keys",
+}  # fmt: skip
 
 
 def _within(name: str, prefix: str) -> bool:
