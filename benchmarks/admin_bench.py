@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.report import BenchResult, Figure, Target
+from ferry.model import RETRY_TOPIC_PREFIX
 from ferry.remoting import codes
 from ferry.remoting.client import RemotingClient
 from ferry.remoting.codec import Command
@@ -162,7 +163,9 @@ def load(master: str, plan: Plan) -> None:
 
     async def go() -> None:
         await _pipelined(master, [_topic_request(t, QUEUES) for t in topics], "topics")
-        await _pipelined(master, [_topic_request("%RETRY%" + g, 1) for g in groups], "retry topics")
+        await _pipelined(
+            master, [_topic_request(RETRY_TOPIC_PREFIX + g, 1) for g in groups], "retry topics"
+        )
         await _pipelined(master, [_group_request(g) for g in groups], "groups")
         sends = [_send_request(t, q) for t in topics for q in range(QUEUES)]
         await _pipelined(master, sends, "sends")
@@ -200,7 +203,7 @@ def run(quick: bool, workdir: Path) -> BenchResult:
             master = clusters[side].masters()[0].address
             t0 = time.monotonic()
             load(master, plan)
-            last = "%RETRY%" + group_name(plan.groups - 1)
+            last = RETRY_TOPIC_PREFIX + group_name(plan.groups - 1)
             wait_for(lambda s=side, t=last: _routed(clusters[s].namesrv, t), 60, f"{side}: routes")
             _progress(
                 f"{side}: {plan.topics} topics, {plan.groups} groups loaded in "

@@ -63,6 +63,7 @@ from typing import Any
 
 import yaml
 
+from ferry.model import RETRY_TOPIC_PREFIX
 from ferry.remoting import codes
 from ferry.remoting.bodies import BodyError, loads
 
@@ -70,7 +71,6 @@ ACCESS_KEY = "AccessKey"
 SIGNATURE = "Signature"
 SECURITY_TOKEN = "SecurityToken"
 UNIQUE_KEY_QUERY = "_UNIQUE_KEY_QUERY"
-RETRY_PREFIX = "%RETRY%"
 TRACE_TOPIC = "RMQ_SYS_TRACE_TOPIC"
 MIN_KEY_CHARS = 7  # Apache refuses an access or secret key of 6 characters or fewer
 SHOWN_CHARS = 64  # of a client's access key in a denial
@@ -124,8 +124,8 @@ class Resource:
 
     @classmethod
     def topic(cls, name: str) -> Resource:
-        if name.startswith(RETRY_PREFIX):
-            return cls("group", name[len(RETRY_PREFIX) :])
+        if name.startswith(RETRY_TOPIC_PREFIX):
+            return cls("group", name[len(RETRY_TOPIC_PREFIX) :])
         return cls("topic", name)
 
     @classmethod
@@ -681,7 +681,7 @@ def required_permissions(
         # header is V2's) to the same rule, as a batch publishes just as a send does.
         topic_field, group_field = ("topic", "group") if code == codes.SEND_MESSAGE else ("b", "a")
         topic = ext.get(topic_field)
-        if topic is not None and topic.startswith(RETRY_PREFIX):
+        if topic is not None and topic.startswith(RETRY_TOPIC_PREFIX):
             need(group(ext.get(group_field)), Perm.SUB)
         elif topic is not None:
             need(Resource.topic(topic), Perm.PUB)

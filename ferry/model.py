@@ -92,6 +92,13 @@ def check_pop_group(group: str, topic: str, field: str = "consumer_group") -> st
     return group
 
 
+# Where the name servers are when no address is given (RocketMQ's NAMESRV_ADDR): their
+# RocketMQ-protocol addresses, host:port;host:port. The broker, the proxy and the `ferry`
+# command read the same variable.
+NAMESRV_ADDR_ENV = "FERRY_NAMESRV_ADDR"
+DEFAULT_NAMESRV_ADDR = "127.0.0.1:9876"
+
+
 def check_addr(value: str, field: str, required: bool = True) -> str:
     """A `host:port` address (IPv6 hosts in brackets); empty allowed when not required."""
     if not value:

@@ -1,7 +1,7 @@
 """A real etcd for tests: one member on 127.0.0.1, run as a child process.
 
 `EtcdServer` owns one etcd process: it picks free loopback ports for clients and
-peers, starts the command line `ferry dev` runs (`ferry.cli.dev.etcd_command`),
+peers, starts the command line `ferry dev` runs (`services.cli.dev.etcd.etcd_command`),
 waits until GET /health says so, and stops it by PID (SIGTERM, then SIGKILL),
 always reaping it. Its directory holds `data/` (etcd's --data-dir, kept across
 `restart()`) and `etcd.log` (its stderr, JSON lines, warnings and up). It never
@@ -17,7 +17,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from ferry.cli.dev import etcd_command, etcd_healthy, find_etcd
+from services.cli.dev.etcd import etcd_command, etcd_healthy, find_etcd
 from tests.processes import free_port, signal_and_reap
 from tests.waiting import wait_for
 

@@ -2,6 +2,9 @@
 that find brokers through the name servers.
 
 - `BrokerClient`: the `Broker` and `BrokerAdmin` RPCs of one broker.
+- `BrokerRoutes`: what the clients here (and `PopConsumer`, `PipelinedProducer`)
+  share: routes from the name servers in the library's `RouteCache`
+  (`ferry.client.routes`) and one `BrokerClient` per broker.
 - `Producer`: resolves a topic's route through any name server, picks a
   writable queue of a master round-robin, and retries another broker's queue
   when one does not answer (`UNAVAILABLE`/deadline), up to `retries` times —
@@ -27,8 +30,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
-import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,10 +37,9 @@ from typing import Any
 import grpc
 
 from ferry.client.namesrv import NamesrvClient
+from ferry.client.routes import ROUTE_TTL_S, QueueRef, RouteCache, TopicRoute, group_broker
 from ferry.model import (
     MASTER_ID,
-    PERM_READ,
-    PERM_WRITE,
     PROPERTY_SHARDING_KEY,
     PROPERTY_TIMER_DELIVER_MS,
 )
@@ -56,12 +56,13 @@ from ferry.v1 import (
 
 log = logging.getLogger(__name__)
 
-_RETRIABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-_OPTIONS = [
+# The codes after which a call may go to another broker, or again on a fresh stream.
+RETRIABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# Every client channel to a broker: messages up to 64 MiB either way.
+CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
 ]
-ROUTE_TTL_S = 30.0
 
 
 class NoRoute(Exception):
@@ -99,7 +100,7 @@ class BrokerClient:
         self.addr = addr
         self.timeout_s = timeout_s
         self._admin_md = auth.client_metadata(admin_token)  # for the BrokerAdmin writes
-        self.channel = tls.channel(addr, options=_OPTIONS)  # TLS per $FERRY_TLS_CA
+        self.channel = tls.channel(addr, options=CHANNEL_OPTIONS)  # TLS per $FERRY_TLS_CA
         self.broker = broker_pb2_grpc.BrokerStub(self.channel)
         self.admin = broker_admin_pb2_grpc.BrokerAdminStub(self.channel)
         self.ha = ha_admin_pb2_grpc.HAAdminStub(self.channel)
@@ -268,66 +269,25 @@ class BrokerClient:
         )
 
 
-@dataclass(frozen=True)
-class QueueRef:
-    broker_name: str
-    queue_id: int
-
-
-class _Route:
-    def __init__(self, data: common_pb2.TopicRouteData, fetched: float) -> None:
-        self.data = data
-        self.fetched = fetched
-        self.addrs = {b.broker_name: dict(b.broker_addrs) for b in data.broker_datas}
-        self._write_queues: list[QueueRef] | None = None  # the route does not change
-
-    def master(self, broker_name: str) -> str | None:
-        return self.addrs.get(broker_name, {}).get(MASTER_ID)
-
-    def read_addr(self, broker_name: str, prefer: int = MASTER_ID) -> str | None:
-        """Where to pull from: the broker id the last pull suggested if it is in
-        the route, else the master, else (the master gone) the lowest slave."""
-        addrs = self.addrs.get(broker_name, {})
-        if prefer in addrs:
-            return addrs[prefer]
-        if MASTER_ID in addrs:
-            return addrs[MASTER_ID]
-        return addrs[min(addrs)] if addrs else None
-
-    def write_queues(self) -> list[QueueRef]:
-        if self._write_queues is not None:
-            return self._write_queues
-        self._write_queues = [
-            QueueRef(q.broker_name, i)
-            for q in sorted(self.data.queue_datas, key=lambda q: q.broker_name)
-            if q.perm & PERM_WRITE and self.master(q.broker_name)
-            for i in range(q.write_queue_nums)
-        ]
-        return self._write_queues
-
-    def read_queues(self) -> list[QueueRef]:
-        return [
-            QueueRef(q.broker_name, i)
-            for q in sorted(self.data.queue_datas, key=lambda q: q.broker_name)
-            if q.perm & PERM_READ and self.read_addr(q.broker_name)
-            for i in range(q.read_queue_nums)
-        ]
-
-
-class _Routes:
-    """Topic routes from the name servers, cached for `ttl_s`, and one client per broker."""
+class BrokerRoutes:
+    """What the blocking clients share: topic routes from the name servers,
+    kept in a `RouteCache` for `ttl_s`, and one `BrokerClient` per broker."""
 
     def __init__(
         self, namesrv: NamesrvClient, timeout_s: float, ttl_s: float = ROUTE_TTL_S
     ) -> None:
         self.namesrv = namesrv
         self.timeout_s = timeout_s
-        self.ttl_s = ttl_s
-        self._routes: dict[str, _Route] = {}
+        self.cache = RouteCache(ttl_s)
         self._clients: dict[str, BrokerClient] = {}
 
-    def get(self, topic: str, refresh: bool = False) -> _Route:
-        route = None if refresh else self.cached(topic)
+    def get(self, topic: str, refresh: bool = False) -> TopicRoute:
+        """The topic's route, looked up when not cached, stale or `refresh`.
+
+        Raises:
+            NoRoute: the name servers do not know the topic.
+        """
+        route = None if refresh else self.cache.fresh(topic)
         if route is None:
             try:
                 data = self.namesrv.route(topic)
@@ -335,15 +295,12 @@ class _Routes:
                 if exc.code() == grpc.StatusCode.NOT_FOUND:
                     raise NoRoute(topic) from None
                 raise
-            route = self._routes[topic] = _Route(data, time.monotonic())
+            route = self.cache.put(TopicRoute.from_data(topic, data))
         return route
 
-    def cached(self, topic: str) -> _Route | None:
+    def cached(self, topic: str) -> TopicRoute | None:
         """The topic's route if it is cached and fresh: no lookup."""
-        route = self._routes.get(topic)
-        if route is None or time.monotonic() - route.fetched > self.ttl_s:
-            return None
-        return route
+        return self.cache.fresh(topic)
 
     def client(self, addr: str) -> BrokerClient:
         c = self._clients.get(addr)
@@ -368,14 +325,14 @@ class Sent:
 
 class Producer:
     def __init__(self, namesrv: NamesrvClient, retries: int = 2, timeout_s: float = 10.0) -> None:
-        self._routes = _Routes(namesrv, timeout_s)
+        self._routes = BrokerRoutes(namesrv, timeout_s)
         self.retries = retries
         self._counter = itertools.count()
 
     def close(self) -> None:
         self._routes.close()
 
-    def route(self, topic: str, refresh: bool = False) -> _Route:
+    def route(self, topic: str, refresh: bool = False) -> TopicRoute:
         """The topic's route (cached for ROUTE_TTL_S unless `refresh`); raises NoRoute."""
         return self._routes.get(topic, refresh)
 
@@ -429,7 +386,7 @@ class Producer:
             route = self._routes.get(topic, refresh)
             queues = route.write_queues()
             if not queues:
-                if route.data.queue_datas:
+                if route.queues:
                     raise NoWritableQueue(topic)
                 raise NoRoute(topic)
             queue_id: int | None
@@ -444,7 +401,7 @@ class Producer:
             try:
                 return Sent(call(self._routes.client(addr), queue_id), name, addr)
             except grpc.RpcError as exc:
-                if exc.code() not in _RETRIABLE:
+                if exc.code() not in RETRIABLE_CODES:
                     raise
                 last = exc
                 avoid.add(name)
@@ -465,13 +422,6 @@ def message_properties(
     if deliver_at_ms is not None:
         props[PROPERTY_TIMER_DELIVER_MS] = str(int(deliver_at_ms))
     return props
-
-
-def group_broker(queues: Iterable[QueueRef], message_group: str) -> str:
-    """The broker a message group's messages go to: a stable hash over the
-    names of the brokers with a writable queue, sorted."""
-    names = sorted({q.broker_name for q in queues})
-    return names[zlib.crc32(message_group.encode()) % len(names)]
 
 
 @dataclass
@@ -495,14 +445,14 @@ class Consumer:
     from_beginning: bool = False
     sub_expression: str = ""
     timeout_s: float = 10.0
-    _routes: _Routes = field(init=False)
+    _routes: BrokerRoutes = field(init=False)
     _positions: dict[QueueRef, _Position] = field(init=False, default_factory=dict)
     _next: int = field(init=False, default=0)
     # broker name -> the broker id its last pull answer suggested (slaveReadEnable)
     _suggested: dict[str, int] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
-        self._routes = _Routes(self.namesrv, self.timeout_s)
+        self._routes = BrokerRoutes(self.namesrv, self.timeout_s)
 
     def close(self) -> None:
         self._routes.close()
@@ -529,7 +479,9 @@ class Consumer:
                 return got
         return []
 
-    def _pull(self, route: _Route, queue: QueueRef, max_msgs: int, wait_ms: int) -> list[Consumed]:
+    def _pull(
+        self, route: TopicRoute, queue: QueueRef, max_msgs: int, wait_ms: int
+    ) -> list[Consumed]:
         addr = route.read_addr(queue.broker_name, self._suggested.get(queue.broker_name, MASTER_ID))
         if addr is None:
             return []
@@ -545,7 +497,7 @@ class Consumer:
                 self._offset_moved(route, queue, position, response.next_begin_offset, addr)
                 response = self._pull_at(client, queue, position.offset, max_msgs, wait_ms)
         except grpc.RpcError as exc:
-            if exc.code() in _RETRIABLE:
+            if exc.code() in RETRIABLE_CODES:
                 self._routes.get(self.topic, refresh=True)
                 return []
             raise
@@ -582,7 +534,7 @@ class Consumer:
         return _Position(committed, committed)
 
     def _offset_moved(
-        self, route: _Route, queue: QueueRef, position: _Position, new_start: int, addr: str
+        self, route: TopicRoute, queue: QueueRef, position: _Position, new_start: int, addr: str
     ) -> None:
         """The queue now starts past `position` (retention deleted the rest):
         continue at its new min offset and commit that at once."""
@@ -604,11 +556,11 @@ class Consumer:
         try:
             self._commit_one(route, queue, position)
         except grpc.RpcError as exc:
-            if exc.code() not in _RETRIABLE:
+            if exc.code() not in RETRIABLE_CODES:
                 raise
             # Not committed yet: the next commit() does it.
 
-    def _commit_one(self, route: _Route, queue: QueueRef, position: _Position) -> bool:
+    def _commit_one(self, route: TopicRoute, queue: QueueRef, position: _Position) -> bool:
         addr = route.read_addr(queue.broker_name)
         if addr is None:
             return False

@@ -21,14 +21,12 @@ from typing import Any
 
 import grpc
 
-from ferry.model import check_addr
+from ferry.model import DEFAULT_NAMESRV_ADDR, NAMESRV_ADDR_ENV, check_addr
 from ferry.remoting import discovery
 from ferry.runtime import auth, tls
 from ferry.runtime.errors import InvalidArgument
 from ferry.v1 import common_pb2, namesrv_pb2, namesrv_pb2_grpc
 
-ENV_VAR = "FERRY_NAMESRV_ADDR"
-DEFAULT_ADDR = "127.0.0.1:9876"
 _UNANSWERED = (
     grpc.StatusCode.UNAVAILABLE,
     grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -59,7 +57,7 @@ class NoNameServerAnswered(Exception):
             tls_hint = ""
         super().__init__(
             f"no name server answered (tried {tried}). Is one running? "
-            f"Name them with -n 'host:port;host:port' or {ENV_VAR}.{tls_hint}"
+            f"Name them with -n 'host:port;host:port' or {NAMESRV_ADDR_ENV}.{tls_hint}"
         )
         self.failures = list(failures)
 
@@ -78,7 +76,7 @@ def _speaks_rocketmq(addr: str) -> bool:
 
 def parse_addrs(text: str | None) -> list[str]:
     """`"host:port;host:port"` (RocketMQ's namesrvAddr form; commas accepted too)."""
-    raw = text if text else os.environ.get(ENV_VAR) or DEFAULT_ADDR
+    raw = text if text else os.environ.get(NAMESRV_ADDR_ENV) or DEFAULT_NAMESRV_ADDR
     addrs = [a.strip() for a in raw.replace(",", ";").split(";") if a.strip()]
     if not addrs:
         raise InvalidArgument(

@@ -2,7 +2,7 @@
 share the group's position on the brokers, so several processes split a topic's
 messages without assigning queues to each other.
 
-`PopConsumer` owns only a route cache and one client per broker (`_Routes` of
+`PopConsumer` owns only a route cache and one client per broker (`BrokerRoutes` of
 `ferry.client.broker`) and a round-robin start index; every other piece of state
 — which message is in flight, for whom, until when, how often it was delivered —
 lives on the brokers and travels in the receipt handle. It never retries an ack
@@ -27,15 +27,15 @@ from dataclasses import dataclass
 
 import grpc
 
-from ferry.client.broker import NoRoute, _Route, _Routes
+from ferry.client.broker import RETRIABLE_CODES, BrokerRoutes, NoRoute
 from ferry.client.namesrv import NamesrvClient
-from ferry.model import PERM_READ, PROPERTY_SHARDING_KEY
+from ferry.client.routes import TopicRoute
+from ferry.model import PROPERTY_SHARDING_KEY
 from ferry.runtime.errors import InvalidArgument
 from ferry.v1 import broker_pb2
 
 log = logging.getLogger(__name__)
 
-_RETRIABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 _ACK_STATUS = {v: k for k, v in broker_pb2.AckStatus.items()}
 MAX_MSGS = 32
 INVISIBLE_MIN_S = 1.0
@@ -156,7 +156,7 @@ class PopConsumer:
         self.topic = topic
         self.sub_expression = sub_expression
         self.invisible_ms = _invisible_ms(invisible_s)
-        self._routes = _Routes(namesrv, timeout_s)
+        self._routes = BrokerRoutes(namesrv, timeout_s)
         self._next = 0
 
     def close(self) -> None:
@@ -196,7 +196,7 @@ class PopConsumer:
             try:
                 got = self._pop(name, addr, max_msgs, invisible_ms, wait_ms if last else 0)
             except grpc.RpcError as exc:
-                if exc.code() not in _RETRIABLE:
+                if exc.code() not in RETRIABLE_CODES:
                     raise
                 log.info(
                     "pop failed, trying the next broker: broker=%s addr=%s code=%s",
@@ -218,7 +218,7 @@ class PopConsumer:
             try:
                 return self._pop(name, addr, max_msgs, invisible_ms, wait_ms)
             except grpc.RpcError as exc:
-                if exc.code() not in _RETRIABLE:
+                if exc.code() not in RETRIABLE_CODES:
                     raise
                 return []
         if failure is not None and not answered:
@@ -244,7 +244,7 @@ class PopConsumer:
             try:
                 response = self._routes.client(addr).ack(self.group, self.topic, handles)
             except grpc.RpcError as exc:
-                if exc.code() not in _RETRIABLE:
+                if exc.code() not in RETRIABLE_CODES:
                     raise
                 reason = f"{addr}: {exc.code().name}: {exc.details()}"
                 for h in handles:
@@ -281,12 +281,10 @@ class PopConsumer:
             invisible_until_ms=response.invisible_until_ms,
         )
 
-    def _masters(self, route: _Route) -> list[tuple[str, str]]:
+    def _masters(self, route: TopicRoute) -> list[tuple[str, str]]:
         """(broker name, master address) of each readable broker, sorted by name."""
         brokers = sorted(
-            (q.broker_name, route.master(q.broker_name))
-            for q in route.data.queue_datas
-            if q.perm & PERM_READ and q.read_queue_nums > 0
+            (q.broker_name, route.master(q.broker_name)) for q in route.queues if q.readable
         )
         found = [(name, addr) for name, addr in brokers if addr]
         if not found:

@@ -49,17 +49,16 @@ from dataclasses import dataclass, field
 import grpc
 
 from ferry.client.broker import (
-    _OPTIONS,
-    _RETRIABLE,
+    CHANNEL_OPTIONS,
+    RETRIABLE_CODES,
+    BrokerRoutes,
     NoRoute,
     NoWritableQueue,
-    QueueRef,
     Sent,
-    _Routes,
-    group_broker,
     message_properties,
 )
 from ferry.client.namesrv import NamesrvClient
+from ferry.client.routes import QueueRef, TopicRoute, group_broker
 from ferry.client.sendstream import StreamSender, StreamSendError, no_answer
 from ferry.runtime import tls
 from ferry.v1 import broker_pb2, broker_pb2_grpc
@@ -144,7 +143,7 @@ class PipelinedProducer:
         self.max_block_s = max_block_s
         self.retries = retries
         self.timeout_s = timeout_s
-        self._routes = _Routes(namesrv, timeout_s)
+        self._routes = BrokerRoutes(namesrv, timeout_s)
         self._counter = itertools.count()
         self._seq = itertools.count()
         # Shared between the caller's threads and the loop thread:
@@ -300,11 +299,11 @@ class PipelinedProducer:
             except Exception as exc:  # noqa: BLE001 - the message's own failure
                 _fail(item, exc)
 
-    def _route(self, item: _Item, route) -> None:
+    def _route(self, item: _Item, route: TopicRoute) -> None:
         """Pick the item's queue and queue it in its lane."""
         queues = route.write_queues()
         if not queues:
-            raise NoWritableQueue(item.topic) if route.data.queue_datas else NoRoute(item.topic)
+            raise NoWritableQueue(item.topic) if route.queues else NoRoute(item.topic)
         queue_id: int | None
         if item.group:
             name, queue_id = group_broker(queues, item.group), None
@@ -325,7 +324,7 @@ class PipelinedProducer:
     def _sender(self, addr: str) -> tuple[StreamSender, _Room]:
         entry = self._senders.get(addr)
         if entry is None:
-            channel = tls.aio_channel(addr, self._tls, _OPTIONS)
+            channel = tls.aio_channel(addr, self._tls, CHANNEL_OPTIONS)
             sender = StreamSender(
                 broker_pb2_grpc.BrokerStub(channel), self.timeout_s, self.max_in_flight
             )
@@ -396,7 +395,7 @@ class PipelinedProducer:
         retry = (
             isinstance(exc, StreamSendError)
             and not exc.maybe_stored
-            and exc.code() in _RETRIABLE
+            and exc.code() in RETRIABLE_CODES
             and item.attempts < self.retries
             and not self._closed
         )

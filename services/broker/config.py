@@ -18,13 +18,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ferry.model import BROKER_ROLES, DELAY_LEVELS_S, check_addr, check_name
+from ferry.model import BROKER_ROLES, DELAY_LEVELS_S, NAMESRV_ADDR_ENV, check_addr, check_name
 from ferry.runtime.errors import ConfigError, InvalidArgument
 
 FLUSH_DISK_TYPES = ("ASYNC_FLUSH", "SYNC_FLUSH")
 REGISTER_PERIOD_MIN_S = 10.0
 REGISTER_PERIOD_MAX_S = 60.0
-ENV_NAMESRV = "FERRY_NAMESRV_ADDR"
 ENV_ROCKETMQ_HOME = "ROCKETMQ_HOME"
 ACL_FILE_NAME = "plain_acl.yml"
 GRPC_PORT_OFFSET = 4  # grpcListenPort's default: listenPort + 4 (10915)
@@ -707,8 +706,8 @@ def load_config(
             continue
         name, parse, _ = known
         changes[name] = parse(key, text)
-    if "namesrv_addrs" not in changes and env.get(ENV_NAMESRV):
-        changes["namesrv_addrs"] = _namesrv(ENV_NAMESRV, env[ENV_NAMESRV])
+    if "namesrv_addrs" not in changes and env.get(NAMESRV_ADDR_ENV):
+        changes["namesrv_addrs"] = _namesrv(NAMESRV_ADDR_ENV, env[NAMESRV_ADDR_ENV])
     if changes.get("acl_enable") and changes.get("acl_file") is None:
         changes["acl_file"] = default_acl_file(path, env)
     config = replace(BrokerConfig(), **changes)

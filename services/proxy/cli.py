@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 
 from ferry.acl import load_acl
-from ferry.client import namesrv
 from ferry.client.namesrv import parse_addrs
+from ferry.model import DEFAULT_NAMESRV_ADDR, NAMESRV_ADDR_ENV
 from ferry.runtime import eventloop
 from ferry.runtime.errors import FerryError
 from ferry.runtime.logs import setup_logging
@@ -40,8 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="ADDRS",
         help="name servers' RocketMQ-protocol addresses (their --port), 'host:port;host:port'; "
-        f"each is asked for its ferry.v1 gRPC port (default ${namesrv.ENV_VAR}, else "
-        f"{namesrv.DEFAULT_ADDR})",
+        f"each is asked for its ferry.v1 gRPC port (default ${NAMESRV_ADDR_ENV}, else "
+        f"{DEFAULT_NAMESRV_ADDR})",
     )
     parser.add_argument(
         "--advertise-host",

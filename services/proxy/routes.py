@@ -1,10 +1,14 @@
 """Where topics live, for the MessagingService servicer (`RouteSource`).
 
+A route is ferry's client-side `TopicRoute` (`ferry.client.routes`), so the
+proxy reads a route by the same rules as ferry's own clients; only the fetching
+(grpc.aio, the name servers' gRPC ports discovered) is the proxy's.
+
 `Routes` (cluster mode, the `ferry proxy` process): routes from the name
-servers, cached briefly, and one async channel per broker. The proxy is
-stateless: everything it knows about brokers comes from here. A route is
-fetched on first use and again after `ttl_s` (RocketMQ's clients poll every
-30 s); a broker that stopped answering is forgotten at the next fetch,
+servers, kept in the library's `RouteCache`, and one async channel per broker.
+The proxy is stateless: everything it knows about brokers comes from here. A
+route is fetched on first use and again after `ttl_s` (RocketMQ's clients poll
+every 30 s); a broker that stopped answering is forgotten at the next fetch,
 because the name servers drop it from the route.
 
 `LocalRoutes` (local mode, a broker with `enableProxy=true`): routes from the
@@ -17,36 +21,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import grpc
 
-from ferry.model import (
-    DEFAULT_MESSAGE_TYPE,
-    MASTER_ID,
-    MESSAGE_TYPE_ATTRIBUTE,
-    PERM_READ,
-    PERM_READ_WRITE,
-    PERM_WRITE,
-    TopicConfig,
-    order_brokers,
-)
+from ferry.client.routes import ROUTE_TTL_S, BrokerQueues, RouteCache, TopicRoute
+from ferry.model import MASTER_ID, PERM_READ_WRITE, TopicConfig
 from ferry.remoting import discovery
 from ferry.runtime.tls import ClientTLS, aio_channel
-from ferry.v1 import (
-    broker_pb2_grpc,
-    common_pb2,
-    namesrv_pb2,
-    namesrv_pb2_grpc,
-    transactions_pb2_grpc,
-)
+from ferry.v1 import broker_pb2_grpc, namesrv_pb2, namesrv_pb2_grpc, transactions_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-ROUTE_TTL_S = 30.0
 CALL_TIMEOUT_S = 3.0
 
 
@@ -61,45 +48,11 @@ class NameServersDown(Exception):
         super().__init__(f"no name server answered ({', '.join(addrs)}): {detail}")
 
 
-@dataclass(frozen=True)
-class BrokerQueues:
-    """One master's queues of a topic."""
-
-    broker_name: str
-    addr: str
-    read_queue_nums: int
-    write_queue_nums: int
-    perm: int
-
-    @property
-    def readable(self) -> bool:
-        return bool(self.perm & PERM_READ) and self.read_queue_nums > 0
-
-    @property
-    def writable(self) -> bool:
-        return bool(self.perm & PERM_WRITE) and self.write_queue_nums > 0
-
-
-@dataclass(frozen=True)
-class Route:
-    topic: str
-    brokers: tuple[BrokerQueues, ...]  # masters only, by broker name
-    ordered: bool
-    fetched: float
-    # The topic's message.type (RocketMQ 5; NORMAL when it has none), as its first
-    # master by name has it: one type per topic, as RocketMQ's proxy reads it from
-    # one broker's topic config. Create a topic with the same type on every master.
-    message_type: str = DEFAULT_MESSAGE_TYPE
-
-    def broker(self, name: str) -> BrokerQueues | None:
-        return next((b for b in self.brokers if b.broker_name == name), None)
-
-
 class RouteSource(Protocol):
     """What the MessagingService servicer asks about brokers: `Routes` and
     `LocalRoutes` answer it."""
 
-    async def get(self, topic: str, refresh: bool = False) -> Route:
+    async def get(self, topic: str, refresh: bool = False) -> TopicRoute:
         """The topic's route. Raises TopicNotFound, or NameServersDown (cluster mode)."""
         ...
 
@@ -122,7 +75,6 @@ class Routes:
         self, namesrv_addrs: Sequence[str], ttl_s: float = ROUTE_TTL_S, max_message_bytes: int = 0
     ) -> None:
         self.addrs = list(namesrv_addrs)
-        self.ttl_s = ttl_s
         options = []
         if max_message_bytes:
             options = [
@@ -139,13 +91,12 @@ class Routes:
         # still be on one): closed by close().
         self._retired: list[grpc.aio.Channel] = []
         self._brokers: dict[str, tuple[grpc.aio.Channel, broker_pb2_grpc.BrokerStub]] = {}
-        self._routes: dict[str, Route] = {}
-        self._broker_addrs: dict[str, str] = {}  # broker name -> master address, last seen
-        self._fetching: dict[str, asyncio.Future[Route]] = {}
+        self._cache = RouteCache(ttl_s)
+        self._fetching: dict[str, asyncio.Future[TopicRoute]] = {}
 
-    async def get(self, topic: str, refresh: bool = False) -> Route:
-        route = self._routes.get(topic)
-        if route is not None and not refresh and time.monotonic() - route.fetched < self.ttl_s:
+    async def get(self, topic: str, refresh: bool = False) -> TopicRoute:
+        route = None if refresh else self._cache.fresh(topic)
+        if route is not None:
             return route
         pending = self._fetching.get(topic)
         if pending is None:  # one fetch per topic at a time
@@ -173,7 +124,7 @@ class Routes:
         self._namesrv_grpc[addr] = grpc_addr
         return stub
 
-    async def _fetch(self, topic: str) -> Route:
+    async def _fetch(self, topic: str) -> TopicRoute:
         failures = []
         for addr in self.addrs:
             try:
@@ -187,23 +138,20 @@ class Routes:
                 )
             except grpc.aio.AioRpcError as exc:
                 if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
-                    self._routes.pop(topic, None)  # no such topic, or no such name
+                    self._cache.forget(topic)  # no such topic, or no such name
                     raise TopicNotFound(topic) from None
                 failures.append(f"{addr}: {exc.code().name} {exc.details() or ''}".strip())
                 self._namesrv.pop(addr, None)  # ask for its gRPC port again next time
                 continue
-            route = _route(topic, data)
+            route = TopicRoute.from_data(topic, data)
             if not route.brokers:
                 raise TopicNotFound(topic)
-            for broker in route.brokers:
-                self._broker_addrs[broker.broker_name] = broker.addr
-            self._routes[topic] = route
-            return route
+            return self._cache.put(route)
         raise NameServersDown(self.addrs, "; ".join(failures))
 
     def broker_addr(self, broker_name: str) -> str | None:
         """The master address last seen for a broker name."""
-        return self._broker_addrs.get(broker_name)
+        return self._cache.master_addr(broker_name)
 
     def stub(self, addr: str) -> broker_pb2_grpc.BrokerStub:
         entry = self._brokers.get(addr)
@@ -270,7 +218,7 @@ class LocalRoutes:
     def addr(self) -> str:
         return self._dial()
 
-    async def get(self, topic: str, refresh: bool = False) -> Route:
+    async def get(self, topic: str, refresh: bool = False) -> TopicRoute:
         config = self._topic(topic)
         if config is None:
             raise TopicNotFound(topic, f"no queue on broker {self.broker_name}")
@@ -278,10 +226,14 @@ class LocalRoutes:
         broker_perm = self._permission()
         if broker_perm & PERM_READ_WRITE != PERM_READ_WRITE:
             perm &= broker_perm
+        addr = self.addr
         queues = BrokerQueues(
-            self.broker_name, self.addr, config.read_queue_nums, config.write_queue_nums, perm
+            self.broker_name, addr, config.read_queue_nums, config.write_queue_nums, perm
         )
-        return Route(topic, (queues,), config.order, time.monotonic(), config.message_type)
+        return TopicRoute(
+            topic, (queues,), {self.broker_name: {MASTER_ID: addr}}, config.order,
+            config.message_type,
+        )  # fmt: skip
 
     def broker_addr(self, broker_name: str) -> str | None:
         """This broker's address for its own name; None for any other."""
@@ -303,30 +255,3 @@ class LocalRoutes:
         if self._channel is not None:
             await self._channel.close()
         self._channel = self._stub = None
-
-
-def _route(topic: str, data: common_pb2.TopicRouteData) -> Route:
-    masters = {
-        b.broker_name: b.broker_addrs[MASTER_ID]
-        for b in data.broker_datas
-        if MASTER_ID in b.broker_addrs
-    }
-    types = {
-        q.broker_name: q.attributes.get(MESSAGE_TYPE_ATTRIBUTE, DEFAULT_MESSAGE_TYPE)
-        for q in data.queue_datas
-        if q.broker_name in masters
-    }
-    brokers = tuple(
-        sorted(
-            (
-                BrokerQueues(q.broker_name, masters[q.broker_name], q.read_queue_nums,
-                             q.write_queue_nums, q.perm)
-                for q in data.queue_datas
-                if q.broker_name in masters
-            ),
-            key=lambda b: b.broker_name,
-        )
-    )  # fmt: skip
-    ordered = not order_brokers(data.order_topic_conf).isdisjoint(masters)
-    message_type = types[min(types)] if types else DEFAULT_MESSAGE_TYPE
-    return Route(topic, brokers, ordered, time.monotonic(), message_type)

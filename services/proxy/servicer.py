@@ -25,7 +25,7 @@ import grpc
 from apache.rocketmq.v2 import definition_pb2 as v2
 from apache.rocketmq.v2 import service_pb2 as s
 from apache.rocketmq.v2 import service_pb2_grpc
-from ferry.client.broker import group_broker
+from ferry.client.routes import BrokerQueues, group_broker
 from ferry.model import (
     DEFAULT_RETRY_MAX_TIMES,
     DELAY_LEVELS_S,
@@ -41,7 +41,7 @@ from ferry.v1 import broker_pb2
 from services.proxy import convert, metrics, transactions, validate
 from services.proxy.convert import OK, Code, status
 from services.proxy.metrics import ProxyMetrics
-from services.proxy.routes import BrokerQueues, NameServersDown, RouteSource, TopicNotFound
+from services.proxy.routes import NameServersDown, RouteSource, TopicNotFound
 from services.proxy.sends import LINK_ERRORS, SendCoalescer
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # the brokers' default maxMessageSize

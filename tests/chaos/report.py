@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from ferry.cli.output import table
+from services.cli.output import table
 
 
 def main(argv: list[str]) -> int:

@@ -557,7 +557,7 @@ def test_wipe_and_add_write_perm_of_the_group(sides):
 
 
 def ferry_cli(capsys, *argv: str) -> list[str]:
-    from ferry.cli.main import main
+    from services.cli.main import main
 
     capsys.readouterr()
     assert main(list(argv)) == 0

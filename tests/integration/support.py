@@ -200,7 +200,7 @@ def run_ferry(
 ) -> subprocess.CompletedProcess:
     """Run the `ferry` console command as a subprocess (`env`: added variables)."""
     return subprocess.run(
-        [sys.executable, "-m", "ferry.cli.main", *args],
+        [sys.executable, "-m", "services.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout_s,

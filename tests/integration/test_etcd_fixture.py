@@ -136,13 +136,13 @@ def test_a_failed_start_reports_the_log(tmp_path):
 def test_without_etcd_the_error_says_how_to_install_it(tmp_path, monkeypatch):
     """No `etcd` on PATH and no /usr/bin/etcd: an error naming the package, for
     the tests (never a silent skip) and for `ferry dev` alike."""
-    import ferry.cli.dev
+    import services.cli.dev.etcd
 
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    monkeypatch.setattr(ferry.cli.dev, "DEBIAN_ETCD", str(tmp_path / "no-etcd"))
+    monkeypatch.setattr(services.cli.dev.etcd, "DEBIAN_ETCD", str(tmp_path / "no-etcd"))
     install = "apt-get install -y --no-install-recommends etcd-server"
     with pytest.raises(RuntimeError, match=install):
-        ferry.cli.dev.find_etcd()
+        services.cli.dev.etcd.find_etcd()
     server = EtcdServer(tmp_path / "etcd")
     with pytest.raises(RuntimeError, match=install):
         server.start()

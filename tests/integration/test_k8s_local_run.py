@@ -9,7 +9,7 @@ mapped, nothing else:
 - `0.0.0.0` (a pod's own addresses) becomes 127.0.0.1, `0.0.0.0:PORT` with
   its local port;
 - each volume mount becomes a directory (a PVC claim is shared by name);
-- the image's entry point `ferry` is this interpreter's `-m ferry.cli.main`;
+- the image's entry point `ferry` is this interpreter's `-m services.cli`;
   the etcd image's `/usr/local/bin/etcd` is the etcd binary here (Debian's
   etcd-server, 3.4: the manifest's flags must suit it too).
 
@@ -55,7 +55,6 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from apache.rocketmq.v2 import definition_pb2, service_pb2, service_pb2_grpc
-from ferry.cli.dev import etcd_healthy, find_etcd
 from ferry.runtime import auth
 from ferry.runtime.tls import ClientTLS
 from ferry.v1 import (
@@ -69,6 +68,7 @@ from ferry.v1 import (
     namesrv_pb2,
     namesrv_pb2_grpc,
 )
+from services.cli.dev.etcd import etcd_healthy, find_etcd
 from tests.integration.support import PortRange, child_env, make_test_certs, stop_pid
 from tests.unit.test_k8s_manifests import TLS_COMPONENT, render
 from tests.waiting import wait_for
@@ -214,7 +214,7 @@ def start_pod(pod: Pod, pods: list[Pod], docs: list[dict], root: Path) -> subpro
         assert [Path(c).name for c in container["command"]] == ["etcd"], container["command"]
         argv = [find_etcd(), *args]
     else:  # the ferry image, whose entry point is `ferry`
-        argv = [sys.executable, "-m", "ferry.cli.main", *args]
+        argv = [sys.executable, "-m", "services.cli", *args]
         if args and args[0] == "broker":
             # A node's disk is not this machine's: 1 GiB commit-log files, the
             # current one and the next preallocated, would write 8 GB per run.

@@ -30,9 +30,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from ferry.cli.dev import etcd_healthy
 from ferry.client.namesrv import NamesrvClient
 from ferry.v1 import broker_pb2, broker_pb2_grpc
+from services.cli.dev.etcd import etcd_healthy
 from tests.integration.support import LineReader, child_env, grpcurl_path, run_ferry
 from tests.waiting import wait_for
 

@@ -19,11 +19,11 @@ import zlib
 import grpc
 import pytest
 
-from ferry.cli.main import main as ferry_main
 from ferry.client.broker import Producer
 from ferry.client.namesrv import NamesrvClient
 from ferry.client.pop import PopConsumer, StaleHandle
 from ferry.runtime.errors import InvalidArgument
+from services.cli.main import main as ferry_main
 from tests.conftest import start_broker
 from tests.integration.support import REPO, child_env, create_topic, run_ferry, stop_pid
 from tests.waiting import wait_for
@@ -71,7 +71,7 @@ def ok(result: subprocess.CompletedProcess) -> str:
 
 def start_ferry(*args: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "ferry.cli.main", *args],
+        [sys.executable, "-m", "services.cli", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

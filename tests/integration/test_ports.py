@@ -131,8 +131,8 @@ def test_the_cli_and_client_say_when_a_rocketmq_protocol_port_was_given_for_grpc
     """gRPC alone only says "Socket closed" when it dials a RocketMQ-protocol
     port; ferry's CLI (-b) and NamesrvClient (without discovery) say what the
     port is and what to give instead."""
-    from ferry.cli.main import main
     from ferry.client.namesrv import NamesrvClient, NoNameServerAnswered
+    from services.cli.main import main
 
     b = start_broker(loop_thread, tmp_path / "b")
     try:

@@ -150,7 +150,7 @@ def test_the_signature_is_the_sdks(monkeypatch):
 
 
 def test_the_commands_credentials_in_any_order_and_from_the_environment(monkeypatch):
-    from ferry.cli.namesrv_cmds import add_admin_token_option
+    from services.cli.namesrv_cmds import add_admin_token_option
 
     parser = argparse.ArgumentParser()
     add_admin_token_option(parser)

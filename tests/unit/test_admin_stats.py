@@ -6,10 +6,10 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ferry.cli.stats_cmds import version_desc
 from ferry.remoting.bodies import BodyError, dumps_object_keyed, loads_object_keyed
 from services.broker.messaging.stats import WINDOWS_S, TrafficStats
 from services.broker.remoting.admin import human_bytes, rates, running_for
+from services.cli.stats_cmds import version_desc
 
 queues = st.fixed_dictionaries(
     {"brokerName": st.text(max_size=10), "queueId": st.integers(0, 2**31 - 1),

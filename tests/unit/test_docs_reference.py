@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from ferry.cli.main import build_parser
 from services.broker.config import KNOWN_KEYS, BrokerConfig
+from services.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"

@@ -172,9 +172,23 @@ def test_non_root_user_and_entry_point():
     assert re.search(r"^USER 10001:10001", runtime, re.M)
     assert 'ENTRYPOINT ["ferry"]' in runtime
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["ferry"] == "ferry.cli.main:main"
+    assert scripts["ferry"] == "services.cli.main:main"
     # No compiler or grpcio-tools in the final stages: they only appear in the build stage.
     assert "grpcio-tools" not in runtime and "gcc" not in DOCKERFILE
+
+
+def test_only_the_analytics_image_installs_spark():
+    """The build stage makes the `spark` extra's wheels too; the runtime stage
+    installs ferry without it and the analytics stage adds it, from wheels
+    mounted rather than copied (so no layer of the runtime image holds PySpark)."""
+    build = DOCKERFILE.split("FROM python:3.11-slim AS build", 1)[1].split("\nFROM ", 1)[0]
+    runtime = DOCKERFILE.split("FROM python:3.11-slim AS runtime", 1)[1].split(" AS analytics")[0]
+    analytics = DOCKERFILE.split("FROM runtime AS analytics", 1)[1]
+    assert "pip wheel --no-cache-dir --wheel-dir /wheels '.[spark]'" in build
+    commands = "\n".join(line for line in runtime.splitlines() if not line.startswith("#"))
+    assert "ferry ferry-native" in commands and "spark" not in commands.lower()
+    assert "COPY --from=build /wheels" not in DOCKERFILE
+    assert "'ferry[spark]'" in analytics and "--mount=type=bind,from=build" in analytics
 
 
 @pytest.mark.parametrize(
@@ -183,7 +197,7 @@ def test_non_root_user_and_entry_point():
 )
 def test_commands_a_deployment_runs_exist(command):
     result = subprocess.run(
-        [sys.executable, "-m", "ferry.cli.main", *command, "--help"],
+        [sys.executable, "-m", "services.cli", *command, "--help"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr

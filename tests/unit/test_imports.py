@@ -34,6 +34,10 @@ says what it owns and what it must not import:
                 etcd, epochs: drives the app; only the entry points import it
     cli.py, __main__.py             the entry points
 
+Across the top level: `ferry/` is the library and the client, and no module under
+it imports `services/`; `services/cli/` is the `ferry` command, the launcher, and
+reaches into a service only through the edges CROSS_SERVICE lists.
+
 `python tests/unit/test_imports.py` prints the map with each module's level (the
 longest import chain below it within services/broker).
 """
@@ -92,13 +96,19 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 WIRE = ("grpc", "ferry.v1", "apache.rocketmq")
 WIRE_ALLOWED = (f"{B}.api", f"{B}.cluster", f"{B}.app", f"{B}.servers")
 # Who may import failover/: itself and the entry points.
-FAILOVER_IMPORTERS = (f"{B}.failover", f"{B}.cli", f"{B}.__main__", "ferry.cli")
+FAILOVER_IMPORTERS = (f"{B}.failover", f"{B}.cli", f"{B}.__main__", "services.cli.failover_cmds")
 # Edges between services that are allowed, each with its reason.
 CROSS_SERVICE = {
     (B, "services.ha"): "HA replication runs inside the broker process (no entry point of its own)",
     (f"{B}.app", "services.proxy"): "the composition root embeds the proxy in local mode",
     (f"{B}.servers", "services.proxy"): "in local mode the gRPC server checks the SDKs' door too",
-}
+    # services/cli is the `ferry` command, the launcher of every service.
+    ("services.cli.main", f"{B}.cli"): "`ferry broker` runs the broker's entry point",
+    ("services.cli.main", "services.namesrv.cli"): "`ferry namesrv` runs the name server's",
+    ("services.cli.main", "services.proxy.cli"): "`ferry proxy` runs the proxy's",
+    ("services.cli.dev.topology", f"{B}.config"): "broker.conf files, read as the broker reads them",
+    ("services.cli.failover_cmds", f"{B}.failover.etcd"): "ha-status and failover use etcd's failover keys",
+}  # fmt: skip
 
 
 def _within(name: str, prefix: str) -> bool:
@@ -256,8 +266,7 @@ def forbidden_edges(edges: dict[str, set[str]]) -> list[str]:
                 bad.append(
                     f"{src} -> {dst} (outside store/, use the names services.broker.store exports)"
                 )
-            library = _within(src, "ferry") and not _within(src, "ferry.cli")
-            if library and _within(dst, "services"):
+            if _within(src, "ferry") and _within(dst, "services"):
                 bad.append(f"{src} -> {dst} (ferry/ is a library: it never imports services/)")
     return bad
 
@@ -285,6 +294,27 @@ def test_every_broker_package_says_what_it_owns_and_must_not_import() -> None:
         doc = ast.get_docstring(ast.parse(init.read_text())) or ""
         assert "Owns:" in doc, f"{init}: the docstring does not say what it owns"
         assert "never import" in doc, f"{init}: the docstring does not say what it must not import"
+
+
+def test_the_checker_refuses_a_library_module_importing_a_service() -> None:
+    edges = {
+        "ferry.client.broker": {"services.cli.output"},
+        "ferry": {"services"},
+        "services.cli.main": {"ferry.client.broker", f"{B}.cli"},
+    }
+    assert forbidden_edges(edges) == [
+        "ferry -> services (ferry/ is a library: it never imports services/)",
+        "ferry.client.broker -> services.cli.output (ferry/ is a library: it never imports services/)",
+    ]
+
+
+def test_the_launcher_reaches_only_the_entry_points_of_a_service() -> None:
+    assert forbidden_edges({"services.cli.main": {f"{B}.store.commitlog"}}) == [
+        f"services.cli.main -> {B}.store.commitlog (a service never imports another's modules)",
+        f"services.cli.main -> {B}.store.commitlog (outside store/, use the names "
+        "services.broker.store exports)",
+    ]
+    assert forbidden_edges({"services.cli.dev.run": {f"{B}.failover.etcd"}}) != []
 
 
 def test_the_checker_finds_a_cycle_and_names_it() -> None:

@@ -306,7 +306,7 @@ def help_exit_code(command: tuple[str, ...]) -> int:
     """`ferry <command> --help`'s exit code (asked once per command: the
     overlays share their commands, and each run costs a Python start)."""
     return subprocess.run(
-        [sys.executable, "-m", "ferry.cli.main", *command, "--help"],
+        [sys.executable, "-m", "services.cli", *command, "--help"],
         capture_output=True, timeout=60,
     ).returncode  # fmt: skip
 
@@ -496,12 +496,21 @@ def test_namesrv_addresses_are_the_stable_pod_names(overlay):
     assert args[args.index("-n") + 1] == ";".join(NAMESRV_ADDRS)
 
 
+def test_ferry_dev_finds_the_overlays_from_any_directory(tmp_path, monkeypatch):
+    """Outside a checkout, `ferry dev` finds deploy/k8s next to the package it runs
+    from (an editable install): this repository's."""
+    from services.cli.dev.topology import find_k8s_dir
+
+    monkeypatch.chdir(tmp_path)
+    assert find_k8s_dir() == K8S.resolve()
+
+
 def test_make_run_starts_the_overlays_own_files(overlay, tls_variant, tmp_path):
     """ferry dev's topology is the rendered one: the same brokers, the same
     broker.conf text, the same ports (before the local offsets); a failover
     topology's brokers elect in ferry dev's own etcd."""
-    from ferry.cli.topology import load_topology
     from services.broker.config import load_config
+    from services.cli.dev.topology import load_topology
 
     name, docs = overlay
     topology = load_topology(name, K8S)
@@ -712,7 +721,7 @@ def test_exporter_and_spark_job_share_the_spool(overlay):
     assert args[args.index("--spool") + 1] == exporter[exporter.index("--spool") + 1]
     assert args[args.index("--interval") + 1] == exporter[exporter.index("--interval") + 1]
     # The job's own parser accepts the arguments.
-    from ferry.cli.main import build_parser
+    from services.cli.main import build_parser
 
     parsed = build_parser().parse_args(args)
     assert parsed.spool.startswith("/spool/") and parsed.out.startswith("/spool/")
@@ -783,7 +792,7 @@ def test_the_proxy(overlay, tls_variant):
     assert not any(selects(pdb["spec"]["selector"], w["spec"]["template"]["metadata"]["labels"])
                    for w in others)  # fmt: skip
     # Its command line, as `ferry proxy` parses it: the brokers' name servers.
-    from ferry.cli.main import build_parser
+    from services.cli.main import build_parser
 
     args = build_parser().parse_args(container["args"])
     assert args.func.__module__ == "services.proxy.cli"
@@ -812,7 +821,7 @@ def test_etcd(overlay):
     entry; peers resolvable before anyone is ready; a PDB keeping quorum; every
     flag one the etcd binary knows (the Debian etcd-server here, 3.4, so the
     local run can start it too). The fixed-role overlays deploy no etcd."""
-    from ferry.cli.dev import find_etcd
+    from services.cli.dev.etcd import find_etcd
 
     name, docs = overlay
     etcd_objects = [

@@ -12,6 +12,6 @@ series), `etcd` (the etcd client wrapper and the group's keys) and `epochs`
 
 May import: the app (it builds a BrokerApp per incarnation) and the
 `Incarnation` contract the app side declares (services/broker/incarnation.py).
-Must never import: the entry points (services/broker/cli.py, __main__, ferry/cli),
+Must never import: the entry points (services/broker/cli.py, __main__, services/cli),
 which are the only modules that import failover/.
 """

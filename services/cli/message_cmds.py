@@ -17,9 +17,9 @@ from datetime import datetime
 from typing import Any
 
 from ferry import record
-from ferry.cli.stats_cmds import Remote, add_common, answer_body, human_time, offset_table
 from ferry.remoting import codes
 from ferry.runtime.errors import FerryError, InvalidArgument, NotFound
+from services.cli.stats_cmds import Remote, add_common, answer_body, human_time, offset_table
 
 UNIQUE_KEY_QUERY = "_UNIQUE_KEY_QUERY"
 KEY_QUERY_MAX = 64  # what mqadmin queryMsgByKey asks for

@@ -12,10 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-from ferry.cli import failover_cmds, stats_cmds, tx_cmds
-from ferry.cli.namesrv_cmds import BROKER_HELP, add_admin_token_option, add_namesrv_option
-from ferry.cli.namesrv_cmds import client as namesrv_client
-from ferry.cli.output import message_json, table
 from ferry.client.broker import BrokerClient, Consumer, NoRoute, Producer, message_properties
 from ferry.client.pop import INVISIBLE_MAX_S, INVISIBLE_MIN_S, MAX_MSGS, PopConsumer, Received
 from ferry.client.producer import PipelinedProducer
@@ -29,6 +25,10 @@ from ferry.model import (
 )
 from ferry.runtime.errors import InvalidArgument, NotFound
 from ferry.v1 import broker_pb2, common_pb2
+from services.cli import failover_cmds, stats_cmds, tx_cmds
+from services.cli.namesrv_cmds import BROKER_HELP, add_admin_token_option, add_namesrv_option
+from services.cli.namesrv_cmds import client as namesrv_client
+from services.cli.output import message_json, table
 
 _SEND_STATUS = {v: k for k, v in broker_pb2.SendStatus.items()}
 MESSAGE_TYPE_CHOICES = [t for t in MESSAGE_TYPES if t != "UNSPECIFIED"]

@@ -20,8 +20,8 @@ import os
 import sys
 import time
 
-from ferry.cli.output import table
 from ferry.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from services.cli.output import table
 
 ENV_ETCD = "FERRY_ETCD_ENDPOINTS"
 

@@ -202,7 +202,7 @@ def find_k8s_dir(explicit: Path | None = None) -> Path:
     machine), else next to the installed package (an editable install)."""
     candidates = [explicit] if explicit else [
         Path("deploy") / "k8s",
-        Path(__file__).resolve().parents[2] / "deploy" / "k8s",
+        Path(__file__).resolve().parents[3] / "deploy" / "k8s",
     ]  # fmt: skip
     for path in candidates:
         if path is not None and (path / "overlays").is_dir():

@@ -21,17 +21,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from ferry import acl
+from ferry.model import DEFAULT_NAMESRV_ADDR, NAMESRV_ADDR_ENV, RETRY_TOPIC_PREFIX
 from ferry.remoting import codes
 from ferry.remoting.bodies import BodyError, loads, loads_object_keyed
 from ferry.remoting.client import call
 from ferry.remoting.codec import Command
+from ferry.runtime.auth import ENV_ACCESS_KEY, ENV_SECRET_KEY
 from ferry.runtime.errors import FerryError, NotFound, PermissionDenied
 
-ENV_NAMESRV = "FERRY_NAMESRV_ADDR"
-ENV_ACCESS_KEY = "FERRY_ACCESS_KEY"
-ENV_SECRET_KEY = "FERRY_SECRET_KEY"
-DEFAULT_NAMESRV = "127.0.0.1:9876"
-RETRY_PREFIX = "%RETRY%"
 MASTER = "0"
 
 
@@ -46,7 +43,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="'HOST:PORT;HOST:PORT'",
         help="name servers' RocketMQ-protocol addresses, asked in order "
-        f"(default ${ENV_NAMESRV}, else {DEFAULT_NAMESRV})",
+        f"(default ${NAMESRV_ADDR_ENV}, else {DEFAULT_NAMESRV_ADDR})",
     )
     p.add_argument(
         "--timeout", type=float, default=5.0, metavar="SECONDS", help="per request (default 5)"
@@ -123,7 +120,7 @@ def add_broker_commands(sub: argparse._SubParsersAction) -> None:
 
 class Remote:
     def __init__(self, args: argparse.Namespace) -> None:
-        text = args.namesrv or os.environ.get(ENV_NAMESRV) or DEFAULT_NAMESRV
+        text = args.namesrv or os.environ.get(NAMESRV_ADDR_ENV) or DEFAULT_NAMESRV_ADDR
         self.namesrvs = [a.strip() for a in text.split(";") if a.strip()]
         self.timeout = args.timeout
         self.access_key = args.access_key or os.environ.get(ENV_ACCESS_KEY, "")
@@ -270,7 +267,7 @@ def topic_status(args: argparse.Namespace) -> int:
 def _consume_stats(remote: Remote, group: str) -> tuple[float, list[tuple[dict, dict]]]:
     tps = 0.0
     pairs: list[tuple[dict, dict]] = []
-    for name, addr in remote.masters(RETRY_PREFIX + group):
+    for name, addr in remote.masters(RETRY_TOPIC_PREFIX + group):
         answer = remote.ask(addr, codes.GET_CONSUME_STATS, {"consumerGroup": group})
         rest, found = offset_table(answer, f"consume stats of {group} on {name} ({addr})")
         tps += float(rest.get("consumeTps", 0.0))
@@ -310,9 +307,9 @@ def group_progress(args: argparse.Namespace) -> int:
     topics = answer_body(remote.namesrv(codes.GET_ALL_TOPIC_LIST_FROM_NAMESERVER), "topic list")
     doc = []
     for topic in topics.get("topicList", []):
-        if not topic.startswith(RETRY_PREFIX):
+        if not topic.startswith(RETRY_TOPIC_PREFIX):
             continue
-        group = topic[len(RETRY_PREFIX) :]
+        group = topic[len(RETRY_TOPIC_PREFIX) :]
         try:
             tps, pairs = _consume_stats(remote, group)
         except FerryError:
@@ -340,7 +337,7 @@ def _connections(remote: Remote, group: str) -> dict[str, Any]:
     """The group's consumer connections as one broker of its retry topic sees them
     ({} when none is online)."""
     try:
-        masters = remote.masters(RETRY_PREFIX + group)
+        masters = remote.masters(RETRY_TOPIC_PREFIX + group)
     except FerryError:
         return {}
     for _, addr in masters:

@@ -9,14 +9,14 @@ import sys
 
 import grpc
 
-from ferry.cli import stats_cmds
-from ferry.cli.namesrv_cmds import add_namesrv_option
-from ferry.cli.namesrv_cmds import client as namesrv_client
-from ferry.cli.output import table
 from ferry.client.broker import BrokerClient, NoRoute
 from ferry.model import MASTER_ID, check_name, check_topic
 from ferry.runtime.errors import NotFound
 from ferry.v1 import broker_pb2
+from services.cli import stats_cmds
+from services.cli.namesrv_cmds import add_namesrv_option
+from services.cli.namesrv_cmds import client as namesrv_client
+from services.cli.output import table
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:

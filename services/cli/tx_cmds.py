@@ -16,10 +16,10 @@ import sys
 import threading
 import time
 
-from ferry.cli.namesrv_cmds import client as namesrv_client
 from ferry.client.broker import NoRoute
 from ferry.client.transactions import Check, TransactionProducer, TransactionState
 from ferry.runtime.errors import InvalidArgument, NotFound
+from services.cli.namesrv_cmds import client as namesrv_client
 
 DEFAULT_GROUP = "ferry-cli-tx"
 STATES = {

@@ -2,7 +2,7 @@
 loopback until Ctrl-C.
 
 The topology is read from `deploy/k8s/overlays/<topology>/brokers/*.conf`, the
-files the overlay turns into the brokers' ConfigMaps (see ferry.cli.topology
+files the overlay turns into the brokers' ConfigMaps (see services.cli.dev.topology
 for what is mapped to this machine): `2m-2s-failover` (the default) runs 2
 name servers, broker-a and broker-b each as two members that elect their
 master (a SYNC_MASTER) in etcd, the metrics exporter and the RocketMQ 5 proxy
@@ -30,19 +30,18 @@ from __future__ import annotations
 import argparse
 import errno
 import json
-import os
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from ferry.cli.topology import (
+from ferry.model import NAMESRV_ADDR_ENV
+from services.cli.dev.etcd import etcd_command, etcd_healthy, find_etcd
+from services.cli.dev.topology import (
     DEFAULT_TOPOLOGY,
     TOPOLOGIES,
     LocalBroker,
@@ -52,11 +51,9 @@ from ferry.cli.topology import (
     find_k8s_dir,
     load_topology,
 )
+from services.cli.failover_cmds import ENV_ETCD
 
 DEMO_TOPIC = "TopicTest"
-ETCD_INSTALL = "apt-get install -y --no-install-recommends etcd-server"
-# Debian's etcd-server installs it here; /usr/bin is not on every PATH (cron, some sudo).
-DEBIAN_ETCD = "/usr/bin/etcd"
 
 
 @dataclass
@@ -74,58 +71,6 @@ class Elected:
     master: LocalBroker  # the member registered as broker 0
     epoch: int  # the failover epoch it registered with
     slaves: tuple[LocalBroker, ...]  # the other members, under their own brokerId
-
-
-def find_etcd() -> str:
-    """The etcd server binary: `etcd` on PATH, else Debian's /usr/bin/etcd.
-
-    Raises:
-        RuntimeError: etcd is not installed; the message says how to install it.
-    """
-    found = shutil.which("etcd")
-    if found is None and os.access(DEBIAN_ETCD, os.X_OK):
-        found = DEBIAN_ETCD
-    if found is None:
-        raise RuntimeError(
-            "etcd is not installed (no `etcd` on PATH, no /usr/bin/etcd); broker failover "
-            f"elects masters in it. Install it: sudo {ETCD_INSTALL}"
-        )
-    return found
-
-
-def etcd_command(
-    binary: str, name: str, data_dir: Path, client_port: int, peer_port: int
-) -> list[str]:
-    """A one-member etcd cluster on 127.0.0.1 only: the command line `ferry dev`
-    and the tests' EtcdServer (tests/etcd.py) both run. Flags as etcd 3.4 and 3.5
-    spell them; warnings and errors only, as JSON lines on stderr."""
-    client = f"http://127.0.0.1:{client_port}"
-    peer = f"http://127.0.0.1:{peer_port}"
-    return [
-        binary,
-        "--name", name,
-        "--data-dir", str(data_dir),
-        "--listen-client-urls", client,
-        "--advertise-client-urls", client,
-        "--listen-peer-urls", peer,
-        "--initial-advertise-peer-urls", peer,
-        "--initial-cluster", f"{name}={peer}",
-        "--initial-cluster-state", "new",
-        "--logger", "zap",
-        "--log-outputs", "stderr",
-        "--log-level", "warn",
-    ]  # fmt: skip
-
-
-def etcd_healthy(client_port: int, timeout_s: float = 1.0) -> bool:
-    """Whether the etcd on 127.0.0.1:`client_port` answers GET /health with
-    {"health": "true"} (it has a leader and serves requests)."""
-    url = f"http://127.0.0.1:{client_port}/health"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            return json.loads(response.read()).get("health") == "true"
-    except (OSError, ValueError):  # refused, reset, timed out, HTTP 503, not JSON yet
-        return False
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:
@@ -601,7 +546,7 @@ def run(args: argparse.Namespace) -> int:
         spool = data_dir / "spool"
         exporter = _start(
             "exporter",
-            ["-m", "ferry.cli.main", "exporter", "-n", addr, "--spool", str(spool),
+            ["-m", "services.cli", "exporter", "-n", addr, "--spool", str(spool),
              "--interval", "5s"],
             data_dir,
         )  # fmt: skip
@@ -643,7 +588,7 @@ def run(args: argparse.Namespace) -> int:
             + ", ".join(m.config.broker_name for m, _ in masters)
         )
         print("\n".join(lines) + "\n", flush=True)
-        from ferry.cli.namesrv_cmds import cluster
+        from services.cli.namesrv_cmds import cluster
 
         cluster(argparse.Namespace(namesrv=addr, timeout=3.0, json=False))
         master = masters[0][0]
@@ -651,10 +596,10 @@ def run(args: argparse.Namespace) -> int:
         ha_lines = f"  .venv/bin/ferry ha-status -b {master.addr}\n" if slaves else ""
         if slaves:
             ha_lines += f"  .venv/bin/ferry ha-status -b {slaves[0].addr}\n"
-        exports = f"  export FERRY_NAMESRV_ADDR='{addr}'\n"
+        exports = f"  export {NAMESRV_ADDR_ENV}='{addr}'\n"
         etcd_lines = ""
         if elected:  # the failover view, from etcd, and a graceful handover
-            exports += f"  export FERRY_ETCD_ENDPOINTS='{topology.etcd_endpoints}'\n"
+            exports += f"  export {ENV_ETCD}='{topology.etcd_endpoints}'\n"
             etcd_lines = (
                 "  .venv/bin/ferry ha-status\n"
                 f"  .venv/bin/ferry failover -c {master.config.cluster_name} "

@@ -12,11 +12,11 @@ import sys
 import time
 from pathlib import Path
 
-from ferry.cli.namesrv_cmds import add_namesrv_option, client
-from ferry.cli.output import table
 from ferry.client.namesrv import NoNameServerAnswered
 from ferry.pipeline.exporter import ROW_FIELDS, Exporter
-from ferry.runtime.errors import InvalidArgument
+from ferry.runtime.errors import FerryError, InvalidArgument
+from services.cli.namesrv_cmds import add_namesrv_option, client
+from services.cli.output import table
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
           "g": 1 << 30, "gib": 1 << 30}  # fmt: skip
@@ -104,9 +104,21 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 # ---------------------------------------------------------------- analytics
 
 
-def analytics_run(args: argparse.Namespace) -> int:
-    from ferry.pipeline import analytics
+def _analytics():
+    """`ferry.pipeline.analytics`, which needs PySpark: an extra of the package."""
+    try:
+        from ferry.pipeline import analytics
+    except ModuleNotFoundError as exc:
+        if exc.name != "pyspark" and not (exc.name or "").startswith("pyspark."):
+            raise
+        raise FerryError(
+            "`ferry analytics` needs PySpark, an extra of the package: pip install 'ferry[spark]'"
+        ) from None
+    return analytics
 
+
+def analytics_run(args: argparse.Namespace) -> int:
+    analytics = _analytics()
     interval = parse_duration(args.interval)
     config = analytics.JobConfig(
         window=f"{parse_duration(args.window, '--window'):g} seconds",
@@ -136,9 +148,8 @@ def analytics_run(args: argparse.Namespace) -> int:
 
 
 def analytics_report(args: argparse.Namespace) -> int:
+    analytics = _analytics()
     from pyspark.sql import functions as F
-
-    from ferry.pipeline import analytics
 
     out = Path(args.out)
     # A report is a few seconds of work: the short-lived JVM flags start it cheaper.

@@ -9,11 +9,11 @@ import time
 
 import grpc
 
-from ferry.cli.output import message_json, table
 from ferry.client.namesrv import NamesrvClient, parse_addrs
-from ferry.model import perm_to_string
+from ferry.model import DEFAULT_NAMESRV_ADDR, NAMESRV_ADDR_ENV, perm_to_string
 from ferry.runtime import auth
 from ferry.v1 import namesrv_pb2
+from services.cli.output import message_json, table
 
 # Commands that talk to one broker take its ferry.v1 gRPC address (what
 # `ferry cluster` lists), not its RocketMQ-protocol listenPort.
@@ -28,7 +28,7 @@ def add_namesrv_option(parser: argparse.ArgumentParser, json_output: bool = True
         metavar="'HOST:PORT;HOST:PORT'",
         help="name servers to ask, in order: their RocketMQ-protocol addresses (--port, what "
         "RocketMQ's namesrvAddr names), each asked for its ferry.v1 gRPC port "
-        "(default $FERRY_NAMESRV_ADDR, else 127.0.0.1:9876)",
+        f"(default ${NAMESRV_ADDR_ENV}, else {DEFAULT_NAMESRV_ADDR})",
     )
     parser.add_argument(
         "--timeout", type=float, default=3.0, metavar="SECONDS", help="per name server (default 3)"

@@ -8,9 +8,12 @@ import sys
 
 import grpc
 
-from ferry.cli import (
+from ferry.client.namesrv import NoNameServerAnswered
+from ferry.runtime import tls
+from ferry.runtime.errors import ConfigError, FerryError, InvalidArgument
+from services.broker import cli as broker_cli
+from services.cli import (
     broker_cmds,
-    dev,
     failover_cmds,
     group_cmds,
     message_cmds,
@@ -19,10 +22,7 @@ from ferry.cli import (
     stats_cmds,
     store_cmds,
 )
-from ferry.client.namesrv import NoNameServerAnswered
-from ferry.runtime import tls
-from ferry.runtime.errors import ConfigError, FerryError, InvalidArgument
-from services.broker import cli as broker_cli
+from services.cli.dev import run as dev
 from services.namesrv import cli as namesrv_cli
 from services.proxy import cli as proxy_cli
 

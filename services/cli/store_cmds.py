@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from ferry.cli.namesrv_cmds import BROKER_HELP, add_admin_token_option, add_tls_options
-from ferry.cli.output import message_json
 from ferry.client.broker import BrokerClient
 from ferry.model import check_addr
+from services.cli.namesrv_cmds import BROKER_HELP, add_admin_token_option, add_tls_options
+from services.cli.output import message_json
 
 _CLEAN_HELP = """\
 Run one retention pass on a broker now (RocketMQ's deleteExpiredCommitLog).

@@ -1,0 +1,7 @@
+"""`python -m services.cli`: the `ferry` command, as the console script runs it."""
+
+import sys
+
+from services.cli.main import main
+
+sys.exit(main())
