@@ -162,8 +162,8 @@ def test_a_blackholed_slave_is_exactly_one_incident(spark, loop_thread, tmp_path
         haMasterAddress=proxy.addr, haReconnectInterval=200, slaveSyncDelay=0, **common,
     )  # fmt: skip
     interval = 0.25
-    # The gap is 4 intervals: a slow round on a loaded machine must not split
-    # the incident (a sample at or below the threshold still ends it).
+    # The gap is 4 intervals of sample time (a sample at or below the threshold
+    # still ends the incident).
     config = JobConfig(
         window="10 seconds", watermark="0 seconds", lag_threshold=2000, min_duration_s=1.5,
         gap="1 second",
@@ -172,14 +172,17 @@ def test_a_blackholed_slave_is_exactly_one_incident(spark, loop_thread, tmp_path
         create_topic(master, "I", queues=1)
         wait_for(lambda: ha_status(master).connections, 10, "the slave")
         with NamesrvClient([ns.addr]) as nsc:
+            # Sample time advances one interval per round, whatever a round takes on
+            # the wall clock: a slow scrape on a loaded machine neither splits an
+            # incident (the session gap) nor shortens it (min_duration_s).
+            sampled = [time.time()]
 
             def rounds(spool: Path, seconds: float) -> None:
                 exporter = Exporter(nsc, spool)
                 exporter.seq = len(list(spool.glob("metrics-*"))) if spool.exists() else 0
-                end = time.monotonic() + seconds
-                while time.monotonic() < end:
-                    exporter.round()
-                    time.sleep(interval)
+                for _ in range(round(seconds / interval)):
+                    exporter.round(now=sampled[0])
+                    sampled[0] += interval
 
             healthy, sick = tmp_path / "healthy", tmp_path / "sick"
             rounds(healthy, 2.0)

@@ -148,7 +148,7 @@ class MetadataLog:
     ) -> None:
         """`replicate(result)`: True once the in-sync set has the record
         (None: nothing to wait for); `fence`: raises when this master must
-        not take or acknowledge a change (services.broker.failover.node)."""
+        not take or acknowledge a change (services.broker.failover.lease.Fence)."""
         self.store = store
         self.metadata = metadata
         self.replicate = replicate
