@@ -341,7 +341,8 @@ class BrokerApp:
         return store, metadata
 
     def _build_use_cases(self, store: MessageStore, metadata: BrokerMetadata) -> None:
-        """Metrics, the SYNC_MASTER acknowledgement policy and the use cases
+        """Metrics, a master's HA master (listening from `_start_ha`), the SYNC_MASTER
+        acknowledgement policy and the use cases
         (send and pull, timers, pop and transactions on a master, the failover
         metadata log, admin, statistics)."""
         cfg = self.config
@@ -349,6 +350,10 @@ class BrokerApp:
         acks = self.acks
         identity = (cfg.cluster_name, cfg.broker_name, cfg.broker_id, cfg.broker_role)
         self.metrics = metrics = BrokerMetrics(self.registry, cfg, timed=not cfg.is_slave)
+        if cfg.is_master:
+            # Built here, started with the rest of HA (`_start_ha`): the
+            # acknowledgement policy pushes a send's bytes through it.
+            self.ha_master = self._ha_master(store)
         if acks is not None and cfg.broker_role == "SYNC_MASTER":
             # The acknowledgement policy: a send waits for the in-sync set.
             self.replication = SyncReplication(
@@ -357,9 +362,9 @@ class BrokerApp:
                 store,
                 failover=incarnation is not None,
                 min_in_sync_replicas=cfg.min_in_sync_replicas,
-                on_slave_timeout=incarnation.on_slave_timeout if incarnation else None,
+                slave_timeouts=incarnation.slave_timeouts if incarnation else None,
                 observer=metrics,
-                push=lambda: self.ha_master.push_now() if self.ha_master else None,
+                push=self.ha_master,
             )
         fence = incarnation.fence if incarnation is not None else None
         if incarnation is not None:
@@ -788,6 +793,30 @@ class BrokerApp:
         name, add = rocketmq_v2_service()
         return Service(name, self.proxy, add)
 
+    def _ha_master(self, store: MessageStore) -> HAMaster:
+        """A master's side of the HA data plane, not listening yet: it streams
+        the log to slaves, whose acks its ReplicaAcks counts."""
+        cfg = self.config
+        acks = self.acks
+        assert acks is not None
+        return HAMaster(
+            HAMasterConfig(
+                host=cfg.bind_host,
+                port=cfg.ha_listen_port,
+                transfer_batch_bytes=cfg.ha_transfer_batch_size,
+                heartbeat_interval_s=cfg.ha_heartbeat_interval_s,
+                housekeeping_interval_s=cfg.ha_housekeeping_interval_s,
+                secret=cfg.ha_secret.encode(),
+                sync_from=cfg.ha_sync_from,
+                group=cfg.broker_name,
+                max_connections=cfg.ha_max_connections,
+                ssl=_ha_server_ssl(cfg) if cfg.ha_tls else None,
+                epoch=self.incarnation.epoch if self.incarnation is not None else None,
+            ),
+            store.replica_log,
+            acks,
+        )
+
     async def _start_ha(self, store: MessageStore) -> None:
         """The HA data plane: a master listens for slaves (whose acks its
         ReplicaAcks counts); a slave follows its master."""
@@ -796,24 +825,7 @@ class BrokerApp:
         epoch = self.incarnation.epoch if self.incarnation is not None else None
         if cfg.is_master:
             acks = self.acks
-            assert acks is not None
-            self.ha_master = HAMaster(
-                HAMasterConfig(
-                    host=cfg.bind_host,
-                    port=cfg.ha_listen_port,
-                    transfer_batch_bytes=cfg.ha_transfer_batch_size,
-                    heartbeat_interval_s=cfg.ha_heartbeat_interval_s,
-                    housekeeping_interval_s=cfg.ha_housekeeping_interval_s,
-                    secret=secret,
-                    sync_from=cfg.ha_sync_from,
-                    group=cfg.broker_name,
-                    max_connections=cfg.ha_max_connections,
-                    ssl=_ha_server_ssl(cfg) if cfg.ha_tls else None,
-                    epoch=epoch,
-                ),
-                store.replica_log,
-                acks,
-            )
+            assert acks is not None and self.ha_master is not None
             if self.incarnation is not None:
                 # A new leader: only its published in-sync slaves' acks count
                 # (none yet), and what its log holds is its epoch's start.

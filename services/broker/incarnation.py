@@ -18,6 +18,16 @@ from ferry.runtime.swap import ServiceSwitch
 from services.ha.sync import ReplicaAcks
 
 
+class SlaveTimeouts(Protocol):
+    """The node's in-sync set on a master: cluster/'s `SlaveTimeouts`
+    (services.broker.cluster.replication), named here since this contract may
+    not import cluster/."""
+
+    def on_slave_timeout(self, lagging: list[Hashable]) -> None:
+        """`lagging`: the in-sync replicas that did not acknowledge a send
+        within slaveTimeout (they leave the in-sync set)."""
+
+
 class Fence(Protocol):
     """The node's fence on a master: messaging's `Fence`
     (services.broker.messaging.contracts), named here since this contract may
@@ -35,8 +45,9 @@ class Incarnation:
     epoch: int  # the epoch led, or followed (0: no leader known)
     on_store_open: Callable[[object], Awaitable[None]]
     fence: Fence  # the node itself
-    # A master run's: told which in-sync replicas lagged past slaveTimeout.
-    on_slave_timeout: Callable[[list[Hashable]], None] | None
+    # A master run's: the node's in-sync set, told which in-sync replicas
+    # lagged past slaveTimeout (None: a follower run).
+    slave_timeouts: SlaveTimeouts | None
     # A master run's replica acknowledgements: the node's, which its in-sync
     # set counts (None: a follower run, which has none).
     acks: ReplicaAcks | None

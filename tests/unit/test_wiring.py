@@ -80,12 +80,6 @@ CALLABLE_ALLOWED = {
     "cluster/registration.py:Registrar.on_master": "not yet: the app's reaction to a new master",
     "cluster/registration.py:Registrar.on_order_topics": "not yet: the app's ORDER_TOPIC_CONFIG",
     "cluster/registration.py:Registrar.on_fenced": "not yet: the app's reaction to a fence",
-    "cluster/replication.py:SyncReplication.on_slave_timeout": (
-        "not yet: the failover node's, handed over as an Incarnation field"
-    ),
-    "cluster/replication.py:SyncReplication.push": (
-        "not yet: the HA master's push_now, built after the replication wait"
-    ),
 }
 FENCES = (
     "services/broker/messaging/contracts.py",

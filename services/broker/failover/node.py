@@ -417,7 +417,7 @@ class FailoverNode:
             try:
                 await self.runs.start(
                     epoch, None, self._open_as_leader(in_sync, epoch), leading=True,
-                    acks=in_sync.acks, on_slave_timeout=in_sync.on_slave_timeout,
+                    acks=in_sync.acks, slave_timeouts=in_sync,
                 )  # fmt: skip
             except BaseException:
                 with contextlib.suppress(Exception):
