@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -46,7 +45,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
-from ferry.model import SCHEDULE_TOPIC, TopicConfig, order_brokers, revive_topic
+from ferry.model import SCHEDULE_TOPIC, TopicConfig, revive_topic
 from ferry.remoting.server import RemotingServer
 from ferry.runtime.clock import Clock, SystemClock
 from ferry.runtime.errors import FerryError, StorageFault
@@ -171,6 +170,30 @@ def store_config_of(cfg: BrokerConfig) -> StoreConfig:
             max_index_num=cfg.max_index_num,
         ),
     )
+
+
+class SlaveFollower:
+    """What follows the master the name servers name (the registrar's
+    `MasterFollower`; a master's registrar never calls it): the master's address
+    as the admin use case reports it, the HA slave's master and the metadata
+    sync's. Built with the registrar, once the HA slave and the sync exist."""
+
+    def __init__(
+        self, admin: AdminService, ha_slave: HASlave | None, slave_sync: SlaveSyncLoop | None
+    ) -> None:
+        """`ha_slave`: None where the HA master's address comes from elsewhere
+        (failover: etcd) or there is no HA slave."""
+        self.admin = admin
+        self.ha_slave = ha_slave
+        self.slave_sync = slave_sync
+
+    def follow_master(self, master_addr: str, ha_addr: str) -> None:
+        self.admin.master_addr = master_addr
+        if self.ha_slave is not None:
+            self.ha_slave.set_master(ha_addr)
+        if self.slave_sync is not None:
+            self.slave_sync.set_master(master_addr)
+        log.info("master is now %s (HA %s)", master_addr or "unknown", ha_addr or "unknown")
 
 
 class BrokerApp:
@@ -654,8 +677,13 @@ class BrokerApp:
                 period_s=cfg.effective_register_period_s,
                 timeout_s=cfg.register_timeout_s,
                 force_register=cfg.force_register,
-                on_master=self._on_master,
-                on_order_topics=None if cfg.is_slave else self._apply_order_topics,
+                master_follower=SlaveFollower(
+                    self.admin,
+                    # Failover: the leader's HA address comes from etcd, not the name server.
+                    self.ha_slave if self.incarnation is None else None,
+                    self.slave_sync,
+                ),
+                order_topics=None if cfg.is_slave else self.admin,
                 admin_token=cfg.admin_token,
                 tls=self.client_tls,
             )
@@ -876,17 +904,6 @@ class BrokerApp:
         if self.transactions is not None:
             self.transactions.checkpoint()
 
-    def _apply_order_topics(self, table) -> None:
-        """ORDER_TOPIC_CONFIG from the name servers: a topic listed with this
-        broker's name is an ordered topic here (every group reads it in order)."""
-        assert self.metadata is not None
-        name = self.config.broker_name
-        for topic, value in table.items():
-            config = self.metadata.topics.get(topic)
-            if name in order_brokers(value) and config is not None and not config.order:
-                self.metadata.topics.put(dataclasses.replace(config, order=True))
-                log.info("topic %s is ordered (ORDER_TOPIC_CONFIG on the name server)", topic)
-
     def _ha_status(self) -> HAStatusView:
         assert self.store is not None
         return HAStatusView(
@@ -905,15 +922,6 @@ class BrokerApp:
     async def _register_all(self) -> None:
         if self.registrar is not None:
             await self.registrar.register_all(force=True)
-
-    def _on_master(self, master_addr: str, ha_addr: str) -> None:
-        self.admin.master_addr = master_addr
-        if self.ha_slave is not None and self.incarnation is None:
-            # (failover: the leader's HA address comes from etcd, not the name server)
-            self.ha_slave.set_master(ha_addr)
-        if self.slave_sync is not None:
-            self.slave_sync.set_master(master_addr)
-        log.info("master is now %s (HA %s)", master_addr or "unknown", ha_addr or "unknown")
 
     async def _persist_offsets(self) -> None:
         """Consumer and delay offsets change often: persisted every

@@ -77,9 +77,6 @@ CALLABLE_ALLOWED = {
     "messaging/admin.py:AdminService.announce_all": (
         "not yet: the registrar's, built after the admin use case once the ports are bound"
     ),
-    "cluster/registration.py:Registrar.on_master": "not yet: the app's reaction to a new master",
-    "cluster/registration.py:Registrar.on_order_topics": "not yet: the app's ORDER_TOPIC_CONFIG",
-    "cluster/registration.py:Registrar.on_fenced": "not yet: the app's reaction to a fence",
 }
 FENCES = (
     "services/broker/messaging/contracts.py",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from ferry.model import (
     SCHEDULE_TOPIC,
@@ -26,6 +26,7 @@ from ferry.model import (
     alter_attributes,
     check_perm,
     check_topic,
+    order_brokers,
 )
 from ferry.runtime.clock import Clock
 from ferry.runtime.errors import InvalidArgument, PermissionDenied
@@ -86,6 +87,17 @@ class AdminService:
         self._announcing.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.warning("could not announce a new topic: %s", task.exception())
+
+    def apply_order_topics(self, table: Mapping[str, str]) -> None:
+        """ORDER_TOPIC_CONFIG from the name servers (topic ->
+        "brokerName:queues;..."; the registrar's `OrderTopics`): a topic listed
+        with this broker's name is an ordered topic here (every group reads it
+        in order). Put in the table directly, not through the metadata log."""
+        for topic, value in table.items():
+            config = self.metadata.topics.get(topic)
+            if self.broker_name in order_brokers(value) and config is not None and not config.order:
+                self.metadata.topics.put(dataclasses.replace(config, order=True))
+                log.info("topic %s is ordered (ORDER_TOPIC_CONFIG on the name server)", topic)
 
     def _writable_tables(self) -> None:
         if self.role == "SLAVE":
