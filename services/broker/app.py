@@ -113,6 +113,7 @@ from services.ha.sync import ReplicaAcks
 if TYPE_CHECKING:
     from ferry.runtime.acl_file import AclFile
     from ferry.runtime.swap import Mount
+    from services.broker.cluster.registration import Registrar
     from services.proxy.routes import LocalRoutes
     from services.proxy.servicer import MessagingServicer
 
@@ -172,6 +173,35 @@ def store_config_of(cfg: BrokerConfig) -> StoreConfig:
     )
 
 
+class Announcements:
+    """The admin use case's `TopicAnnouncer`: topic changes go to the name
+    servers through the app's registrar, from when the app has one.
+
+    It exists because of the start order. The admin use case is built with the
+    other use cases, before anything listens; the registrar only once the ports
+    are bound (its registrations carry them), as the last step of start. A change
+    made before then has nowhere to go and needs nowhere: the registrar's first,
+    full registration carries every topic. Without name servers there is never
+    a registrar, and nothing is announced. The app owns it and alone says which
+    registrar it goes through (`through`)."""
+
+    def __init__(self) -> None:
+        self._registrar: Registrar | None = None
+
+    def through(self, registrar: Registrar) -> None:
+        """Announce through `registrar` from now on (the app's, before it starts)."""
+        self._registrar = registrar
+
+    async def announce_topics(self, configs: Sequence[TopicConfig]) -> None:
+        """New or changed topics to the name servers (none before registration starts)."""
+        if self._registrar is not None:
+            await self._registrar.register_topics(configs)
+
+    async def announce_all(self) -> None:
+        if self._registrar is not None:
+            await self._registrar.register_all(force=True)
+
+
 class SlaveFollower:
     """What follows the master the name servers name (the registrar's
     `MasterFollower`; a master's registrar never calls it): the master's address
@@ -221,7 +251,9 @@ class BrokerApp:
         )  # fmt: skip
         self.store: MessageStore | None = None
         self.metadata: BrokerMetadata | None = None
-        self.registrar = None  # services.broker.cluster.registration.Registrar, with name servers
+        self.registrar: Registrar | None = None  # with name servers
+        # Topic changes to the name servers, through the registrar once there is one.
+        self.announcements = Announcements()
         self.server: GrpcServer | None = None
         # RocketMQ's protocol: this app's own server (None with failover: the node's).
         self.remoting: RemotingServer | None = None
@@ -408,8 +440,7 @@ class BrokerApp:
             self.clock,
             self.permission,
             journal=None if cfg.is_slave else self.journal,
-            announce_topics=self._announce_topics,
-            announce_all=self._register_all,
+            announcer=self.announcements,
             allow_mixed_message_type=cfg.enable_mixed_message_type,
         )
         # The send and pull use cases, and what they share: the broker's
@@ -687,6 +718,7 @@ class BrokerApp:
                 admin_token=cfg.admin_token,
                 tls=self.client_tls,
             )
+            self.announcements.through(self.registrar)
             await self.registrar.start()
         else:
             log.warning("no name server configured (namesrvAddr): running standalone")
@@ -913,15 +945,6 @@ class BrokerApp:
             master=self.ha_master,
             slave=self.ha_slave,
         )
-
-    async def _announce_topics(self, configs: Sequence[TopicConfig]) -> None:
-        """New or changed topics to the name servers (none before registration starts)."""
-        if self.registrar is not None:
-            await self.registrar.register_topics(configs)
-
-    async def _register_all(self) -> None:
-        if self.registrar is not None:
-            await self.registrar.register_all(force=True)
 
     async def _persist_offsets(self) -> None:
         """Consumer and delay offsets change often: persisted every
