@@ -628,7 +628,7 @@ class BrokerApp:
         if self.incarnation is not None:
             # Before HA or any send: a new leader records its epoch, a follower
             # cuts what its new leader does not have.
-            await self.incarnation.on_store_open(store)
+            await self.incarnation.epoch_start.start_epoch(store)
         if self.journal is not None:
             self.journal.open()
         await self._start_ha(store)

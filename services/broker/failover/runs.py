@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry
 
@@ -36,7 +36,7 @@ from ferry.runtime.server import GrpcServer
 from ferry.runtime.swap import ServiceSwitch
 from services.broker.config import BrokerConfig
 from services.broker.failover.lease import Fence
-from services.broker.incarnation import Incarnation, SlaveTimeouts
+from services.broker.incarnation import EpochStart, Incarnation, SlaveTimeouts
 from services.broker.messaging.clients import ClientTables
 from services.broker.messaging.locks import QueueLocks
 from services.broker.servers import (
@@ -217,15 +217,16 @@ class Runs:
         self,
         epoch: int,
         leader: dict | None,
-        on_store_open: Callable[[object], Awaitable[None]],
+        epoch_start: EpochStart,
         *,
         leading: bool,
         acks: ReplicaAcks | None = None,
         slave_timeouts: SlaveTimeouts | None = None,
     ) -> None:
         """Start a run, as master of `epoch` (`leading`, with the replica
-        acknowledgements `acks` and the in-sync set `slave_timeouts`) or as a follower of `leader` (None: of nobody).
-        Call `stop` first."""
+        acknowledgements `acks` and the in-sync set `slave_timeouts`) or as a
+        follower of `leader` (None: of nobody); `epoch_start` readies its store
+        for that role as the app opens it. Call `stop` first."""
         from services.broker.app import BrokerApp
 
         cfg = self.config
@@ -250,7 +251,7 @@ class Runs:
             )
         incarnation = Incarnation(
             epoch=epoch,
-            on_store_open=on_store_open,
+            epoch_start=epoch_start,
             fence=self.fence,
             slave_timeouts=slave_timeouts,
             acks=acks,
