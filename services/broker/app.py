@@ -396,10 +396,10 @@ class BrokerApp:
         return store, metadata
 
     def _build_use_cases(self, store: MessageStore, metadata: BrokerMetadata) -> None:
-        """Metrics, a master's HA master (listening from `_start_ha`), the SYNC_MASTER
-        acknowledgement policy and the use cases
-        (send and pull, timers, pop and transactions on a master, the failover
-        metadata log, admin, statistics)."""
+        """Metrics, a master's HA master (built here, listening from `_start_ha`),
+        the SYNC_MASTER acknowledgement policy and the use cases (send and pull,
+        timers, pop and transactions on a master, the failover metadata log,
+        admin, statistics)."""
         cfg = self.config
         incarnation = self.incarnation
         acks = self.acks
