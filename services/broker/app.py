@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -46,7 +45,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
-from ferry.model import SCHEDULE_TOPIC, TopicConfig, order_brokers, revive_topic
+from ferry.model import SCHEDULE_TOPIC, TopicConfig, revive_topic
 from ferry.remoting.server import RemotingServer
 from ferry.runtime.clock import Clock, SystemClock
 from ferry.runtime.errors import FerryError, StorageFault
@@ -114,6 +113,7 @@ from services.ha.sync import ReplicaAcks
 if TYPE_CHECKING:
     from ferry.runtime.acl_file import AclFile
     from ferry.runtime.swap import Mount
+    from services.broker.cluster.registration import Registrar
     from services.proxy.routes import LocalRoutes
     from services.proxy.servicer import MessagingServicer
 
@@ -173,6 +173,59 @@ def store_config_of(cfg: BrokerConfig) -> StoreConfig:
     )
 
 
+class Announcements:
+    """The admin use case's `TopicAnnouncer`: topic changes go to the name
+    servers through the app's registrar, from when the app has one.
+
+    It exists because of the start order. The admin use case is built with the
+    other use cases, before anything listens; the registrar only once the ports
+    are bound (its registrations carry them), as the last step of start. A change
+    made before then has nowhere to go and needs nowhere: the registrar's first,
+    full registration carries every topic. Without name servers there is never
+    a registrar, and nothing is announced. The app owns it and alone says which
+    registrar it goes through (`through`)."""
+
+    def __init__(self) -> None:
+        self._registrar: Registrar | None = None
+
+    def through(self, registrar: Registrar) -> None:
+        """Announce through `registrar` from now on (the app's, before it starts)."""
+        self._registrar = registrar
+
+    async def announce_topics(self, configs: Sequence[TopicConfig]) -> None:
+        """New or changed topics to the name servers (none before registration starts)."""
+        if self._registrar is not None:
+            await self._registrar.register_topics(configs)
+
+    async def announce_all(self) -> None:
+        if self._registrar is not None:
+            await self._registrar.register_all(force=True)
+
+
+class SlaveFollower:
+    """What follows the master the name servers name (the registrar's
+    `MasterFollower`; a master's registrar never calls it): the master's address
+    as the admin use case reports it, the HA slave's master and the metadata
+    sync's. Built with the registrar, once the HA slave and the sync exist."""
+
+    def __init__(
+        self, admin: AdminService, ha_slave: HASlave | None, slave_sync: SlaveSyncLoop | None
+    ) -> None:
+        """`ha_slave`: None where the HA master's address comes from elsewhere
+        (failover: etcd) or there is no HA slave."""
+        self.admin = admin
+        self.ha_slave = ha_slave
+        self.slave_sync = slave_sync
+
+    def follow_master(self, master_addr: str, ha_addr: str) -> None:
+        self.admin.master_addr = master_addr
+        if self.ha_slave is not None:
+            self.ha_slave.set_master(ha_addr)
+        if self.slave_sync is not None:
+            self.slave_sync.set_master(master_addr)
+        log.info("master is now %s (HA %s)", master_addr or "unknown", ha_addr or "unknown")
+
+
 class BrokerApp:
     def __init__(
         self,
@@ -198,7 +251,9 @@ class BrokerApp:
         )  # fmt: skip
         self.store: MessageStore | None = None
         self.metadata: BrokerMetadata | None = None
-        self.registrar = None  # services.broker.cluster.registration.Registrar, with name servers
+        self.registrar: Registrar | None = None  # with name servers
+        # Topic changes to the name servers, through the registrar once there is one.
+        self.announcements = Announcements()
         self.server: GrpcServer | None = None
         # RocketMQ's protocol: this app's own server (None with failover: the node's).
         self.remoting: RemotingServer | None = None
@@ -341,14 +396,19 @@ class BrokerApp:
         return store, metadata
 
     def _build_use_cases(self, store: MessageStore, metadata: BrokerMetadata) -> None:
-        """Metrics, the SYNC_MASTER acknowledgement policy and the use cases
-        (send and pull, timers, pop and transactions on a master, the failover
-        metadata log, admin, statistics)."""
+        """Metrics, a master's HA master (built here, listening from `_start_ha`),
+        the SYNC_MASTER acknowledgement policy and the use cases (send and pull,
+        timers, pop and transactions on a master, the failover metadata log,
+        admin, statistics)."""
         cfg = self.config
         incarnation = self.incarnation
         acks = self.acks
         identity = (cfg.cluster_name, cfg.broker_name, cfg.broker_id, cfg.broker_role)
         self.metrics = metrics = BrokerMetrics(self.registry, cfg, timed=not cfg.is_slave)
+        if cfg.is_master:
+            # Built here, started with the rest of HA (`_start_ha`): the
+            # acknowledgement policy pushes a send's bytes through it.
+            self.ha_master = self._ha_master(store)
         if acks is not None and cfg.broker_role == "SYNC_MASTER":
             # The acknowledgement policy: a send waits for the in-sync set.
             self.replication = SyncReplication(
@@ -357,9 +417,9 @@ class BrokerApp:
                 store,
                 failover=incarnation is not None,
                 min_in_sync_replicas=cfg.min_in_sync_replicas,
-                on_slave_timeout=incarnation.on_slave_timeout if incarnation else None,
+                slave_timeouts=incarnation.slave_timeouts if incarnation else None,
                 observer=metrics,
-                push=lambda: self.ha_master.push_now() if self.ha_master else None,
+                push=self.ha_master,
             )
         fence = incarnation.fence if incarnation is not None else None
         if incarnation is not None:
@@ -380,8 +440,7 @@ class BrokerApp:
             self.clock,
             self.permission,
             journal=None if cfg.is_slave else self.journal,
-            announce_topics=self._announce_topics,
-            announce_all=self._register_all,
+            announcer=self.announcements,
             allow_mixed_message_type=cfg.enable_mixed_message_type,
         )
         # The send and pull use cases, and what they share: the broker's
@@ -569,7 +628,7 @@ class BrokerApp:
         if self.incarnation is not None:
             # Before HA or any send: a new leader records its epoch, a follower
             # cuts what its new leader does not have.
-            await self.incarnation.on_store_open(store)
+            await self.incarnation.epoch_start.start_epoch(store)
         if self.journal is not None:
             self.journal.open()
         await self._start_ha(store)
@@ -649,11 +708,17 @@ class BrokerApp:
                 period_s=cfg.effective_register_period_s,
                 timeout_s=cfg.register_timeout_s,
                 force_register=cfg.force_register,
-                on_master=self._on_master,
-                on_order_topics=None if cfg.is_slave else self._apply_order_topics,
+                master_follower=SlaveFollower(
+                    self.admin,
+                    # Failover: the leader's HA address comes from etcd, not the name server.
+                    self.ha_slave if self.incarnation is None else None,
+                    self.slave_sync,
+                ),
+                order_topics=None if cfg.is_slave else self.admin,
                 admin_token=cfg.admin_token,
                 tls=self.client_tls,
             )
+            self.announcements.through(self.registrar)
             await self.registrar.start()
         else:
             log.warning("no name server configured (namesrvAddr): running standalone")
@@ -788,6 +853,30 @@ class BrokerApp:
         name, add = rocketmq_v2_service()
         return Service(name, self.proxy, add)
 
+    def _ha_master(self, store: MessageStore) -> HAMaster:
+        """A master's side of the HA data plane, not listening yet: it streams
+        the log to slaves, whose acks its ReplicaAcks counts."""
+        cfg = self.config
+        acks = self.acks
+        assert acks is not None
+        return HAMaster(
+            HAMasterConfig(
+                host=cfg.bind_host,
+                port=cfg.ha_listen_port,
+                transfer_batch_bytes=cfg.ha_transfer_batch_size,
+                heartbeat_interval_s=cfg.ha_heartbeat_interval_s,
+                housekeeping_interval_s=cfg.ha_housekeeping_interval_s,
+                secret=cfg.ha_secret.encode(),
+                sync_from=cfg.ha_sync_from,
+                group=cfg.broker_name,
+                max_connections=cfg.ha_max_connections,
+                ssl=_ha_server_ssl(cfg) if cfg.ha_tls else None,
+                epoch=self.incarnation.epoch if self.incarnation is not None else None,
+            ),
+            store.replica_log,
+            acks,
+        )
+
     async def _start_ha(self, store: MessageStore) -> None:
         """The HA data plane: a master listens for slaves (whose acks its
         ReplicaAcks counts); a slave follows its master."""
@@ -796,24 +885,7 @@ class BrokerApp:
         epoch = self.incarnation.epoch if self.incarnation is not None else None
         if cfg.is_master:
             acks = self.acks
-            assert acks is not None
-            self.ha_master = HAMaster(
-                HAMasterConfig(
-                    host=cfg.bind_host,
-                    port=cfg.ha_listen_port,
-                    transfer_batch_bytes=cfg.ha_transfer_batch_size,
-                    heartbeat_interval_s=cfg.ha_heartbeat_interval_s,
-                    housekeeping_interval_s=cfg.ha_housekeeping_interval_s,
-                    secret=secret,
-                    sync_from=cfg.ha_sync_from,
-                    group=cfg.broker_name,
-                    max_connections=cfg.ha_max_connections,
-                    ssl=_ha_server_ssl(cfg) if cfg.ha_tls else None,
-                    epoch=epoch,
-                ),
-                store.replica_log,
-                acks,
-            )
+            assert acks is not None and self.ha_master is not None
             if self.incarnation is not None:
                 # A new leader: only its published in-sync slaves' acks count
                 # (none yet), and what its log holds is its epoch's start.
@@ -864,17 +936,6 @@ class BrokerApp:
         if self.transactions is not None:
             self.transactions.checkpoint()
 
-    def _apply_order_topics(self, table) -> None:
-        """ORDER_TOPIC_CONFIG from the name servers: a topic listed with this
-        broker's name is an ordered topic here (every group reads it in order)."""
-        assert self.metadata is not None
-        name = self.config.broker_name
-        for topic, value in table.items():
-            config = self.metadata.topics.get(topic)
-            if name in order_brokers(value) and config is not None and not config.order:
-                self.metadata.topics.put(dataclasses.replace(config, order=True))
-                log.info("topic %s is ordered (ORDER_TOPIC_CONFIG on the name server)", topic)
-
     def _ha_status(self) -> HAStatusView:
         assert self.store is not None
         return HAStatusView(
@@ -884,24 +945,6 @@ class BrokerApp:
             master=self.ha_master,
             slave=self.ha_slave,
         )
-
-    async def _announce_topics(self, configs: Sequence[TopicConfig]) -> None:
-        """New or changed topics to the name servers (none before registration starts)."""
-        if self.registrar is not None:
-            await self.registrar.register_topics(configs)
-
-    async def _register_all(self) -> None:
-        if self.registrar is not None:
-            await self.registrar.register_all(force=True)
-
-    def _on_master(self, master_addr: str, ha_addr: str) -> None:
-        self.admin.master_addr = master_addr
-        if self.ha_slave is not None and self.incarnation is None:
-            # (failover: the leader's HA address comes from etcd, not the name server)
-            self.ha_slave.set_master(ha_addr)
-        if self.slave_sync is not None:
-            self.slave_sync.set_master(master_addr)
-        log.info("master is now %s (HA %s)", master_addr or "unknown", ha_addr or "unknown")
 
     async def _persist_offsets(self) -> None:
         """Consumer and delay offsets change often: persisted every

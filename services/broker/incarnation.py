@@ -9,13 +9,32 @@ own types.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ferry.runtime.server import GrpcServer
 from ferry.runtime.swap import ServiceSwitch
 from services.ha.sync import ReplicaAcks
+
+
+class EpochStart(Protocol):
+    """What the node does with a run's store once the app has opened it, before
+    HA or any send (services/broker/failover/rejoin.py)."""
+
+    async def start_epoch(self, store: object) -> None:
+        """`store`: the run's MessageStore, open. A new leader records its
+        epoch; a follower cuts what its new leader does not have."""
+
+
+class SlaveTimeouts(Protocol):
+    """The node's in-sync set on a master: cluster/'s `SlaveTimeouts`
+    (services.broker.cluster.replication), named here since this contract may
+    not import cluster/."""
+
+    def on_slave_timeout(self, lagging: list[Hashable]) -> None:
+        """`lagging`: the in-sync replicas that did not acknowledge a send
+        within slaveTimeout (they leave the in-sync set)."""
 
 
 class Fence(Protocol):
@@ -33,10 +52,11 @@ class Incarnation:
     """What one run of the broker app needs from the failover node."""
 
     epoch: int  # the epoch led, or followed (0: no leader known)
-    on_store_open: Callable[[object], Awaitable[None]]
+    epoch_start: EpochStart  # the node's, for this run's role
     fence: Fence  # the node itself
-    # A master run's: told which in-sync replicas lagged past slaveTimeout.
-    on_slave_timeout: Callable[[list[Hashable]], None] | None
+    # A master run's: the node's in-sync set, told which in-sync replicas
+    # lagged past slaveTimeout (None: a follower run).
+    slave_timeouts: SlaveTimeouts | None
     # A master run's replica acknowledgements: the node's, which its in-sync
     # set counts (None: a follower run, which has none).
     acks: ReplicaAcks | None

@@ -256,6 +256,16 @@ class _Topics:
         return {"TopicTest": TopicConfig("TopicTest", 4, 4, 6)}, DataVersion(1, 1)
 
 
+class _Fenced:
+    """The registrar's FenceListener: each refusal's message, in `messages`."""
+
+    def __init__(self, messages: list[str]) -> None:
+        self.messages = messages
+
+    def on_fenced(self, message: str) -> None:
+        self.messages.append(message)
+
+
 def registrar(ns: RunningNamesrv, identity: BrokerIdentity, fenced: list[str]) -> Registrar:
     return Registrar(
         [ns.remoting_addr],
@@ -265,7 +275,7 @@ def registrar(ns: RunningNamesrv, identity: BrokerIdentity, fenced: list[str]) -
         clock=SystemClock(),
         period_s=30.0,
         timeout_s=5.0,
-        on_fenced=fenced.append,
+        fence_listener=_Fenced(fenced),
     )
 
 

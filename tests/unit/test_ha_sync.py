@@ -86,6 +86,17 @@ class _NoWaiters:
         pass
 
 
+class _Pushes:
+    """The HA master's push, counted: the confirmed offset at each push."""
+
+    def __init__(self, acks: ReplicaAcks) -> None:
+        self.acks = acks
+        self.seen: list[int] = []
+
+    def push_now(self) -> None:
+        self.seen.append(self.acks.confirmed)
+
+
 def test_a_sync_send_pushes_its_bytes_before_waiting_and_only_when_unconfirmed():
     """SyncReplication asks the HA master to send the new bytes now (push) right
     before a send waits for its slave; a send already confirmed neither pushes nor
@@ -96,10 +107,9 @@ def test_a_sync_send_pushes_its_bytes_before_waiting_and_only_when_unconfirmed()
 
     async def scenario():
         acks = ReplicaAcks(GAP)
-        pushes: list[int] = []
-        replication = SyncReplication(
-            acks, 5.0, _NoWaiters(), push=lambda: pushes.append(acks.confirmed)
-        )
+        push = _Pushes(acks)
+        pushes = push.seen
+        replication = SyncReplication(acks, 5.0, _NoWaiters(), push=push)
         assert await replication.wait(put(100)) == SendStatus.SLAVE_NOT_AVAILABLE
         assert pushes == []
         acks.connect("r1", 0)

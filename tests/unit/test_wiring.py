@@ -69,23 +69,6 @@ CALLABLE_ALLOWED = {
     "messaging/stats.py:TrafficStats.monotonic": "a clock function, as `time.monotonic`",
     "messaging/stats.py:TrafficStats.totals": "a reading of the store's two counters, like a clock",
     "messaging/sendback.py:SendBack.choose": "a random source (`random.randrange`), like a clock",
-    # Not converted yet (issue 42 item 3): each calls back into the composition root,
-    # or into a part it builds later, so each wants that part split out first.
-    "messaging/admin.py:AdminService.announce_topics": (
-        "not yet: the registrar's, built after the admin use case once the ports are bound"
-    ),
-    "messaging/admin.py:AdminService.announce_all": (
-        "not yet: the registrar's, built after the admin use case once the ports are bound"
-    ),
-    "cluster/registration.py:Registrar.on_master": "not yet: the app's reaction to a new master",
-    "cluster/registration.py:Registrar.on_order_topics": "not yet: the app's ORDER_TOPIC_CONFIG",
-    "cluster/registration.py:Registrar.on_fenced": "not yet: the app's reaction to a fence",
-    "cluster/replication.py:SyncReplication.on_slave_timeout": (
-        "not yet: the failover node's, handed over as an Incarnation field"
-    ),
-    "cluster/replication.py:SyncReplication.push": (
-        "not yet: the HA master's push_now, built after the replication wait"
-    ),
 }
 FENCES = (
     "services/broker/messaging/contracts.py",

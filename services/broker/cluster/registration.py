@@ -19,8 +19,13 @@ every topic is registered with `perm & brokerPermission`.
 With automatic failover every registration carries the broker's election
 epoch. A name server that has seen a newer one refuses this broker as master
 (FAILED_PRECONDITION, "stale master"): the refusal is logged, handed to
-`on_fenced` (the failover controller steps down) and asked again no sooner
-than the next period.
+the `FenceListener` (the failover controller steps down) and asked again no
+sooner than the next period.
+
+What a registration answer tells the broker goes to objects it is handed
+(each a small Protocol below): a slave's new master to its `MasterFollower`,
+the name servers' ORDER_TOPIC_CONFIG to `OrderTopics`, a refusal as a stale
+master to the `FenceListener`.
 
 `namesrvAddr` names the name servers' RocketMQ-protocol addresses, as in
 RocketMQ. Registration itself is ferry.v1 gRPC: the broker asks each name
@@ -41,7 +46,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -129,6 +134,33 @@ class PermissionReading(Protocol):
     def get(self) -> int: ...
 
 
+class MasterFollower(Protocol):
+    """What follows the master the name servers name, on a slave (the app's
+    slave parts: the admin use case's report, the HA slave, the metadata sync)."""
+
+    def follow_master(self, master_addr: str, ha_addr: str) -> None:
+        """The master is now at `master_addr` (gRPC), streaming HA from
+        `ha_addr` ("" each: none known)."""
+
+
+class OrderTopics(Protocol):
+    """Where the name servers' ORDER_TOPIC_CONFIG table goes, from every
+    registration answer that has one: RocketMQ's checkOrderConfig (the admin
+    use case, on a master)."""
+
+    def apply_order_topics(self, table: Mapping[str, str]) -> None:
+        """`table`: topic -> "brokerName:queues;..."."""
+
+
+class FenceListener(Protocol):
+    """Told each time a name server refuses this broker as a stale master (its
+    failover epoch is older than the group's)."""
+
+    def on_fenced(self, message: str) -> None:
+        """`message`: the name server's reason. An exception is logged, and
+        registration goes on."""
+
+
 class Registrar:
     def __init__(
         self,
@@ -140,13 +172,13 @@ class Registrar:
         period_s: float = 30.0,
         timeout_s: float = 6.0,
         force_register: bool = True,
-        on_master: Callable[[str, str], None] | None = None,
-        on_order_topics: Callable[[Mapping[str, str]], None] | None = None,
+        master_follower: MasterFollower | None = None,
+        order_topics: OrderTopics | None = None,
         heartbeat_timeout_ms: int = 0,
         keepalive_ping_s: float = KEEPALIVE_PING_S,
         admin_token: str = "",
         tls: ClientTLS | None = None,
-        on_fenced: Callable[[str], None] | None = None,
+        fence_listener: FenceListener | None = None,
     ) -> None:
         self.identity = identity
         self.tls = tls
@@ -157,13 +189,9 @@ class Registrar:
         self.period_s = period_s
         self.timeout_s = timeout_s
         self.force_register = force_register
-        self.on_master = on_master
-        # The name server's ORDER_TOPIC_CONFIG table (topic -> "brokerName:queues;..."),
-        # from every registration answer: RocketMQ's checkOrderConfig.
-        self.on_order_topics = on_order_topics
-        # Called with a name server's message each time one refuses this broker
-        # as a stale master (its failover epoch is older than the group's).
-        self.on_fenced = on_fenced
+        self.master_follower = master_follower
+        self.order_topics = order_topics
+        self.fence_listener = fence_listener
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self.keepalive_ping_s = keepalive_ping_s
         self.instance_id = uuid.uuid4().hex
@@ -354,16 +382,16 @@ class Registrar:
         else:
             log.debug("registered with name server %s", server.addr)
         server.master = (response.master_addr, response.ha_server_addr)
-        if self.on_order_topics is not None and response.kv_table:
-            self.on_order_topics(dict(response.kv_table))
+        if self.order_topics is not None and response.kv_table:
+            self.order_topics.apply_order_topics(dict(response.kv_table))
         # The name servers do not talk to each other: one may not have heard
         # from the master yet while another has. The first that knows it wins
         # (as in RocketMQ); "no master" only when none of them knows one.
         master = next((s.master for s in self._servers if any(s.master)), ("", ""))
         if self.identity.broker_id != 0 and master != self._master:
             self._master = master
-            if self.on_master is not None:
-                self.on_master(*master)
+            if self.master_follower is not None:
+                self.master_follower.follow_master(*master)
         return True
 
     def _is_fenced(self, exc: grpc.aio.AioRpcError) -> bool:
@@ -387,9 +415,9 @@ class Registrar:
             self.identity.epoch,
             message,
         )
-        if self.on_fenced is not None:
+        if self.fence_listener is not None:
             try:
-                self.on_fenced(message)
+                self.fence_listener.on_fenced(message)
             except Exception:
                 log.exception("on_fenced callback failed; registration goes on")
 

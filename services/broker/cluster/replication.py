@@ -11,7 +11,7 @@ own beyond its collaborators.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from typing import Protocol
 
 from services.broker.messaging.outgoing import SendStatus
@@ -23,6 +23,19 @@ class ConfirmSignal(Protocol):
     """Wakes what waits for the confirm offset (the message store)."""
 
     def notify_confirmed(self) -> None: ...
+
+
+class SlaveTimeouts(Protocol):
+    """What is told which replicas lagged past slaveTimeout (under automatic
+    failover, the node's in-sync set, which they leave)."""
+
+    def on_slave_timeout(self, lagging: list[Hashable]) -> None: ...
+
+
+class ReplicaPush(Protocol):
+    """Sends the log's new bytes to the slaves now (the HA master)."""
+
+    def push_now(self) -> None: ...
 
 
 class SyncObserver(Protocol):
@@ -40,9 +53,9 @@ class SyncReplication:
         *,
         failover: bool = False,
         min_in_sync_replicas: int = 1,
-        on_slave_timeout: Callable[[list[Hashable]], None] | None = None,
+        slave_timeouts: SlaveTimeouts | None = None,
         observer: SyncObserver | None = None,
-        push: Callable[[], None] | None = None,
+        push: ReplicaPush | None = None,
     ) -> None:
         """
         Args:
@@ -52,18 +65,18 @@ class SyncReplication:
                 without a slave (an in-sync set of this master alone): long polls.
             failover: the in-sync set (`acks.required`) decides, and
                 `min_in_sync_replicas` members (this master included) must exist.
-            on_slave_timeout: told which replicas lagged past the timeout (under
-                failover they leave the in-sync set).
+            slave_timeouts: told (`on_slave_timeout`) which replicas lagged past
+                the timeout (under failover they leave the in-sync set).
             observer: (status, seconds) of each wait, for metrics.
             push: sends the new bytes to the slaves now, before the wait
-                (`HAMaster.push_now`), instead of one event-loop turn later.
+                (`push_now`: the HA master's), instead of one event-loop turn later.
         """
         self.acks = acks
         self.timeout_s = timeout_s
         self.confirmed = confirmed
         self.failover = failover
         self.min_in_sync_replicas = min_in_sync_replicas
-        self.on_slave_timeout = on_slave_timeout
+        self.slave_timeouts = slave_timeouts
         self.observer = observer
         self.push = push
 
@@ -80,13 +93,13 @@ class SyncReplication:
             status = SendStatus.SLAVE_NOT_AVAILABLE
         else:
             if self.push is not None and acks.confirmed < result.end_offset:
-                self.push()  # the bytes leave now, not at the HA writer's next turn
+                self.push.push_now()  # the bytes leave now, not at the HA writer's next turn
             if await acks.wait(result.end_offset, self.timeout_s):
                 status = SendStatus.SEND_OK
             else:
                 status = SendStatus.FLUSH_SLAVE_TIMEOUT
-                if self.on_slave_timeout is not None:
-                    self.on_slave_timeout(acks.lagging(result.end_offset))
+                if self.slave_timeouts is not None:
+                    self.slave_timeouts.on_slave_timeout(acks.lagging(result.end_offset))
         if self.observer is not None:
             self.observer.observe_sync(status.value, time.perf_counter() - started)
         return status

@@ -67,7 +67,6 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
 
 import aetcd.exceptions
 from prometheus_client import CollectorRegistry
@@ -416,8 +415,8 @@ class FailoverNode:
             )
             try:
                 await self.runs.start(
-                    epoch, None, self._open_as_leader(in_sync, epoch), leading=True,
-                    acks=in_sync.acks, on_slave_timeout=in_sync.on_slave_timeout,
+                    epoch, None, rejoin.LeaderStart(self.history, epoch, in_sync), leading=True,
+                    acks=in_sync.acks, slave_timeouts=in_sync,
                 )  # fmt: skip
             except BaseException:
                 with contextlib.suppress(Exception):
@@ -426,7 +425,9 @@ class FailoverNode:
             self.in_sync = in_sync
             in_sync.activate()
         else:
-            await self.runs.start(epoch, leader, self._open_as_follower(leader), leading=False)
+            await self.runs.start(
+                epoch, leader, rejoin.FollowerStart(self.history, leader), leading=False
+            )
         await self.runs.report_in_sync(role == LEADER)
         if self.lease.id:
             await self._put_member()  # ferry ha-status shows the new role at once
@@ -444,19 +445,3 @@ class FailoverNode:
         if in_sync is not None:
             in_sync.close()
         await self.runs.stop()
-
-    def _open_as_leader(
-        self, in_sync: InSyncSet, epoch: int
-    ) -> Callable[[object], Awaitable[None]]:
-        async def open_(store) -> None:
-            in_sync.open(store)
-            rejoin.begin_epoch(self.history, epoch, store)
-
-        return open_
-
-    def _open_as_follower(self, leader: dict | None) -> Callable[[object], Awaitable[None]]:
-        async def open_(store) -> None:
-            if leader is not None:
-                await rejoin.rejoin(self.history, store, leader)
-
-        return open_

@@ -1,5 +1,5 @@
 """What a run's store must hold before the run replicates or takes a send, as
-the app opens it (`Incarnation.on_store_open`).
+the app opens it (`Incarnation.epoch_start`: `LeaderStart` or `FollowerStart`).
 
 Owns two steps on the member's epoch history (services.broker.failover.epochs):
 - `begin_epoch`: a new master records `(epoch, log end)` before its first write.
@@ -15,12 +15,43 @@ served yet). Must never touch etcd or any other part of the app than its store.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from ferry.runtime.errors import Unavailable
 from services.broker.failover import epochs
 from services.broker.failover.epochs import EpochHistory
 
+if TYPE_CHECKING:
+    from services.broker.failover.insync import InSyncSet
+
 log = logging.getLogger(__name__)
+
+
+class LeaderStart:
+    """A master run's `EpochStart`: its in-sync set reads the opened store's
+    log, and its epoch begins at the log's end (`begin_epoch`)."""
+
+    def __init__(self, history: EpochHistory, epoch: int, in_sync: InSyncSet) -> None:
+        self.history = history
+        self.epoch = epoch
+        self.in_sync = in_sync
+
+    async def start_epoch(self, store) -> None:
+        self.in_sync.open(store)
+        begin_epoch(self.history, self.epoch, store)
+
+
+class FollowerStart:
+    """A follower run's `EpochStart`: its store rejoins `leader` (`rejoin`);
+    with no leader known it stays as it is."""
+
+    def __init__(self, history: EpochHistory, leader: dict | None) -> None:
+        self.history = history
+        self.leader = leader
+
+    async def start_epoch(self, store) -> None:
+        if self.leader is not None:
+            await rejoin(self.history, store, self.leader)
 
 
 def begin_epoch(history: EpochHistory, epoch: int, store) -> None:

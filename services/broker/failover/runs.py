@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry
 
@@ -36,7 +36,7 @@ from ferry.runtime.server import GrpcServer
 from ferry.runtime.swap import ServiceSwitch
 from services.broker.config import BrokerConfig
 from services.broker.failover.lease import Fence
-from services.broker.incarnation import Incarnation
+from services.broker.incarnation import EpochStart, Incarnation, SlaveTimeouts
 from services.broker.messaging.clients import ClientTables
 from services.broker.messaging.locks import QueueLocks
 from services.broker.servers import (
@@ -217,15 +217,16 @@ class Runs:
         self,
         epoch: int,
         leader: dict | None,
-        on_store_open: Callable[[object], Awaitable[None]],
+        epoch_start: EpochStart,
         *,
         leading: bool,
         acks: ReplicaAcks | None = None,
-        on_slave_timeout: Callable[[list[Hashable]], None] | None = None,
+        slave_timeouts: SlaveTimeouts | None = None,
     ) -> None:
         """Start a run, as master of `epoch` (`leading`, with the replica
-        acknowledgements `acks`) or as a follower of `leader` (None: of nobody).
-        Call `stop` first."""
+        acknowledgements `acks` and the in-sync set `slave_timeouts`) or as a
+        follower of `leader` (None: of nobody); `epoch_start` readies its store
+        for that role as the app opens it. Call `stop` first."""
         from services.broker.app import BrokerApp
 
         cfg = self.config
@@ -250,9 +251,9 @@ class Runs:
             )
         incarnation = Incarnation(
             epoch=epoch,
-            on_store_open=on_store_open,
+            epoch_start=epoch_start,
             fence=self.fence,
-            on_slave_timeout=on_slave_timeout,
+            slave_timeouts=slave_timeouts,
             acks=acks,
             metrics_port=self._metrics_endpoint.port if self._metrics_endpoint else -1,
             server=self.server,

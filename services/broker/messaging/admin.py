@@ -4,8 +4,8 @@ about itself are statistics.py's.)
 
 Every change is persisted (by the metadata table) before the call returns,
 and topic changes are registered with the name servers at once through the
-`announce` callbacks (the registrar's), so a producer can use a topic as soon
-as `ferry topic create` returns. A slave mirrors its master's tables and
+`TopicAnnouncer` (the broker's registration), so a producer can use a topic as
+soon as `ferry topic create` returns. A slave mirrors its master's tables and
 refuses changes. With failover on, topic and group changes go through the
 metadata log (metadata_log.py): recorded in the commit log and answered once
 the in-sync set has them.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Mapping
 
 from ferry.model import (
     SCHEDULE_TOPIC,
@@ -26,10 +26,12 @@ from ferry.model import (
     alter_attributes,
     check_perm,
     check_topic,
+    order_brokers,
 )
 from ferry.runtime.clock import Clock
 from ferry.runtime.errors import InvalidArgument, PermissionDenied
 from services.broker.messaging.access import BrokerPermission
+from services.broker.messaging.contracts import TopicAnnouncer
 from services.broker.metadata.metadata_log import MetadataLog
 from services.broker.store import CleanResult, MessageStore
 
@@ -44,14 +46,14 @@ class AdminService:
         store: MessageStore,
         clock: Clock,
         permission: BrokerPermission,
-        announce_topics: Callable[[Sequence[TopicConfig]], Awaitable[None]] | None = None,
-        announce_all: Callable[[], Awaitable[None]] | None = None,
+        announcer: TopicAnnouncer | None = None,
         journal: MetadataLog | None = None,
         allow_mixed_message_type: bool = False,
     ) -> None:
-        """`journal`: a failover master's metadata log, through which topic and
-        group changes go (replicated before they are acknowledged); None
-        changes the tables directly. `allow_mixed_message_type`: topics may be
+        """`announcer`: registers topic changes with the name servers (None:
+        nobody is told). `journal`: a failover master's metadata log, through
+        which topic and group changes go (replicated before they are
+        acknowledged); None changes the tables directly. `allow_mixed_message_type`: topics may be
         created with `+message.type=MIXED` (enableMixedMessageType)."""
         self.journal = journal
         self.allow_mixed_message_type = allow_mixed_message_type
@@ -60,8 +62,7 @@ class AdminService:
         self.store = store
         self.clock = clock
         self._permission = permission  # shared with every check and report
-        self.announce_topics = announce_topics
-        self.announce_all = announce_all
+        self.announcer = announcer
         self.started_ms = clock.wall_ms()
         self.master_addr = ""
         self._announcing: set[asyncio.Task] = set()
@@ -77,8 +78,8 @@ class AdminService:
         directly, as RocketMQ creates them, not through the metadata log."""
         self.metadata.topics.put(config)
         log.info("created topic %s (%d queue)", config.topic_name, config.queue_nums)
-        if self.announce_topics is not None:
-            task = asyncio.get_running_loop().create_task(self.announce_topics([config]))
+        if self.announcer is not None:
+            task = asyncio.get_running_loop().create_task(self.announcer.announce_topics([config]))
             self._announcing.add(task)
             task.add_done_callback(self._announced)
 
@@ -86,6 +87,17 @@ class AdminService:
         self._announcing.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.warning("could not announce a new topic: %s", task.exception())
+
+    def apply_order_topics(self, table: Mapping[str, str]) -> None:
+        """ORDER_TOPIC_CONFIG from the name servers (topic ->
+        "brokerName:queues;..."; the registrar's `OrderTopics`): a topic listed
+        with this broker's name is an ordered topic here (every group reads it
+        in order). Put in the table directly, not through the metadata log."""
+        for topic, value in table.items():
+            config = self.metadata.topics.get(topic)
+            if self.broker_name in order_brokers(value) and config is not None and not config.order:
+                self.metadata.topics.put(dataclasses.replace(config, order=True))
+                log.info("topic %s is ordered (ORDER_TOPIC_CONFIG on the name server)", topic)
 
     def _writable_tables(self) -> None:
         if self.role == "SLAVE":
@@ -124,8 +136,10 @@ class AdminService:
             config.perm,
             config.message_type,
         )
-        if self.announce_topics is not None:
-            await self.announce_topics([self.metadata.topics.get(config.topic_name) or config])
+        if self.announcer is not None:
+            await self.announcer.announce_topics(
+                [self.metadata.topics.get(config.topic_name) or config]
+            )
         return version
 
     async def delete_topic(self, topic: str) -> DataVersion:
@@ -140,8 +154,8 @@ class AdminService:
             self.store.delete_topic(topic)
             self.metadata.consumer_offsets.remove_topic(topic)
         log.info("topic deleted topic=%s", topic)
-        if self.announce_all is not None:
-            await self.announce_all()
+        if self.announcer is not None:
+            await self.announcer.announce_all()
         return version
 
     async def update_group(self, config: SubscriptionGroupConfig) -> DataVersion:
@@ -182,8 +196,8 @@ class AdminService:
             perm,
             self.metadata.settings.path,
         )
-        if self.announce_all is not None:
-            await self.announce_all()
+        if self.announcer is not None:
+            await self.announcer.announce_all()
         return previous, perm
 
     async def delete_expired_commit_log(self) -> CleanResult:

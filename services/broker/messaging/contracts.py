@@ -3,7 +3,8 @@ package owns (as etcd's raft owns its `Storage`): each a small Protocol with
 named methods, implemented by a layer messaging/ never imports — the failover
 node (`Fence`), cluster/'s SyncReplication (`Replication`), the broker's
 metrics (`SendObserver`, `LookupObserver`), the admin use case
-(`TopicCreator`), transactions/ (`Transactions`).
+(`TopicCreator`), transactions/ (`Transactions`), the app's name-server
+registration (`TopicAnnouncer`).
 
 Owns the contracts only: no behaviour. Must never import what implements them
 (failover/, cluster/, transactions/, metrics).
@@ -65,6 +66,19 @@ class TopicCreator(Protocol):
     does not exist yet (persisted and announced to the name servers)."""
 
     def create_system_topic(self, config: TopicConfig) -> None: ...
+
+
+class TopicAnnouncer(Protocol):
+    """Registers topic changes with the name servers at once (the broker's
+    registration), so that a producer can use a topic as soon as the admin
+    call that changed it returns."""
+
+    async def announce_topics(self, configs: Sequence[TopicConfig]) -> None:
+        """Created or changed topics: registered incrementally."""
+
+    async def announce_all(self) -> None:
+        """Every topic again, in full (a topic is gone, or brokerPermission
+        changed and every topic's perm with it)."""
 
 
 class Transactions(Protocol):
