@@ -170,8 +170,14 @@ def timestamp(ms: int) -> timestamp_pb2.Timestamp:
     return timestamp_pb2.Timestamp(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
 def duration_ms(d: duration_pb2.Duration) -> int:
-    return d.seconds * 1000 + d.nanos // 1_000_000
+    """Milliseconds, held within int64: a Duration of ±2^63 seconds (the wire
+    allows it) then still builds the broker's request, whose checks name it
+    (ILLEGAL_INVISIBLE_TIME, a bad wait), instead of failing the call."""
+    return max(INT64_MIN, min(d.seconds * 1000 + d.nanos // 1_000_000, INT64_MAX))
 
 
 def duration(ms: int) -> duration_pb2.Duration:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import zlib
 
+from google.protobuf import duration_pb2
+
 from apache.rocketmq.v2 import definition_pb2 as v2
 from ferry.v1 import broker_pb2
 from services.proxy import convert, validate
@@ -117,3 +119,13 @@ def test_system_topics_are_not_for_clients():
     for topic in ("SCHEDULE_TOPIC_XXXX", "TBW102", "rmq_sys_REVIVE_LOG_x", "RMQ_SYS_TRACE_TOPIC"):
         assert validate.system_topic(topic) == "cannot access system topic"
     assert validate.system_topic("%DLQ%g") == validate.system_topic("Orders") == ""
+
+
+def test_a_duration_past_int64_milliseconds_is_held_to_int64():
+    """The v2 wire allows Durations of ±2^63 seconds; the broker's pop request
+    holds int64 milliseconds, so the proxy's conversion must not overflow it."""
+    assert convert.duration_ms(duration_pb2.Duration(seconds=30, nanos=5_000_000)) == 30_005
+    huge = duration_pb2.Duration(seconds=-(2**63) + 1, nanos=-999_999_999)
+    assert convert.duration_ms(huge) == convert.INT64_MIN
+    assert convert.duration_ms(duration_pb2.Duration(seconds=2**63 - 1)) == convert.INT64_MAX
+    broker_pb2.PopMessageRequest(invisible_ms=convert.duration_ms(huge))  # builds
