@@ -585,7 +585,7 @@ def test_a_machine_path_is_caught(tmp_path):
         "docs/run.md": f"starting from /{'work'}/wt-docs/deploy/k8s\n",
         "BENCH.md": f"--out {home}bench.md and {'/tmp/'}pytest-of-root/x\n",
         # a relative folder named work is no machine path (built so this file names none)
-        "ok.md": f"made in /tmp/tlsdemo; ~/.cargo/bin; /tmp/opsacl/home/conf; var{'/work/'}x\n",
+        "ok.md": f"made in /tmp/tlsdemo; ~/.cargo/bin; /tmp/opsacl/home/conf; var/{'work'}/x\n",
     }.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
