@@ -229,12 +229,23 @@ TRANSACTION_SYSTEM_TOPICS = frozenset(
 )
 
 
+# The topics Apache's broker keeps by itself besides those (TopicValidator's names;
+# services.broker.metadata.defaults builds them). TBW102 is what a producer routes an
+# unknown topic's first sends by; a broker creates the topic from it (autoCreateTopicEnable).
+AUTO_CREATE_TOPIC = "TBW102"
+SELF_TEST_TOPIC = "SELF_TEST_TOPIC"
+BENCHMARK_TOPIC = "BenchmarkTest"
+OFFSET_MOVED_EVENT_TOPIC = "OFFSET_MOVED_EVENT"
+TRACE_TOPIC = "RMQ_SYS_TRACE_TOPIC"  # msgTraceTopicName's default
+REPLY_TOPIC_SUFFIX = "_REPLY_TOPIC"  # <cluster>_REPLY_TOPIC: request-reply messages
+
+
 def is_system_topic(topic: str) -> bool:
     """A topic of the broker's own, never sent to by clients (RocketMQ's
-    TopicValidator.isSystemTopic, for the topics ferry uses)."""
+    TopicValidator.isNotAllowedSendTopic, and rmq_sys_ topics)."""
     return (
         topic.startswith("rmq_sys_")
-        or topic == SCHEDULE_TOPIC
+        or topic in (SCHEDULE_TOPIC, SELF_TEST_TOPIC, OFFSET_MOVED_EVENT_TOPIC)
         or topic in TRANSACTION_SYSTEM_TOPICS
     )
 

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
-from ferry.model import SCHEDULE_TOPIC, TopicConfig, revive_topic
+from ferry.model import TopicConfig, revive_topic
 from ferry.remoting.server import RemotingServer
 from ferry.runtime.clock import Clock, SystemClock
 from ferry.runtime.errors import FerryError, StorageFault
@@ -68,12 +68,14 @@ from services.broker.config import BrokerConfig
 from services.broker.incarnation import Incarnation
 from services.broker.messaging.access import BrokerAccess, BrokerPermission
 from services.broker.messaging.admin import AdminService
+from services.broker.messaging.autocreate import TopicAutoCreate
 from services.broker.messaging.outgoing import SendStatus
-from services.broker.messaging.pull import PullService
-from services.broker.messaging.send import SendService, Settler
+from services.broker.messaging.pull import PullService, hot_bytes_of
+from services.broker.messaging.send import SendObservers, SendService, Settler
 from services.broker.messaging.sendback import SendBack
 from services.broker.messaging.staging import Stager
 from services.broker.messaging.statistics import StatisticsService
+from services.broker.metadata.defaults import default_topics
 from services.broker.metadata.metadata_log import MetadataLog
 from services.broker.metadata.tables import BrokerMetadata
 from services.broker.metrics import BrokerMetrics, BrokerStateCollector
@@ -138,10 +140,6 @@ def _ha_client_ssl(cfg: BrokerConfig) -> ssl.SSLContext:
     if cfg.tls_cert:
         ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key)
     return ctx
-
-
-def schedule_topic_config(levels: int) -> TopicConfig:
-    return TopicConfig(SCHEDULE_TOPIC, read_queue_nums=levels, write_queue_nums=levels, perm=6)
 
 
 def store_config_of(cfg: BrokerConfig) -> StoreConfig:
@@ -266,6 +264,7 @@ class BrokerApp:
         self.timer: TimerService | None = None
         self.transactions: TransactionService | None = None  # masters
         self.sends: SendService | None = None  # every door's one send call
+        self.auto_create: TopicAutoCreate | None = None  # masters: topics created by a send
         self.pulls: PullService | None = None
         self.statistics: StatisticsService | None = None
         self.acks: ReplicaAcks | None = None
@@ -389,10 +388,9 @@ class BrokerApp:
                     cfg.grpc_port,
                 )
             self.permission.set(persisted)
-        if not cfg.is_slave:
-            metadata.topics.ensure_system_topic(
-                schedule_topic_config(len(cfg.message_delay_levels_s))
-            )
+        if not cfg.is_slave:  # a slave's table is its master's
+            for config in default_topics(cfg):
+                metadata.topics.ensure_system_topic(config)
         return store, metadata
 
     def _build_use_cases(self, store: MessageStore, metadata: BrokerMetadata) -> None:
@@ -456,14 +454,17 @@ class BrokerApp:
             topic_creator=admin,
             timer_max_delay_s=cfg.timer_max_delay_s,
         )
-        settler = Settler(store, fence, self.replication, observer=metrics)
         self.pulls = PullService(
             store,
             access,
             groups=metadata.subscription_groups,
             lookups=metrics,
             slave_read_enable=cfg.slave_read_enable,
+            hot_bytes=hot_bytes_of(cfg.access_message_in_memory_max_ratio),
         )
+        # Stored sends count in the metrics and in the figures mqadmin reads (315).
+        observers = SendObservers(metrics, self.pulls.stats)
+        settler = Settler(store, fence, self.replication, observer=observers)
         if not cfg.is_slave:
             # Masters run timed delivery and pop consumption; slaves hold their
             # records (HA copies them) and run neither.
@@ -485,6 +486,7 @@ class BrokerApp:
                     revive_topic=revive_topic(cfg.cluster_name),
                     backoff_s=tuple(cfg.message_delay_levels_s),
                     auto_create_group=cfg.auto_create_subscription_group,
+                    hot_bytes=self.pulls.hot_bytes,
                 ),
                 access=access,
                 topic_creator=admin,
@@ -505,6 +507,9 @@ class BrokerApp:
             )
         # Every door's one send call: halves go to the transaction use case (a master's).
         self.sends = SendService(stager, settler, access, self.transactions)
+        if not cfg.is_slave:
+            # A RocketMQ producer's first send to a new topic creates it (TBW102).
+            self.auto_create = TopicAutoCreate(access, admin, cfg.auto_create_topic_enable)
         # A consumer's failed message back to its retry topic (RocketMQ's send-back).
         self.send_back = SendBack(
             store,

@@ -52,6 +52,7 @@ class BrokerConfig:
     store_root: Path = field(default_factory=lambda: Path.home() / "ferry" / "store")
     broker_permission: int = 6
     slave_read_enable: bool = False
+    access_message_in_memory_max_ratio: int = 40  # % of RAM behind the log's end: "in memory"
     register_period_s: float = 30.0
     register_timeout_s: float = 6.0
     force_register: bool = True
@@ -108,6 +109,13 @@ class BrokerConfig:
     # Pop consumption and timers.
     timer_max_delay_s: float = 3 * 86400.0
     auto_create_subscription_group: bool = True
+    # The topics Apache's broker keeps by itself (services.broker.metadata.defaults).
+    auto_create_topic_enable: bool = True  # TBW102, and a send may create its topic from it
+    default_topic_queue_nums: int = 8  # TBW102's queues, the most an auto-created topic gets
+    cluster_topic_enable: bool = True  # the topic named brokerClusterName is read-write
+    broker_topic_enable: bool = True  # the topic named brokerName is read-write
+    trace_topic_enable: bool = False  # the message trace topic msgTraceTopicName
+    msg_trace_topic_name: str = "RMQ_SYS_TRACE_TOPIC"
     # Transactional messages (RocketMQ's keys and defaults; services.broker.transactions).
     transaction_timeout_ms: int = 6_000
     transaction_check_interval_ms: int = 60_000
@@ -382,6 +390,14 @@ KNOWN_KEYS: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
         "6 read-write, 4 read-only, 2 write-only",
     ),
     "slaveReadEnable": ("slave_read_enable", _bool, "slaves serve pulls"),
+    "accessMessageInMemoryMaxRatio": (
+        "access_message_in_memory_max_ratio",
+        _int(0, 100),
+        "percent of RAM: a message further behind the commit log's end is not in memory "
+        "(a consumer that far behind is sent to a slave when slaveReadEnable; a pop group "
+        "that does not consume from the minimum starts a new queue at 0 only while its "
+        "first message is in memory)",
+    ),
     "registerNameServerPeriod": (
         "register_period_s",
         _ms_to_s(),
@@ -537,6 +553,39 @@ KNOWN_KEYS: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
         "timer_max_delay_s",
         _int(1),
         "seconds ahead a TIMER_DELIVER_MS may be (3 days)",
+    ),
+    "autoCreateTopicEnable": (
+        "auto_create_topic_enable",
+        _bool,
+        "keep the topic TBW102 and let a RocketMQ-protocol send to an unknown topic create it "
+        "with min(the producer's defaultTopicQueueNums, defaultTopicQueueNums) queues, as "
+        "Apache does (default true; false: such a send is answered TOPIC_NOT_EXIST)",
+    ),
+    "defaultTopicQueueNums": (
+        "default_topic_queue_nums",
+        _int(1, 1024),
+        "TBW102's read and write queues, the most a topic created by a send gets (default 8)",
+    ),
+    "clusterTopicEnable": (
+        "cluster_topic_enable",
+        _bool,
+        "the topic named brokerClusterName (what the admin API's createTopic(key=cluster) "
+        "routes by) is read-write; false: inherit only (default true)",
+    ),
+    "brokerTopicEnable": (
+        "broker_topic_enable",
+        _bool,
+        "the topic named brokerName is read-write; false: inherit only (default true)",
+    ),
+    "traceTopicEnable": (
+        "trace_topic_enable",
+        _bool,
+        "keep the message trace topic msgTraceTopicName (default false)",
+    ),
+    "msgTraceTopicName": (
+        "msg_trace_topic_name",
+        _name,
+        "the message trace topic's name (default RMQ_SYS_TRACE_TOPIC)",
     ),
     "autoCreateSubscriptionGroup": (
         "auto_create_subscription_group",

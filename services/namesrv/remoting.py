@@ -31,7 +31,7 @@ import logging
 from collections.abc import Awaitable, Callable, Collection
 
 from ferry.model import check_topic
-from ferry.remoting import codes
+from ferry.remoting import bodies, codes
 from ferry.remoting.bodies import BodyError
 from ferry.remoting.codec import Command
 from ferry.remoting.discovery import GRPC_PORT_KEY, NAMESPACE
@@ -118,6 +118,7 @@ class _Handlers:
             codes.GET_BROKER_CLUSTER_INFO: self.get_cluster_info,
             codes.GET_ALL_TOPIC_LIST_FROM_NAMESERVER: self.get_all_topics,
             codes.GET_TOPICS_BY_CLUSTER: self.get_topics_by_cluster,
+            codes.GET_SYSTEM_TOPIC_LIST_FROM_NS: self.get_system_topics,
             codes.PUT_KV_CONFIG: self.put_kv_config,
             codes.GET_KV_CONFIG: self.get_kv_config,
             codes.DELETE_KV_CONFIG: self.delete_kv_config,
@@ -217,6 +218,23 @@ class _Handlers:
     async def get_topics_by_cluster(self, connection: Connection, request: Command) -> Command:
         topics = self._routes.topics_by_cluster(text(request.ext, "cluster"))
         return request.answer(codes.SUCCESS, body=rc.topic_list_json(topics))
+
+    async def get_system_topics(self, connection: Connection, request: Command) -> Command:
+        """GET_SYSTEM_TOPIC_LIST_FROM_NS (304), as Apache's name server: every
+        cluster's name and its groups' names (the topics each broker keeps
+        named after them), and one broker's address, which the admin API then
+        asks for its own system topics (305)."""
+        groups, clusters = self._routes.cluster_view(REMOTING)
+        topics = set(clusters)
+        for names in clusters.values():
+            topics.update(names)
+        doc: dict[str, object] = {"topicList": sorted(topics)}
+        for name in sorted(groups):
+            addrs = groups[name].broker_addrs
+            if addrs:
+                doc["brokerAddr"] = addrs[min(addrs)]
+                break
+        return request.answer(codes.SUCCESS, body=bodies.dumps(doc))
 
     async def wipe_write_perm(self, connection: Connection, request: Command) -> Command:
         name = text(request.ext, "brokerName")

@@ -14,6 +14,7 @@ Back ends:
 
 Topologies:
 - `SINGLE`: one ASYNC_MASTER (broker-a);
+- `TWO_MASTERS`: broker-a and broker-b, each an ASYNC_MASTER without a slave;
 - `ONE_GROUP`: broker-a's ASYNC_MASTER and its SLAVE;
 - `TWO_SYNC_GROUPS`: broker-a and broker-b, each a SYNC_MASTER with one SLAVE (a master's
   SEND_OK means its slave has the message: the failover test's "acknowledged").
@@ -46,11 +47,13 @@ J = TypeVar("J", bound=JavaProcess)
 
 BACKENDS = ("apache", "ferry")
 SINGLE = "1m"
+TWO_MASTERS = "2m"
 ONE_GROUP = "1m-1s"
 TWO_SYNC_GROUPS = "2m-2s-sync"
 # Each topology's brokers: (brokerName, brokerId, brokerRole), masters first.
 LAYOUTS = {
     SINGLE: [("broker-a", 0, "ASYNC_MASTER")],
+    TWO_MASTERS: [("broker-a", 0, "ASYNC_MASTER"), ("broker-b", 0, "ASYNC_MASTER")],
     ONE_GROUP: [("broker-a", 0, "ASYNC_MASTER"), ("broker-a", 1, "SLAVE")],
     TWO_SYNC_GROUPS: [
         (name, broker_id, role)
@@ -78,6 +81,7 @@ class RemotingBackend:
     """What a RocketMQ 4.x client test needs of a cluster (see the module doc)."""
 
     name = ""
+    cluster_name = ""  # brokerClusterName of every broker
 
     def __init__(self) -> None:
         self.namesrv = ""  # the name server's RocketMQ-protocol address, host:port
@@ -104,6 +108,7 @@ class ApacheRemoting(RemotingBackend):
     (tests/compat/rocketmq5: mqadmin's updateTopic in one JVM for the module)."""
 
     name = "apache"
+    cluster_name = "ApacheCluster"  # tests/apache.py's brokers
 
     def __init__(self, d: Path, topology: str) -> None:
         super().__init__()
@@ -224,6 +229,7 @@ class FerryRemoting(RemotingBackend):
     admin API."""
 
     name = "ferry"
+    cluster_name = "DefaultCluster"  # the broker's default
 
     def __init__(self, d: Path, topology: str) -> None:
         super().__init__()

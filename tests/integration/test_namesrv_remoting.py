@@ -18,6 +18,7 @@ from ferry.remoting import codes
 from ferry.remoting.client import recv_command
 from ferry.remoting.codec import Command, encode
 from ferry.v1 import namesrv_pb2
+from services.broker.metadata.defaults import default_topics
 from tests.conftest import LoopThread, start_broker, start_namesrv
 from tests.helpers import register_request
 from tests.integration import support
@@ -227,8 +228,10 @@ def test_a_java_broker_and_a_ferry_broker_share_one_route(rns, conn, ferry_broke
     assert set(grpc_info.cluster_addr_table) == {"FerryCluster"}
 
     topics = json.loads(conn.request(codes.GET_ALL_TOPIC_LIST_FROM_NAMESERVER).body)
-    # The ferry broker registers its system topic too, as a 4.9 broker does its own.
-    assert topics == {"topicList": ["FerryOnly", "JavaOnly", SCHEDULE_TOPIC, "Shared"]}
+    # The ferry broker registers the topics it keeps by itself too, as a 4.9 broker does.
+    own = [c.topic_name for c in default_topics(broker.app.config)]
+    assert topics == {"topicList": sorted({"FerryOnly", "JavaOnly", "Shared", *own})}
+    assert {SCHEDULE_TOPIC, "TBW102", "FerryCluster", "broker-b"} <= set(own)
     by_cluster = conn.request(codes.GET_TOPICS_BY_CLUSTER, {"cluster": "JavaCluster"})
     assert json.loads(by_cluster.body) == {"topicList": ["JavaOnly", "Shared"]}
     unknown = conn.request(codes.GET_TOPICS_BY_CLUSTER, {"cluster": "NoSuchCluster"})

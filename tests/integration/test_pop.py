@@ -731,3 +731,41 @@ def test_a_broker_that_is_not_readable_refuses_pops_as_it_refuses_pulls(broker):
         broker_admin_pb2.UpdateBrokerPermissionRequest(broker_permission=6), timeout=10
     )
     assert [m.body for m in pop(broker, "g", "Drain").messages] == [b"x"]
+
+
+def test_a_group_that_does_not_consume_from_the_minimum_still_gets_a_fresh_queue(broker):
+    """consumeFromMinEnable=false (the admin API's default SubscriptionGroupConfig): a
+    queue the group never read starts at 0 while its first message is in memory, as
+    RocketMQ 5's pop starts one, so what was sent before the group's first pop is
+    delivered (ordered or not); a group that starts later, on a queue whose first
+    messages were deleted, gets the newest message and what follows."""
+    support.create_topic(broker.channel, "Early", 1)
+    send_many(broker, "Early", [f"m{i}".encode() for i in range(5)])
+    for group, orderly in (("late-plain", False), ("late-fifo", True)):
+        set_group(broker, group, consume_from_min_enable=False, consume_message_orderly=orderly)
+        got = []
+        while len(got) < 5:
+            r = pop(broker, group, "Early", 8, wait_ms=1000)
+            assert r.messages, f"{group}: only {got}"
+            got += [m.body for m in r.messages]
+            ack(broker, group, "Early", [m.receipt_handle for m in r.messages])
+        assert got == [f"m{i}".encode() for i in range(5)], group
+
+
+def test_a_queue_whose_first_message_is_not_in_memory_starts_at_its_newest(loop_thread, tmp_path):
+    """The same group on a broker where nothing counts as in memory
+    (accessMessageInMemoryMaxRatio=0): it starts at the newest message, as RocketMQ's
+    max - 1; a group that consumes from the minimum still gets everything."""
+    b = start_broker(loop_thread, tmp_path / "store", brokerName="broker-h",
+                     accessMessageInMemoryMaxRatio=0)  # fmt: skip
+    try:
+        support.create_topic(b.channel, "Cold", 1)
+        send_many(b, "Cold", [f"m{i}".encode() for i in range(5)])
+        set_group(b, "cold-max", consume_from_min_enable=False)
+        r = pop(b, "cold-max", "Cold", 8, wait_ms=1000)
+        assert [m.body for m in r.messages] == [b"m4"]
+        set_group(b, "cold-min", consume_from_min_enable=True)
+        r = pop(b, "cold-min", "Cold", 8, wait_ms=1000)
+        assert [m.body for m in r.messages] == [f"m{i}".encode() for i in range(5)]
+    finally:
+        b.stop()

@@ -68,6 +68,37 @@ def test_rates_over_windows_and_per_group():
     stats.sample()
 
 
+def test_stats_items_over_the_minute_hour_and_day():
+    now = [0.0]
+    stats = TrafficStats(lambda: now[0], lambda: (0, 0))
+    stats.sample()
+    assert stats.stats_item("TOPIC_PUT_NUMS", "t") is None  # nothing counted yet
+    for second in range(1, 3601):
+        now[0] = float(second)
+        if second <= 1800:
+            stats.observe_send("t", "SEND_OK", 4, 0.001, 2)  # 4 messages in 2 sends a second
+        stats.got("g", "t", 1)
+        stats.sample()
+    windows = stats.stats_item("TOPIC_PUT_NUMS", "t")
+    assert windows is not None
+    assert windows["minute"].sum == 0 and windows["minute"].tps == 0.0  # none lately
+    assert windows["day"].sum == 7200 and windows["day"].avgpt == 2.0
+    assert windows["day"].tps == 2.0  # over the hour it has lived
+    # The hour: from the oldest of 7 samples 10 min apart (an hour back), to now.
+    assert windows["hour"].sum == 7200
+    got = stats.stats_item("GROUP_GET_NUMS", "t@g")
+    assert got is not None and got["minute"].sum == 60 and got["minute"].tps == 1.0
+    for second in range(3601, 4201):
+        now[0] = float(second)
+        stats.sample()
+    windows = stats.stats_item("TOPIC_PUT_NUMS", "t")
+    assert windows is not None
+    assert windows["hour"].sum == 7200 - 4 * 600  # the first 10 minutes slid out
+    assert windows["day"].sum == 7200
+    stats.forget_group("g")
+    assert stats.stats_item("GROUP_GET_NUMS", "t@g") is None
+
+
 def test_runtime_formats_are_rocketmqs():
     assert [human_bytes(n) for n in (0, 946, 1024, 2300, 5 << 30)] == [
         "0 B", "946 B", "1.0 KiB", "2.2 KiB", "5.0 GiB",

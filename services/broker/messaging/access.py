@@ -97,7 +97,7 @@ class BrokerAccess:
         if config is None:
             raise NotFound(
                 f"topic {topic!r} does not exist on broker {self.broker_name}; create it with "
-                f"`ferry topic create {topic} -b BROKER` (autoCreateTopic is off)"
+                f"`ferry topic create {topic} -b BROKER`"
             )
         if not config.perm & PERM_WRITE:
             raise PermissionDenied(f"topic {topic!r} is not writable (perm={config.perm})")

@@ -83,6 +83,27 @@ class AdminService:
             self._announcing.add(task)
             task.add_done_callback(self._announced)
 
+    async def create_auto_topic(self, config: TopicConfig) -> None:
+        """A topic a RocketMQ producer's first send creates from its default
+        topic (messaging/autocreate.py's `AutoTopicCreator`): persisted (with
+        failover on, through the metadata log, replicated before the send goes
+        on), then announced to the name servers without waiting."""
+        self._writable_tables()
+        if self.journal is not None:
+            await self.journal.put_topic(config)
+        else:
+            self.metadata.topics.put(config)
+        log.info(
+            "created topic %s by its first send (%d queues, perm %d)",
+            config.topic_name,
+            config.queue_nums,
+            config.perm,
+        )
+        if self.announcer is not None:
+            task = asyncio.get_running_loop().create_task(self.announcer.announce_topics([config]))
+            self._announcing.add(task)
+            task.add_done_callback(self._announced)
+
     def _announced(self, task: asyncio.Task) -> None:
         self._announcing.discard(task)
         if not task.cancelled() and task.exception() is not None:

@@ -41,6 +41,12 @@ def _ram_bytes() -> int:
         return 8 << 30
 
 
+def hot_bytes_of(ratio_percent: int) -> int:
+    """RocketMQ's accessMessageInMemoryMaxRatio as bytes: how far behind the
+    commit log's end a message still counts as in memory (that share of RAM)."""
+    return _ram_bytes() * ratio_percent // 100
+
+
 @dataclass(slots=True)  # not frozen: one per send or pull, and frozen __init__ costs ~5x
 class PullOutcome:
     result: GetResult
@@ -71,7 +77,7 @@ class PullService:
         self.slave_read_enable = slave_read_enable
         # RocketMQ's accessMessageInMemoryMaxRatio: a consumer further behind
         # than 40% of RAM reads from disk, and is sent to a slave if allowed.
-        self.hot_bytes = hot_bytes if hot_bytes is not None else _ram_bytes() * 40 // 100
+        self.hot_bytes = hot_bytes if hot_bytes is not None else hot_bytes_of(40)
 
     async def pull(
         self,

@@ -17,7 +17,6 @@ from ferry.model import (
     SubscriptionGroupConfig,
     TopicConfig,
 )
-from ferry.runtime.errors import InvalidArgument
 
 
 class TopicLookup(Protocol):
@@ -56,11 +55,11 @@ def real_destination(properties: dict[str, str], topics: TopicLookup) -> tuple[s
 
 
 def parse_sub_expression(expression: str) -> frozenset[int] | None:
-    """RocketMQ's tag expression `a || b`: the tag hashes to keep, None for all."""
+    """RocketMQ's tag expression `a || b`: the tag hashes to keep, None for all.
+    Empty pieces are skipped, as Apache's FilterAPI skips them (`a |||| b` is
+    `a || b`); an expression of nothing but separators keeps no tag at all."""
     text = expression.strip()
     if not text or text == "*":
         return None
     tags = [t.strip() for t in text.split("||")]
-    if any(not t for t in tags):
-        raise InvalidArgument("sub_expression", f"{expression!r} is not `tag || tag ...` or `*`")
-    return frozenset(record.tags_hash(t) for t in tags)
+    return frozenset(record.tags_hash(t) for t in tags if t)

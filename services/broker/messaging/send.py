@@ -38,6 +38,19 @@ from services.broker.messaging.staging import Send, Stager
 from services.broker.store import MessageStore
 
 
+class SendObservers:
+    """Several send observers as one (the broker's metrics, the traffic figures)."""
+
+    def __init__(self, *observers: SendObserver) -> None:
+        self.observers = observers
+
+    def observe_send(
+        self, topic: str, status: str, messages: int, seconds: float, sends: int
+    ) -> None:
+        for observer in self.observers:
+            observer.observe_send(topic, status, messages, seconds, sends)
+
+
 class Settler:
     def __init__(
         self,

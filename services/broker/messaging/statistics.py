@@ -30,7 +30,7 @@ from ferry import __version__, record
 from ferry.runtime import errors
 from ferry.runtime.clock import Clock
 from services.broker.messaging.clients import ClientTables
-from services.broker.messaging.stats import WINDOWS_S, TrafficStats
+from services.broker.messaging.stats import WINDOWS_S, StatsWindow, TrafficStats
 from services.broker.store import MessageStore
 
 
@@ -222,6 +222,12 @@ class StatisticsService:
     def forget_group(self, group: str) -> None:
         """A deleted group's consume rates go with it."""
         self.traffic.forget_group(group)
+
+    def stats_item(self, name: str, key: str) -> dict[str, StatsWindow] | None:
+        """One of Apache's broker stats items (TOPIC_PUT_NUMS by topic,
+        GROUP_GET_NUMS by `topic@group`): its minute, hour and day; None when
+        it never counted anything (stats.py's `StatsItems`)."""
+        return self.traffic.stats_item(name, key)
 
     async def topic_stats(self, topic: str) -> list[QueueStats] | None:
         """Each write queue of `topic`; None when the topic does not exist here."""

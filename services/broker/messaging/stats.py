@@ -9,8 +9,17 @@ newest sample and the one a window before it, divided by the time between them
 (a young broker's window is as long as it has lived). Between two samples a
 rate does not change.
 
-Pure bookkeeping on the event-loop thread: `got` is one dict update per pull
-that found messages.
+`StatsItems` keeps Apache's BrokerStatsManager items that VIEW_BROKER_STATS_DATA
+(315: `mqadmin statsAll`, the Dashboard's topic charts) reads: TOPIC_PUT_NUMS by
+topic (the messages of client sends, and how many sends) and GROUP_GET_NUMS by
+`topic@group` (messages pulled, and how many pulls), each over the last minute,
+hour and day. As Apache's StatsItem, an item exists once it first counts
+something, and is sampled every 10 s (7 kept: a minute), every 10 min (7: an
+hour) and every hour (25: a day); a window's figures are the growth from its
+oldest sample to now.
+
+Pure bookkeeping on the event-loop thread: `got` is two dict updates per pull
+that found messages, `observe_send` one per settled run of sends to a topic.
 """
 
 from __future__ import annotations
@@ -18,9 +27,67 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import Callable
+from dataclasses import dataclass
 
 WINDOWS_S = (10, 60, 600)
 SAMPLE_EVERY_S = 1.0
+TOPIC_PUT_NUMS = "TOPIC_PUT_NUMS"
+GROUP_GET_NUMS = "GROUP_GET_NUMS"
+# Apache's StatsItem rings: (name, seconds between samples, samples kept).
+STATS_RINGS = (("minute", 10.0, 7), ("hour", 600.0, 7), ("day", 3600.0, 25))
+
+
+@dataclass(frozen=True, slots=True)
+class StatsWindow:
+    """One window of a stats item (Apache's BrokerStatsItem): what it counted,
+    per second, and per call."""
+
+    sum: int
+    tps: float
+    avgpt: float
+
+
+class StatsItems:
+    def __init__(self) -> None:
+        self._values: dict[tuple[str, str], list[int]] = {}  # (name, key) -> [sum, times]
+        self._rings = {
+            name: (every, collections.deque(maxlen=kept)) for name, every, kept in STATS_RINGS
+        }
+
+    def add(self, name: str, key: str, value: int, times: int = 1) -> None:
+        counted = self._values.get((name, key))
+        if counted is None:
+            self._values[(name, key)] = [value, times]
+        else:
+            counted[0] += value
+            counted[1] += times
+
+    def forget_group(self, group: str) -> None:
+        suffix = "@" + group
+        for item in [k for k in self._values if k[0] == GROUP_GET_NUMS and k[1].endswith(suffix)]:
+            del self._values[item]
+
+    def sample(self, now: float) -> None:
+        for every, ring in self._rings.values():
+            if not ring or now - ring[-1][0] >= every:
+                ring.append((now, {k: (v[0], v[1]) for k, v in self._values.items()}))
+
+    def windows(self, name: str, key: str, now: float) -> dict[str, StatsWindow] | None:
+        """The item's minute, hour and day; None when it never counted anything."""
+        counted = self._values.get((name, key))
+        if counted is None:
+            return None
+        out = {}
+        for window, (_, ring) in self._rings.items():
+            start, (value, times) = (now, (0, 0))
+            if ring:
+                start, table = ring[0]
+                value, times = table.get((name, key), (0, 0))
+            grown, calls, span = counted[0] - value, counted[1] - times, now - start
+            out[window] = StatsWindow(
+                grown, grown / span if span > 0 else 0.0, grown / calls if calls > 0 else 0.0
+            )
+        return out
 
 
 class TrafficStats:
@@ -28,6 +95,7 @@ class TrafficStats:
         """`totals`: (messages put, messages got) since the store opened."""
         self._monotonic = monotonic
         self._totals = totals
+        self.items = StatsItems()
         self._group_got: dict[tuple[str, str], int] = {}
         # (time, put total, got total, messages got per (group, topic))
         self._ring: collections.deque[tuple[float, int, int, dict[tuple[str, str], int]]] = (
@@ -38,14 +106,28 @@ class TrafficStats:
         """A pull of `group` took `count` messages of `topic`."""
         key = (group, topic)
         self._group_got[key] = self._group_got.get(key, 0) + count
+        self.items.add(GROUP_GET_NUMS, f"{topic}@{group}", count)
+
+    def observe_send(
+        self, topic: str, status: str, messages: int, seconds: float, sends: int
+    ) -> None:
+        """The send use case's `SendObserver`: client sends stored in `topic`."""
+        self.items.add(TOPIC_PUT_NUMS, topic, messages, sends)
 
     def forget_group(self, group: str) -> None:
         for key in [k for k in self._group_got if k[0] == group]:
             del self._group_got[key]
+        self.items.forget_group(group)
 
     def sample(self) -> None:
         put, got = self._totals()
-        self._ring.append((self._monotonic(), put, got, dict(self._group_got)))
+        now = self._monotonic()
+        self._ring.append((now, put, got, dict(self._group_got)))
+        self.items.sample(now)
+
+    def stats_item(self, name: str, key: str) -> dict[str, StatsWindow] | None:
+        """VIEW_BROKER_STATS_DATA's item (`StatsItems.windows`), up to now."""
+        return self.items.windows(name, key, self._monotonic())
 
     async def run(self) -> None:
         """Samples every second until cancelled."""

@@ -60,6 +60,10 @@ class PopConfig:
     revive_topic: str
     backoff_s: tuple[float, ...]  # by attempt: the wait before redelivery n+1
     auto_create_group: bool = True
+    # How far behind the log's end a message is still "in memory" (RocketMQ's
+    # accessMessageInMemoryMaxRatio of RAM): decides where a group that does not
+    # consume from the minimum starts a queue it never read (`PopState.queue`).
+    hot_bytes: int = 1 << 62
 
 
 class Popped(NamedTuple):
@@ -325,16 +329,33 @@ class PopState:
                 if base is not None:
                     committed = base
                 else:
-                    group_config = self.groups.get(group)
-                    from_min = group_config.consume_from_min_enable if group_config else True
-                    committed = (
-                        self.store.queue_min_offset(topic, queue_id)
-                        if from_min
-                        else self.store.queue_max_offset(topic, queue_id)
-                    )
+                    committed = self._start_offset(group, topic, queue_id)
                 self.offsets.commit(group, topic, queue_id, committed)
             state = self.queues[key] = QueueState(key, committed, committed)
         return state
+
+    def _start_offset(self, group: str, topic: str, queue_id: int) -> int:
+        """Where a group starts a queue it has no offset in, as RocketMQ 5's pop
+        starts one: a group that consumes from the minimum (consumeFromMinEnable,
+        and every retry topic) at the queue's first offset; any other (what the
+        admin API's default SubscriptionGroupConfig says, and what RocketMQ's
+        proxy asks for, ConsumeInitMode.MAX) at 0 while the queue still starts at
+        0 and its first message is in memory (initPopOffsetByCheckMsgInMem), else
+        at its last message (max - 1: the newest one is still delivered)."""
+        store = self.store
+        low = store.queue_min_offset(topic, queue_id)
+        group_config = self.groups.get(group)
+        from_min = group_config.consume_from_min_enable if group_config else True
+        if from_min or topic.startswith(RETRY_TOPIC_PREFIX):
+            return low
+        high = store.queue_max_offset(topic, queue_id)
+        if low == 0 < high:
+            view = store.queue_view(topic, queue_id)
+            if view is not None:
+                commit_offset = view.entry(0)[0]
+                if store.max_offset - commit_offset <= self.config.hot_bytes:
+                    return 0
+        return max(low, high - 1, 0)
 
     def new_checkpoint(
         self, checkpoint: int, key: Key, offsets: tuple[int, ...], until_ms: int

@@ -8,7 +8,8 @@ UPDATE_AND_CREATE_TOPIC 17, DELETE_TOPIC_IN_BROKER 215,
 UPDATE_AND_CREATE_SUBSCRIPTIONGROUP 200, DELETE_SUBSCRIPTIONGROUP 207, and the
 whole tables a RocketMQ slave copies from its master: GET_ALL_TOPIC_CONFIG 21,
 GET_ALL_CONSUMER_OFFSET 43, GET_ALL_DELAY_OFFSET 45,
-GET_ALL_SUBSCRIPTIONGROUP_CONFIG 201.
+GET_ALL_SUBSCRIPTIONGROUP_CONFIG 201; one topic, GET_TOPIC_CONFIG 351 (5.x), and
+the broker's own topics, GET_SYSTEM_TOPIC_LIST_FROM_BROKER 305.
 
 Configuration: GET_BROKER_CONFIG 26 (every key, as broker.conf writes it) and
 UPDATE_BROKER_CONFIG 25 (only the keys ferry can change while it runs;
@@ -18,7 +19,9 @@ Statistics: GET_BROKER_RUNTIME_INFO 28, GET_TOPIC_STATS_INFO 202,
 GET_CONSUME_STATS 208, GET_CONSUMER_CONNECTION_LIST 203,
 GET_PRODUCER_CONNECTION_LIST 204, QUERY_TOPIC_CONSUME_BY_WHO 300, and
 INVOKE_BROKER_TO_RESET_OFFSET 222 (the broker tells the group's connected
-consumers where to start again, as Apache's does). The figures of 28, 202 and
+consumers where to start again, as Apache's does), and GET_CONSUMER_RUNNING_INFO
+307 (asked of the consumer itself over its connection), VIEW_BROKER_STATS_DATA 315.
+The figures of 28, 202 and
 208 are the statistics use case's (services.broker.messaging.statistics, which
 ferry.v1's GetBrokerRuntimeInfo answers from too); this module only renders them.
 
@@ -48,6 +51,7 @@ from ferry.remoting.server import Connection, Handler
 from services.broker.config import KNOWN_KEYS, parse_properties, shown_value
 from services.broker.messaging.clients import Member
 from services.broker.messaging.statistics import BrokerFigures
+from services.broker.metadata.defaults import system_topic_names
 from services.broker.metadata.tables import (
     group_from_json,
     group_to_json,
@@ -70,6 +74,10 @@ RUNTIME_KEYS = ("brokerPermission",)
 SECRET_KEYS = ("adminToken", "haSecret", "tlsKey")
 # RocketMQ's version ordinal of 4.9.8, the protocol level ferry speaks (brokerVersion).
 PROTOCOL_VERSION = 409
+# Calls forwarded to a client (307): the oldest client version that answers them
+# (V3_1_8_SNAPSHOT's ordinal), and how long it has to answer (Apache's Broker2Client).
+MIN_CLIENT_VERSION_FOR_CALLS = 77
+CLIENT_CALL_TIMEOUT_S = 10.0
 # The codes that change the broker (an admin token or ACL admin guards them).
 CHANGES = frozenset(
     {
@@ -311,6 +319,25 @@ class AdminCodes:
         }
         return request.answer(codes.SUCCESS, body=bodies.dumps(body))
 
+    async def topic_config(self, connection: Connection, request: Command) -> Command:
+        """GET_TOPIC_CONFIG (351, 5.x): one topic's config as its JSON entry
+        (TopicConfigAndQueueMapping; ferry has no static-topic mapping, so no
+        `mappingDetail`, as Apache leaves it out when `lo` is not set)."""
+        topic = text(request.ext, "topic")
+        config = self.metadata.topics.get(topic)
+        if config is None:
+            return request.answer(
+                codes.TOPIC_NOT_EXIST, f"No topic in this broker. topic: {topic}"
+            )  # (Apache's remark)
+        return request.answer(codes.SUCCESS, body=bodies.dumps(topic_to_json(config)))
+
+    async def system_topics(self, connection: Connection, request: Command) -> Command:
+        """GET_SYSTEM_TOPIC_LIST_FROM_BROKER (305): the topics this broker
+        counts as its own (metadata/defaults.py); the admin API adds them to
+        the name server's answer to 304."""
+        names = system_topic_names(self.deps.config)
+        return request.answer(codes.SUCCESS, body=bodies.dumps({"topicList": names}))
+
     async def all_group_config(self, connection: Connection, request: Command) -> Command:
         table, version = self.metadata.subscription_groups.snapshot()
         body = {
@@ -441,6 +468,58 @@ class AdminCodes:
         }
         return request.answer(codes.SUCCESS, body=bodies.dumps(body))
 
+    async def consumer_running_info(self, connection: Connection, request: Command) -> Command:
+        """GET_CONSUMER_RUNNING_INFO (307: `mqadmin consumerStatus`, `consumerProgress
+        -s`, the Dashboard's consumer detail): asked of the consumer itself, over the
+        connection it heartbeats on, and its answer handed back as it gave it, as
+        Apache's broker does (same header and body; 10 s for the client to answer)."""
+        group = text(request.ext, "consumerGroup")
+        client_id = text(request.ext, "clientId")
+        member = next(
+            (m for m in self.deps.clients.consumers(group) if m.client_id == client_id), None
+        )
+        if member is None or not isinstance(member.channel, Connection):
+            return request.answer(
+                codes.SYSTEM_ERROR, f"The Consumer <{group}> <{client_id}> not online"
+            )
+        if member.version < MIN_CLIENT_VERSION_FOR_CALLS:
+            return request.answer(
+                codes.SYSTEM_ERROR,
+                f"The Consumer <{group}> Version <{member.version}> too low to finish, please "
+                "upgrade it to V3_1_8_SNAPSHOT",
+            )
+        forwarded = Command(request.code, ext=dict(request.ext), body=request.body)
+        try:
+            answer = await member.channel.request(forwarded, CLIENT_CALL_TIMEOUT_S)
+        except TimeoutError:
+            return request.answer(
+                codes.CONSUME_MSG_TIMEOUT,
+                f"consumer <{group}> <{client_id}> Timeout: no answer within "
+                f"{CLIENT_CALL_TIMEOUT_S:.0f} s",
+            )
+        except (ConnectionError, OSError) as exc:
+            return request.answer(
+                codes.SYSTEM_ERROR, f"invoke consumer <{group}> <{client_id}> Exception: {exc}"
+            )
+        return request.answer_text(answer.code, dict(answer.ext), answer.body, answer.remark)
+
+    async def broker_stats(self, connection: Connection, request: Command) -> Command:
+        """VIEW_BROKER_STATS_DATA (315: `mqadmin statsAll`, the Dashboard's topic
+        charts): statsName TOPIC_PUT_NUMS with statsKey a topic, or GROUP_GET_NUMS
+        with `topic@group`; its sum, tps and avgpt over the last minute, hour and
+        day. An item that never counted anything (or one ferry does not keep)
+        is answered as Apache answers one it does not have."""
+        name = text(request.ext, "statsName")
+        key = text(request.ext, "statsKey")
+        windows = self.deps.statistics.stats_item(name, key)
+        if windows is None:
+            return request.answer(codes.SYSTEM_ERROR, f"The stats <{name}> <{key}> not exist")
+        body = {
+            f"stats{window.capitalize()}": {"avgpt": w.avgpt, "sum": w.sum, "tps": w.tps}
+            for window, w in windows.items()
+        }
+        return request.answer(codes.SUCCESS, body=bodies.dumps(body))
+
     async def producer_connections(self, connection: Connection, request: Command) -> Command:
         group = text(request.ext, "producerGroup")
         members = self.deps.clients.producers(group)
@@ -548,6 +627,8 @@ def handlers(deps: Deps) -> dict[int, Handler]:
         codes.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: admin.update_group,
         codes.DELETE_SUBSCRIPTIONGROUP: admin.delete_group,
         codes.GET_ALL_TOPIC_CONFIG: admin.all_topic_config,
+        codes.GET_TOPIC_CONFIG: admin.topic_config,
+        codes.GET_SYSTEM_TOPIC_LIST_FROM_BROKER: admin.system_topics,
         codes.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: admin.all_group_config,
         codes.GET_ALL_CONSUMER_OFFSET: admin.all_consumer_offset,
         codes.GET_ALL_DELAY_OFFSET: admin.all_delay_offset,
@@ -557,6 +638,8 @@ def handlers(deps: Deps) -> dict[int, Handler]:
         codes.GET_TOPIC_STATS_INFO: admin.topic_stats,
         codes.GET_CONSUME_STATS: admin.consume_stats,
         codes.GET_CONSUMER_CONNECTION_LIST: admin.consumer_connections,
+        codes.GET_CONSUMER_RUNNING_INFO: admin.consumer_running_info,
+        codes.VIEW_BROKER_STATS_DATA: admin.broker_stats,
         codes.GET_PRODUCER_CONNECTION_LIST: admin.producer_connections,
         codes.QUERY_TOPIC_CONSUME_BY_WHO: admin.consumed_by,
         codes.INVOKE_BROKER_TO_RESET_OFFSET: admin.reset_offset,

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from ferry.runtime.clock import Clock
     from services.broker.config import BrokerConfig
     from services.broker.messaging.admin import AdminService
+    from services.broker.messaging.autocreate import TopicAutoCreate
     from services.broker.messaging.pull import PullService
     from services.broker.messaging.send import SendService
     from services.broker.messaging.statistics import StatisticsService
@@ -55,6 +56,8 @@ class Deps:
     # Transactional messages (a master's; None on a slave): END_TRANSACTION (37) and
     # the check-backs (39). Prepared sends go through `sends`, as every send.
     transactions: TransactionService | None = None
+    # A send naming a default topic (TBW102) creates its unknown topic (a master's).
+    auto_create: TopicAutoCreate | None = None
 
     @classmethod
     def from_app(cls, app) -> Deps:  # services.broker.app.BrokerApp, started
@@ -78,5 +81,6 @@ class Deps:
             send_back=app.send_back,
             acl_enabled=app.config.acl_enable,
             transactions=getattr(app, "transactions", None),
+            auto_create=getattr(app, "auto_create", None),
             **shared,
         )

@@ -209,8 +209,8 @@ def _parse_checked(ext: Mapping[str, str], names: Mapping[str, str]) -> _Fields:
         _GROUPS_CHECKED.clear()
     _GROUPS_CHECKED.add(producer_group)
     topic = text(fields, "topic")
-    # defaultTopic and defaultTopicQueueNums only matter for auto-creation,
-    # which ferry does not do (autoCreateTopicEnable is off): checked if sent.
+    # defaultTopic and defaultTopicQueueNums only matter for auto-creation
+    # (`Sends._auto_create`): checked if sent.
     integer(fields, "defaultTopicQueueNums", required=False, low=0, high=INT32[1])
     queue_id = integer(fields, "queueId", low=INT32[0], high=INT32[1])
     sys_flag = integer(fields, "sysFlag", low=INT32[0], high=INT32[1])
@@ -345,12 +345,29 @@ class Sends:
             messages, wait, is_batch = messages_of(
                 request, header, connection.remote, self.deps.config.cluster_name
             )
+            await self._auto_create(request, header, names)
             outcome = await self.deps.sends.send(
                 header.topic, header.queue_id, messages, wait, is_batch, header.producer_group
             )
         except FerryError as exc:
             return error_answer(request, exc, ANSWER_EXT)
         return answer(request, header, outcome)
+
+    async def _auto_create(
+        self, request: Command, header: SendHeader, names: Mapping[str, str]
+    ) -> None:
+        """A send to a topic this broker does not have, naming a default topic
+        (TBW102): the topic is created from it first, when it may be
+        (messaging/autocreate.py); otherwise the send is refused as usual."""
+        auto_create = self.deps.auto_create
+        if auto_create is None:
+            return
+        default_topic = request.ext.get(names["defaultTopic"], "")
+        if not auto_create.needed(header.topic, default_topic):
+            return
+        raw = request.ext.get(names["defaultTopicQueueNums"], "")
+        queue_nums = int(raw) if raw.isdigit() and len(raw) < 10 else 4  # the client's default
+        await auto_create.ensure(header.topic, default_topic, queue_nums)
 
     async def send_many(
         self, connection: Connection, requests: list[Command]
@@ -376,6 +393,7 @@ class Sends:
             except FerryError as exc:
                 answers[i] = error_answer(request, exc, ANSWER_EXT)
                 continue
+            await self._auto_create(request, header, names)
             parsed.append((i, header, wait))
             sends.append((header.topic, header.queue_id, messages, is_batch, header.producer_group))
         try:

@@ -7,14 +7,18 @@ import java.io.InputStreamReader;
 import java.nio.charset.StandardCharsets;
 import java.util.HashMap;
 import java.util.LinkedHashMap;
+import java.util.List;
 import java.util.Map;
 import java.util.Set;
+import java.util.TreeMap;
 import java.util.TreeSet;
 import org.apache.rocketmq.common.TopicConfig;
 import org.apache.rocketmq.common.attribute.AttributeParser;
 import org.apache.rocketmq.common.message.MessageConst;
 import org.apache.rocketmq.common.topic.TopicValidator;
+import org.apache.rocketmq.remoting.protocol.body.BrokerStatsData;
 import org.apache.rocketmq.remoting.protocol.body.ClusterInfo;
+import org.apache.rocketmq.remoting.protocol.body.ConsumerRunningInfo;
 import org.apache.rocketmq.remoting.protocol.route.BrokerData;
 import org.apache.rocketmq.remoting.protocol.route.TopicRouteData;
 import org.apache.rocketmq.remoting.protocol.subscription.GroupRetryPolicy;
@@ -37,6 +41,24 @@ import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
  *   <li>{"op": "group", "group": G, "retryMaxTimes": R, "orderly": B, "retryPolicy": JSON}:
  *       create or update the subscription group (as `updateSubGroup -r -o -p`);
  *   <li>{"op": "route", "topic": T}: the name server's route of T (brokers and queue counts).
+ *   <li>{"op": "createTopicByKey", "key": K, "topic": T, "queues": N}: the admin API's
+ *       createTopic(K, T, N, {}), which creates T on every master that K's route lists (the
+ *       e2e suites create every topic this way, K being the cluster's name), then waits until
+ *       the name server routes T to as many brokers as K's route has;
+ *   <li>{"op": "topicList"}: fetchAllTopicList, the name server's every topic.
+ *   <li>{"op": "systemTopics"}: the client API's getSystemTopicList (what the Dashboard's
+ *       topic list marks as system topics: 304 to the name server, then 305 to the broker it
+ *       names).
+ *   <li>{"op": "topicConfig", "topic": T}: examineTopicConfig (351) on every master: its
+ *       queues and perm by broker address.
+ *   <li>{"op": "consumerRunningInfo", "group": G}: getConsumerRunningInfo (307, which the
+ *       broker asks of the consumer) for the group's first connected client (203): its
+ *       subscribed topics, its consume type and the queues it holds.
+ *   <li>{"op": "brokerStats", "name": N, "key": K}: viewBrokerStatsData (315) on every
+ *       master: the minute's, hour's and day's sums by broker address, or the error's text
+ *       for a master that has no such item.
+ *   <li>{"op": "topicStats", "topic": T}: examineTopicStats (202, then 351 per broker for the
+ *       static-topic view): each queue's min and max offset, "broker/queueId" -> [min, max].
  * </ul>
  *
  * <p>Usage: Admin5 NAMESRV CLUSTER, or Admin5 --names: print RocketMQ's system property names
@@ -140,6 +162,100 @@ public final class Admin5 {
           Map<String, Integer> queues = new HashMap<>();
           route.getQueueDatas().forEach(q -> queues.put(q.getBrokerName(), q.getReadQueueNums()));
           out.put("queues", queues);
+          return out;
+        }
+      case "createTopicByKey":
+        {
+          String key = command.getString("key");
+          String topic = command.getString("topic");
+          admin.createTopic(key, topic, command.getIntValue("queues"), new HashMap<>());
+          int brokers = admin.examineTopicRouteInfo(key).getBrokerDatas().size();
+          waitRoute(admin, topic, brokers);
+          out.put("brokers", brokers);
+          return out;
+        }
+      case "systemTopics":
+        {
+          out.put(
+              "topics",
+              new TreeSet<>(
+                  admin
+                      .getDefaultMQAdminExtImpl()
+                      .getMqClientInstance()
+                      .getMQClientAPIImpl()
+                      .getSystemTopicList(10_000)
+                      .getTopicList()));
+          return out;
+        }
+      case "topicConfig":
+        {
+          Map<String, Object> configs = new TreeMap<>();
+          for (String addr : masters(admin, cluster)) {
+            TopicConfig config = admin.examineTopicConfig(addr, command.getString("topic"));
+            configs.put(
+                addr,
+                List.of(config.getReadQueueNums(), config.getWriteQueueNums(), config.getPerm()));
+          }
+          out.put("configs", configs);
+          return out;
+        }
+      case "topicStats":
+        {
+          Map<String, Object> queues = new TreeMap<>();
+          admin
+              .examineTopicStats(command.getString("topic"))
+              .getOffsetTable()
+              .forEach(
+                  (mq, offsets) ->
+                      queues.put(
+                          mq.getBrokerName() + "/" + mq.getQueueId(),
+                          List.of(offsets.getMinOffset(), offsets.getMaxOffset())));
+          out.put("queues", queues);
+          return out;
+        }
+      case "brokerStats":
+        {
+          Map<String, Object> sums = new TreeMap<>();
+          for (String addr : masters(admin, cluster)) {
+            try {
+              BrokerStatsData data =
+                  admin.viewBrokerStatsData(addr, command.getString("name"), command.getString("key"));
+              sums.put(
+                  addr,
+                  List.of(
+                      data.getStatsMinute().getSum(),
+                      data.getStatsHour().getSum(),
+                      data.getStatsDay().getSum()));
+            } catch (Exception e) {
+              sums.put(addr, e.getMessage());
+            }
+          }
+          out.put("sums", sums);
+          return out;
+        }
+      case "consumerRunningInfo":
+        {
+          String group = command.getString("group");
+          String clientId =
+              admin.examineConsumerConnectionInfo(group).getConnectionSet().iterator().next()
+                  .getClientId();
+          ConsumerRunningInfo info = admin.getConsumerRunningInfo(group, clientId, false);
+          Set<String> topics = new TreeSet<>();
+          info.getSubscriptionSet().forEach(sub -> topics.add(sub.getTopic()));
+          Set<String> queues = new TreeSet<>();
+          info.getMqTable()
+              .keySet()
+              .forEach(mq -> queues.add(mq.getTopic() + "/" + mq.getBrokerName() + "/"
+                  + mq.getQueueId()));
+          out.put("clientId", clientId);
+          out.put("topics", topics);
+          out.put("consumeType", info.getProperties().getProperty("PROP_CONSUME_TYPE"));
+          out.put("queues", queues);
+          return out;
+        }
+      case "topicList":
+        {
+          out.put("topics", new TreeSet<>(admin.fetchAllTopicList().getTopicList()));
           return out;
         }
       default:

@@ -1,0 +1,87 @@
+"""What RocketMQ Dashboard's topic pages and mqadmin 5.x ask a cluster through
+rocketmq-tools 5.5.0's DefaultMQAdminExt (tests/compat/rocketmq5's Admin5), against
+Apache RocketMQ 5.5.0 and ferry in the same test (tests/compat/backends.py: Apache's
+broker in its local-mode proxy; two ferry masters): the topic list with its system
+topics (206; 304 to the name server, then 305 to the broker it names), one topic's
+config on each master (351), and its stats (202, with 351 for the static-topic view),
+which fail for a topic nobody created.
+
+Apache 4.9's brokers answer 351 with 3, so these run against 5.5.0 only;
+tests/compat/test_default_topics.py has what 4.9 and ferry share.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from tests.apache import ApacheAdmin
+from tests.compat import clients
+from tests.compat.backends import BACKENDS, start_backend
+from tests.compat.specs import parametrize_cluster
+
+pytestmark = pytest.mark.timeout(240)
+
+_ids = itertools.count()
+
+
+def pytest_generate_tests(metafunc):
+    parametrize_cluster(metafunc, BACKENDS)
+
+
+@pytest.fixture(scope="module")
+def cluster(request, tmp_path_factory):
+    backend = start_backend(request.param, tmp_path_factory.mktemp(f"tools5-{request.param}"))
+    try:
+        yield backend
+    finally:
+        backend.stop()
+
+
+def namesrv_of(cluster) -> str:
+    """The name server's RocketMQ-protocol address."""
+    return cluster.namesrv.address if cluster.name == "apache" else cluster.ns.remoting_addr
+
+
+def cluster_name_of(cluster) -> str:
+    return "ApacheCluster" if cluster.name == "apache" else "DefaultCluster"
+
+
+@pytest.fixture(scope="module")
+def admin(cluster, tmp_path_factory):
+    session = ApacheAdmin(
+        tmp_path_factory.mktemp(f"admin5-{cluster.name}"),
+        namesrv_of(cluster),
+        cluster_name_of(cluster),
+    ).start()
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+def test_the_dashboards_topic_calls(cluster, admin, tmp_path):
+    name = cluster_name_of(cluster)
+    topic = f"Shown{next(_ids)}"
+    masters = admin.call(op="createTopicByKey", key=name, topic=topic, queues=2)["brokers"]
+    assert masters == (1 if cluster.name == "apache" else 2)
+    system = set(admin.call(op="systemTopics")["topics"])
+    assert {name, "TBW102", "SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC"} <= system
+    assert topic not in system
+    configs = admin.call(op="topicConfig", topic=topic)["configs"]
+    assert list(configs.values()) == [[2, 2, 6]] * masters
+    run = clients.java(
+        "Producer49",
+        ["--namesrv", namesrv_of(cluster), "--topic", topic, "--count", "8",
+         "--key-prefix", "shown"],
+        tmp_path / "producer",
+        "producer",
+    )  # fmt: skip
+    sends = clients.produce(run)
+    assert {s["status"] for s in sends} == {"SEND_OK"}, sends
+    stats = admin.call(op="topicStats", topic=topic)["queues"]
+    assert len(stats) == 2 * masters
+    assert sum(high - low for low, high in stats.values()) == 8
+    with pytest.raises(RuntimeError, match="No topic route info|TOPIC_NOT_EXIST|17"):
+        admin.call(op="topicStats", topic=f"Never{next(_ids)}")
