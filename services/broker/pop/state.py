@@ -326,10 +326,7 @@ class PopState:
         if state is None:
             committed = self.offsets.query(group, topic, queue_id)
             if committed is None:
-                if base is not None:
-                    committed = base
-                else:
-                    committed = self._start_offset(group, topic, queue_id)
+                committed = base if base is not None else self._start_offset(group, topic, queue_id)
                 self.offsets.commit(group, topic, queue_id, committed)
             state = self.queues[key] = QueueState(key, committed, committed)
         return state
