@@ -181,6 +181,11 @@ TOPIC_FILTER_TYPES = ("SINGLE_TAG", "MULTI_TAG")
 # service has delivered.
 TIMER_TOPIC = "rmq_sys_wheel_timer"
 PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+# RocketMQ 5's relative timers (Message.setDelayTimeSec / setDelayTimeMs): due that
+# long after the broker stores the message; the broker notes the absolute time in
+# TIMER_OUT_MS, as RocketMQ's HookUtils.transformTimerMessage does.
+PROPERTY_TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
+PROPERTY_TIMER_DELAY_MS = "TIMER_DELAY_MS"
 # When the timer delivers an entry, if not at its TIMER_DELIVER_MS (RocketMQ's wheel
 # time): pop's retry copies, due after the group's backoff, carry it, so that the
 # user's own TIMER_DELIVER_MS travels with them unchanged.

@@ -460,7 +460,7 @@ class BrokerApp:
             groups=metadata.subscription_groups,
             lookups=metrics,
             slave_read_enable=cfg.slave_read_enable,
-            hot_bytes=hot_bytes_of(cfg.access_message_in_memory_max_ratio),
+            hot_bytes=hot_bytes_of(cfg.access_message_in_memory_percent),
         )
         # Stored sends count in the metrics and in the figures mqadmin reads (315).
         observers = SendObservers(metrics, self.pulls.stats)
@@ -853,6 +853,7 @@ class BrokerApp:
                 lambda: (cfg.broker_ip1, self.port),
                 cfg.max_message_size,
                 topic_message_type_check=cfg.enable_topic_message_type_check,
+                min_invisible_ms=cfg.min_invisible_time_ms_for_recv,
             ),
         )
         name, add = rocketmq_v2_service()

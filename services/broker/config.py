@@ -52,7 +52,7 @@ class BrokerConfig:
     store_root: Path = field(default_factory=lambda: Path.home() / "ferry" / "store")
     broker_permission: int = 6
     slave_read_enable: bool = False
-    access_message_in_memory_max_ratio: int = 40  # % of RAM behind the log's end: "in memory"
+    access_message_in_memory_percent: int = 40  # % of RAM behind the log's end: "in memory"
     register_period_s: float = 30.0
     register_timeout_s: float = 6.0
     force_register: bool = True
@@ -124,6 +124,7 @@ class BrokerConfig:
     enable_proxy: bool = False
     enable_topic_message_type_check: bool = True  # local mode: sends match the topic's type
     enable_mixed_message_type: bool = False  # topics may be created +message.type=MIXED
+    min_invisible_time_ms_for_recv: int = 10_000  # with enableProxy: a receive's least
     # Automatic failover on etcd: the group's members campaign for a leader key under
     # a lease; brokerRole is how a member replicates while it leads.
     enable_failover: bool = False
@@ -391,7 +392,7 @@ KNOWN_KEYS: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
     ),
     "slaveReadEnable": ("slave_read_enable", _bool, "slaves serve pulls"),
     "accessMessageInMemoryMaxRatio": (
-        "access_message_in_memory_max_ratio",
+        "access_message_in_memory_percent",
         _int(0, 100),
         "percent of RAM: a message further behind the commit log's end is not in memory "
         "(a consumer that far behind is sent to a slave when slaveReadEnable; a pop group "
@@ -622,6 +623,13 @@ KNOWN_KEYS: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
         "with enableProxy: refuse a send whose type (NORMAL, FIFO, DELAY, TRANSACTION) is not "
         "its topic's message.type, MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, as RocketMQ's proxy "
         "(its rmq-proxy.json key; ferry proxy --no-topic-message-type-check in cluster mode)",
+    ),
+    "minInvisibleTimeMillsForRecv": (
+        "min_invisible_time_ms_for_recv",
+        _int(0),
+        "with enableProxy: the least invisible time a ReceiveMessage may ask for unless it "
+        "lets the proxy renew; less is ILLEGAL_INVISIBLE_TIME, as RocketMQ's proxy (its "
+        "rmq-proxy.json key; ferry proxy --min-invisible-time-ms in cluster mode)",
     ),
     "enableMixedMessageType": (
         "enable_mixed_message_type",

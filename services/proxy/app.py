@@ -20,7 +20,12 @@ from ferry.runtime.server import GrpcServer, Service
 from services.proxy import auth
 from services.proxy.metrics import ProxyMetrics
 from services.proxy.routes import Routes
-from services.proxy.servicer import MAX_BODY_BYTES, MessagingServicer, ProxyOptions
+from services.proxy.servicer import (
+    MAX_BODY_BYTES,
+    MIN_INVISIBLE_MS,
+    MessagingServicer,
+    ProxyOptions,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +51,8 @@ class ProxyConfig:
     acl_file: Path | None = None
     # RocketMQ's enableTopicMessageTypeCheck: sends must be of their topic's message.type.
     topic_message_type_check: bool = True
+    # RocketMQ's proxy's minInvisibleTimeMillsForRecv: the least invisible time a receive asks.
+    min_invisible_ms: int = MIN_INVISIBLE_MS
 
 
 class ProxyApp:
@@ -55,7 +62,9 @@ class ProxyApp:
         self.routes = Routes(config.namesrv_addrs, max_message_bytes=MAX_MESSAGE_BYTES)
         self.metrics = ProxyMetrics(self.registry)
         options = ProxyOptions(
-            self._endpoint, topic_message_type_check=config.topic_message_type_check
+            self._endpoint,
+            topic_message_type_check=config.topic_message_type_check,
+            min_invisible_ms=config.min_invisible_ms,
         )
         self.servicer = MessagingServicer(self.routes, options, self.metrics)
         # ValueError naming the file and the field when the ACL file cannot be used.

@@ -16,6 +16,7 @@ from ferry.runtime.logs import setup_logging
 from ferry.runtime.server import run_until_signalled
 from services.proxy import auth
 from services.proxy.app import ProxyApp, ProxyConfig
+from services.proxy.servicer import MIN_INVISIBLE_MS
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, and have the SDKs check it first, as RocketMQ's "
         "proxy with enableTopicMessageTypeCheck (default: on)",
     )
+    parser.add_argument(
+        "--min-invisible-time-ms",
+        type=int,
+        default=MIN_INVISIBLE_MS,
+        metavar="MS",
+        help="the least invisible time a ReceiveMessage may ask for, unless it lets the proxy "
+        'renew (auto_renew); less is refused with ILLEGAL_INVISIBLE_TIME "the invisibleTime '
+        "is too small\", as RocketMQ's proxy's minInvisibleTimeMillsForRecv "
+        f"(default {MIN_INVISIBLE_MS})",
+    )
     eventloop.add_argument(parser)
     parser.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING or ERROR")
 
@@ -114,6 +125,9 @@ def run(args: argparse.Namespace) -> int:
         auth.check_keys(args.access_key, args.secret_key)
     except ValueError as exc:
         log.error("bad --access-key/--secret-key: %s", exc)
+        return 2
+    if args.min_invisible_time_ms < 0:
+        log.error("bad --min-invisible-time-ms: %d is negative", args.min_invisible_time_ms)
         return 2
     if (problem := eventloop.check(args.event_loop)) is not None:
         log.error("%s", problem)
@@ -144,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
         secret_key=args.secret_key,
         acl_file=args.acl_file,
         topic_message_type_check=args.topic_message_type_check,
+        min_invisible_ms=args.min_invisible_time_ms,
     )
 
     async def main() -> None:

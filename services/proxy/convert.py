@@ -41,6 +41,8 @@ from ferry.model import (
     PROPERTY_DLQ_ORIGIN_MESSAGE_ID,
     PROPERTY_DLQ_ORIGIN_TOPIC,
     PROPERTY_SHARDING_KEY,
+    PROPERTY_TIMER_DELAY_MS,
+    PROPERTY_TIMER_DELAY_SEC,
     PROPERTY_TIMER_DELIVER_MS,
 )
 from ferry.v1 import broker_pb2
@@ -239,7 +241,12 @@ def message_type(properties: Mapping[str, str]) -> int:
     """A stored message's type, as RocketMQ reads it from the properties
     (`TopicMessageType.parseFromMessageProperty`): a delay level or delivery
     time makes it DELAY before a message group makes it FIFO."""
-    if PROPERTY_DELAY in properties or PROPERTY_TIMER_DELIVER_MS in properties:
+    if (
+        PROPERTY_DELAY in properties
+        or PROPERTY_TIMER_DELIVER_MS in properties
+        or PROPERTY_TIMER_DELAY_SEC in properties
+        or PROPERTY_TIMER_DELAY_MS in properties
+    ):
         return v2.DELAY
     if PROPERTY_SHARDING_KEY in properties:
         return v2.FIFO

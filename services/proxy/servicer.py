@@ -35,7 +35,7 @@ from ferry.model import (
     check_pop_group,
     check_topic,
 )
-from ferry.receipt_handle import handle_broker
+from ferry.receipt_handle import PopFormatError, decode_handle, handle_broker
 from ferry.runtime.errors import InvalidArgument
 from ferry.v1 import broker_pb2
 from services.proxy import convert, metrics, transactions, validate
@@ -47,6 +47,8 @@ from services.proxy.sends import LINK_ERRORS, SendCoalescer
 MAX_BODY_BYTES = 4 * 1024 * 1024  # the brokers' default maxMessageSize
 MAX_BATCH = 32  # the brokers' largest pop
 DEFAULT_INVISIBLE_MS = 30_000
+MIN_INVISIBLE_MS = 10_000  # RocketMQ's proxy's minInvisibleTimeMillsForRecv
+MAX_INVISIBLE_MS = 12 * 3600_000  # its maxInvisibleTimeMills
 DEFAULT_LONG_POLL_MS = 20_000
 DEADLINE_MARGIN_MS = 1_000  # a receive stream ends this long before the client's deadline
 CALL_TIMEOUT_S = 10.0
@@ -66,6 +68,11 @@ class ProxyOptions:
     # RocketMQ's enableTopicMessageTypeCheck: a send must be of its topic's
     # message.type (and the SDKs are told to check it first).
     topic_message_type_check: bool = True
+    # RocketMQ's proxy's minInvisibleTimeMillsForRecv and maxInvisibleTimeMills: a
+    # receive asks for at least the one (unless it lets the proxy renew), and no
+    # receive or change of invisibility for more than the other.
+    min_invisible_ms: int = MIN_INVISIBLE_MS
+    max_invisible_ms: int = MAX_INVISIBLE_MS
 
 
 class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
@@ -376,11 +383,20 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             code = Code.ILLEGAL_TOPIC if bad_topic else Code.ILLEGAL_CONSUMER_GROUP
             yield s.ReceiveMessageResponse(status=status(code, bad_topic or bad_group))
             return
+        # Absent reads as 0, too small, as RocketMQ's proxy reads it; unless the
+        # client lets the proxy renew (auto_renew), when the default applies.
+        # (ferry's proxy does not renew: the time asked for, or the default.)
         invisible_ms = (
             convert.duration_ms(request.invisible_duration)
-            if request.HasField("invisible_duration")
+            if request.HasField("invisible_duration") or not request.auto_renew
             else DEFAULT_INVISIBLE_MS
         )
+        bad_time = self._bad_invisible_time(
+            invisible_ms, 0 if request.auto_renew else self.options.min_invisible_ms
+        )
+        if bad_time:
+            yield s.ReceiveMessageResponse(status=status(Code.ILLEGAL_INVISIBLE_TIME, bad_time))
+            return
         wait_ms = (
             convert.duration_ms(request.long_polling_timeout)
             if request.HasField("long_polling_timeout")
@@ -485,17 +501,26 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                     results[i] = _ack_entry(request.entries[i], Code.OK, "OK")
                 else:
                     results[i] = _ack_entry(
-                        request.entries[i], Code.INVALID_RECEIPT_HANDLE, r.reason
+                        request.entries[i],
+                        Code.INVALID_RECEIPT_HANDLE,
+                        _refusal(request.entries[i].receipt_handle, r.reason),
                     )
         entries = [r for r in results if r is not None]
         codes = {e.status.code for e in entries}
-        top = entries[0].status if len(codes) == 1 else status(Code.MULTIPLE_RESULTS, "mixed")
+        # As RocketMQ's proxy: the one code of every entry (or MULTIPLE_RESULTS), named.
+        code = entries[0].status.code if len(codes) == 1 else Code.MULTIPLE_RESULTS
+        top = status(code, v2.Code.Name(code))
         return s.AckMessageResponse(status=top, entries=entries)
 
     @metrics.unary("ChangeInvisibleDuration", s.ChangeInvisibleDurationResponse)
     async def ChangeInvisibleDuration(
         self, request: s.ChangeInvisibleDurationRequest, context
     ) -> s.ChangeInvisibleDurationResponse:
+        bad_time = self._bad_invisible_time(convert.duration_ms(request.invisible_duration), 0)
+        if bad_time:
+            return s.ChangeInvisibleDurationResponse(
+                status=status(Code.ILLEGAL_INVISIBLE_TIME, bad_time)
+            )
         answer, outcome = await self._on_handle_broker(
             request,
             lambda stub, group, topic: stub.ChangeInvisibleTime(
@@ -538,6 +563,15 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             status=status(Code.OK, f"moved to {answer.dlq_topic}")
         )
 
+    def _bad_invisible_time(self, invisible_ms: int, min_ms: int) -> str:
+        """RocketMQ's proxy's check of an invisible time, in its words ("" when it
+        is fine): at least `min_ms`, at most the proxy's maximum."""
+        if invisible_ms < min_ms:
+            return f"the invisibleTime is too small. min is {min_ms}"
+        if invisible_ms > self.options.max_invisible_ms:
+            return f"the invisibleTime is too large. max is {self.options.max_invisible_ms}"
+        return ""
+
     async def _on_handle_broker(
         self, request: Any, call: Callable[[Any, str, str], Awaitable[Any]]
     ) -> tuple[Any, v2.Status]:
@@ -559,7 +593,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         except grpc.aio.AioRpcError as exc:
             return None, status(convert.error_code(exc), exc.details() or "")
         if answer.status != broker_pb2.OK:
-            return None, status(Code.INVALID_RECEIPT_HANDLE, answer.reason)
+            return None, status(
+                Code.INVALID_RECEIPT_HANDLE, _refusal(request.receipt_handle, answer.reason)
+            )
         return answer, OK
 
     async def _handle_addr(self, receipt_handle: str, topic: str) -> str | None:
@@ -619,6 +655,17 @@ _USE_RECEIVE = "consume with a SimpleConsumer or PushConsumer (ReceiveMessage)"
 
 def _not_served(rpc: str, instead: str) -> v2.Status:
     return status(Code.NOT_IMPLEMENTED, f"{rpc} is not served by ferry's proxy; {instead}")
+
+
+def _refusal(receipt_handle: str, reason: str) -> str:
+    """A broker's refusal of a receipt handle, in RocketMQ's proxy's words when
+    its invisible time has passed ("receipt handle is expired"), else the
+    broker's reason."""
+    try:
+        expired = decode_handle(receipt_handle).invisible_until_ms < time.time() * 1000
+    except PopFormatError:
+        expired = False
+    return f"receipt handle is expired ({reason})" if expired else reason
 
 
 def _ack_entry(entry: s.AckMessageEntry, code: int, text: str) -> s.AckMessageResultEntry:

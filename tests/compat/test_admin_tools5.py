@@ -13,6 +13,7 @@ tests/compat/test_default_topics.py has what 4.9 and ferry share.
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 
@@ -85,3 +86,29 @@ def test_the_dashboards_topic_calls(cluster, admin, tmp_path):
     assert sum(high - low for low, high in stats.values()) == 8
     with pytest.raises(RuntimeError, match="No topic route info|TOPIC_NOT_EXIST|17"):
         admin.call(op="topicStats", topic=f"Never{next(_ids)}")
+
+
+@pytest.mark.parametrize("unit", ["sec", "ms"])
+def test_a_relative_timer_from_the_5x_client_waits(cluster, admin, unit):
+    """rocketmq-client 5.x's Message.setDelayTimeSec / setDelayTimeMs (TIMER_DELAY_SEC /
+    TIMER_DELAY_MS; the Spring starter's syncSendDelayTimeSeconds): the message is held
+    that long after the broker stores it, then delivered, a DELAY message to the SDKs."""
+    from rocketmq.grpc_protocol import MessageType
+
+    from tests.integration.test_proxy_sdk import _receive_until, _simple
+
+    topic = f"Relative{unit.capitalize()}{next(_ids)}"
+    cluster.create_topic(topic, 2, message_type="DELAY")
+    consumer = _simple(cluster, f"gRelative{next(_ids)}", topic)
+    try:
+        sent_at = time.time()
+        delay = {"sec": 3} if unit == "sec" else {"ms": 3000}
+        answer = admin.call(op="sendDelayed", topic=topic, body="later", **delay)
+        assert answer["status"] == "SEND_OK"
+        got = _receive_until(consumer, 1, 60)
+        received = time.time()
+        assert [m.body for m in got] == [b"later"]
+        assert received - sent_at >= 3 * 0.9, "delivered before its time"
+        assert got[0].message_type == MessageType.DELAY
+    finally:
+        consumer.shutdown()

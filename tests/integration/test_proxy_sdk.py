@@ -274,6 +274,10 @@ def test_no_ack_means_delivered_again_with_a_higher_attempt(cluster):
         assert [(m.message_id, m.delivery_attempt, m.body) for m in second] == [
             (message_id, 2, b"again")
         ]
+        # The first delivery's handle, past its invisibility: refused as RocketMQ's proxy
+        # refuses it (the response's status names the entries' one code).
+        with pytest.raises(Exception, match="INVALID_RECEIPT_HANDLE"):
+            consumer.ack(first[0])
         # The retry copy came through the timer, after the backoff: still a normal
         # message, with no delivery time (the SDK reads an unset one as 0).
         assert (second[0].message_type, second[0].delivery_timestamp) == (MessageType.NORMAL, 0)
@@ -296,8 +300,15 @@ def test_change_invisible_duration(cluster):
         consumer.change_invisible_duration(keep, 120)
         consumer.ack(keep)  # with the handle the change returned
         consumer.change_invisible_duration(by_body[b"sooner"], 1)
-        again = _receive_until(consumer, 1, 60)
+        again = _receive_until(consumer, 1, 60, ack=False)
         assert [(m.body, m.delivery_attempt) for m in again] == [(b"sooner", 2)]
+        # More than the proxy's maximum (12 h) is refused in RocketMQ's words (the SDK
+        # then holds the refusal's empty handle: the last use of this message).
+        with pytest.raises(Exception, match="the invisibleTime is too large. max is 43200000"):
+            consumer.change_invisible_duration(again[0], 13 * 3600)
+        # Less than the proxy's least for a receive (1 s in these tests, 10 s by default).
+        with pytest.raises(Exception, match="the invisibleTime is too small. min is 1000"):
+            consumer.receive(1, 0)
     finally:
         consumer.shutdown()
         producer.shutdown()

@@ -30,6 +30,8 @@ from ferry.model import (
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
     PROPERTY_SHARDING_KEY,
+    PROPERTY_TIMER_DELAY_MS,
+    PROPERTY_TIMER_DELAY_SEC,
     PROPERTY_TIMER_DELIVER_MS,
     PROPERTY_TIMER_OUT_MS,
     PROPERTY_TRANSACTION_PREPARED,
@@ -436,7 +438,7 @@ class Stager:
                 properties[PROPERTY_DELAY] = str(delay_level)
                 properties[PROPERTY_REAL_TOPIC] = topic
                 properties[PROPERTY_REAL_QUEUE_ID] = str(queue_id)
-        deliver_ms = self._deliver_ms(properties, where, now_ms)
+        deliver_ms, relative = self._deliver_ms(properties, where, now_ms)
         if deliver_ms is not None and (batch or deliver_ms > now_ms):
             deliver_ms = max(deliver_ms, 1)
             if delay_level:
@@ -446,7 +448,10 @@ class Stager:
                 )
             properties[PROPERTY_REAL_TOPIC] = topic
             properties[PROPERTY_REAL_QUEUE_ID] = str(queue_id)
-            properties.pop(PROPERTY_TIMER_OUT_MS, None)  # the timer's own: due at deliver_ms
+            if relative:  # the timer's own note of when it is due (dropped from the copy)
+                properties[PROPERTY_TIMER_OUT_MS] = str(deliver_ms)
+            else:
+                properties.pop(PROPERTY_TIMER_OUT_MS, None)  # the timer's own: due at deliver_ms
         else:
             deliver_ms = 0
         if half:
@@ -463,26 +468,44 @@ class Stager:
             )
         return encoded, delay_level, deliver_ms
 
-    def _deliver_ms(self, properties: dict[str, str], where: str, now_ms: int) -> int | None:
-        """TIMER_DELIVER_MS (epoch ms), checked against timerMaxDelaySec; None
-        when absent."""
-        raw = properties.get(PROPERTY_TIMER_DELIVER_MS)
+    def _deliver_ms(
+        self, properties: dict[str, str], where: str, now_ms: int
+    ) -> tuple[int | None, bool]:
+        """When a timed message is due (epoch ms; None: not timed), checked
+        against timerMaxDelaySec, and whether that was given relative to now.
+        As RocketMQ 5 reads them: TIMER_DELAY_SEC first, then TIMER_DELAY_MS
+        (both after the broker stores it), then TIMER_DELIVER_MS (absolute)."""
+        relative = True
+        name = PROPERTY_TIMER_DELAY_SEC
+        raw = properties.get(name)
+        scale = 1000
         if raw is None:
-            return None
+            name, scale = PROPERTY_TIMER_DELAY_MS, 1
+            raw = properties.get(name)
+        if raw is None:
+            name, relative = PROPERTY_TIMER_DELIVER_MS, False
+            raw = properties.get(name)
+        if raw is None:
+            return None, False
         try:
-            deliver_ms = int(raw)
+            value = int(raw)
         except ValueError:
+            what = (
+                "epoch milliseconds"
+                if not relative
+                else f"a whole number of {'seconds' if scale == 1000 else 'milliseconds'}"
+            )
             raise InvalidArgument(
-                f"{where}.properties",
-                f"{PROPERTY_TIMER_DELIVER_MS} {raw[:24]!r} is not epoch milliseconds",
+                f"{where}.properties", f"{name} {raw[:24]!r} is not {what}"
             ) from None
+        deliver_ms = now_ms + value * scale if relative else value
         if deliver_ms - now_ms > self.timer_max_delay_ms:
             raise InvalidArgument(
                 f"{where}.properties",
-                f"{PROPERTY_TIMER_DELIVER_MS} is {(deliver_ms - now_ms) / 1000:.0f} s ahead; the "
+                f"{name} is {(deliver_ms - now_ms) / 1000:.0f} s ahead; the "
                 f"limit is timerMaxDelaySec={self.timer_max_delay_ms // 1000} s",
             )
-        return deliver_ms
+        return deliver_ms, relative
 
 
 def _message_group(messages: Sequence[OutgoingMessage], batch: bool) -> str:

@@ -5,10 +5,14 @@ A send with the `DELAY` property (level 1..18) is stored in the system topic
 `REAL_TOPIC` / `REAL_QID` properties; the dispatcher puts the time it is due
 (store time + the level's delay, ms) in its consume-queue entry. This
 scheduler walks each level's queue in order and, for every entry that is due,
-appends a copy to the real topic and queue (without the delay properties) and
-advances that level's offset in the delay-offset table (`delayOffset.json`,
+appends a copy to the real topic and queue and advances that level's offset in the delay-offset table (`delayOffset.json`,
 what `SlaveSync.GetAllDelayOffset` serves). Within a level, messages are due
 in queue order, so the walk stops at the first entry not yet due.
+
+The copy keeps every property, `DELAY`, `REAL_TOPIC` and `REAL_QID` included, as
+Apache 4.9's copy does (its ScheduleMessageService writes the property string it
+took before clearing DELAY): consumers and tests that read a delayed message's
+DELAY find it.
 
 Delivery is at least once: the table is persisted every few seconds and at
 shutdown, so a crash between a re-publish and the next persist re-publishes
@@ -24,7 +28,7 @@ import logging
 from typing import Protocol
 
 from ferry import record
-from ferry.model import PROPERTY_DELAY, PROPERTY_REAL_TOPIC, SCHEDULE_TOPIC
+from ferry.model import PROPERTY_REAL_TOPIC, SCHEDULE_TOPIC
 from ferry.runtime.clock import Clock
 from services.broker.messaging.rules import TopicLookup, real_destination
 from services.broker.store import MessageIn, MessageStore
@@ -107,8 +111,7 @@ class DelayScheduler:
 
     def _republish(self, stored: record.Record, level: int) -> None:
         properties = dict(stored.properties)
-        properties.pop(PROPERTY_DELAY, None)
-        destination = real_destination(properties, self.topics)
+        destination = real_destination(dict(properties), self.topics)
         if destination is None:
             self.dropped += 1
             log.warning(

@@ -12,8 +12,11 @@ import java.util.Map;
 import java.util.Set;
 import java.util.TreeMap;
 import java.util.TreeSet;
+import org.apache.rocketmq.client.producer.DefaultMQProducer;
+import org.apache.rocketmq.client.producer.SendResult;
 import org.apache.rocketmq.common.TopicConfig;
 import org.apache.rocketmq.common.attribute.AttributeParser;
+import org.apache.rocketmq.common.message.Message;
 import org.apache.rocketmq.common.message.MessageConst;
 import org.apache.rocketmq.common.topic.TopicValidator;
 import org.apache.rocketmq.remoting.protocol.body.BrokerStatsData;
@@ -46,6 +49,10 @@ import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
  *       e2e suites create every topic this way, K being the cluster's name), then waits until
  *       the name server routes T to as many brokers as K's route has;
  *   <li>{"op": "topicList"}: fetchAllTopicList, the name server's every topic.
+ *   <li>{"op": "sendDelayed", "topic": T, "body": B, "sec": S} or {..., "ms": M}: one message
+ *       sent with rocketmq-client 5.x's DefaultMQProducer (one per session, group
+ *       ferry-compat-delayed) after Message.setDelayTimeSec(S) / setDelayTimeMs(M), what the
+ *       Spring starter's syncSendDelayTimeSeconds does: its msgId and status.
  *   <li>{"op": "systemTopics"}: the client API's getSystemTopicList (what the Dashboard's
  *       topic list marks as system topics: 304 to the name server, then 305 to the broker it
  *       names).
@@ -103,15 +110,24 @@ public final class Admin5 {
           answer.put("ok", true);
         } catch (Exception e) {
           answer.put("ok", false);
-          answer.put("error", e.toString());
+          StringBuilder error = new StringBuilder(e.toString());
+          for (Throwable cause = e.getCause(); cause != null; cause = cause.getCause()) {
+            error.append(" <- ").append(cause);
+          }
+          answer.put("error", error.toString());
         }
         System.out.println(JSON.toJSONString(answer));
         System.out.flush();
       }
     } finally {
+      if (producer != null) {
+        producer.shutdown();
+      }
       admin.shutdown();
     }
   }
+
+  private static DefaultMQProducer producer; // sendDelayed's, made on first use
 
   private static Map<String, Object> run(
       DefaultMQAdminExt admin, String cluster, JSONObject command) throws Exception {
@@ -251,6 +267,28 @@ public final class Admin5 {
           out.put("topics", topics);
           out.put("consumeType", info.getProperties().getProperty("PROP_CONSUME_TYPE"));
           out.put("queues", queues);
+          return out;
+        }
+      case "sendDelayed":
+        {
+          if (producer == null) {
+            producer = new DefaultMQProducer("ferry-compat-delayed");
+            producer.setNamesrvAddr(admin.getNamesrvAddr());
+            producer.setInstanceName("ferry-compat-delayed-" + ProcessHandle.current().pid());
+            producer.start();
+          }
+          Message message =
+              new Message(
+                  command.getString("topic"),
+                  command.getString("body").getBytes(StandardCharsets.UTF_8));
+          if (command.containsKey("sec")) {
+            message.setDelayTimeSec(command.getLongValue("sec"));
+          } else {
+            message.setDelayTimeMs(command.getLongValue("ms"));
+          }
+          SendResult result = producer.send(message);
+          out.put("msgId", result.getMsgId());
+          out.put("status", result.getSendStatus().name());
           return out;
         }
       case "topicList":
