@@ -38,6 +38,15 @@ when oneway, counted as any answer, and never reaches its handler. Without a
 check nothing is done per request. Answers to the server's own requests are not
 checked.
 
+TLS (RocketMQ's `tls.server.mode`, `TLS_MODES`): `listen` with an SSL context
+serves TLS only ("enforcing"), or TLS and plaintext on the same port
+("permissive", Apache's default): the first byte a client sends tells which,
+a TLS ClientHello starting with 0x16 (a RocketMQ frame starts with its length's
+high byte, 0 for any frame under 16 MiB); "disabled" serves plaintext. A
+connection that sends nothing for `FIRST_BYTE_TIMEOUT_S` is closed. Requests a
+client sent just before it broke are not read out of a TLS connection (the
+socket holds ciphertext).
+
 The broker talks back over the same connection (`Connection.request` and
 `Connection.oneway`, e.g. NOTIFY_CONSUMER_IDS_CHANGED), with its own opaque
 counter; answers to those are matched here and never reach the handlers.
@@ -51,6 +60,7 @@ import itertools
 import logging
 import os
 import socket
+import ssl
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any, cast
 
@@ -73,6 +83,10 @@ Check = Callable[["Connection", Command], "str | None"]
 MAX_IN_FLIGHT = 256
 # What is read out of a broken connection's socket at most (its kernel buffer holds less).
 LEFTOVER_LIMIT = 64 * 1024 * 1024
+# RocketMQ's tls.server.mode values: plaintext only, TLS beside plaintext, TLS only.
+TLS_MODES = ("disabled", "permissive", "enforcing")
+TLS_HANDSHAKE = 0x16  # the first byte of a TLS record carrying a ClientHello
+FIRST_BYTE_TIMEOUT_S = 30.0  # permissive TLS: a new connection's time to say which it is
 
 
 class Batchable:
@@ -125,7 +139,8 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         transport, self._transport = self._transport, None
-        if exc is not None and transport is not None and self._server.after_close:
+        tls = transport is not None and transport.get_extra_info("sslcontext") is not None
+        if exc is not None and transport is not None and self._server.after_close and not tls:
             self._handle_leftovers(transport)
         for future in self._waiting.values():
             if not future.done():
@@ -446,6 +461,8 @@ class RemotingServer:
         self.connections: set[Connection] = set()
         self._on_close = on_close
         self._servers: list[asyncio.base_events.Server] = []
+        self._listeners: list[socket.socket] = []  # permissive TLS: accepted here
+        self._accepting: set[asyncio.Task] = set()
         self._complained: set[Connection] = set()
         self.stopping = False
 
@@ -459,14 +476,79 @@ class RemotingServer:
         self.handlers = handlers
         self._on_close = on_close
 
-    async def listen(self, host: str, port: int) -> int:
-        """Start accepting on host:port (0 picks a free port); returns the port."""
+    async def listen(
+        self, host: str, port: int, tls: ssl.SSLContext | None = None, mode: str = "permissive"
+    ) -> int:
+        """Start accepting on host:port (0 picks a free port); returns the port.
+        With `tls`, `mode` (TLS_MODES) says whether plaintext is served beside it."""
+        if mode not in TLS_MODES:
+            raise ValueError(f"TLS mode {mode!r} is not one of {', '.join(TLS_MODES)}")
         loop = asyncio.get_running_loop()
+        if tls is not None and mode == "permissive":
+            return await self._listen_permissive(host, port, tls)
         server = await loop.create_server(
-            lambda: Connection(self), host, port, reuse_address=True, backlog=1024
+            lambda: Connection(self),
+            host,
+            port,
+            reuse_address=True,
+            backlog=1024,
+            ssl=tls if mode == "enforcing" else None,
         )
         self._servers.append(server)
         return int(server.sockets[0].getsockname()[1])
+
+    async def _listen_permissive(self, host: str, port: int, tls: ssl.SSLContext) -> int:
+        """TLS and plaintext on one port: accepted here, each connection handed
+        to asyncio with TLS or without by its first byte."""
+        loop = asyncio.get_running_loop()
+        listener = socket.create_server((host, port), reuse_port=False, backlog=1024)
+        listener.setblocking(False)
+        self._listeners.append(listener)
+        self._accepting.add(loop.create_task(self._accept(listener, tls)))
+        return int(listener.getsockname()[1])
+
+    async def _accept(self, listener: socket.socket, tls: ssl.SSLContext) -> None:
+        loop = asyncio.get_running_loop()
+        while not self.stopping:
+            try:
+                sock, _ = await loop.sock_accept(listener)
+            except OSError as exc:
+                if self.stopping or listener.fileno() < 0:
+                    return
+                log.warning("remoting %s: accept failed: %s", self.name, exc)
+                await asyncio.sleep(0.1)
+                continue
+            task = loop.create_task(self._sniff(sock, tls))
+            self._accepting.add(task)
+            task.add_done_callback(self._accepting.discard)
+
+    async def _sniff(self, sock: socket.socket, tls: ssl.SSLContext) -> None:
+        """Wait for a new connection's first byte, then serve it with TLS
+        (a ClientHello) or without."""
+        loop = asyncio.get_running_loop()
+        sock.setblocking(False)
+        readable = loop.create_future()
+        loop.add_reader(sock.fileno(), lambda: readable.done() or readable.set_result(None))
+        try:
+            await asyncio.wait_for(readable, FIRST_BYTE_TIMEOUT_S)
+            first = sock.recv(1, socket.MSG_PEEK)
+        except (TimeoutError, OSError):
+            first = b""
+        finally:
+            loop.remove_reader(sock.fileno())
+        if not first or self.stopping:
+            sock.close()
+            return
+        try:
+            await loop.connect_accepted_socket(
+                lambda: Connection(self),
+                sock,
+                ssl=tls if first[0] == TLS_HANDSHAKE else None,
+                ssl_handshake_timeout=FIRST_BYTE_TIMEOUT_S if first[0] == TLS_HANDSHAKE else None,
+            )
+        except (OSError, ssl.SSLError, TimeoutError) as exc:
+            log.info("remoting %s: TLS handshake failed: %s", self.name, exc)
+            sock.close()
 
     async def stop(self, grace_s: float = 0.0) -> None:
         """Stop accepting, let requests being handled finish for `grace_s`
@@ -475,6 +557,14 @@ class RemotingServer:
         self.stopping = True
         for server in self._servers:
             server.close()
+        for listener in self._listeners:
+            listener.close()
+        self._listeners.clear()
+        for task in list(self._accepting):
+            task.cancel()
+        if self._accepting:
+            await asyncio.gather(*self._accepting, return_exceptions=True)
+        self._accepting.clear()
         pending = [t for c in list(self.connections) for t in c._tasks]
         if pending and grace_s > 0:
             await asyncio.wait(pending, timeout=grace_s)

@@ -17,6 +17,7 @@ Python's ssl contexts, built in services.broker.app.
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +99,20 @@ class ClientTLS:
         return grpc.ssl_channel_credentials(
             root_certificates=self.ca, private_key=self.key, certificate_chain=self.cert
         )
+
+
+def server_ssl_context(
+    cert: str | Path, key: str | Path, client_ca: str | Path | None = None
+) -> ssl.SSLContext:
+    """A server's TLS context for a plain TCP port (the HA stream, RocketMQ's
+    protocol) from PEM files; with `client_ca`, clients must present a
+    certificate it signed. An OSError or ssl.SSLError names what is wrong."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(str(cert), str(key))
+    if client_ca:
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.load_verify_locations(str(client_ca))
+    return ctx
 
 
 def channel(addr: str, options: Sequence = ()) -> grpc.Channel:

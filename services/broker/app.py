@@ -52,7 +52,7 @@ from ferry.runtime.errors import FerryError, StorageFault
 from ferry.runtime.files import atomic_write_bytes
 from ferry.runtime.metrics_http import MetricsEndpoint
 from ferry.runtime.server import GrpcServer, Service
-from ferry.runtime.tls import ClientTLS
+from ferry.runtime.tls import ClientTLS, server_ssl_context
 from services.broker.api.servicer import (
     BrokerAdminServicer,
     BrokerServicer,
@@ -125,12 +125,7 @@ log = logging.getLogger(__name__)
 def _ha_server_ssl(cfg: BrokerConfig) -> ssl.SSLContext:
     """The master's side of the HA stream over TLS; with tlsClientCa, slaves must
     present a certificate it signed."""
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key)
-    if cfg.tls_client_ca:
-        ctx.verify_mode = ssl.CERT_REQUIRED
-        ctx.load_verify_locations(cfg.tls_client_ca)
-    return ctx
+    return server_ssl_context(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca or None)
 
 
 def _ha_client_ssl(cfg: BrokerConfig) -> ssl.SSLContext:

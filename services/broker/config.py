@@ -83,6 +83,9 @@ class BrokerConfig:
     tls_key: str = ""
     tls_client_ca: str = ""  # require client certificates signed by this CA
     tls_ca: str = ""  # verify name servers and the master (SlaveSync) with this CA: TLS out
+    # RocketMQ's tls.server.mode for the RocketMQ-protocol ports, with tlsCert/tlsKey:
+    # disabled, permissive (TLS and plaintext on one port) or enforcing (TLS only).
+    tls_server_mode: str = "permissive"
     health_port: int = -1  # >= 0: grpc.health.v1 alone, plaintext (kubelet probes with TLS)
     ha_tls: bool = False  # the HA stream over TLS too (master: tlsCert/tlsKey; slave: tlsCa)
     ha_max_connections: int = 16
@@ -466,6 +469,14 @@ KNOWN_KEYS: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
         _text,
         "PEM CA: require client certificates it signed (mutual TLS) (ferry)",
     ),
+    "tlsServerMode": (
+        "tls_server_mode",
+        _choice(("disabled", "permissive", "enforcing")),
+        "with tlsCert/tlsKey, TLS on the RocketMQ-protocol ports (listenPort, fastListenPort) as "
+        "Apache's tls.server.mode: permissive serves TLS and plaintext on the same port (Apache's "
+        "default), enforcing TLS only, disabled plaintext only; no client certificate is asked "
+        "there (Apache's tls.server.need.client.auth=none)",
+    ),
     "tlsCa": (
         "tls_ca",
         _text,
@@ -842,6 +853,8 @@ def _check(config: BrokerConfig) -> None:
         )
     if config.tls_client_ca and not config.tls_cert:
         raise ConfigError("tlsClientCa", "client certificates are checked only with tlsCert/tlsKey")
+    if config.tls_server_mode == "enforcing" and not config.tls_cert:
+        raise ConfigError("tlsServerMode", "enforcing serves TLS only: it needs tlsCert and tlsKey")
     if config.max_message_size + 64 * 1024 > config.grpc_max_message_size:
         raise ConfigError(
             "grpcMaxMessageSize",

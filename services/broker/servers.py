@@ -28,7 +28,7 @@ from ferry.runtime.acl_file import AclFile
 from ferry.runtime.errors import ConfigError
 from ferry.runtime.metrics_http import MetricsEndpoint, start_metrics_endpoint
 from ferry.runtime.server import GrpcServer, Service
-from ferry.runtime.tls import ServerTLS
+from ferry.runtime.tls import ServerTLS, server_ssl_context
 from ferry.v1 import (
     broker_admin_pb2,
     broker_admin_pb2_grpc,
@@ -142,15 +142,19 @@ def remoting_server(
 
 
 async def listen_remoting(cfg: BrokerConfig, server: RemotingServer) -> tuple[int, int]:
-    """Listen on listenPort and fastListenPort (unless -1); the bound ports
-    (fast: -1 when off). An OSError names the key whose port is taken."""
+    """Listen on listenPort and fastListenPort (unless -1), with TLS as
+    tlsServerMode says when tlsCert is set; the bound ports (fast: -1 when
+    off). An OSError names the key whose port is taken."""
     ports = []
+    tls = None
+    if cfg.tls_cert and cfg.tls_server_mode != "disabled":
+        tls = server_ssl_context(cfg.tls_cert, cfg.tls_key)  # no client certificate asked
     for key, port in (("listenPort", cfg.listen_port), ("fastListenPort", cfg.fast_port)):
         if port < 0:
             ports.append(-1)
             continue
         try:
-            ports.append(await server.listen(cfg.bind_host, port))
+            ports.append(await server.listen(cfg.bind_host, port, tls, cfg.tls_server_mode))
         except OSError as exc:
             raise OSError(
                 f"cannot listen on {cfg.bind_host}:{port} ({key}, RocketMQ's protocol): "

@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import os
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,6 +62,10 @@ class NamesrvConfig:
     # With an admin token: who may register brokers over RocketMQ's protocol.
     broker_hosts: tuple[str, ...] = ()
     tls: ServerTLS | None = None  # None: plaintext gRPC
+    # TLS on the RocketMQ-protocol port (RocketMQ's tls.server.mode): an SSL context
+    # (None: plaintext) and "permissive" (TLS and plaintext on the port) or "enforcing".
+    remoting_tls: ssl.SSLContext | None = None
+    remoting_tls_mode: str = "permissive"
     health_port: int = -1  # >= 0: grpc.health.v1 alone, plaintext, here (probes)
 
     @property
@@ -127,7 +132,12 @@ class NamesrvApp:
         await self.kv.save_if_recovered()
         await self.server.start()
         try:
-            self.remoting_port = await self.remoting.listen(self.config.host, self.config.port)
+            self.remoting_port = await self.remoting.listen(
+                self.config.host,
+                self.config.port,
+                self.config.remoting_tls,
+                self.config.remoting_tls_mode,
+            )
         except OSError as exc:
             await self.server.stop(0)
             raise OSError(

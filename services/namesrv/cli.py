@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import ssl
 from pathlib import Path
 
 from ferry.runtime import auth
@@ -13,7 +14,7 @@ from ferry.runtime.auth import ENV_ADMIN_TOKEN
 from ferry.runtime.errors import ConfigError, CorruptFileError
 from ferry.runtime.logs import setup_logging
 from ferry.runtime.server import run_until_signalled
-from ferry.runtime.tls import ServerTLS
+from ferry.runtime.tls import ServerTLS, server_ssl_context
 from services.namesrv.app import DEFAULT_GRPC_PORT, DEFAULT_PORT, NamesrvApp, NamesrvConfig
 from services.namesrv.remoting import parse_hosts
 
@@ -113,8 +114,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tls-cert",
         default=env("FERRY_NAMESRV_TLS_CERT"),
         metavar="PEM",
-        help="serve gRPC over TLS with this certificate (and --tls-key); the RocketMQ-protocol "
-        "port stays plaintext, as Apache's",
+        help="serve gRPC over TLS with this certificate (and --tls-key), and the "
+        "RocketMQ-protocol port as --tls-server-mode says",
     )
     parser.add_argument(
         "--tls-key",
@@ -128,6 +129,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PEM",
         help="require client certificates signed by this CA "
         "(mutual TLS; brokers then present theirs)",
+    )
+    parser.add_argument(
+        "--tls-server-mode",
+        choices=("disabled", "permissive", "enforcing"),
+        default=env("FERRY_NAMESRV_TLS_SERVER_MODE") or "permissive",
+        help="with --tls-cert, TLS on the RocketMQ-protocol port (--port) as Apache's "
+        "tls.server.mode: permissive serves TLS and plaintext on the same port (the default, "
+        "Apache's), enforcing TLS only, disabled plaintext only; no client certificate is asked "
+        "there; $FERRY_NAMESRV_TLS_SERVER_MODE",
     )
     parser.add_argument(
         "--log-level",
@@ -160,6 +170,16 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         log.error("cannot start: %s", exc)
         return 2
+    if args.tls_server_mode == "enforcing" and not args.tls_cert:
+        log.error("--tls-server-mode enforcing serves TLS only: it needs --tls-cert and --tls-key")
+        return 2
+    remoting_tls = None
+    if args.tls_cert and args.tls_server_mode != "disabled":
+        try:
+            remoting_tls = server_ssl_context(args.tls_cert, args.tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            log.error("cannot start: --tls-cert/--tls-key: %s", exc)
+            return 2
     auth.warn_if_placeholder(log, "the admin token", args.admin_token, "ferry-admin")
     broker_hosts = tuple(h.strip() for h in args.broker_hosts.split(",") if h.strip())
     try:
@@ -181,6 +201,8 @@ def run(args: argparse.Namespace) -> int:
         broker_hosts=broker_hosts,
         tls=tls,
         health_port=args.health_port,
+        remoting_tls=remoting_tls,
+        remoting_tls_mode=args.tls_server_mode,
     )
 
     async def main() -> None:

@@ -189,15 +189,22 @@ class Client:
         self.stop()
 
 
-def java(main_class: str, args: Sequence[str], directory: Path, name: str = "") -> Client:
-    """A ferry.compat program of the client49 kit (not yet started)."""
+def java(
+    main_class: str,
+    args: Sequence[str],
+    directory: Path,
+    name: str = "",
+    system_properties: Sequence[str] = (),
+) -> Client:
+    """A ferry.compat program of the client49 kit (not yet started); `system_properties`
+    are added to JAVA_PROPERTIES (e.g. `-Dtls.enable=true`)."""
     command, env = java_program(
         JAVA_KIT,
         f"ferry.compat.{main_class}",
         args,
         directory=directory,
         heap="128m",
-        system_properties=JAVA_PROPERTIES,
+        system_properties=(*JAVA_PROPERTIES, *system_properties),
     )
     return Client(name or main_class, command, directory, env)
 

@@ -82,7 +82,9 @@ def successes(*consumers: Client) -> list[dict]:
     return [e for c in consumers for e in c.of("msg") if e["status"] == "SUCCESS"]
 
 
-def push_consumer(cluster, tmp_path, topic: str, group: str, *extra: str, name="push"):
+def push_consumer(
+    cluster, tmp_path, topic: str, group: str, *extra: str, name="push", system_properties=()
+):
     return clients.java(
         "PushConsumer49",
         [
@@ -91,10 +93,20 @@ def push_consumer(cluster, tmp_path, topic: str, group: str, *extra: str, name="
         ],
         tmp_path / name,
         name,
+        system_properties,
     )  # fmt: skip
 
 
-def producer(cluster, tmp_path, name: str, topic: str, mode: str, count: int, *extra: str):
+def producer(
+    cluster,
+    tmp_path,
+    name: str,
+    topic: str,
+    mode: str,
+    count: int,
+    *extra: str,
+    system_properties=(),
+):
     """Producer49 sending `count` messages keyed NAME-i."""
     return clients.java(
         "Producer49",
@@ -102,6 +114,7 @@ def producer(cluster, tmp_path, name: str, topic: str, mode: str, count: int, *e
          "--key-prefix", name, *extra],
         tmp_path / name,
         name,
+        system_properties,
     )  # fmt: skip
 
 
