@@ -618,3 +618,27 @@ def test_push_consumer_reads_what_ferry_v1_and_the_v5_sdk_sent(cluster, tmp_path
         assert m["tags"] == ("TagV1" if key.startswith("v1") else "TagSdk")
         assert m["reconsumeTimes"] == 0
         assert user_properties(m["properties"]) == {"seq": key.split("-")[1], "colour": "grün"}
+
+
+def test_message_traces_are_written_and_read_back(cluster, tmp_path, names):
+    """enableMsgTrace: the Java producer writes each send's trace to RMQ_SYS_TRACE_TOPIC
+    (a topic no broker keeps by default: its first trace creates it from TBW102), and
+    `mqadmin queryMsgTraceById` reads it back by message id (QUERY_MESSAGE on the trace
+    topic, whose messages are keyed by the traced ids)."""
+    from tests.compat.mqadmin import MqadminSession
+
+    topic = names("Traced")
+    cluster.create_topic(topic, 2)
+    sends = clients.produce(producer(cluster, tmp_path, "traced", topic, "sync", 3, "--trace"))
+    assert [s["status"] for s in sends] == ["SEND_OK"] * 3, sends
+    with MqadminSession(tmp_path / "mqadmin") as session:
+        for sent in sends:
+
+            def trace(msg_id: str = sent["msgId"]) -> str | None:
+                out = session.run("queryMsgTraceById", "-n", cluster.namesrv, "-i", msg_id).out
+                return out if any(line.startswith("Pub ") for line in out.splitlines()) else None
+
+            out = wait_for(trace, 60, f"the trace of {sent['msgId']}", 1.0)
+            [pub] = [line.split() for line in out.splitlines() if line.startswith("Pub ")]
+            assert pub[1] == "ferry-compat-p49", out  # the producer group
+            assert pub[-1] == "success", out

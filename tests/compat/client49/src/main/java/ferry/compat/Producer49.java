@@ -29,15 +29,16 @@ import org.apache.rocketmq.common.message.MessageQueue;
  * offsetMsgId list every message, comma-separated; delay levels are not allowed in batches).
  * --select mod sends message i to queue i mod the topic's queue count (a MessageQueueSelector,
  * as ordered producers do). --interval-ms waits between sends; --stdin-stop stops early when
- * stdin closes. --retries is retryTimesWhenSendFailed (and ...Async). Exits 3 when a send
- * failed.
+ * stdin closes. --retries is retryTimesWhenSendFailed (and ...Async). --trace turns on the
+ * client's message trace (enableMsgTrace: traces go to RMQ_SYS_TRACE_TOPIC, flushed before
+ * the producer shuts down). Exits 3 when a send failed.
  */
 public final class Producer49 {
   private static final String USAGE =
       "Producer49 --namesrv ADDR --topic T [--group G] [--mode sync|async|oneway|batch]"
           + " [--count N] [--key-prefix P] [--tag TAG] [--prop k=v]... [--delay LEVEL]"
           + " [--batch N] [--select mod] [--size BYTES] [--interval-ms MS] [--retries R]"
-          + " [--timeout-ms MS] [--inflight N] [--stdin-stop]";
+          + " [--timeout-ms MS] [--inflight N] [--trace] [--stdin-stop]";
 
   public static void main(String[] args) throws Exception {
     Cli cli = new Cli(args, USAGE);
@@ -49,7 +50,9 @@ public final class Producer49 {
     int count = cli.integer("count", 10);
     int interval = cli.integer("interval-ms", 0);
     int batch = cli.integer("batch", 4);
-    DefaultMQProducer producer = new DefaultMQProducer(cli.text("group", "ferry-compat-p49"));
+    // --trace: enableMsgTrace, each send's trace written to RMQ_SYS_TRACE_TOPIC.
+    DefaultMQProducer producer =
+        new DefaultMQProducer(cli.text("group", "ferry-compat-p49"), cli.flag("trace"));
     producer.setNamesrvAddr(cli.required("namesrv"));
     producer.setInstanceName("p49-" + ProcessHandle.current().pid());
     producer.setSendMsgTimeout(cli.integer("timeout-ms", 5000));
