@@ -112,12 +112,29 @@ class NamesrvApp:
                 metrics=self.metrics,
                 admin_token=config.admin_token,
                 broker_hosts=config.broker_hosts,
+                settings=self._settings(),
             ),
             metrics=RemotingMetrics(self.registry, "namesrv"),
         )
         self.remoting_port = 0  # bound by start()
         self._metrics_endpoint: MetricsEndpoint | None = None
         self._housekeeping: asyncio.Task | None = None
+
+    def _settings(self) -> dict[str, str]:
+        """What GET_NAMESRV_CONFIG answers: Apache's keys for what ferry has
+        (listenPort as configured, 0: picked at start), ferry's own besides."""
+        c = self.config
+        return {
+            "listenPort": str(c.port),
+            "grpcListenPort": str(c.effective_grpc_port),
+            "kvConfigPath": str(c.home / FILE_NAME),
+            "scanNotActiveBrokerInterval": str(int(c.scan_interval_s * 1000)),
+            "brokerHeartbeatTimeoutMillis": str(int(c.heartbeat_timeout_s * 1000)),
+            "orderMessageEnable": "true",
+            "clusterTest": "false",
+            "tlsServerMode": c.remoting_tls_mode if c.remoting_tls is not None else "disabled",
+            "metricsPort": str(c.metrics_port),
+        }
 
     @property
     def port(self) -> int:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import gc
 import ipaddress
 import logging
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Mapping
 
 from ferry.model import check_topic
 from ferry.remoting import bodies, codes
@@ -70,13 +70,17 @@ def handlers(
     metrics: NamesrvMetrics | None = None,
     admin_token: str = "",
     broker_hosts: Collection[str] = (),
+    settings: Mapping[str, str] | None = None,
 ) -> dict[int, Handler]:
     """`grpc_port`: the bound port of this name server's ferry.v1 server,
     answered for GET_KV_CONFIG ferry.v1/grpcPort (ferry.remoting.discovery).
     `admin_token`: the name server's (only whether there is one matters here).
     `broker_hosts`: IP addresses or networks ("10.0.0.0/8") whose connections
-    may register brokers when there is an admin token."""
-    return _Handlers(routes, kv, grpc_port, metrics, admin_token, broker_hosts).table()
+    may register brokers when there is an admin token. `settings`: what
+    GET_NAMESRV_CONFIG answers (key -> value)."""
+    return _Handlers(
+        routes, kv, grpc_port, metrics, admin_token, broker_hosts, settings or {}
+    ).table()
 
 
 def parse_hosts(hosts: Collection[str]) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
@@ -101,6 +105,7 @@ class _Handlers:
         metrics: NamesrvMetrics | None,
         admin_token: str,
         broker_hosts: Collection[str],
+        settings: Mapping[str, str],
     ) -> None:
         self._routes = routes
         self._kv = kv
@@ -110,6 +115,7 @@ class _Handlers:
         self._broker_networks = parse_hosts(broker_hosts)
         # (topic, orderTopicConf) -> route JSON, valid for one route-table version.
         self._route_cache: dict[tuple[str, str], bytes] = {}
+        self._settings = dict(settings)  # GET_NAMESRV_CONFIG's answer
         self._route_cache_version = -1
 
     def table(self) -> dict[int, Handler]:
@@ -119,6 +125,8 @@ class _Handlers:
             codes.GET_ALL_TOPIC_LIST_FROM_NAMESERVER: self.get_all_topics,
             codes.GET_TOPICS_BY_CLUSTER: self.get_topics_by_cluster,
             codes.GET_SYSTEM_TOPIC_LIST_FROM_NS: self.get_system_topics,
+            codes.GET_NAMESRV_CONFIG: self.get_config,
+            codes.UPDATE_NAMESRV_CONFIG: self.update_config,
             codes.PUT_KV_CONFIG: self.put_kv_config,
             codes.GET_KV_CONFIG: self.get_kv_config,
             codes.DELETE_KV_CONFIG: self.delete_kv_config,
@@ -235,6 +243,22 @@ class _Handlers:
                 doc["brokerAddr"] = addrs[min(addrs)]
                 break
         return request.answer(codes.SUCCESS, body=bodies.dumps(doc))
+
+    async def get_config(self, connection: Connection, request: Command) -> Command:
+        """GET_NAMESRV_CONFIG (319, `mqadmin getNamesrvConfig`): this name
+        server's settings as `key=value` lines, under Apache's names where it has
+        them (ferry's own keys besides)."""
+        lines = "".join(f"{k}={v}\n" for k, v in sorted(self._settings.items()))
+        return request.answer(codes.SUCCESS, body=lines.encode())
+
+    async def update_config(self, connection: Connection, request: Command) -> Command:
+        """UPDATE_NAMESRV_CONFIG (318): refused, saying why; ferry's name server
+        takes its settings from its command line only."""
+        return request.answer(
+            codes.SYSTEM_ERROR,
+            "ferry's name server takes its settings from its command line (ferry namesrv "
+            "--help): restart it with the new value; nothing was changed",
+        )
 
     async def wipe_write_perm(self, connection: Connection, request: Command) -> Command:
         name = text(request.ext, "brokerName")

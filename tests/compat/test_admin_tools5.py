@@ -13,16 +13,19 @@ tests/compat/test_default_topics.py has what 4.9 and ferry share.
 from __future__ import annotations
 
 import itertools
+import re
 import time
 
 import pytest
 
-from tests.apache import ApacheAdmin
+from tests.apache import ApacheAdmin, run_java
 from tests.compat import clients
 from tests.compat.backends import BACKENDS, start_backend
 from tests.compat.specs import parametrize_cluster
 
 pytestmark = pytest.mark.timeout(240)
+
+MQADMIN = "org.apache.rocketmq.tools.command.MQAdminStartup"  # rocketmq-tools 5.5.0
 
 _ids = itertools.count()
 
@@ -112,3 +115,30 @@ def test_a_relative_timer_from_the_5x_client_waits(cluster, admin, unit):
         assert got[0].message_type == MessageType.DELAY
     finally:
         consumer.shutdown()
+
+
+def _broker_addrs(cluster) -> list[str]:
+    """The masters' RocketMQ-protocol addresses."""
+    if cluster.name == "apache":
+        return [f"127.0.0.1:{cluster.proxy.broker_port}"]
+    return [b.remoting_addr for b in cluster.brokers]
+
+
+def test_mqadmins_maintenance_and_config_commands(cluster, tmp_path):
+    """mqadmin 5.5.0's getNamesrvConfig (319), deleteExpiredCommitLog (329), cleanExpiredCQ
+    (306) and cleanUnusedTopic (316), none of which ferry answered before (3)."""
+
+    def mqadmin(*args: str) -> str:
+        done = run_java(
+            "rocketmq5", MQADMIN, [*args, "-n", namesrv_of(cluster)],
+            directory=tmp_path / "mqadmin", timeout_s=60,
+        )  # fmt: skip
+        assert "not supported" not in done.stdout + done.stderr, done.stdout + done.stderr
+        return done.stdout
+
+    config = mqadmin("getNamesrvConfig")
+    assert f"============{namesrv_of(cluster)}============" in config
+    assert re.search(r"^listenPort\s+=\s+\d+", config, re.M), config
+    for addr in _broker_addrs(cluster):
+        for command in ("deleteExpiredCommitLog", "cleanExpiredCQ", "cleanUnusedTopic"):
+            assert mqadmin(command, "-b", addr).strip().endswith("success"), command

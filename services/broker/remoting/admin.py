@@ -87,6 +87,7 @@ CHANGES = frozenset(
         codes.DELETE_SUBSCRIPTIONGROUP,
         codes.UPDATE_BROKER_CONFIG,
         codes.INVOKE_BROKER_TO_RESET_OFFSET,
+        codes.DELETE_EXPIRED_COMMITLOG,
     }
 )
 
@@ -520,6 +521,21 @@ class AdminCodes:
         }
         return request.answer(codes.SUCCESS, body=bodies.dumps(body))
 
+    async def delete_expired_commit_log(self, connection: Connection, request: Command) -> Command:
+        """DELETE_EXPIRED_COMMITLOG (329, `mqadmin deleteExpiredCommitLog`): one
+        retention pass now, as `ferry store clean` runs it."""
+        log.info("DELETE_EXPIRED_COMMITLOG from %s", connection.remote)
+        await self.deps.admin.delete_expired_commit_log()
+        return request.answer(codes.SUCCESS)
+
+    async def nothing_left_to_clean(self, connection: Connection, request: Command) -> Command:
+        """CLEAN_EXPIRED_CONSUMEQUEUE (306) and CLEAN_UNUSED_TOPIC (316): on ferry
+        there is nothing to do on request. Retention removes a consume queue's
+        files with the commit-log files they point into, and deleting a topic
+        removes its queues, so no expired or orphaned consume queue is left to
+        clean; answered SUCCESS, as Apache answers after cleaning."""
+        return request.answer(codes.SUCCESS)
+
     async def producer_connections(self, connection: Connection, request: Command) -> Command:
         group = text(request.ext, "producerGroup")
         members = self.deps.clients.producers(group)
@@ -640,6 +656,9 @@ def handlers(deps: Deps) -> dict[int, Handler]:
         codes.GET_CONSUMER_CONNECTION_LIST: admin.consumer_connections,
         codes.GET_CONSUMER_RUNNING_INFO: admin.consumer_running_info,
         codes.VIEW_BROKER_STATS_DATA: admin.broker_stats,
+        codes.DELETE_EXPIRED_COMMITLOG: admin.delete_expired_commit_log,
+        codes.CLEAN_EXPIRED_CONSUMEQUEUE: admin.nothing_left_to_clean,
+        codes.CLEAN_UNUSED_TOPIC: admin.nothing_left_to_clean,
         codes.GET_PRODUCER_CONNECTION_LIST: admin.producer_connections,
         codes.QUERY_TOPIC_CONSUME_BY_WHO: admin.consumed_by,
         codes.INVOKE_BROKER_TO_RESET_OFFSET: admin.reset_offset,
