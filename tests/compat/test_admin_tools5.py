@@ -18,10 +18,14 @@ import time
 
 import pytest
 
+from ferry.remoting import codes
+from ferry.remoting.client import call
+from ferry.remoting.codec import Command
 from tests.apache import ApacheAdmin, run_java
 from tests.compat import clients
 from tests.compat.backends import BACKENDS, start_backend
 from tests.compat.specs import parametrize_cluster
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -48,6 +52,11 @@ def namesrv_of(cluster) -> str:
     return cluster.namesrv.address if cluster.name == "apache" else cluster.ns.remoting_addr
 
 
+def routed(namesrv: str, topic: str) -> bool:
+    answer = call(namesrv, Command(codes.GET_ROUTEINFO_BY_TOPIC, ext={"topic": topic}), 10)
+    return answer.code == codes.SUCCESS
+
+
 def cluster_name_of(cluster) -> str:
     return "ApacheCluster" if cluster.name == "apache" else "DefaultCluster"
 
@@ -68,6 +77,9 @@ def admin(cluster, tmp_path_factory):
 def test_the_dashboards_topic_calls(cluster, admin, tmp_path):
     name = cluster_name_of(cluster)
     topic = f"Shown{next(_ids)}"
+    # The cluster-named topic is routed once a master has registered (Apache's broker
+    # inside its proxy may still be on its way).
+    wait_for(lambda: routed(namesrv_of(cluster), name), 60, f"the route of {name}", 0.2)
     masters = admin.call(op="createTopicByKey", key=name, topic=topic, queues=2)["brokers"]
     assert masters == (1 if cluster.name == "apache" else 2)
     system = set(admin.call(op="systemTopics")["topics"])

@@ -625,12 +625,25 @@ def test_message_traces_are_written_and_read_back(cluster, tmp_path, names):
     (a topic no broker keeps by default: its first trace creates it from TBW102), and
     `mqadmin queryMsgTraceById` reads it back by message id (QUERY_MESSAGE on the trace
     topic, whose messages are keyed by the traced ids)."""
-    from tests.compat.mqadmin import MqadminSession
 
     topic = names("Traced")
     cluster.create_topic(topic, 2)
-    sends = clients.produce(producer(cluster, tmp_path, "traced", topic, "sync", 3, "--trace"))
-    assert [s["status"] for s in sends] == ["SEND_OK"] * 3, sends
+    # The producer stays up until its traces are read back: its dispatcher sends them in
+    # the background, and the short flush of its shutdown may miss them on a busy host.
+    run = producer(cluster, tmp_path, "traced", topic, "sync", 3, "--trace", "--hold",
+                   "--stdin-stop").start()  # fmt: skip
+    try:
+        run.wait(lambda c: bool(c.of("sent")), 60, "the traced producer's sends")
+        sends = run.of("send")
+        assert [s["status"] for s in sends] == ["SEND_OK"] * 3, sends
+        _read_traces(cluster, tmp_path, sends)
+    finally:
+        run.stop()
+
+
+def _read_traces(cluster, tmp_path, sends: list[dict]) -> None:
+    from tests.compat.mqadmin import MqadminSession
+
     with MqadminSession(tmp_path / "mqadmin") as session:
         for sent in sends:
 

@@ -124,3 +124,27 @@ def test_a_topic_created_just_before_the_master_freezes_survives(group: Failover
             broker_pb2.SendMessageRequest(topic=NEW_TOPIC, body=b"x"), timeout=10
         )
     assert err.value.code() == grpc.StatusCode.NOT_FOUND, err.value
+
+
+def test_a_topic_created_by_its_first_send_goes_through_the_metadata_log(
+    group: FailoverGroup,
+) -> None:
+    """autoCreateTopicEnable with failover on: a RocketMQ producer's first send to a new
+    topic (defaultTopic TBW102) creates it on the elected master through the metadata
+    log, so the in-sync follower has it at once (its slave sync is 10 minutes away) and
+    keeps it, with the message, when it is elected next."""
+    from ferry.remoting import codes as rcodes
+    from ferry.remoting.client import call
+    from tests.integration.test_remoting_sends import v2
+
+    leader = group.wait_leader()
+    follower = next(m for m in group.members if m is not leader)
+    answer = call(leader.remoting_addr, v2("AutoCreated", b"first", 1, d="2"), 10)
+    assert answer.code == rcodes.SUCCESS, answer.remark
+    wait_for(lambda: _has(group, follower, "AutoCreated"), 5, "the follower's topic table")
+    group.pause(leader)
+    new = group.wait_leader(exclude=[leader.id], timeout_s=TTL_S + 10)
+    assert new is follower
+    got = pull_all(group.channel(new.addr), "AutoCreated", 2)
+    assert list(got.values()) == [b"first"]
+    group.resume(leader)

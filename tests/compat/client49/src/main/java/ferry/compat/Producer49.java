@@ -31,14 +31,17 @@ import org.apache.rocketmq.common.message.MessageQueue;
  * as ordered producers do). --interval-ms waits between sends; --stdin-stop stops early when
  * stdin closes. --retries is retryTimesWhenSendFailed (and ...Async). --trace turns on the
  * client's message trace (enableMsgTrace: traces go to RMQ_SYS_TRACE_TOPIC, flushed before
- * the producer shuts down). Exits 3 when a send failed.
+ * the producer shuts down). --hold (with --stdin-stop) prints {"event": "sent", "ok"} once every
+ * send is answered and keeps the producer running until stdin closes (its trace dispatcher
+ * sends its batches in the background: a test waits for them instead of the shutdown's
+ * short flush). Exits 3 when a send failed.
  */
 public final class Producer49 {
   private static final String USAGE =
       "Producer49 --namesrv ADDR --topic T [--group G] [--mode sync|async|oneway|batch]"
           + " [--count N] [--key-prefix P] [--tag TAG] [--prop k=v]... [--delay LEVEL]"
           + " [--batch N] [--select mod] [--size BYTES] [--interval-ms MS] [--retries R]"
-          + " [--timeout-ms MS] [--inflight N] [--trace] [--stdin-stop]";
+          + " [--timeout-ms MS] [--inflight N] [--trace] [--hold] [--stdin-stop]";
 
   public static void main(String[] args) throws Exception {
     Cli cli = new Cli(args, USAGE);
@@ -88,6 +91,13 @@ public final class Producer49 {
         sender.sendBatch(pending, pendingIndex);
       }
       sender.awaitCallbacks(producer.getSendMsgTimeout() * 3L);
+      if (cli.flag("hold")) {
+        // Sent: say so, and keep the client (its trace dispatcher) up until stdin closes.
+        Map<String, Object> sent = Cli.event("sent");
+        sent.put("ok", sender.ok);
+        Cli.emit(sent);
+        cli.awaitStdinClosed(0);
+      }
     } finally {
       producer.shutdown();
     }
