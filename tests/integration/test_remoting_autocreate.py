@@ -9,19 +9,16 @@ tests/compat/test_default_topics.py against both servers.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from ferry.model import TopicConfig
-from ferry.remoting import codec, codes
-from ferry.remoting.client import recv_command
-from ferry.remoting.codec import Command
+from ferry.remoting import codes
 from tests.conftest import LoopThread, start_broker
 from tests.integration import support
-from tests.integration.test_remoting_sends import Door, connect_door, refused, v2
+from tests.integration.test_remoting_sends import Door, connect_door, pipelined, refused, v2
 
 
 def door_with(loop_thread: LoopThread, store: Path, **keys) -> Door:
@@ -76,17 +73,7 @@ def test_no_topic_without_an_inheritable_default(door: Door):
 
 def test_sends_that_arrive_together_create_the_topic_once(door: Door):
     """One run of pipelined sends to a new topic: every one stored, one topic."""
-    requests = [v2("Together", f"m{i}".encode(), i % 4) for i in range(8)]
-    for opaque, request in enumerate(requests, 1):
-        request.opaque = opaque
-    host, port = door.client._transport.get_extra_info("peername")[:2]  # type: ignore[union-attr]
-    answers: dict[int, Command] = {}
-    with socket.create_connection((host, port), timeout=10) as sock:
-        sock.sendall(b"".join(codec.encode(r) for r in requests))
-        buffer = bytearray()
-        while len(answers) < len(requests):
-            answer = recv_command(sock, buffer)
-            answers[answer.opaque] = answer
+    answers = pipelined(door, [v2("Together", f"m{i}".encode(), i % 4) for i in range(8)])
     assert {a.code for a in answers.values()} == {codes.SUCCESS}
     assert topic(door, "Together") == TopicConfig("Together", 4, 4, perm=6)
     assert sorted(m.body for q in range(4) for m in door.pulled("Together", q, 2)) == [

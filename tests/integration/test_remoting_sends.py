@@ -259,6 +259,22 @@ def test_many_sends_in_flight_on_one_connection(door: Door):
     assert sorted(int(a.ext["queueOffset"]) for a in answers) == list(range(50))
 
 
+def pipelined(door: Door, requests: list[Command]) -> dict[int, Command]:
+    """`requests` written back to back on a new connection to the door (one read
+    on the broker: one run), numbered 1.. as their opaques; the answers by opaque."""
+    for opaque, request in enumerate(requests, 1):
+        request.opaque = opaque
+    host, port = door.client._transport.get_extra_info("peername")[:2]  # type: ignore[union-attr]
+    answers: dict[int, Command] = {}
+    with socket.create_connection((host, port), timeout=10) as sock:
+        sock.sendall(b"".join(codec.encode(r) for r in requests))
+        buffer = bytearray()
+        while len(answers) < len(requests):
+            answer = recv_command(sock, buffer)
+            answers[answer.opaque] = answer
+    return answers
+
+
 def test_a_run_of_sends_in_one_read_is_answered_each_as_alone(door: Door):
     """Sends written back to back (one read on the broker: one run) are appended in
     their order, a retry-topic send in the middle taking its own place; a refused one
@@ -272,16 +288,7 @@ def test_a_run_of_sends_in_one_read_is_answered_each_as_alone(door: Door):
         v2(TOPIC, b"r3", 0, props(WAIT="false")),
         v2(TOPIC, b"r4", 0),
     ]
-    for opaque, request in enumerate(requests, 1):
-        request.opaque = opaque
-    host, port = door.client._transport.get_extra_info("peername")[:2]  # type: ignore[union-attr]
-    answers: dict[int, Command] = {}
-    with socket.create_connection((host, port), timeout=10) as sock:
-        sock.sendall(b"".join(codec.encode(r) for r in requests))
-        buffer = bytearray()
-        while len(answers) < len(requests):
-            answer = recv_command(sock, buffer)
-            answers[answer.opaque] = answer
+    answers = pipelined(door, requests)
     codes_by_request = [answers[i].code for i in range(1, len(requests) + 1)]
     assert codes_by_request == [codes.SUCCESS, codes.SUCCESS, codes.TOPIC_NOT_EXIST,
                                 codes.MESSAGE_ILLEGAL, codes.SUCCESS, codes.SUCCESS,
