@@ -125,12 +125,18 @@ class Pair:
         )  # fmt: skip
 
     def start(self) -> Pair:
+        """Both brokers up, the topic created, the slave in sync; on a failure
+        whatever was started is stopped (by PID) before it is raised."""
         self._servers()
-        self.master.start()
-        self.slave.start()
-        with grpc.insecure_channel(self.master.addr) as ch:
-            create_topic(ch, TOPIC, QUEUES)
-        self.wait_in_sync()
+        try:
+            self.master.start()
+            self.slave.start()
+            with grpc.insecure_channel(self.master.addr) as ch:
+                create_topic(ch, TOPIC, QUEUES)
+            self.wait_in_sync()
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def ha_status(self) -> ha_admin_pb2.HAStatus:
