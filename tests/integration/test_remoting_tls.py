@@ -43,10 +43,19 @@ def ask(addr: str, command: Command, tls_ca: Path | None) -> Command:
         return recv_command(sock, bytearray(), time.monotonic() + 10)
 
 
-def test_a_broker_serves_tls_and_plaintext_on_one_port(loop_thread, tmp_path, certs):
-    broker = start_broker(
-        loop_thread, tmp_path / "store", tlsCert=certs / "server.pem", tlsKey=certs / "server.key"
+def tls_broker(loop_thread, tmp_path: Path, certs: Path, **keys):
+    """A broker with the test certificate as tlsCert/tlsKey (and `keys`)."""
+    return start_broker(
+        loop_thread,
+        tmp_path / "store",
+        tlsCert=certs / "server.pem",
+        tlsKey=certs / "server.key",
+        **keys,
     )
+
+
+def test_a_broker_serves_tls_and_plaintext_on_one_port(loop_thread, tmp_path, certs):
+    broker = tls_broker(loop_thread, tmp_path, certs)
     try:
         request = Command(codes.GET_BROKER_RUNTIME_INFO)
         for ca in (certs / "ca.pem", None):  # TLS, then plaintext, on listenPort
@@ -57,13 +66,7 @@ def test_a_broker_serves_tls_and_plaintext_on_one_port(loop_thread, tmp_path, ce
 
 
 def test_enforcing_closes_a_plaintext_client_unanswered(loop_thread, tmp_path, certs):
-    broker = start_broker(
-        loop_thread,
-        tmp_path / "store",
-        tlsCert=certs / "server.pem",
-        tlsKey=certs / "server.key",
-        tlsServerMode="enforcing",
-    )
+    broker = tls_broker(loop_thread, tmp_path, certs, tlsServerMode="enforcing")
     try:
         request = Command(codes.GET_BROKER_RUNTIME_INFO)
         assert ask(broker.remoting_addr, request, certs / "ca.pem").code == codes.SUCCESS
@@ -74,13 +77,7 @@ def test_enforcing_closes_a_plaintext_client_unanswered(loop_thread, tmp_path, c
 
 
 def test_disabled_serves_plaintext_only(loop_thread, tmp_path, certs):
-    broker = start_broker(
-        loop_thread,
-        tmp_path / "store",
-        tlsCert=certs / "server.pem",
-        tlsKey=certs / "server.key",
-        tlsServerMode="disabled",
-    )
+    broker = tls_broker(loop_thread, tmp_path, certs, tlsServerMode="disabled")
     try:
         request = Command(codes.GET_BROKER_RUNTIME_INFO)
         assert ask(broker.remoting_addr, request, None).code == codes.SUCCESS
@@ -90,12 +87,17 @@ def test_disabled_serves_plaintext_only(loop_thread, tmp_path, certs):
         broker.stop()
 
 
-def test_a_name_server_serves_tls_and_plaintext_on_one_port(loop_thread, tmp_path, certs):
-    ns = start_namesrv(
+def tls_namesrv(loop_thread, tmp_path: Path, certs: Path):
+    """A name server whose RocketMQ-protocol port is permissive TLS."""
+    return start_namesrv(
         loop_thread,
         tmp_path / "ns",
         remoting_tls=server_ssl_context(certs / "server.pem", certs / "server.key"),
     )
+
+
+def test_a_name_server_serves_tls_and_plaintext_on_one_port(loop_thread, tmp_path, certs):
+    ns = tls_namesrv(loop_thread, tmp_path, certs)
     try:
         addr = f"127.0.0.1:{ns.app.remoting_port}"
         for ca in (certs / "ca.pem", None):
@@ -107,11 +109,7 @@ def test_a_name_server_serves_tls_and_plaintext_on_one_port(loop_thread, tmp_pat
 
 def test_a_client_that_says_nothing_holds_no_other_connection_up(loop_thread, tmp_path, certs):
     """A silent connection waits for its first byte on its own: others are served."""
-    ns = start_namesrv(
-        loop_thread,
-        tmp_path / "ns",
-        remoting_tls=server_ssl_context(certs / "server.pem", certs / "server.key"),
-    )
+    ns = tls_namesrv(loop_thread, tmp_path, certs)
     try:
         addr = f"127.0.0.1:{ns.app.remoting_port}"
         with socket.create_connection(("127.0.0.1", ns.app.remoting_port), timeout=10):
