@@ -49,12 +49,14 @@ class StatsWindow:
 
 class StatsItems:
     def __init__(self) -> None:
-        self._values: dict[tuple[str, str], list[int]] = {}  # (name, key) -> [sum, times]
+        # (name, key) -> [sum, times]; GROUP_GET_NUMS's key is (group, topic), made
+        # into Apache's `topic@group` only when asked (`windows`), not on every pull.
+        self._values: dict[tuple[str, object], list[int]] = {}
         self._rings = {
             name: (every, collections.deque(maxlen=kept)) for name, every, kept in STATS_RINGS
         }
 
-    def add(self, name: str, key: str, value: int, times: int = 1) -> None:
+    def add(self, name: str, key: object, value: int, times: int = 1) -> None:
         counted = self._values.get((name, key))
         if counted is None:
             self._values[(name, key)] = [value, times]
@@ -63,8 +65,7 @@ class StatsItems:
             counted[1] += times
 
     def forget_group(self, group: str) -> None:
-        suffix = "@" + group
-        for item in [k for k in self._values if k[0] == GROUP_GET_NUMS and k[1].endswith(suffix)]:
+        for item in [k for k in self._values if k[0] == GROUP_GET_NUMS and k[1][0] == group]:
             del self._values[item]
 
     def sample(self, now: float) -> None:
@@ -73,8 +74,13 @@ class StatsItems:
                 ring.append((now, {k: (v[0], v[1]) for k, v in self._values.items()}))
 
     def windows(self, name: str, key: str, now: float) -> dict[str, StatsWindow] | None:
-        """The item's minute, hour and day; None when it never counted anything."""
-        counted = self._values.get((name, key))
+        """The item's minute, hour and day; None when it never counted anything.
+        GROUP_GET_NUMS's `key` is `topic@group`, as Apache's statsKey."""
+        item: tuple[str, object] = (name, key)
+        if name == GROUP_GET_NUMS:
+            topic, _, group = key.rpartition("@")
+            item = (name, (group, topic))
+        counted = self._values.get(item)
         if counted is None:
             return None
         out = {}
@@ -82,7 +88,7 @@ class StatsItems:
             start, (value, times) = (now, (0, 0))
             if ring:
                 start, table = ring[0]
-                value, times = table.get((name, key), (0, 0))
+                value, times = table.get(item, (0, 0))
             grown, calls, span = counted[0] - value, counted[1] - times, now - start
             out[window] = StatsWindow(
                 grown, grown / span if span > 0 else 0.0, grown / calls if calls > 0 else 0.0
@@ -106,7 +112,7 @@ class TrafficStats:
         """A pull of `group` took `count` messages of `topic`."""
         key = (group, topic)
         self._group_got[key] = self._group_got.get(key, 0) + count
-        self.items.add(GROUP_GET_NUMS, f"{topic}@{group}", count)
+        self.items.add(GROUP_GET_NUMS, key, count)
 
     def observe_send(
         self, topic: str, status: str, messages: int, seconds: float, sends: int
