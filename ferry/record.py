@@ -511,6 +511,36 @@ def decode_stored(buf: bytes | bytearray | memoryview, pos: int, size: int) -> S
     )  # fmt: skip
 
 
+_BODY_LEN = struct.Struct(">i")
+
+
+def properties_at(buf: bytes | bytearray | memoryview, pos: int, size: int) -> dict[str, str]:
+    """The properties of the record of `size` bytes at `pos`, without decoding
+    the rest (what an SQL92 selector reads of each message).
+
+    Raises:
+        RecordError: the bytes there are not a whole record of that size.
+    """
+    if pos < 0 or size < MIN_RECORD_SIZE or pos + size > len(buf):
+        raise RecordError(f"no record of {size} bytes at {pos}")
+    total, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+    if magic != MESSAGE_MAGIC or total != size:
+        raise RecordError(f"record at {pos}: not a record of {size} bytes")
+    (body_len,) = _BODY_LEN.unpack_from(buf, pos + HEAD_SIZE - 4)
+    at = pos + HEAD_SIZE + body_len
+    end = pos + size
+    if body_len < 0 or at + 3 > end:
+        raise RecordError(f"record at {pos}: body length {body_len} does not fit")
+    at += 1 + buf[at]
+    if at + 2 > end:
+        raise RecordError(f"record at {pos}: topic does not fit")
+    (length,) = _U16.unpack_from(buf, at)
+    at += 2
+    if at + length > end:
+        raise RecordError(f"record at {pos}: properties do not fit")
+    return decode_properties(bytes(buf[at : at + length])) if length else {}
+
+
 def gather_records(
     data: bytes | bytearray,
     start: int,

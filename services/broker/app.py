@@ -69,6 +69,7 @@ from services.broker.incarnation import Incarnation
 from services.broker.messaging.access import BrokerAccess, BrokerPermission
 from services.broker.messaging.admin import AdminService
 from services.broker.messaging.autocreate import TopicAutoCreate
+from services.broker.messaging.filters import Filters
 from services.broker.messaging.outgoing import SendStatus
 from services.broker.messaging.pull import PullService, hot_bytes_of
 from services.broker.messaging.send import SendObservers, SendService, Settler
@@ -456,6 +457,7 @@ class BrokerApp:
             lookups=metrics,
             slave_read_enable=cfg.slave_read_enable,
             hot_bytes=hot_bytes_of(cfg.access_message_in_memory_percent),
+            filters=Filters(cfg.enable_property_filter),
         )
         # Stored sends count in the metrics and in the figures mqadmin reads (315).
         observers = SendObservers(metrics, self.pulls.stats)
@@ -486,6 +488,7 @@ class BrokerApp:
                 access=access,
                 topic_creator=admin,
                 timers=self.timer,
+                filters=self.pulls.filters,
             )
             self.transactions = TransactionService(
                 store,

@@ -119,6 +119,8 @@ class BrokerConfig:
     broker_topic_enable: bool = True  # the topic named brokerName is read-write
     trace_topic_enable: bool = False  # the message trace topic msgTraceTopicName
     msg_trace_topic_name: str = "RMQ_SYS_TRACE_TOPIC"
+    # SQL92 subscriptions (MessageSelector.bySql, the v5 SDKs' FilterExpression SQL92).
+    enable_property_filter: bool = False
     # Transactional messages (RocketMQ's keys and defaults; services.broker.transactions).
     transaction_timeout_ms: int = 6_000
     transaction_check_interval_ms: int = 60_000
@@ -593,6 +595,12 @@ KNOWN_KEYS: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
         "trace_topic_enable",
         _bool,
         "keep the message trace topic msgTraceTopicName (default false)",
+    ),
+    "enablePropertyFilter": (
+        "enable_property_filter",
+        _bool,
+        "serve SQL92 subscriptions (filters on message properties), as Apache does with "
+        "the same key (default false: they are refused)",
     ),
     "msgTraceTopicName": (
         "msg_trace_topic_name",

@@ -110,12 +110,20 @@ def topic_not_found(topic: str) -> v2.Status:
     return status(Code.TOPIC_NOT_FOUND, _NO_ROUTE.format(topic=topic))
 
 
+def expression_type(kind: int) -> str:
+    """A FilterExpression's type as the broker's expression type: SQL is
+    SQL92; TAG and an unset type are TAG (as Apache's proxy reads them)."""
+    return "SQL92" if kind == v2.SQL else "TAG"
+
+
 def error_code(exc: grpc.aio.AioRpcError) -> int:
     """A broker's gRPC error as the v2 code an SDK understands."""
     code, text = exc.code(), exc.details() or ""
     if code == grpc.StatusCode.NOT_FOUND:
         return Code.TOPIC_NOT_FOUND if "topic" in text else Code.NOT_FOUND
     if code == grpc.StatusCode.INVALID_ARGUMENT:
+        if text.startswith(("sub_expression:", "expression_type:")):
+            return Code.ILLEGAL_FILTER_EXPRESSION  # first: a selector's text may say anything
         if "TIMER_DELIVER_MS" in text or "timerMaxDelaySec" in text:
             return Code.ILLEGAL_DELIVERY_TIME
         if "body" in text and ("large" in text or "exceeds" in text or "maxMessageSize" in text):

@@ -405,11 +405,6 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         remaining = context.time_remaining()
         if remaining is not None:  # answer before the client gives up
             wait_ms = max(0, min(wait_ms, int(remaining * 1000) - DEADLINE_MARGIN_MS))
-        if request.filter_expression.type == v2.SQL:
-            yield s.ReceiveMessageResponse(
-                status=status(Code.NOT_IMPLEMENTED, "SQL92 filters are not supported by ferry")
-            )
-            return
         try:
             route = await self.routes.get(topic)
         except TopicNotFound as exc:
@@ -435,6 +430,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             invisible_ms=invisible_ms,
             max_wait_ms=wait_ms,
             sub_expression=request.filter_expression.expression,
+            expression_type=convert.expression_type(request.filter_expression.type),
         )
         if queue_id >= 0 and route.ordered:
             pop.queue_id = queue_id  # an ordered topic's queues are consumed one by one

@@ -129,6 +129,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             request.max_msg_nums,
             request.max_wait_ms,
             request.sub_expression,
+            expression_type=request.expression_type,
         )
         return convert.pull_response_pb(
             outcome.result, outcome.suggest_which_broker_id, self.store_host
@@ -202,6 +203,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             request.invisible_ms,
             request.max_wait_ms,
             request.sub_expression,
+            request.expression_type,
         )
         return convert.pop_response_pb(popped)
 

@@ -21,7 +21,8 @@ from ferry.model import MASTER_ID, check_name, check_topic
 from ferry.runtime.errors import InvalidArgument, NotFound
 from services.broker.messaging.access import BrokerAccess
 from services.broker.messaging.contracts import LookupObserver
-from services.broker.messaging.rules import GroupLookup, parse_sub_expression
+from services.broker.messaging.filters import TAG, Filters
+from services.broker.messaging.rules import GroupLookup
 from services.broker.messaging.stats import TrafficStats
 from services.broker.store import GetResult, GetStatus, KeyLookup, MessageStore
 
@@ -62,11 +63,13 @@ class PullService:
         lookups: LookupObserver | None = None,
         slave_read_enable: bool = False,
         hot_bytes: int | None = None,
+        filters: Filters | None = None,
     ) -> None:
         """`groups`: the consumer groups' configs (which broker a slow
         consumer is sent to); `lookups` (metrics): the time of each lookup by
-        key."""
+        key; `filters`: the broker's compiled subscriptions (enablePropertyFilter)."""
         self.store = store
+        self.filters = filters if filters is not None else Filters()
         self.access = access
         # Rates for RocketMQ's statistics codes (sampled by the app's task).
         self.stats = TrafficStats(
@@ -89,6 +92,7 @@ class PullService:
         max_wait_ms: int,
         sub_expression: str = "",
         *,
+        expression_type: str = TAG,
         raw: bool = False,
         max_count: int = MAX_PULL_NUMS,
         max_bytes: int | None = None,
@@ -96,7 +100,8 @@ class PullService:
     ) -> PullOutcome:
         """Up to `max_nums` messages (at most `max_count`, and `max_bytes`
         when given) of a queue from `queue_offset`, waiting up to
-        `max_wait_ms` for one when there is none yet. `raw`: the records'
+        `max_wait_ms` for one when there is none yet; `sub_expression` of
+        `expression_type` (TAG or SQL92: `Filters.build`) says which. `raw`: the records'
         bytes as stored (RocketMQ's pull body), not decoded. `on_checked`:
         called once the request has passed every check, before any read or
         wait (RocketMQ's pull commits the consumer's offset there)."""
@@ -110,17 +115,22 @@ class PullService:
             raise InvalidArgument("max_msg_nums", f"{max_nums} is negative")
         if max_wait_ms < 0:
             raise InvalidArgument("max_wait_ms", f"{max_wait_ms} is negative")
-        tag_hashes = parse_sub_expression(sub_expression)
+        chosen = self.filters.build(sub_expression, expression_type)
+        tag_hashes, selector = chosen.tag_hashes, chosen.selector
         if on_checked is not None:
             on_checked()
         count = min(max_nums or DEFAULT_PULL_NUMS, max_count, MAX_PULL_NUMS)
         get = self.store.get_messages
-        result = await get(topic, queue_id, queue_offset, count, tag_hashes, raw, max_bytes)
+        result = await get(
+            topic, queue_id, queue_offset, count, tag_hashes, raw, max_bytes, selector
+        )
         if result.status is GetStatus.NO_NEW_MSG and max_wait_ms > 0:
             await self.store.wait_for_messages(
                 topic, queue_id, queue_offset, min(max_wait_ms, MAX_WAIT_MS) / 1000
             )
-            result = await get(topic, queue_id, queue_offset, count, tag_hashes, raw, max_bytes)
+            result = await get(
+                topic, queue_id, queue_offset, count, tag_hashes, raw, max_bytes, selector
+            )
         found = result.raw_count if raw else len(result.records)
         if found:
             self.stats.got(group, topic, found)

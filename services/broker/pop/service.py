@@ -80,10 +80,10 @@ from ferry.receipt_handle import (
 from ferry.runtime.clock import Clock
 from ferry.runtime.errors import FerryError, InvalidArgument, NotFound
 from services.broker.messaging.contracts import TopicCreator
+from services.broker.messaging.filters import TAG, Filters, MessageFilter
 from services.broker.messaging.rules import (
     OffsetTable,
     TopicLookup,
-    parse_sub_expression,
 )
 from services.broker.pop.records import Acks, Change, Checkpoint
 from services.broker.pop.revive import Reviver, dlq_copy
@@ -154,8 +154,10 @@ class PopService:
         access: ReadAccess,
         topic_creator: TopicCreator,
         timers: PendingTimers | None = None,
+        filters: Filters | None = None,
     ) -> None:
         self.store = store
+        self.filters = filters if filters is not None else Filters()  # enablePropertyFilter
         self.topics = topics
         self.groups = groups
         self.offsets = offsets
@@ -216,6 +218,7 @@ class PopService:
         invisible_ms: int,
         max_wait_ms: int,
         sub_expression: str = "",
+        expression_type: str = TAG,
     ) -> list[Popped]:
         config = self.access.readable_topic(topic)
         self._check_group_name(group, topic)
@@ -230,7 +233,8 @@ class PopService:
         check_invisible(invisible_ms)
         if max_wait_ms < 0:
             raise InvalidArgument("max_wait_ms", f"{max_wait_ms} is negative")
-        tag_hashes = parse_sub_expression(sub_expression)
+        chosen = self.filters.build(sub_expression, expression_type)
+        tag_hashes = chosen.tag_hashes
         group_config = self.state.group(group)
         orderly = group_config.consume_message_orderly or config.order
         if queue_id is None or queue_id == -1:
@@ -246,7 +250,10 @@ class PopService:
             keys.insert(0, (retry, 0))
         deadline = time.monotonic() + min(max_wait_ms, MAX_WAIT_MS) / 1000
         while True:
-            taken = self._take(group, keys, max_nums, invisible_ms, tag_hashes, orderly)
+            verdicts = None
+            if chosen.selector is not None:
+                verdicts = await self._judge(group, keys, max_nums, chosen)
+            taken = self._take(group, keys, max_nums, invisible_ms, tag_hashes, orderly, verdicts)
             if taken:
                 return await self._read(group, topic, taken)
             remaining = deadline - time.monotonic()
@@ -262,9 +269,13 @@ class PopService:
         invisible_ms: int,
         tag_hashes: frozenset[int] | None,
         orderly: bool,
+        verdicts: dict[int, bool] | None = None,
     ) -> list[_Taken]:
         """Reserve up to `max_nums` messages (synchronously: no other pop can
-        take them) and write one checkpoint per queue they came from."""
+        take them) and write one checkpoint per queue they came from.
+        `verdicts` (an SQL92 subscription): whether the record at each commit
+        offset matches, as `_judge` found; a queue's scan stops at a record it
+        has no verdict for."""
         pop_state = self.state
         now = self.clock.wall_ms()
         until = now + invisible_ms
@@ -301,7 +312,9 @@ class PopService:
                             continue
                         entry = cq.entry(offset)
                         redelivery = state.redeliver[offset]
-                        if tag_hashes is not None and entry[2] not in tag_hashes:
+                        if (tag_hashes is not None and entry[2] not in tag_hashes) or (
+                            verdicts is not None and verdicts.get(entry[0]) is False
+                        ):
                             filtered.append((offset, redelivery.checkpoint))
                             continue
                         again.append((offset, entry, redelivery.attempt))
@@ -318,15 +331,19 @@ class PopService:
             fresh_entries: list[tuple[int, int, int]] = []
             scan_end = scan_from = state.pop_offset
             if want > 0:
-                scan = want if tag_hashes is None else max(SCAN_ENTRIES, want)
+                filtering = tag_hashes is not None or verdicts is not None
+                scan = max(SCAN_ENTRIES, want) if filtering else want
                 for entry in cq.entries(scan_from, scan):
                     commit_offset, size, code = entry
                     if commit_offset + size > confirm:
                         break  # a SYNC_MASTER hands out only what a slave has
                     if (fresh or again) and size > budget:
                         break
+                    verdict = True if verdicts is None else verdicts.get(commit_offset)
+                    if verdict is None:
+                        break  # not judged (stored since): the next pop looks at it
                     scan_end += 1
-                    if tag_hashes is not None and code not in tag_hashes:
+                    if not verdict or (tag_hashes is not None and code not in tag_hashes):
                         continue  # filtered out: resolved for this group
                     fresh.append(scan_end - 1)
                     fresh_entries.append(entry)
@@ -401,6 +418,35 @@ class PopService:
                 key[2],
             )
         self.state.advance(state)
+
+    async def _judge(
+        self, group: str, keys: Sequence[tuple[str, int]], max_nums: int, chosen: MessageFilter
+    ) -> dict[int, bool]:
+        """Whether each record the next `_take` may look at matches an SQL92
+        subscription, by commit offset: an ordered queue's messages due again
+        and every queue's next entries (as many as `_take` scans). Reads the
+        records (off the loop when cold), so `_take` itself stays synchronous."""
+        entries: list[tuple[int, int, int]] = []
+        for topic, queue_id in keys:
+            cq = self.store.queue_view(topic, queue_id)
+            if cq is None:
+                continue
+            state = self.state.queue(group, topic, queue_id)  # as _take would make it
+            entries.extend(
+                cq.entry(offset)
+                for offset in sorted(state.redeliver)[:max_nums]
+                if cq.min_offset <= offset < cq.max_offset
+            )
+            start = max(state.pop_offset, cq.min_offset)
+            entries.extend(cq.entries(start, max(SCAN_ENTRIES, max_nums)))
+        verdicts: dict[int, bool] = {}
+        if not entries:
+            return verdicts
+        records = await self.store.read_entries(entries)
+        for entry, stored in zip(entries, records, strict=True):
+            if stored is not None:
+                verdicts[entry[0]] = chosen.selects(entry[2], stored.properties)
+        return verdicts
 
     async def _read(self, group: str, topic: str, taken: list[_Taken]) -> list[Popped]:
         stored = iter(await self.store.read_entries([entry for t in taken for entry in t.entries]))

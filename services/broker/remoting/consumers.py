@@ -24,6 +24,7 @@ from ferry.remoting.codec import Command
 from ferry.remoting.server import Connection, Handler
 from ferry.runtime import errors
 from services.broker.messaging.clients import SQL92, TAG, ConsumerData, Subscription
+from services.broker.messaging.filters import PropertyFilterOff, SelectorRefused
 from services.broker.messaging.locks import QueueKey
 from services.broker.remoting import convert
 from services.broker.remoting.deps import Deps
@@ -31,10 +32,6 @@ from services.broker.remoting.deps import Deps
 log = logging.getLogger(__name__)
 
 HOUSEKEEPING_INTERVAL_S = 10.0  # RocketMQ's ClientHousekeepingService period
-SQL92_REFUSAL = (
-    "ferry does not serve SQL92 filters (expressionType {type}); subscribe by tag "
-    "instead (TAG expressions such as `TagA || TagB`, or `*`)"
-)
 
 
 def handlers(deps: Deps) -> dict[int, Handler]:
@@ -79,14 +76,25 @@ def handlers(deps: Deps) -> dict[int, Handler]:
         return command.answer(codes.SUCCESS, body=bodies.dumps({"consumerIdList": ids}))
 
     async def check_client_config(connection: Connection, command: Command) -> Command:
+        """What a consumer with an SQL92 subscription asks at start (Apache's
+        checkClientConfig): refused with 1 when the broker does not serve SQL92
+        (enablePropertyFilter=false), with 23 and the reason when the selector
+        does not compile; a tag subscription is always fine."""
         if not command.body:
             return command.answer(codes.SUCCESS)
         doc = _object(bodies.loads(command.body), "body")
         sub = doc.get("subscriptionData")
         if isinstance(sub, dict):
             kind = str(sub.get("expressionType") or TAG)
-            if kind != TAG:
-                return command.answer(codes.SYSTEM_ERROR, SQL92_REFUSAL.format(type=kind))
+            if kind.upper() == TAG:
+                return command.answer(codes.SUCCESS)
+            filters = deps.pulls.filters
+            if not filters.property_filter:
+                return command.answer(codes.SYSTEM_ERROR, PropertyFilterOff(kind).message)
+            try:
+                filters.build(str(sub.get("subString") or ""), kind)
+            except SelectorRefused as e:
+                return command.answer(codes.SUBSCRIPTION_PARSE_FAILED, e.message)
         return command.answer(codes.SUCCESS)
 
     async def lock_batch(connection: Connection, command: Command) -> Command:

@@ -14,7 +14,11 @@ The request's `sysFlag`:
 * 0x4 subscription: filter by the request's `subscription` and
   `expressionType`; without it, by the subscription the group's heartbeats
   announced for the topic (none: 24 SUBSCRIPTION_NOT_EXIST, as RocketMQ).
-An SQL92 expression is refused (1, saying so). Answers are capped as 4.9
+An SQL92 subscription selects by the messages' properties when the broker
+runs with enablePropertyFilter=true, as Apache's does; otherwise it is refused
+with 1 and Apache's words. A selector that does not compile is answered 23
+SUBSCRIPTION_PARSE_FAILED when the pull carries it, 27 FILTER_DATA_NOT_EXIST
+when a heartbeat announced it (Apache's answers). Answers are capped as 4.9
 caps them from memory: 32 messages, 256 KiB (the first record always fits).
 
 Answers: 0 FOUND (body), 19 NOT_FOUND, 20 RETRY_IMMEDIATELY (the entries read
@@ -35,9 +39,9 @@ from ferry.remoting.codec import Command
 from ferry.remoting.server import Connection, Handler
 from ferry.runtime import errors
 from services.broker.messaging.clients import TAG
+from services.broker.messaging.filters import SelectorRefused
 from services.broker.messaging.pull import GetStatus
 from services.broker.remoting import convert
-from services.broker.remoting.consumers import SQL92_REFUSAL
 from services.broker.remoting.deps import Deps
 
 FLAG_COMMIT_OFFSET = 0x1
@@ -125,6 +129,18 @@ def handlers(deps: Deps) -> dict[int, Handler]:
             return command.answer(codes.SYSTEM_ERROR, e.message, ext=_positions(command.ext))
         try:
             return await _pull(deps, command, header)
+        except SelectorRefused as e:
+            if header.subscribes:
+                code, text = (
+                    codes.SUBSCRIPTION_PARSE_FAILED,
+                    "parse the consumer's subscription failed",
+                )
+            else:
+                code = codes.FILTER_DATA_NOT_EXIST
+                text = (
+                    "The broker's consumer filter data is not exist!Your expression may be wrong!"
+                )
+            return command.answer(code, f"{text} ({e.why})", ext=_positions(command.ext))
         except errors.InvalidArgument as e:
             code = codes.SYSTEM_ERROR
             if e.field == "sub_expression":
@@ -160,10 +176,6 @@ async def _pull(deps: Deps, command: Command, header: PullHeader) -> Command:
                 ext=_positions(command.ext),
             )
         expression, kind = sub.expression, sub.expression_type
-    if kind != TAG:
-        return command.answer(
-            codes.SYSTEM_ERROR, SQL92_REFUSAL.format(type=kind), ext=_positions(command.ext)
-        )
     commit = None
     if header.commits and header.commit_offset >= 0 and not deps.config.is_slave:
         # Stored once the pull has passed its checks, before any wait: an
@@ -182,6 +194,7 @@ async def _pull(deps: Deps, command: Command, header: PullHeader) -> Command:
         max(header.max_msg_nums, 0),
         header.suspend_timeout_ms if header.suspends else 0,
         expression,
+        expression_type=kind,
         raw=True,
         max_count=MAX_MESSAGES,
         max_bytes=MAX_BYTES,

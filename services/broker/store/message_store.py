@@ -73,7 +73,7 @@ from services.broker.store.flush import Flusher
 from services.broker.store.index import IndexConfig, KeyLookup, MessageIndex
 from services.broker.store.longpoll import LongPolls
 from services.broker.store.reader import LogReader
-from services.broker.store.reads import GetResult, MessageReads, QueueView
+from services.broker.store.reads import GetResult, MessageReads, QueueView, Selects
 from services.broker.store.recovery import RecoveryReport, recover_store
 from services.broker.store.replica_log import StoreReplicaLog
 from services.broker.store.retention import (
@@ -794,11 +794,12 @@ class MessageStore:
         tag_hashes: frozenset[int] | None = None,
         raw: bool = False,
         max_bytes: int | None = None,
+        selector: Selects | None = None,
     ) -> Coroutine[Any, Any, GetResult]:
         """Up to `max_count` records of a queue from `queue_offset` that consumers
         may see (`MessageReads.get_messages`)."""
         return self.reads.get_messages(
-            topic, queue_id, queue_offset, max_count, tag_hashes, raw, max_bytes
+            topic, queue_id, queue_offset, max_count, tag_hashes, raw, max_bytes, selector
         )
 
     def read_entries(

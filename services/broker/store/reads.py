@@ -61,6 +61,17 @@ class GetResult:
     last_commit_offset: int = -1  # of the last record found; -1 when none
 
 
+# Entries a pull with an SQL92 selector looks at for its messages (Apache looks
+# at up to 16,000 bytes of consume queue, 800 entries).
+SELECTED_SCAN = 800
+
+
+class Selects(Protocol):
+    """What a pull filters records by besides tags: a compiled SQL92 selector."""
+
+    def matches(self, properties: dict[str, str]) -> bool: ...
+
+
 class QueueView(Protocol):
     """A consume queue as its readers see it: offsets and entries, never writes.
     An entry is (commit offset, size, tag hash or due time)."""
@@ -162,9 +173,12 @@ class MessageReads:
         tag_hashes: frozenset[int] | None = None,
         raw: bool = False,
         max_bytes: int | None = None,
+        selector: Selects | None = None,
     ) -> GetResult:
         """Up to `max_count` records from a queue, starting at `queue_offset`,
-        only those below the confirm offset; `tag_hashes` filters by tags.
+        only those below the confirm offset; `tag_hashes` filters by tags,
+        `selector` by each record's properties (an SQL92 selector: up to
+        SELECTED_SCAN entries are looked at for `max_count` that match).
         `raw`: the records' bytes as stored (`GetResult.raw`) instead of
         decoded ones. `max_bytes` lowers the byte budget (maxPullBytes): the
         first record is returned whatever its size, later ones while they fit.
@@ -184,6 +198,10 @@ class MessageReads:
             return GetResult(GetStatus.OFFSET_ILLEGAL, [], high, low, high)
         if queue_offset == high:
             return GetResult(GetStatus.NO_NEW_MSG, [], queue_offset, low, high)
+        if selector is not None:
+            return await self._get_selected(
+                queue, queue_offset, max_count, tag_hashes, selector, raw, max_bytes
+            )
         confirm = self.confirm_offset
         entries = queue.entries(queue_offset, max_count)
         found: list[record.StoredMessage] = []
@@ -243,6 +261,78 @@ class MessageReads:
                 high,
                 raw=b"".join(pieces),
                 raw_count=raw_count,
+                last_commit_offset=last_commit_offset,
+            )
+        if next_offset > queue_offset:
+            return GetResult(GetStatus.NO_MATCHED_MSG, [], next_offset, low, high)
+        return GetResult(GetStatus.NO_NEW_MSG, [], queue_offset, low, high)
+
+    async def _get_selected(
+        self,
+        queue: QueueView,
+        queue_offset: int,
+        max_count: int,
+        tag_hashes: frozenset[int] | None,
+        selector: Selects,
+        raw: bool,
+        max_bytes: int | None,
+    ) -> GetResult:
+        """`get_messages` with a selector over each record's properties: the
+        entries from `queue_offset` (at most SELECTED_SCAN of them) until
+        `max_count` records matched. A record that does not match is passed
+        over, as one whose tags do not."""
+        low, high = queue.min_offset, queue.max_offset
+        confirm = self.confirm_offset
+        entries = queue.entries(queue_offset, max(max_count, SELECTED_SCAN))
+        found: list[record.StoredMessage] = []
+        pieces: list[bytes] = []
+        last_commit_offset = -1
+        next_offset = queue_offset
+        budget = self._max_pull_bytes if max_bytes is None else min(self._max_pull_bytes, max_bytes)
+        properties_at, decode = record.properties_at, record.decode_stored
+        full = False
+        for span_start, span_end, span_entries in _spans(
+            entries, self._log.file_size, max_span=self._max_pull_bytes
+        ):
+            if span_entries[0][0] + span_entries[0][1] > confirm:
+                break
+            if span_start < self._log.min_offset:
+                break  # deleted by retention meanwhile: the next pull is told OFFSET_MOVED
+            data = await self._reader.read(span_start, span_end - span_start)
+            for commit_offset, size, code in span_entries:
+                kept = len(pieces) if raw else len(found)
+                if commit_offset + size > confirm or (budget < size and kept):
+                    full = True
+                    break
+                next_offset += 1
+                if tag_hashes is not None and code not in tag_hashes:
+                    continue
+                at = commit_offset - span_start
+                if not selector.matches(properties_at(data, at, size)):
+                    continue
+                if raw:
+                    pieces.append(bytes(data[at : at + size]))
+                else:
+                    found.append(decode(data, at, size))
+                last_commit_offset = commit_offset
+                budget -= size
+                if kept + 1 >= max_count:
+                    full = True
+                    break
+            if full:
+                break
+        count = len(pieces) if raw else len(found)
+        self.get_message_count += count
+        if count:
+            await asyncio.sleep(0)  # as get_messages: a waiting send goes first
+            return GetResult(
+                GetStatus.FOUND,
+                found,
+                next_offset,
+                low,
+                high,
+                raw=b"".join(pieces),
+                raw_count=len(pieces),
                 last_commit_offset=last_commit_offset,
             )
         if next_offset > queue_offset:
