@@ -50,10 +50,13 @@ TRANSACTION_SETTINGS: dict[str, object] = {
     "transactionCheckInterval": 1000,
     "transactionCheckMax": 3,
 }
+# Both back ends serve SQL92 subscriptions, as the RocketMQ e2e suites' clusters do.
+FILTER_SETTINGS: dict[str, object] = {"enablePropertyFilter": "true"}
 # Apache's broker inside its proxy (local mode): what makes its retries fast, and ferry's
 # test brokers' message size limit.
 APACHE_BROKER_SETTINGS: dict[str, object] = {
     **TRANSACTION_SETTINGS,
+    **FILTER_SETTINGS,
     "maxMessageSize": BROKER_MAX_BODY,
     "timerPrecisionMs": 100,
     "reviveInterval": 200,
@@ -135,6 +138,7 @@ class FerryBackend(Backend):
                         messageDelayLevel=LEVELS,
                         mappedFileSizeCommitLog=8 << 20,
                         **TRANSACTION_SETTINGS,
+                        **FILTER_SETTINGS,
                     )
                 )
             self.proxy = support.ProxyProcess(d, self.ns.remoting_addr)

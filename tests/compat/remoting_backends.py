@@ -119,7 +119,8 @@ class ApacheRemoting(RemotingBackend):
         try:
             self._namesrv = _started(lambda n: ApacheNamesrv(d / f"namesrv-{n}"))
             self.namesrv = self._namesrv.address
-            settings = {"messageDelayLevel": DELAY_LEVELS}
+            # SQL92 subscriptions served, as the RocketMQ e2e suites' clusters do.
+            settings = {"messageDelayLevel": DELAY_LEVELS, "enablePropertyFilter": "true"}
             layout = _layout(topology)
 
             def broker(name: str, broker_id: int, role: str) -> ApacheBroker:
@@ -284,6 +285,7 @@ class FerryRemoting(RemotingBackend):
             "brokerRole": role,
             "messageDelayLevel": DELAY_LEVELS,
             "mappedFileSizeCommitLog": 4 << 20,
+            "enablePropertyFilter": "true",
         }
         if broker_id != 0:
             master = self._brokers[(name, 0)]

@@ -17,6 +17,7 @@ import org.apache.rocketmq.client.consumer.listener.MessageListenerConcurrently;
 import org.apache.rocketmq.client.consumer.listener.MessageListenerOrderly;
 import org.apache.rocketmq.client.consumer.rebalance.AllocateMessageQueueAveragely;
 import org.apache.rocketmq.common.consumer.ConsumeFromWhere;
+import org.apache.rocketmq.client.consumer.MessageSelector;
 import org.apache.rocketmq.common.message.MessageExt;
 import org.apache.rocketmq.common.message.MessageQueue;
 
@@ -40,7 +41,8 @@ import org.apache.rocketmq.common.message.MessageQueue;
  * answered RECONSUME_LATER (concurrently) or
  * SUSPEND_CURRENT_QUEUE_A_MOMENT (orderly); every other delivery is consumed, after
  * --consume-ms of work. It stops after --count successful deliveries, after --timeout-ms,
- * or when stdin closes (--stdin-stop), whichever comes first. --max-reconsume is
+ * or when stdin closes (--stdin-stop), whichever comes first. --sql EXPR subscribes with
+ * MessageSelector.bySql(EXPR) instead of the tag expression --sub. --max-reconsume is
  * setMaxReconsumeTimes (concurrently: where a message goes to %DLQ%GROUP).
  */
 public final class PushConsumer49 {
@@ -70,7 +72,12 @@ public final class PushConsumer49 {
     consumer.setNamesrvAddr(cli.required("namesrv"));
     consumer.setInstanceName(instance);
     consumer.setVipChannelEnabled(false);
-    consumer.subscribe(cli.required("topic"), cli.text("sub", "*"));
+    String sql = cli.text("sql", "");
+    if (sql.isEmpty()) {
+      consumer.subscribe(cli.required("topic"), cli.text("sub", "*"));
+    } else {
+      consumer.subscribe(cli.required("topic"), MessageSelector.bySql(sql));
+    }
     consumer.setConsumeFromWhere(
         "last".equals(cli.text("from", "first"))
             ? ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET
