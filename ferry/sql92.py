@@ -118,52 +118,38 @@ def _double_cmp(a: float, b: float) -> int:
     return _cmp(a, b)
 
 
+_NUMBERS = (int, Long, float)
+
+
+def _as_number(text: str, kind: type) -> Any:
+    """A string read as a number of `kind` (Java's Integer/Long/Double.valueOf)."""
+    if kind is float:
+        return _to_double(text)
+    if kind is int:
+        return _to_int(text, _INT_MIN, _INT_MAX)
+    return Long(_to_int(text, _LONG_MIN, _LONG_MAX))
+
+
 def _compare(lv: Any, rv: Any) -> int:
     """Apache's ComparisonExpression.__compare with string conversion on: both
     sides brought to one kind, -1 when they cannot be (raises _Failed when a
     string does not read as the number it is compared with)."""
     lt, rt = type(lv), type(rv)
     if lt is not rt:
-        if lt is bool:
-            if rt is str:
-                raise _Failed  # Apache casts the boolean itself to a string and fails
-            return -1
-        if lt is int:
-            if rt is Long:
-                pass
-            elif rt is float:
-                lv = float(lv)
+        if lt in _NUMBERS:
+            if rt in _NUMBERS:  # int and long compare exactly; with a double, as doubles
+                if lt is float or rt is float:
+                    lv, rv = float(lv), float(rv)
             elif rt is str:
-                rv = _to_int(rv, _INT_MIN, _INT_MAX)
+                rv = _as_number(rv, lt)
             else:
                 return -1
-        elif lt is Long:
-            if rt is int:
-                pass
-            elif rt is float:
-                lv = float(lv)
-            elif rt is str:
-                rv = _to_int(rv, _LONG_MIN, _LONG_MAX)
-            else:
-                return -1
-        elif lt is float:
-            if rt is int or rt is Long:
-                rv = float(rv)
-            elif rt is str:
-                rv = _to_double(rv)
-            else:
-                return -1
-        elif lt is str:
-            if rt is bool:
-                lv = lv.lower() == "true"
-            elif rt is int:
-                lv = _to_int(lv, _INT_MIN, _INT_MAX)
-            elif rt is Long:
-                lv = _to_int(lv, _LONG_MIN, _LONG_MAX)
-            elif rt is float:
-                lv = _to_double(lv)
-            else:
-                return -1
+        elif lt is str and rt in _NUMBERS:
+            lv = _as_number(lv, rt)
+        elif lt is str and rt is bool:
+            lv = lv.lower() == "true"
+        elif lt is bool and rt is str:
+            raise _Failed  # Apache casts the boolean itself to a string and fails
         else:
             return -1
     if type(lv) is float:

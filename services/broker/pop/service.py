@@ -55,6 +55,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
+from ferry import record
 from ferry.model import (
     PROPERTY_ORIGIN_MESSAGE_ID,
     PROPERTY_RETRY_TOPIC,
@@ -250,12 +251,12 @@ class PopService:
             keys.insert(0, (retry, 0))
         deadline = time.monotonic() + min(max_wait_ms, MAX_WAIT_MS) / 1000
         while True:
-            verdicts = None
+            judged = None
             if chosen.selector is not None:
-                verdicts = await self._judge(group, keys, max_nums, chosen)
-            taken = self._take(group, keys, max_nums, invisible_ms, tag_hashes, orderly, verdicts)
+                judged = await self._judge(group, keys, max_nums, chosen)
+            taken = self._take(group, keys, max_nums, invisible_ms, tag_hashes, orderly, judged)
             if taken:
-                return await self._read(group, topic, taken)
+                return await self._read(group, topic, taken, judged)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return []
@@ -269,13 +270,13 @@ class PopService:
         invisible_ms: int,
         tag_hashes: frozenset[int] | None,
         orderly: bool,
-        verdicts: dict[int, bool] | None = None,
+        judged: dict[int, record.StoredMessage | None] | None = None,
     ) -> list[_Taken]:
         """Reserve up to `max_nums` messages (synchronously: no other pop can
         take them) and write one checkpoint per queue they came from.
-        `verdicts` (an SQL92 subscription): whether the record at each commit
-        offset matches, as `_judge` found; a queue's scan stops at a record it
-        has no verdict for."""
+        `judged` (an SQL92 subscription): the records `_judge` read, None for
+        those that do not match; a queue's scan stops at a record it did not
+        judge."""
         pop_state = self.state
         now = self.clock.wall_ms()
         until = now + invisible_ms
@@ -313,7 +314,7 @@ class PopService:
                         entry = cq.entry(offset)
                         redelivery = state.redeliver[offset]
                         if (tag_hashes is not None and entry[2] not in tag_hashes) or (
-                            verdicts is not None and verdicts.get(entry[0]) is False
+                            judged is not None and entry[0] in judged and judged[entry[0]] is None
                         ):
                             filtered.append((offset, redelivery.checkpoint))
                             continue
@@ -331,7 +332,7 @@ class PopService:
             fresh_entries: list[tuple[int, int, int]] = []
             scan_end = scan_from = state.pop_offset
             if want > 0:
-                filtering = tag_hashes is not None or verdicts is not None
+                filtering = tag_hashes is not None or judged is not None
                 scan = max(SCAN_ENTRIES, want) if filtering else want
                 for entry in cq.entries(scan_from, scan):
                     commit_offset, size, code = entry
@@ -339,11 +340,12 @@ class PopService:
                         break  # a SYNC_MASTER hands out only what a slave has
                     if (fresh or again) and size > budget:
                         break
-                    verdict = True if verdicts is None else verdicts.get(commit_offset)
-                    if verdict is None:
-                        break  # not judged (stored since): the next pop looks at it
+                    if judged is not None and commit_offset not in judged:
+                        break  # not judged (stored since, or a later queue): the next pop
                     scan_end += 1
-                    if not verdict or (tag_hashes is not None and code not in tag_hashes):
+                    if (judged is not None and judged[commit_offset] is None) or (
+                        tag_hashes is not None and code not in tag_hashes
+                    ):
                         continue  # filtered out: resolved for this group
                     fresh.append(scan_end - 1)
                     fresh_entries.append(entry)
@@ -421,35 +423,56 @@ class PopService:
 
     async def _judge(
         self, group: str, keys: Sequence[tuple[str, int]], max_nums: int, chosen: MessageFilter
-    ) -> dict[int, bool]:
-        """Whether each record the next `_take` may look at matches an SQL92
-        subscription, by commit offset: an ordered queue's messages due again
-        and every queue's next entries (as many as `_take` scans). Reads the
-        records (off the loop when cold), so `_take` itself stays synchronous."""
-        entries: list[tuple[int, int, int]] = []
+    ) -> dict[int, record.StoredMessage | None]:
+        """The records the next `_take` may look at for an SQL92 subscription,
+        by commit offset, each with whether it matches: an ordered queue's
+        messages due again and each queue's next entries (as many as `_take`
+        scans), queue by queue until `max_nums` match. Reads them (off the loop
+        when cold), so `_take` itself stays synchronous; None for a record that
+        does not match, nothing for one that is gone."""
+        judged: dict[int, record.StoredMessage | None] = {}
+        matched = 0
         for topic, queue_id in keys:
+            if matched >= max_nums:
+                break
             cq = self.store.queue_view(topic, queue_id)
             if cq is None:
                 continue
             state = self.state.queue(group, topic, queue_id)  # as _take would make it
-            entries.extend(
+            entries = [
                 cq.entry(offset)
                 for offset in sorted(state.redeliver)[:max_nums]
                 if cq.min_offset <= offset < cq.max_offset
-            )
-            start = max(state.pop_offset, cq.min_offset)
-            entries.extend(cq.entries(start, max(SCAN_ENTRIES, max_nums)))
-        verdicts: dict[int, bool] = {}
-        if not entries:
-            return verdicts
-        records = await self.store.read_entries(entries)
-        for entry, stored in zip(entries, records, strict=True):
-            if stored is not None:
-                verdicts[entry[0]] = chosen.selects(entry[2], stored.properties)
-        return verdicts
+            ]
+            entries += cq.entries(max(state.pop_offset, cq.min_offset), max(SCAN_ENTRIES, max_nums))
+            if not entries:
+                continue
+            for entry, stored in zip(entries, await self.store.read_entries(entries), strict=True):
+                if stored is None:
+                    continue  # gone: not judged (a scan stops there, a redelivery is read)
+                if chosen.selects(entry[2], stored.properties):
+                    judged[entry[0]] = stored
+                    matched += 1
+                else:
+                    judged[entry[0]] = None
+        return judged
 
-    async def _read(self, group: str, topic: str, taken: list[_Taken]) -> list[Popped]:
-        stored = iter(await self.store.read_entries([entry for t in taken for entry in t.entries]))
+    async def _read(
+        self,
+        group: str,
+        topic: str,
+        taken: list[_Taken],
+        judged: dict[int, record.StoredMessage | None] | None = None,
+    ) -> list[Popped]:
+        """The popped messages of what `_take` reserved, read (those `_judge`
+        read already are not read again)."""
+        entries = [entry for t in taken for entry in t.entries]
+        if judged is None:
+            stored = iter(await self.store.read_entries(entries))
+        else:
+            missing = [e for e in entries if judged.get(e[0]) is None]
+            fresh = iter(await self.store.read_entries(missing) if missing else ())
+            stored = iter([judged.get(e[0]) or next(fresh) for e in entries])
         out = []
         broker = self.config.broker_name
         for key, inflight, offsets, _ in taken:

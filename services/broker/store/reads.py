@@ -247,25 +247,9 @@ class MessageReads:
                 budget -= size
             if stop:
                 break
-        count = raw_count if raw else len(found)
-        self.get_message_count += count
-        if count:
-            # One event-loop turn between reading the records and building the
-            # answer from them: a send waiting meanwhile goes first.
-            await asyncio.sleep(0)
-            return GetResult(
-                GetStatus.FOUND,
-                found,
-                next_offset,
-                low,
-                high,
-                raw=b"".join(pieces),
-                raw_count=raw_count,
-                last_commit_offset=last_commit_offset,
-            )
-        if next_offset > queue_offset:
-            return GetResult(GetStatus.NO_MATCHED_MSG, [], next_offset, low, high)
-        return GetResult(GetStatus.NO_NEW_MSG, [], queue_offset, low, high)
+        return await self._answer(
+            queue_offset, next_offset, low, high, found, pieces, raw_count, last_commit_offset
+        )
 
     async def _get_selected(
         self,
@@ -321,10 +305,29 @@ class MessageReads:
                     break
             if full:
                 break
-        count = len(pieces) if raw else len(found)
+        return await self._answer(
+            queue_offset, next_offset, low, high, found, pieces, len(pieces), last_commit_offset
+        )
+
+    async def _answer(
+        self,
+        queue_offset: int,
+        next_offset: int,
+        low: int,
+        high: int,
+        found: list[record.StoredMessage],
+        pieces: list[bytes],
+        raw_count: int,
+        last_commit_offset: int,
+    ) -> GetResult:
+        """A read's answer from what it found (decoded records, or `raw_count`
+        records as stored in `pieces`) and where it got to."""
+        count = raw_count or len(found)
         self.get_message_count += count
         if count:
-            await asyncio.sleep(0)  # as get_messages: a waiting send goes first
+            # One event-loop turn between reading the records and building the
+            # answer from them: a send waiting meanwhile goes first.
+            await asyncio.sleep(0)
             return GetResult(
                 GetStatus.FOUND,
                 found,
@@ -332,7 +335,7 @@ class MessageReads:
                 low,
                 high,
                 raw=b"".join(pieces),
-                raw_count=len(pieces),
+                raw_count=raw_count,
                 last_commit_offset=last_commit_offset,
             )
         if next_offset > queue_offset:
