@@ -235,7 +235,7 @@ def test_a_client_silent_for_120_s_expires_and_the_group_is_told(timed_broker, c
         close_clients(door)
 
 
-def test_check_client_config_takes_tags_and_refuses_sql92(door):
+def test_check_client_config_takes_tags_and_refuses_sql92_when_filters_are_off(door):
     client = door.connect()
     tag = {"clientId": "c1", "group": GROUP, "subscriptionData": {"topic": TOPIC,
            "subString": "A", "expressionType": "TAG"}}  # fmt: skip
@@ -243,8 +243,28 @@ def test_check_client_config_takes_tags_and_refuses_sql92(door):
     sql = {**tag, "subscriptionData": {"topic": TOPIC, "subString": "a > 1",
                                        "expressionType": "SQL92"}}  # fmt: skip
     answer = door.call(client, codes.CHECK_CLIENT_CONFIG, sql)
+    # The door's broker runs with enablePropertyFilter at its default (off):
+    # Apache's words, then what to do.
     assert answer.code == codes.SYSTEM_ERROR
-    assert "ferry does not serve SQL92" in answer.remark
+    assert "does not support consumer to filter message by SQL92" in answer.remark
+    assert "enablePropertyFilter=true" in answer.remark
+
+
+def test_check_client_config_compiles_sql92_when_filters_are_on(loop_thread, tmp_path):
+    b = start_broker(loop_thread, tmp_path / "store", brokerName="broker-sql", enablePropertyFilter="true")
+    d = door_of(b)
+    try:
+        client = d.connect()
+        sub = {"topic": TOPIC, "subString": "a > 1", "expressionType": "SQL92"}
+        body = {"clientId": "c1", "group": GROUP, "subscriptionData": sub}
+        assert d.call(client, codes.CHECK_CLIENT_CONFIG, body).code == 0
+        bad = {**body, "subscriptionData": {**sub, "subString": "a >"}}
+        answer = d.call(client, codes.CHECK_CLIENT_CONFIG, bad)
+        assert answer.code == codes.SUBSCRIPTION_PARSE_FAILED
+        assert "a >" in answer.remark or "parse" in answer.remark
+    finally:
+        close_clients(d)
+        b.stop()
 
 
 # ---------------------------------------------------------------- pulls
