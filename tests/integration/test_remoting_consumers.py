@@ -251,7 +251,9 @@ def test_check_client_config_takes_tags_and_refuses_sql92_when_filters_are_off(d
 
 
 def test_check_client_config_compiles_sql92_when_filters_are_on(loop_thread, tmp_path):
-    b = start_broker(loop_thread, tmp_path / "store", brokerName="broker-sql", enablePropertyFilter="true")
+    b = start_broker(
+        loop_thread, tmp_path / "store", brokerName="broker-sql", enablePropertyFilter="true"
+    )
     d = door_of(b)
     try:
         client = d.connect()
@@ -261,7 +263,7 @@ def test_check_client_config_compiles_sql92_when_filters_are_on(loop_thread, tmp
         bad = {**body, "subscriptionData": {**sub, "subString": "a >"}}
         answer = d.call(client, codes.CHECK_CLIENT_CONFIG, bad)
         assert answer.code == codes.SUBSCRIPTION_PARSE_FAILED
-        assert "a >" in answer.remark or "parse" in answer.remark
+        assert answer.remark.startswith("the SQL92 selector does not compile")
     finally:
         close_clients(d)
         b.stop()

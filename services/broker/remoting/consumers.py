@@ -94,7 +94,9 @@ def handlers(deps: Deps) -> dict[int, Handler]:
             try:
                 filters.build(str(sub.get("subString") or ""), kind)
             except SelectorRefused as e:
-                return command.answer(codes.SUBSCRIPTION_PARSE_FAILED, e.message)
+                return command.answer(
+                    codes.SUBSCRIPTION_PARSE_FAILED, f"the SQL92 selector does not compile: {e.why}"
+                )
         return command.answer(codes.SUCCESS)
 
     async def lock_batch(connection: Connection, command: Command) -> Command:
