@@ -1,13 +1,15 @@
 """Apache RocketMQ for tests and benchmarks: its published jars, run as child JVMs on loopback.
 
 The jars come from Maven Central through ferry's own Maven project (tests/compat/pom.xml,
-`make apache`), which copies four class paths under `.cache/rocketmq/` (outside git):
+`make apache`), which copies five class paths under `.cache/rocketmq/` (outside git):
 
 - `rocketmq4`: Apache RocketMQ 4.9 (name server, broker, mqadmin, the remoting client, the
   benchmark tools) and ferry's 4.x test programs (tests/compat/rocketmq4/src);
 - `rocketmq5`: Apache RocketMQ 5.x (name server, broker, the proxy in local mode, mqadmin)
   and ferry's admin program (tests/compat/rocketmq5/src);
 - `sdk5`: the RocketMQ 5 Java SDK and ferry's parity programs (tests/compat/sdk5/src);
+- `spring`: rocketmq-spring-boot 2.3.5 (the Spring starter's RocketMQTemplate) and ferry's
+  program that sends through it (tests/compat/spring/src);
 - `client49`: the 4.x Java client (rocketmq-client 4.9.8) alone and ferry's client programs
   for the remoting tests (tests/compat/client49/src, run by tests/compat/clients.py).
 
@@ -107,7 +109,7 @@ def java_binary() -> str:
 
 
 def classpath(kit: str) -> str:
-    """The class path of one kit ("rocketmq4", "rocketmq5", "sdk5" or "client49"), checked
+    """The class path of one kit ("rocketmq4", "rocketmq5", "sdk5", "spring" or "client49"), checked
     to exist."""
     lib = CACHE / kit / "lib"
     if not (lib / "ferry-compat-programs.jar").exists():
