@@ -6,6 +6,7 @@ between these and the `ferry.v1` messages.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 
@@ -78,17 +79,17 @@ def check_name(value: str, field: str) -> str:
 def check_pop_group(group: str, topic: str, field: str = "consumer_group") -> str:
     """A consumer group that pops `topic`: a name (`check_name`) that also
     names valid topics for its retry and dead-letter queues (`retry_topic`,
-    `dlq_topic`): the topic alphabet only, and `%RETRY%<group>_<topic>` in
-    TOPIC_MAX_LENGTH bytes. Acks and offsets need only `check_name`."""
+    `dlq_topic`): the topic alphabet only. Their length is no limit (a name
+    past TOPIC_MAX_LENGTH is fitted, `fit_topic_name`), as Apache serves such
+    groups. Acks and offsets need only `check_name`."""
     check_name(group, field)
-    for name in (retry_topic(group, topic), dlq_topic(group)):
-        if len(name.encode()) > TOPIC_MAX_LENGTH or not TOPIC_PATTERN.fullmatch(name):
-            raise InvalidArgument(
-                field,
-                f"{group!r} cannot name its retry/dead-letter topic {name[:60]!r}: pop "
-                f"groups use [%|a-zA-Z0-9_-] only, and {name[:20]}... must fit in "
-                f"{TOPIC_MAX_LENGTH} bytes",
-            )
+    if not TOPIC_PATTERN.fullmatch(group) or not TOPIC_PATTERN.fullmatch(topic):
+        name = f"{RETRY_TOPIC_PREFIX}{group}_{topic}"
+        raise InvalidArgument(
+            field,
+            f"{group!r} cannot name its retry/dead-letter topic {name[:60]!r}: pop "
+            "groups use [%|a-zA-Z0-9_-] only",
+        )
     return group
 
 
@@ -211,14 +212,34 @@ PROPERTY_PRODUCER_GROUP = "PGROUP"
 PROPERTY_UNIQ_KEY = "UNIQ_KEY"
 
 
+NAME_HASH_CHARS = 16  # hex digits of the hash a fitted topic name ends with
+
+
+def fit_topic_name(name: str) -> str:
+    """`name` itself when it fits a topic (TOPIC_MAX_LENGTH bytes, the commit-log
+    record's one-byte topic length), else its first bytes, `_` and 16 hex digits
+    of its SHA-256: deterministic, so every broker and the proxy name it alike,
+    and still readable. Apache stores long names whole (its record's v2 layout
+    has a two-byte topic length); ferry's v1 layout has one byte. The only
+    builder of retry and dead-letter topic names (`retry_topic`, `dlq_topic`)."""
+    raw = name.encode()
+    if len(raw) <= TOPIC_MAX_LENGTH:
+        return name
+    digest = hashlib.sha256(raw).hexdigest()[:NAME_HASH_CHARS]
+    keep = raw[: TOPIC_MAX_LENGTH - NAME_HASH_CHARS - 1].decode(errors="ignore")
+    return f"{keep}_{digest}"
+
+
 def retry_topic(group: str, topic: str) -> str:
     """The topic a group's unacknowledged messages of `topic` are redelivered
-    from (RocketMQ's per-topic retry topic, `%RETRY%<group>_<topic>`)."""
-    return f"{RETRY_TOPIC_PREFIX}{group}_{topic}"
+    from (RocketMQ's per-topic retry topic, `%RETRY%<group>_<topic>`, fitted
+    to TOPIC_MAX_LENGTH by `fit_topic_name`)."""
+    return fit_topic_name(f"{RETRY_TOPIC_PREFIX}{group}_{topic}")
 
 
 def dlq_topic(group: str) -> str:
-    return f"{DLQ_TOPIC_PREFIX}{group}"
+    """A group's dead-letter topic, `%DLQ%<group>` (fitted by `fit_topic_name`)."""
+    return fit_topic_name(f"{DLQ_TOPIC_PREFIX}{group}")
 
 
 def revive_topic(cluster: str) -> str:

@@ -21,7 +21,7 @@ from tests.compat.specs import json_lines
 
 # A back end's first test starts its cluster and runs every scenario (~15-40 s each).
 pytestmark = pytest.mark.timeout(600)
-SCENARIOS = ("normal", "push", "delay", "fifo", "redelivery", "dlq", "transaction")
+SCENARIOS = ("normal", "push", "delay", "fifo", "fifo-batch", "redelivery", "dlq", "transaction")
 # (queues, message type); the DLQ made beforehand, as an operator may, so that its route is
 # there when the scenario reads it (a broker registers one it makes with its next
 # registration, up to 10 s later here).
@@ -31,6 +31,7 @@ TOPICS = {
     "J5Push": (4, ""),
     "J5Delay": (4, "DELAY"),
     "J5Fifo": (4, "FIFO"),
+    "J5FifoBatch": (1, "FIFO"),
     "J5Redeliver": (4, ""),
     "J5Dlq": (4, ""),
     "J5Tx": (1, "TRANSACTION"),
@@ -40,6 +41,7 @@ GROUPS = {
     "j5-push": {},
     "j5-delay": {},
     "j5-fifo": {"consume_message_orderly": True},
+    "j5-fifo-batch": {"consume_message_orderly": True},
     "j5-redeliver": {},
     "j5-dlq": {"retry_max_times": 1},
     "j5-dlq-reader": {},
@@ -123,6 +125,21 @@ def test_fifo_groups_keep_their_order(observed):
         # As RocketMQ's proxy shows it: the message group is a user property too.
         assert m["properties"] == {"__SHARDINGKEY": f"group-{g}"}
     assert dict(order) == {str(g): list(range(5)) for g in range(3)}
+
+
+def test_a_fifo_batch_comes_back_whole_from_its_first_unacknowledged_message(observed):
+    """A FIFO group's queue hands out nothing while a message of its batch is in flight;
+    the 2nd and 3rd of a batch acknowledged and the 1st not, what comes next is the same
+    three, the acknowledged ones again too (Apache's ConsumerOrderInfoManager: the
+    group's offset stays at the first unacknowledged message). ferry used to hand out
+    the 1st, then the 4th and 5th."""
+    sent = [e["id"] for e in _events(observed, "fifo-batch", "sent")]
+    first = _events(observed, "fifo-batch", "first")
+    assert [(m["id"], m["attempt"]) for m in first] == [(i, 1) for i in sent[:3]]
+    nxt = _events(observed, "fifo-batch", "next")
+    assert [m["id"] for m in nxt] == sent[:3]
+    assert [m["body"] for m in nxt] == ["m0", "m1", "m2"]
+    assert [m["attempt"] for m in nxt] == [2, 2, 2]  # each one consumption more
 
 
 def test_unacknowledged_message_comes_again_with_a_higher_attempt(observed):

@@ -769,3 +769,87 @@ def test_a_queue_whose_first_message_is_not_in_memory_starts_at_its_newest(loop_
         assert [m.body for m in r.messages] == [f"m{i}".encode() for i in range(5)]
     finally:
         b.stop()
+
+
+def _group_status(b, group, topic):
+    return b.broker.GetGroupStatus(
+        broker_pb2.GetGroupStatusRequest(consumer_group=group, topic=topic)
+    )
+
+
+def _next_batch(b, group, topic, n, timeout_s=30):
+    """The next pop that hands out anything (polled, no fixed wait)."""
+    return wait_for(
+        lambda: pop(b, group, topic, n=n, invisible_ms=30_000, wait_ms=500).messages,
+        timeout_s,
+        f"{group}'s queue to hand out again",
+    )
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["live", "restarted"])
+def test_an_ordered_batch_comes_back_whole_from_its_first_unacknowledged_message(
+    loop_thread, tmp_path, restart
+):
+    """Apache's ordered pop (ConsumerOrderInfoManager.checkBlock / commitAndNext): a
+    queue hands out nothing while a message of its last batch is in flight; a batch
+    whose first message was not acknowledged comes back whole, the acknowledged ones
+    after it included, each one delivery more; the group's offset never passes the
+    unacknowledged message — across a restart too (the state is replayed)."""
+    store = tmp_path / "store"
+    b = start_broker(loop_thread, store, brokerName="broker-f", messageDelayLevel="1s")
+    try:
+        support.create_topic(b.channel, "FifoBatch", 1)
+        set_group(b, "fifo-batch", consume_message_orderly=True, retry_max_times=16)
+        send_many(b, "FifoBatch", [f"m{i}".encode() for i in range(5)])
+        first = pop(b, "fifo-batch", "FifoBatch", n=3, invisible_ms=1000).messages
+        assert [(m.body, m.delivery_attempt) for m in first] == [(b"m0", 1), (b"m1", 1), (b"m2", 1)]
+        acked = ack(b, "fifo-batch", "FifoBatch", [m.receipt_handle for m in first[1:]])
+        assert [r.status for r in acked.results] == [broker_pb2.OK, broker_pb2.OK]
+        assert _group_status(b, "fifo-batch", "FifoBatch").queues[0].committed_offset == 0
+        if restart:
+            b.stop()
+            b = start_broker(loop_thread, store, brokerName="broker-f", messageDelayLevel="1s")
+            queue = _group_status(b, "fifo-batch", "FifoBatch").queues[0]
+            assert (queue.committed_offset, queue.in_flight + queue.redeliveries_pending) == (0, 1)
+        again = _next_batch(b, "fifo-batch", "FifoBatch", n=3)
+        assert [(m.body, m.delivery_attempt) for m in again] == [(b"m0", 2), (b"m1", 2), (b"m2", 2)]
+        # In flight again: nothing of the queue goes out, m3 included.
+        assert not pop(b, "fifo-batch", "FifoBatch", n=3, wait_ms=300).messages
+        ack(b, "fifo-batch", "FifoBatch", [m.receipt_handle for m in again])
+        rest = pop(b, "fifo-batch", "FifoBatch", n=3).messages
+        assert [(m.body, m.delivery_attempt) for m in rest] == [(b"m3", 1), (b"m4", 1)]
+        ack(b, "fifo-batch", "FifoBatch", [m.receipt_handle for m in rest])
+        assert _group_status(b, "fifo-batch", "FifoBatch").queues[0].committed_offset == 5
+    finally:
+        b.stop()
+
+
+def test_a_retimed_message_alone_in_flight_is_all_that_a_restart_keeps(loop_thread, tmp_path):
+    """Pop 3, acknowledge the last two, re-time the first: after a restart only the
+    first is in flight (the replay starts early enough to see the pop that handed it
+    out, not only the change record), and nothing is handed out again."""
+    store = tmp_path / "store"
+    b = start_broker(loop_thread, store, brokerName="broker-r")
+    try:
+        support.create_topic(b.channel, "Retimed", 1)
+        send_many(b, "Retimed", [b"a", b"b", b"c"])
+        got = pop(b, "plain", "Retimed", n=3, invisible_ms=30_000).messages
+        assert [m.body for m in got] == [b"a", b"b", b"c"]
+        ack(b, "plain", "Retimed", [m.receipt_handle for m in got[1:]])
+        changed = b.broker.ChangeInvisibleTime(
+            broker_pb2.ChangeInvisibleTimeRequest(
+                consumer_group="plain", topic="Retimed", receipt_handle=got[0].receipt_handle,
+                invisible_ms=60_000,
+            )
+        )  # fmt: skip
+        assert changed.status == broker_pb2.OK
+        b.stop()
+        b = start_broker(loop_thread, store, brokerName="broker-r")
+        queue = _group_status(b, "plain", "Retimed").queues[0]
+        assert (queue.committed_offset, queue.pop_offset, queue.in_flight) == (0, 3, 1)
+        assert not pop(b, "plain", "Retimed", n=3, wait_ms=300).messages
+        done = ack(b, "plain", "Retimed", [changed.receipt_handle])
+        assert [r.status for r in done.results] == [broker_pb2.OK]
+        assert _group_status(b, "plain", "Retimed").queues[0].committed_offset == 3
+    finally:
+        b.stop()

@@ -286,6 +286,30 @@ def test_no_ack_means_delivered_again_with_a_higher_attempt(cluster):
         producer.shutdown()
 
 
+def test_a_group_whose_retry_topic_passes_127_bytes_receives_and_gets_its_retries(cluster):
+    """`%RETRY%<group>_<topic>` past 127 bytes (a topic's limit): Apache serves the group
+    (it stores a long topic name whole); ferry fits the name (`fit_topic_name`) and serves
+    it too. It used to refuse every receive with ILLEGAL_CONSUMER_GROUP."""
+    topic = "SdkLongGroupTopic"
+    group = "sdk-long-group-" + "x" * 100  # 115 characters: Apache's admin takes up to 120
+    assert len(f"%RETRY%{group}_{topic}") > 127
+    cluster.create_topic(topic)
+    producer = _producer(cluster, topic)
+    consumer = _simple(cluster, group, topic)
+    try:
+        message_id = producer.send(_message(topic, b"long")).message_id
+        first = _receive_until(consumer, 1, 30, invisible_s=1, ack=False)
+        assert [(m.message_id, m.delivery_attempt) for m in first] == [(message_id, 1)]
+        second = _receive_until(consumer, 1, 60, invisible_s=30)
+        assert [(m.message_id, m.delivery_attempt, m.body) for m in second] == [
+            (message_id, 2, b"long")
+        ]
+        assert consumer.receive(32, 30) == []
+    finally:
+        consumer.shutdown()
+        producer.shutdown()
+
+
 def test_change_invisible_duration(cluster):
     topic = "SdkInvisible"
     cluster.create_topic(topic)

@@ -10,7 +10,8 @@ State per (group, topic, queue), in memory:
 - `inflight`: offsets handed out and not resolved, each with the checkpoint
   that issued it (its receipt handle names that checkpoint), a deadline and an
   attempt number. Every offset in [committed, pop_offset) not in flight (nor,
-  for an ordered group, waiting for redelivery) is resolved.
+  for an ordered group, waiting for redelivery) is resolved — an ordered
+  group's may still be handed out again with its batch (below).
 
 Every change is first written to the commit log, as records of the revive
 topic (`records.py`): a checkpoint per pop of a queue, an ack record per
@@ -35,13 +36,17 @@ queue, readable, with DLQ_ORIGIN_TOPIC, DLQ_ORIGIN_MESSAGE_ID and
 DLQ_DELIVERY_ATTEMPTS). Pops read the retry topic before the topic itself.
 
 Ordered groups (`consume_message_orderly`, or any group on a topic marked
-ordered): a queue with a message in flight hands out nothing; an expired
-message stays where it is and is handed out again, before anything after it,
-once its backoff has passed (none after a deadline the consumer chose) — or goes to the dead-letter topic after
-`retry_max_times`, letting the queue move on. A consumer whose tag filter does
-not match an expired message never gets it: the message is resolved for the
-group then, as a fresh message its filter skips is (RocketMQ's ordered pop
-reads the queue again through the consumer's filter).
+ordered), as Apache's ordered pop (ConsumerOrderInfoManager): a queue hands
+out a batch and then nothing while any message of that batch is in flight.
+Once every unacknowledged one has expired (and the first one's backoff has
+passed; none after a deadline the consumer chose), the queue hands out again
+from its first unacknowledged message — the whole batch again, acknowledged
+messages after it included, each counted as one more delivery — and its
+committed offset never passes that message. A message past `retry_max_times`
+goes to the dead-letter topic instead, letting the queue move on. A consumer
+whose tag filter does not match an expired message never gets it: the message
+is resolved for the group then, as a fresh message its filter skips is
+(RocketMQ's ordered pop reads the queue again through the consumer's filter).
 
 Runs on the event loop thread, on masters only; state changes happen between
 awaits, never across one.
@@ -253,7 +258,7 @@ class PopService:
         while True:
             judged = None
             if chosen.selector is not None:
-                judged = await self._judge(group, keys, max_nums, chosen)
+                judged = await self._judge(group, keys, max_nums, chosen, orderly)
             taken = self._take(group, keys, max_nums, invisible_ms, tag_hashes, orderly, judged)
             if taken:
                 return await self._read(group, topic, taken, judged)
@@ -294,51 +299,35 @@ class PopService:
             if state.pop_offset < cq.min_offset:
                 pop_state.skip_deleted(state, cq.min_offset)
             want = max_nums - count
-            # An ordered queue's expired messages, handed out again: (offset, entry, attempt).
-            again: list[tuple[int, tuple[int, int, int], int]] = []
+            scan_from = state.pop_offset
             if orderly:
                 if state.inflight:
-                    continue  # locked: nothing after an in-flight message goes out
+                    continue  # locked: nothing goes out while a message of its batch is in flight
                 if state.redeliver:
-                    ready = sorted(state.redeliver)
-                    if state.redeliver[ready[0]].visible_ms > now:
+                    head = min(state.redeliver)
+                    if state.redeliver[head].visible_ms > now:
                         continue  # the head waits for its backoff; so does the queue
-                    filtered: list[tuple[int, int]] = []
-                    looked = 0
-                    for offset in ready:
-                        if len(again) >= want:
-                            break
-                        looked += 1
-                        if not cq.min_offset <= offset < cq.max_offset:
-                            continue
-                        entry = cq.entry(offset)
-                        redelivery = state.redeliver[offset]
-                        if (tag_hashes is not None and entry[2] not in tag_hashes) or (
-                            judged is not None and entry[0] in judged and judged[entry[0]] is None
-                        ):
-                            filtered.append((offset, redelivery.checkpoint))
-                            continue
-                        again.append((offset, entry, redelivery.attempt))
-                    if filtered:
-                        try:
-                            self._resolve_filtered(state, filtered)
-                        except FerryError:
-                            if out:
-                                break  # hand out what is already checkpointed
-                            raise
-                    want = 0 if looked < len(ready) else want - len(again)
-            # Offsets from pop_offset on were never handed out: all fresh.
+                    # As Apache's ordered pop: the batch again from its first
+                    # unacknowledged message, the acknowledged ones after it included.
+                    scan_from = state.low()
+            # Offsets from scan_from on, through the filter: an ordered queue's
+            # batch again (below pop_offset), then messages never handed out.
             fresh: list[int] = []
             fresh_entries: list[tuple[int, int, int]] = []
-            scan_end = scan_from = state.pop_offset
+            filtered: list[tuple[int, int]] = []  # expired ones the filter skips: resolved
+            for offset in [o for o in state.redeliver if o < cq.min_offset]:
+                filtered.append((offset, state.redeliver[offset].checkpoint))  # deleted
+            scan_end = scan_from = max(scan_from, cq.min_offset)
             if want > 0:
                 filtering = tag_hashes is not None or judged is not None
                 scan = max(SCAN_ENTRIES, want) if filtering else want
+                if scan_from < state.pop_offset:
+                    scan = max(scan, state.pop_offset - scan_from)
                 for entry in cq.entries(scan_from, scan):
                     commit_offset, size, code = entry
                     if commit_offset + size > confirm:
                         break  # a SYNC_MASTER hands out only what a slave has
-                    if (fresh or again) and size > budget:
+                    if fresh and size > budget:
                         break
                     if judged is not None and commit_offset not in judged:
                         break  # not judged (stored since, or a later queue): the next pop
@@ -346,6 +335,9 @@ class PopService:
                     if (judged is not None and judged[commit_offset] is None) or (
                         tag_hashes is not None and code not in tag_hashes
                     ):
+                        redelivery = state.redeliver.get(scan_end - 1)
+                        if redelivery is not None:
+                            filtered.append((scan_end - 1, redelivery.checkpoint))
                         continue  # filtered out: resolved for this group
                     fresh.append(scan_end - 1)
                     fresh_entries.append(entry)
@@ -353,21 +345,32 @@ class PopService:
                     want -= 1
                     if want <= 0 or budget <= 0:
                         break
-            if not fresh and not again:
+            if filtered:
+                try:
+                    self._resolve_filtered(state, filtered)
+                except FerryError:
+                    if out:
+                        break  # hand out what is already checkpointed
+                    raise
+            if not fresh:
                 if scan_end > state.pop_offset:
                     state.pop_offset = scan_end
-                    pop_state.advance(state)
+                pop_state.advance(state)
                 continue
-            offsets = [offset for offset, _, _ in again] + fresh
-            fresh_attempt = 1 if orderly else 0
+            if orderly:
+                # Delivery n + 1 of what the last batch held (acknowledged or not), as
+                # Apache counts an ordered queue's consumptions per offset.
+                attempts = [state.batch.get(offset, 0) + 1 for offset in fresh]
+            else:
+                attempts = [0] * len(fresh)
             ck = Checkpoint(
                 group,
                 topic,
                 queue_id,
-                min(offsets),
-                max(scan_end, max(offsets) + 1),
-                tuple(offsets),
-                tuple([attempt for _, _, attempt in again] + [fresh_attempt] * len(fresh)),
+                fresh[0],
+                scan_end,
+                tuple(fresh),
+                tuple(attempts),
                 until,
             )
             try:
@@ -376,22 +379,31 @@ class PopService:
                 if out:
                     break  # hand out what is already checkpointed
                 raise
-            state.pop_offset = max(state.pop_offset, scan_end)
             pop_state.new_checkpoint(checkpoint, state.key, ck.offsets, until)
-            # One record for every message of the checkpoint (per attempt):
-            # none is ever changed in place, a re-timing replaces it.
+            if orderly:
+                # The new batch replaces the last: what of it is not taken again is
+                # read again later as if never handed out (a replay does the same,
+                # `PopState.apply`); the queue's offset is the new batch's end.
+                pop_state.start_batch(state, ck.offsets, ck.attempts, scan_end)
+            else:
+                state.pop_offset = max(state.pop_offset, scan_end)
+            # One record for every message of the checkpoint (per attempt): none is
+            # ever changed in place, a re-timing replaces it. Handed out in offset
+            # order, one _Taken per run of one attempt.
             shared: dict[int, InFlight] = {}
-            for offset, entry, attempt in again:
+            run_start = 0
+            for i in range(len(fresh) + 1):
+                if i < len(fresh) and (i == 0 or attempts[i] == attempts[i - 1]):
+                    continue
+                attempt = attempts[run_start]
                 inflight = shared.get(attempt)
                 if inflight is None:
                     inflight = shared[attempt] = InFlight(checkpoint, until, attempt)
-                pop_state.set_inflight(state, offset, inflight)
-                out.append(_Taken(state.key, inflight, (offset,), [entry]))
-            if fresh:
-                inflight = InFlight(checkpoint, until, fresh_attempt)
-                pop_state.add_inflight(state, fresh, inflight)
-                out.append(_Taken(state.key, inflight, fresh, fresh_entries))
-            count += len(offsets)
+                run = fresh[run_start:i]
+                pop_state.add_inflight(state, run, inflight)
+                out.append(_Taken(state.key, inflight, run, fresh_entries[run_start:i]))
+                run_start = i
+            count += len(fresh)
             pop_state.advance(state)
         if out:
             self.reviver.deadline_added(until)
@@ -406,7 +418,9 @@ class PopService:
         (`PopMessageProcessor.popMsgFromQueue`, NO_MATCHED_MESSAGE). Journaled
         as an ack (the record has no reason for it), so a restart or a slave
         agrees; nothing waits for it to be durable: lost in a crash, the message
-        expires again and is filtered again."""
+        expires again and is filtered again. The caller advances the committed
+        offset once the batch read with it is in flight (an acknowledged message
+        after it may be handed out again)."""
         key = state.key
         self.state.journal(Acks(*key, tuple(filtered)))
         for offset, _ in filtered:
@@ -419,15 +433,20 @@ class PopService:
                 key[1],
                 key[2],
             )
-        self.state.advance(state)
 
     async def _judge(
-        self, group: str, keys: Sequence[tuple[str, int]], max_nums: int, chosen: MessageFilter
+        self,
+        group: str,
+        keys: Sequence[tuple[str, int]],
+        max_nums: int,
+        chosen: MessageFilter,
+        orderly: bool,
     ) -> dict[int, record.StoredMessage | None]:
         """The records the next `_take` may look at for an SQL92 subscription,
         by commit offset, each with whether it matches: an ordered queue's
         messages due again and each queue's next entries (as many as `_take`
-        scans), queue by queue until `max_nums` match. Reads them (off the loop
+        scans: an ordered queue's from its first expired message), queue by
+        queue until `max_nums` match. Reads them (off the loop
         when cold), so `_take` itself stays synchronous; None for a record that
         does not match, nothing for one that is gone."""
         judged: dict[int, record.StoredMessage | None] = {}
@@ -439,12 +458,9 @@ class PopService:
             if cq is None:
                 continue
             state = self.state.queue(group, topic, queue_id)  # as _take would make it
-            entries = [
-                cq.entry(offset)
-                for offset in sorted(state.redeliver)[:max_nums]
-                if cq.min_offset <= offset < cq.max_offset
-            ]
-            entries += cq.entries(max(state.pop_offset, cq.min_offset), max(SCAN_ENTRIES, max_nums))
+            start = state.low() if orderly and state.redeliver else state.pop_offset
+            scan = max(SCAN_ENTRIES, max_nums, state.pop_offset - start)
+            entries = cq.entries(max(start, cq.min_offset), scan)
             if not entries:
                 continue
             for entry, stored in zip(entries, await self.store.read_entries(entries), strict=True):
@@ -578,7 +594,13 @@ class PopService:
                 inflight.attempt,
             )
         )
-        pop_state.new_checkpoint(checkpoint, key, (handle.queue_offset,), until)
+        pop_state.new_checkpoint(
+            checkpoint,
+            key,
+            (handle.queue_offset,),
+            until,
+            origin=pop_state.origin_of(handle.checkpoint),
+        )
         pop_state.set_inflight(
             state, handle.queue_offset, InFlight(checkpoint, until, inflight.attempt, True)
         )

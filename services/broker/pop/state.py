@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -144,6 +145,9 @@ class OpenCheckpoint:
     offsets: tuple[int, ...]
     until_ms: int
     live: int = 0  # its offsets still in flight or waiting for redelivery
+    # The pop checkpoint a re-timing descends from (its own id for a pop): a replay
+    # must start there to know the queue's pop offset, not at the change record.
+    origin: int = -1
 
 
 @dataclass
@@ -153,10 +157,13 @@ class QueueState:
     pop_offset: int
     # Offsets enter `inflight` in increasing order (a queue is handed out
     # front to back; re-timing replaces a value in place; an ordered queue
-    # re-delivers only while nothing else of it is in flight), so its first
-    # key is its lowest.
+    # hands out a batch again only while nothing of it is in flight), so its
+    # first key is its lowest.
     inflight: dict[int, InFlight] = field(default_factory=dict)
     redeliver: dict[int, Redelivery] = field(default_factory=dict)
+    # An ordered queue's last batch (one pop of it): offset -> attempt. The next
+    # batch counts from it (`PopService._take`).
+    batch: dict[int, int] = field(default_factory=dict)
 
     def low(self) -> int:
         """The lowest unresolved offset (the committed offset to be)."""
@@ -248,7 +255,10 @@ class PopState:
         """One revive record, replayed."""
         if isinstance(item, Checkpoint):
             state = self.queue(item.group, item.topic, item.queue_id, base=item.start)
-            state.pop_offset = max(state.pop_offset, item.end)
+            if any(item.attempts):  # an ordered queue's batch (a normal group's attempts are 0)
+                self.start_batch(state, item.offsets, item.attempts, item.end)
+            else:
+                state.pop_offset = max(state.pop_offset, item.end)
             ck = self.new_checkpoint(
                 checkpoint_offset, state.key, item.offsets, item.invisible_until_ms
             )
@@ -278,7 +288,11 @@ class PopState:
                 and inflight.checkpoint == item.old_checkpoint
             ):
                 self.new_checkpoint(
-                    checkpoint_offset, state.key, (item.queue_offset,), item.invisible_until_ms
+                    checkpoint_offset,
+                    state.key,
+                    (item.queue_offset,),
+                    item.invisible_until_ms,
+                    origin=self.origin_of(item.old_checkpoint),
                 )
                 self.set_inflight(
                     state,
@@ -290,7 +304,7 @@ class PopState:
         """Record where a restart replays from: the oldest checkpoint with an
         unresolved message (stored with the committed offsets it matches)."""
         cq = self.store.queue_view(self.config.revive_topic, 0)
-        start = min(self._cks) if self._cks else (cq.max_offset if cq else 0)
+        start = self._oldest() if self._cks else (cq.max_offset if cq else 0)
         if (self.offsets.query(REVIVE_GROUP, self.config.revive_topic, 0) or 0) != start:
             self.offsets.commit(REVIVE_GROUP, self.config.revive_topic, 0, start)
         return start
@@ -301,7 +315,7 @@ class PopState:
         if not self._cks:
             return None
         cq = self.store.queue_view(self.config.revive_topic, 0)
-        oldest = min(self._cks)
+        oldest = self._oldest()
         if cq is None or not cq.min_offset <= oldest < cq.max_offset:
             return None
         return cq.entry(oldest)[0]
@@ -354,11 +368,28 @@ class PopState:
                     return 0
         return max(low, high - 1, 0)
 
+    def _oldest(self) -> int:
+        """The oldest revive record an open checkpoint needs replayed: its own, or for
+        a re-timing the pop it descends from (`OpenCheckpoint.origin`)."""
+        return min(ck.origin for ck in self._cks.values())
+
+    def origin_of(self, checkpoint: int) -> int:
+        """The pop checkpoint `checkpoint` (open) descends from."""
+        ck = self._cks.get(checkpoint)
+        return checkpoint if ck is None or ck.origin < 0 else ck.origin
+
     def new_checkpoint(
-        self, checkpoint: int, key: Key, offsets: tuple[int, ...], until_ms: int
+        self,
+        checkpoint: int,
+        key: Key,
+        offsets: tuple[int, ...],
+        until_ms: int,
+        origin: int | None = None,
     ) -> OpenCheckpoint:
-        """Open a checkpoint (no messages yet) and push its deadline."""
-        ck = self._cks[checkpoint] = OpenCheckpoint(key, offsets, until_ms)
+        """Open a checkpoint (no messages yet) and push its deadline; `origin`: the
+        pop a re-timing descends from (`origin_of` the checkpoint it replaces)."""
+        origin = checkpoint if origin is None else origin
+        ck = self._cks[checkpoint] = OpenCheckpoint(key, offsets, until_ms, origin=origin)
         heapq.heappush(self.expiry, (until_ms, checkpoint))
         if len(self.expiry) > self.compact_at:
             self._compact_expiry()
@@ -374,6 +405,20 @@ class PopState:
             self.unref(redelivery.checkpoint)
         state.inflight[offset] = inflight
         self._cks[inflight.checkpoint].live += 1
+
+    def start_batch(
+        self, state: QueueState, offsets: Sequence[int], attempts: Sequence[int], end: int
+    ) -> None:
+        """An ordered queue's new batch (`offsets`, read up to `end`), before its
+        messages are put in flight: it replaces the last one, as Apache's
+        ConsumerOrderInfoManager keeps one batch per queue. What of the last is
+        still unresolved — waiting for redelivery, or on a replay still in flight
+        under the old checkpoint — is let go; from `end` on the queue reads as
+        never handed out. Live pops and a replay of their checkpoints do the same."""
+        for offset in [*state.inflight, *state.redeliver]:
+            self.resolve(state, offset)
+        state.batch = dict(zip(offsets, attempts, strict=True))
+        state.pop_offset = max(state.committed, end)
 
     def add_inflight(self, state: QueueState, offsets: list[int], inflight: InFlight) -> None:
         """Offsets never handed out, in flight under `inflight.checkpoint` at once."""

@@ -48,6 +48,10 @@ import org.apache.rocketmq.client.apis.producer.TransactionResolution;
  *       it, printing how early or late;
  *   <li>{@code fifo}: 3 message groups × 5 messages to J5Fifo; a SimpleConsumer (j5-fifo, a
  *       FIFO group) receives and acknowledges one batch at a time;
+ *   <li>{@code fifo-batch}: 5 messages of one message group to J5FifoBatch (one queue,
+ *       FIFO); a SimpleConsumer (j5-fifo-batch, a FIFO group) receives a batch of 3 with 1 s
+ *       of invisibility ("first"), acknowledges the 2nd and 3rd, not the 1st, then receives
+ *       until something comes ("next", acknowledged);
  *   <li>{@code redelivery}: one message to J5Redeliver received (j5-redeliver) with 1 s of
  *       invisibility and not acknowledged, then received again;
  *   <li>{@code dlq}: a PushConsumer (j5-dlq, retry max times 1) fails one message of J5Dlq
@@ -99,6 +103,9 @@ public final class Parity5 {
             break;
           case "fifo":
             parity.fifo();
+            break;
+          case "fifo-batch":
+            parity.fifoBatch();
             break;
           case "redelivery":
             parity.redelivery();
@@ -213,6 +220,38 @@ public final class Parity5 {
     }
     try (SimpleConsumer consumer = simple("j5-fifo", topic, "*")) {
       receive("fifo", consumer, 15, Duration.ofSeconds(30), true);
+    }
+  }
+
+  private void fifoBatch() throws Exception {
+    String topic = "J5FifoBatch";
+    try (Producer producer = producer(topic)) {
+      for (int i = 0; i < 5; i++) {
+        SendReceipt receipt =
+            producer.send(message(topic, "m" + i).setMessageGroup("g").build());
+        print("fifo-batch", "sent", Map.of("body", "m" + i, "id", id(receipt)));
+      }
+    }
+    try (SimpleConsumer consumer = simple("j5-fifo-batch", topic, "*")) {
+      long deadline = System.currentTimeMillis() + SCENARIO_MS;
+      List<MessageView> first = new ArrayList<>();
+      while (first.isEmpty() && System.currentTimeMillis() < deadline) {
+        first.addAll(consumer.receive(3, Duration.ofSeconds(1)));
+      }
+      for (MessageView m : first) {
+        print("fifo-batch", "first", view(m));
+      }
+      for (MessageView m : first.subList(Math.min(1, first.size()), first.size())) {
+        consumer.ack(m);
+      }
+      List<MessageView> next = new ArrayList<>();
+      while (next.isEmpty() && System.currentTimeMillis() < deadline) {
+        next.addAll(consumer.receive(3, Duration.ofSeconds(30)));
+      }
+      for (MessageView m : next) {
+        print("fifo-batch", "next", view(m));
+        consumer.ack(m);
+      }
     }
   }
 
