@@ -209,6 +209,9 @@ PROPERTY_DLQ_DELIVERY_ATTEMPTS = "DLQ_DELIVERY_ATTEMPTS"
 PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
 PROPERTY_PRODUCER_GROUP = "PGROUP"
 PROPERTY_UNIQ_KEY = "UNIQ_KEY"
+# A half's transaction id, its UNIQ_KEY, kept by its committed copy: RocketMQ 5's broker
+# writes it (TransactionalMessageBridge), and consumers of both doors see it.
+PROPERTY_TRANSACTION_ID = "__transactionId__"
 
 
 def retry_topic(group: str, topic: str) -> str:
