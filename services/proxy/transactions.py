@@ -168,11 +168,17 @@ class ProxyTransactions:
         self, topic: str, end: transactions_pb2.EndTransactionRequest, tried: str
     ) -> bool:
         """End the pending transaction of `end.msg_id` at whichever master of the
-        topic's current route (but `tried`) has it; False when none does."""
+        topic's current route (but `tried`) has it; False when none does.
+
+        Raises:
+            _Refused: none had it, and one of them refused (say, unreachable):
+                that refusal, as it may be the one that holds it.
+        """
         try:
             route = await self.routes.get(topic, refresh=True)
         except (TopicNotFound, NameServersDown):
             return False
+        refused: _Refused | None = None
         for broker in route.brokers:
             if broker.addr == tried:
                 continue
@@ -180,7 +186,12 @@ class ProxyTransactions:
                 await self._end_at(broker.broker_name, broker.addr, end)
             except _NotHere:
                 continue
+            except _Refused as exc:
+                refused = exc
+                continue
             return True
+        if refused is not None:
+            raise refused
         return False
 
     async def _end_at(
