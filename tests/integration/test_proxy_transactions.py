@@ -288,9 +288,10 @@ def test_another_proxy_ends_a_transaction_by_its_message_id(cluster, tmp_path):
             unknown.transaction_id = unknown.message_id = "01" + "0" * 28 + "BEEF"
             refused = stub.EndTransaction(unknown, timeout=10)
             assert refused.status.code == v2.INVALID_TRANSACTION_ID, refused.status
-        _send_marker(cluster, topic)
-        got = _receive_through_marker(consumer)
+        # (No marker: ferry's topic has a queue on each of two masters, the marker may
+        # land on the other one.)
+        got = _receive_until(consumer, b"ended elsewhere")
     finally:
         other.stop()
         consumer.shutdown()
-    assert got.count(b"ended elsewhere") == 1
+    assert got == [b"ended elsewhere"]
