@@ -210,6 +210,9 @@ PROPERTY_DLQ_DELIVERY_ATTEMPTS = "DLQ_DELIVERY_ATTEMPTS"
 PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
 PROPERTY_PRODUCER_GROUP = "PGROUP"
 PROPERTY_UNIQ_KEY = "UNIQ_KEY"
+# A half's transaction id, its UNIQ_KEY, kept by its committed copy: RocketMQ 5's broker
+# writes it (TransactionalMessageBridge), and consumers of both doors see it.
+PROPERTY_TRANSACTION_ID = "__transactionId__"
 
 
 NAME_HASH_CHARS = 16  # hex digits of the hash a fitted topic name ends with

@@ -5,8 +5,9 @@ through the name servers and calls them with `ferry.v1`.
 Every answer carries a v2 `Status` (the API's error channel); gRPC errors are
 kept for requests that cannot be read at all. Nothing here holds state a
 restart would lose: routes are re-fetched, receipt handles name their
-broker, transaction ids name their half message, and Telemetry streams are
-per connection.
+broker, a transaction (whose id is its message id) is found at the topic's
+masters when this proxy does not remember where its half went, and
+Telemetry streams are per connection.
 """
 
 from __future__ import annotations
@@ -326,16 +327,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 return failed(code, exc.details() or exc.code().name)
             code = convert.SEND_CODES.get(result.status, Code.INTERNAL_ERROR)
             sent_id = message_id or result.msg_id
-            if result.status != broker_pb2.SEND_OK:
-                transaction_id = ""
-            elif transactional:  # where the half lies: EndTransaction finds it by this
-                transaction_id = transactions.transaction_handle(
-                    broker.broker_name, result.commit_offset, result.queue_offset
+            # RocketMQ's broker answers a stored message with its UNIQ_KEY as its
+            # transaction id, transactional or not; its proxy passes it on for SEND_OK.
+            transaction_id = sent_id if result.status == broker_pb2.SEND_OK else ""
+            if transaction_id and transactional:  # EndTransaction asks there first
+                self.transactions.sent(
+                    topic, transaction_id, broker.broker_name, result.commit_offset
                 )
-            else:
-                # RocketMQ's broker answers a stored message with its UNIQ_KEY as its
-                # transaction id, transactional or not; its proxy passes it on for SEND_OK.
-                transaction_id = sent_id
             return s.SendResultEntry(
                 status=status(code, convert.SEND_TEXT.get(result.status, "unknown result")),
                 message_id=sent_id,

@@ -3,22 +3,32 @@
 A v5 transactional send (message_type TRANSACTION) goes to a broker as a
 prepared message: TRAN_MSG=true and PGROUP=<topic>, the topic standing for the
 producer group as in RocketMQ's proxy (SendMessageActivity: v5 producers have
-no group). The transaction id handed back names where the half message lies
-(`transaction_handle`: broker name, commit offset, queue offset), so
-EndTransaction needs no state here: any proxy, or this one after a restart,
-ends it at the broker that now serves that name (the new master after a
-failover, its log holding the same offsets).
+no group). Its transaction id is its message id (UNIQ_KEY), as RocketMQ's
+broker answers it and its proxy hands it on: the SDK ends the transaction with
+that id, and the committed message carries it as `__transactionId__`.
+
+Ending: `EndTransaction` names the topic and the transaction id. This proxy
+remembers, for each half it sent (and each check it handed on), the broker
+name that holds it and its commit offset (`_Sent`, bounded by
+`REMEMBERED_MAX`), and ends it at the master now serving that name (after a
+failover, the new master, whose log holds the same offsets). When it does not
+know the transaction (another proxy sent the half, this one restarted or
+forgot it), or that broker has no master now or does not know the half, it
+asks each master of the topic's current route to end the pending transaction
+of that message id (`EndTransactionRequest` without a commit offset).
 
 Check-backs: a producer's Telemetry settings name the topics it publishes.
 For each such topic this proxy watches `WatchTransactionChecks` on every
 broker of the topic's route (the route re-read every `WATCH_REFRESH_S`, so a
 failover's new master is watched too), and hands each check to one producer
-stream of the topic, round robin, as RecoverOrphanedTransactionCommand. With
-no producer of the topic connected here, a check is dropped: the broker
-checks again at its next interval (transactionCheckInterval).
+stream of the topic, round robin, as RecoverOrphanedTransactionCommand with
+the message id as its transaction id. With no producer of the topic connected
+here, a check is dropped: the broker checks again at its next interval
+(transactionCheckInterval).
 
 Ownership: everything runs on the proxy's event loop; `register` and
-`unregister` are called by Telemetry streams, the watch tasks by this class.
+`unregister` are called by Telemetry streams, `sent` by SendMessage, the watch
+tasks by this class.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import grpc
@@ -42,6 +53,7 @@ log = logging.getLogger(__name__)
 
 WATCH_REFRESH_S = 5.0
 CALL_TIMEOUT_S = 10.0
+REMEMBERED_MAX = 100_000  # halves whose broker this proxy remembers (oldest forgotten first)
 
 RESOLUTIONS = {
     v2.COMMIT: transactions_pb2.COMMIT,
@@ -49,32 +61,31 @@ RESOLUTIONS = {
 }
 
 
-class BadHandle(ValueError):
-    """A transaction id this proxy did not hand out."""
-
-
-def transaction_handle(broker_name: str, commit_offset: int, queue_offset: int) -> str:
-    """The transaction id an SDK gets for a half message."""
-    return f"{broker_name}:{commit_offset}:{queue_offset}"
-
-
-def parse_handle(handle: str) -> tuple[str, int, int]:
-    """(broker name, commit offset, queue offset) of a `transaction_handle`.
-
-    Raises:
-        BadHandle: not one (a broker name may hold ':' itself: split from the right).
-    """
-    name, sep, rest = handle.rpartition(":")
-    name, sep2, commit = name.rpartition(":")
-    if not (sep and sep2 and name and commit.isdigit() and rest.isdigit()):
-        raise BadHandle(f"transaction_id {handle[:80]!r} was not handed out by a ferry proxy")
-    return name, int(commit), int(rest)
-
-
 def prepared(request: broker_pb2.SendMessageRequest, topic: str) -> None:
     """Mark a send as a transaction's half message, its producer group the topic."""
     request.properties[PROPERTY_TRANSACTION_PREPARED] = "true"
     request.properties[PROPERTY_PRODUCER_GROUP] = topic
+
+
+@dataclass(frozen=True, slots=True)
+class _Sent:
+    """Where this proxy sent a half (or was last asked about it)."""
+
+    broker_name: str
+    commit_offset: int
+
+
+class _NotHere(Exception):
+    """A broker does not know the transaction (NOT_FOUND): ask the others."""
+
+
+class _Refused(Exception):
+    """A broker's refusal other than NOT_FOUND, as the SDK gets it."""
+
+    def __init__(self, broker_name: str, exc: grpc.aio.AioRpcError) -> None:
+        super().__init__(f"{broker_name}: {exc.details() or exc.code().name}")
+        code = convert.error_code(exc)
+        self.code = Code.BAD_REQUEST if exc.code() == grpc.StatusCode.INVALID_ARGUMENT else code
 
 
 @dataclass
@@ -91,49 +102,109 @@ class ProxyTransactions:
         self.routes = routes
         self.client_id = client_id  # how brokers name this proxy in their logs
         self._topics: dict[str, _Producers] = {}
+        self._sent: OrderedDict[tuple[str, str], _Sent] = OrderedDict()  # (topic, id) ->
         self.checks_forwarded = 0
         self.checks_dropped = 0
 
     # ------------------------------------------------------------ end
+
+    def sent(self, topic: str, transaction_id: str, broker_name: str, commit_offset: int) -> None:
+        """Remember where the half of `transaction_id` lies, for its EndTransaction."""
+        key = (topic, transaction_id)
+        self._sent[key] = _Sent(broker_name, commit_offset)
+        self._sent.move_to_end(key)
+        while len(self._sent) > REMEMBERED_MAX:
+            self._sent.popitem(last=False)
 
     async def end(self, request: s.EndTransactionRequest) -> v2.Status:
         """As RocketMQ's proxy (EndTransactionActivity): a resolution other than
         COMMIT or ROLLBACK leaves the transaction undecided (the broker checks
         back), and is answered OK."""
         topic = convert.topic_name(request.topic)
-        if not request.transaction_id:
+        transaction_id = request.transaction_id
+        if not transaction_id:
             return status(Code.INVALID_TRANSACTION_ID, "transaction id cannot be empty")
-        resolution = RESOLUTIONS.get(request.resolution, transactions_pb2.UNKNOWN)
+        end = transactions_pb2.EndTransactionRequest(
+            producer_group=topic,
+            msg_id=transaction_id,
+            transaction_id=transaction_id,
+            resolution=RESOLUTIONS.get(request.resolution, transactions_pb2.UNKNOWN),
+            from_check=request.source == v2.SOURCE_SERVER_CHECK,
+        )
+        key = (topic, transaction_id)
+        tried = ""
         try:
-            broker_name, commit_offset, queue_offset = parse_handle(request.transaction_id)
-        except BadHandle as exc:
-            return status(Code.INVALID_TRANSACTION_ID, str(exc))
-        addr = await self._broker_addr(topic, broker_name)
-        if addr is None:
+            remembered = self._sent.get(key)
+            if remembered is not None:
+                addr = await self._broker_addr(topic, remembered.broker_name)
+                if addr is not None:
+                    tried = addr
+                    mine = transactions_pb2.EndTransactionRequest()
+                    mine.CopyFrom(end)
+                    mine.commit_offset = remembered.commit_offset
+                    try:
+                        await self._end_at(remembered.broker_name, addr, mine)
+                        return self._ended(key, end.resolution)
+                    except _NotHere:
+                        pass
+            found = await self._end_anywhere(topic, end, tried)
+        except _Refused as exc:
+            return status(exc.code, str(exc))
+        if not found:
             return status(
-                Code.INTERNAL_SERVER_ERROR,
-                f"broker {broker_name} of transaction {request.transaction_id} has no master "
-                "in the route now; end it again later (the broker checks back meanwhile)",
+                Code.INVALID_TRANSACTION_ID,
+                f"no master of topic {topic!r} holds a pending transaction {transaction_id!r}; "
+                "it was ended before, or its broker has no master now (end it again later: "
+                "the broker checks back meanwhile)",
             )
-        try:
-            await self.routes.transactions(addr).EndTransaction(
-                transactions_pb2.EndTransactionRequest(
-                    producer_group=topic,
-                    commit_offset=commit_offset,
-                    queue_offset=queue_offset,
-                    msg_id=request.message_id,
-                    transaction_id=request.transaction_id,
-                    resolution=resolution,
-                    from_check=request.source == v2.SOURCE_SERVER_CHECK,
-                ),
-                timeout=CALL_TIMEOUT_S,
-            )
-        except grpc.aio.AioRpcError as exc:
-            code = convert.error_code(exc)
-            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                code = Code.BAD_REQUEST
-            return status(code, f"{broker_name}: {exc.details() or exc.code().name}")
+        return self._ended(key, end.resolution)
+
+    def _ended(self, key: tuple[str, str], resolution: int) -> v2.Status:
+        if resolution != transactions_pb2.UNKNOWN:
+            self._sent.pop(key, None)
         return OK
+
+    async def _end_anywhere(
+        self, topic: str, end: transactions_pb2.EndTransactionRequest, tried: str
+    ) -> bool:
+        """End the pending transaction of `end.msg_id` at whichever master of the
+        topic's current route (but `tried`) has it; False when none does.
+
+        Raises:
+            _Refused: none had it, and one of them refused (say, unreachable):
+                that refusal, as it may be the one that holds it.
+        """
+        try:
+            route = await self.routes.get(topic, refresh=True)
+        except (TopicNotFound, NameServersDown):
+            return False
+        refused: _Refused | None = None
+        for broker in route.brokers:
+            if broker.addr == tried:
+                continue
+            try:
+                await self._end_at(broker.broker_name, broker.addr, end)
+            except _NotHere:
+                continue
+            except _Refused as exc:
+                refused = exc
+                continue
+            return True
+        if refused is not None:
+            raise refused
+        return False
+
+    async def _end_at(
+        self, broker_name: str, addr: str, end: transactions_pb2.EndTransactionRequest
+    ) -> None:
+        """Raises _NotHere when the broker has no such transaction, _Refused
+        for any other refusal."""
+        try:
+            await self.routes.transactions(addr).EndTransaction(end, timeout=CALL_TIMEOUT_S)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                raise _NotHere() from None
+            raise _Refused(broker_name, exc) from None
 
     async def _broker_addr(self, topic: str, broker_name: str) -> str | None:
         addr = self.routes.broker_addr(broker_name)
@@ -221,14 +292,14 @@ class ProxyTransactions:
         outbox = outboxes[next(producers.turn) % len(outboxes)]
         message = convert.received_message(check.message, 0)
         message.system_properties.message_type = v2.TRANSACTION
+        transaction_id = check.transaction_id or check.msg_id
+        self.sent(topic, transaction_id, broker_name, check.commit_offset)
         outbox.put_nowait(
             s.TelemetryCommand(
                 status=OK,
                 recover_orphaned_transaction_command=s.RecoverOrphanedTransactionCommand(
                     message=message,
-                    transaction_id=transaction_handle(
-                        broker_name, check.commit_offset, check.queue_offset
-                    ),
+                    transaction_id=transaction_id,
                 ),
             )
         )

@@ -94,6 +94,31 @@ def test_normal_messages_keep_tags_keys_and_properties(observed):
     assert _events(observed, "normal", "extra") == []  # acknowledged: nothing came back
 
 
+def test_a_plain_sends_transaction_id_is_its_message_id(observed):
+    """As RocketMQ's broker answers every stored send and its proxy hands on (the SDK's
+    SendReceiptImpl.getTransactionId())."""
+    sent = _events(observed, "normal", "sent")
+    assert len(sent) == 12
+    assert [e["transactionId"] for e in sent] == [e["id"] for e in sent]
+
+
+def test_a_transaction_is_named_by_its_message_id_and_its_commit_carries_it(observed):
+    """The SDK ends a transaction with the id its send got: the message id, as RocketMQ's
+    proxy gives it; the committed message carries it as the user property
+    `__transactionId__` (RocketMQ 5's broker writes it on the half, and the commit keeps
+    the half's properties)."""
+    sent = {e["body"]: e for e in _events(observed, "transaction", "sent")}
+    for e in sent.values():
+        assert e["transactionId"] == e["id"]
+    got = _events(observed, "transaction", "received")
+    assert {m["body"] for m in got} == {"commit", "checked commit", "marker"}
+    for m in got:
+        assert m["id"] == sent[m["body"]]["id"]
+        # (A commit answered to a check keeps the check copy's TRANSACTION_CHECK_TIMES too,
+        # on both back ends.)
+        assert m["properties"]["__transactionId__"] == sent[m["body"]]["transactionId"]
+
+
 def test_push_consumer_takes_every_body_whatever_its_checksum(observed):
     """Half the bodies have a CRC32 of seven hex digits or fewer: the Java SDK computes a
     CRC32 digest without leading zeros, and a push consumer discards (and never hands its
@@ -183,7 +208,7 @@ def test_transactions_commit_roll_back_and_are_checked_back(observed, request):
     checker answers as the local transaction decided, so those checks change nothing else
     (answering COMMIT for the rolled-back one had Apache deliver it)."""
     sent = [e["body"] for e in _events(observed, "transaction", "sent")]
-    assert sent == ["commit", "rollback", "checked commit", "checked rollback"]
+    assert sent == ["commit", "rollback", "checked commit", "checked rollback", "marker"]
     checked = {e["body"] for e in _events(observed, "transaction", "checked")}
     got = [m["body"] for m in _events(observed, "transaction", "received")]
     assert set(got) == {"commit", "checked commit", "marker"}

@@ -22,6 +22,7 @@ import pytest
 
 from ferry.v1 import broker_pb2, broker_pb2_grpc, namesrv_pb2_grpc
 from tests.compat import clients
+from tests.compat.backends import ApacheBackend, start_backend
 from tests.conftest import broker_options
 from tests.integration import support
 from tests.waiting import wait_for
@@ -280,3 +281,75 @@ def test_a_killed_broker_keeps_every_decision(tmp_path, names):
         assert cluster.metric("ferry_transaction_half_messages") == 0
     finally:
         cluster.stop()
+
+
+# ---------------------------------------------------------------- transaction ids, as Apache's
+
+
+@pytest.fixture(scope="module", params=("ferry", "apache"))
+def ids_cluster(request, tmp_path_factory):
+    """(name server address, create_topic) of ferry's cluster, or of Apache RocketMQ 5.x
+    (its broker inside its proxy, tests/compat/backends.py), the reference for ids."""
+    d = tmp_path_factory.mktemp(f"tx-ids-{request.param}")
+    if request.param == "ferry":
+        c = Cluster(d)
+        try:
+            yield c.namesrv.remoting_addr, c.create_topic
+        finally:
+            c.stop()
+        return
+    backend = start_backend("apache", d)
+    try:
+
+        def create_topic(topic: str) -> None:
+            backend.create_topic(topic, QUEUES)
+            backend.wait_route(topic)
+
+        assert isinstance(backend, ApacheBackend)
+        yield backend.namesrv.address, create_topic
+    finally:
+        backend.stop()
+
+
+def test_transaction_id_is_the_message_id_and_the_commit_carries_it(ids_cluster, tmp_path):
+    """As RocketMQ 5's broker: every stored send answers transactionId = its UNIQ_KEY (the
+    4.9 client's SendResult.getTransactionId(), which TransactionMQProducer puts in
+    END_TRANSACTION), and a committed message keeps the half's `__transactionId__` = that
+    id, which a 4.9 consumer sees among its properties."""
+    namesrv, create_topic = ids_cluster
+    topic, group = f"TxIds{next(_ids)}", "pg-tx-ids"
+    create_topic(topic)
+    sent = clients.produce(
+        clients.java(
+            "TxProducer49",
+            ["--namesrv", namesrv, "--topic", topic, "--group", group, "--count", "3",
+             "--key-prefix", "ids"],
+            tmp_path / "tx",
+            "tx",
+        )
+    )  # fmt: skip
+    plain = clients.produce(
+        clients.java(
+            "Producer49",
+            ["--namesrv", namesrv, "--topic", topic, "--count", "2", "--key-prefix", "plain"],
+            tmp_path / "plain",
+            "plain",
+        )
+    )  # fmt: skip
+    assert [s["status"] for s in sent + plain] == ["SEND_OK"] * 5
+    for s in sent + plain:
+        assert s["transactionId"] == s["msgId"], s
+    c = clients.java(
+        "PushConsumer49",
+        ["--namesrv", namesrv, "--group", "cg-tx-ids", "--topic", topic, "--from", "first",
+         "--stdin-stop"],
+        tmp_path / "consumer",
+        "consumer",
+    ).start()  # fmt: skip
+    with c:
+        c.wait(lambda c: len(c.of("msg")) >= 5, 90, "the 5 messages")
+    got = {m["msgId"]: m for m in c.of("msg")}
+    for s in sent:
+        assert got[s["msgId"]]["properties"].get("__transactionId__") == s["transactionId"]
+    for s in plain:
+        assert "__transactionId__" not in got[s["msgId"]]["properties"]

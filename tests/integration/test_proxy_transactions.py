@@ -242,3 +242,56 @@ def test_a_transaction_nobody_decides_is_discarded_after_the_check_limit(cluster
     assert b"abandoned" not in got
     assert checker.checked == [b"abandoned"] * limit
     assert _discarded(cluster) == before + 1
+
+
+def test_another_proxy_ends_a_transaction_by_its_message_id(cluster, tmp_path):
+    """The transaction id is the message id (as on Apache's proxy), so a proxy that never
+    saw the half (another one sent it, or it restarted) finds it at the topic's masters.
+    ferry only: Apache's proxy keeps its transactions in memory (a second one answers
+    "cannot found transaction data")."""
+    if cluster.name != "ferry":
+        pytest.skip("Apache's proxy ends only the transactions it sent itself")
+    from apache.rocketmq.v2 import definition_pb2 as v2
+    from apache.rocketmq.v2 import service_pb2 as s
+    from apache.rocketmq.v2 import service_pb2_grpc
+    from tests.integration import support
+    from tests.integration.test_proxy_sdk import _wire_channel
+
+    topic = _topic(cluster, "OtherProxy")
+    consumer = _consumer(cluster, topic, "tx-other-proxy")
+    (tmp_path / "other-proxy").mkdir()
+    other = support.ProxyProcess(tmp_path / "other-proxy", cluster.ns.remoting_addr)
+    try:
+        m = v2.Message(topic=v2.Resource(name=topic), body=b"ended elsewhere")
+        m.system_properties.message_id = "01" + "0" * 28 + "F00D"
+        m.system_properties.message_type = v2.TRANSACTION
+        with _wire_channel(cluster) as channel:
+            sent = service_pb2_grpc.MessagingServiceStub(channel).SendMessage(
+                s.SendMessageRequest(messages=[m]), timeout=10
+            )
+        (entry,) = sent.entries
+        assert entry.status.code == v2.OK, entry.status
+        assert entry.transaction_id == entry.message_id == m.system_properties.message_id
+        end = s.EndTransactionRequest(
+            topic=v2.Resource(name=topic),
+            message_id=entry.message_id,
+            transaction_id=entry.transaction_id,
+            resolution=v2.COMMIT,
+            source=v2.SOURCE_CLIENT,
+        )
+        with _wire_channel(other) as channel:
+            stub = service_pb2_grpc.MessagingServiceStub(channel)
+            ended = stub.EndTransaction(end, timeout=10)
+            assert ended.status.code == v2.OK, ended.status
+            unknown = s.EndTransactionRequest()
+            unknown.CopyFrom(end)
+            unknown.transaction_id = unknown.message_id = "01" + "0" * 28 + "BEEF"
+            refused = stub.EndTransaction(unknown, timeout=10)
+            assert refused.status.code == v2.INVALID_TRANSACTION_ID, refused.status
+        # (No marker: ferry's topic has a queue on each of two masters, the marker may
+        # land on the other one.)
+        got = _receive_until(consumer, b"ended elsewhere")
+    finally:
+        other.stop()
+        consumer.shutdown()
+    assert got == [b"ended elsewhere"]

@@ -281,6 +281,38 @@ def test_a_fresh_commit_kept_in_memory_writes_what_a_commit_read_from_the_log_do
     assert env.tx._fresh == {} and env.tx._fresh_bytes == 0
 
 
+def test_the_half_and_its_commit_carry_the_transaction_id_as_rocketmq_5(env: Env):
+    """RocketMQ 5's broker writes `__transactionId__` = UNIQ_KEY on the half; the commit
+    keeps it, from a fresh half kept in memory and from one read back from the log."""
+    fresh = env.prepare(b"fresh")
+    read = env.prepare(b"read")
+    env.tx._forget(read.queue_offset)
+    halves = env.records(HALF_TOPIC)
+    assert [h.properties["__transactionId__"] for h in halves] == ["U-fresh", "U-read"]
+    env.end(fresh.commit_offsets[0], Decision.COMMIT)
+    env.end(read.commit_offsets[0], Decision.COMMIT)
+    got = {m.body: m.properties.get("__transactionId__") for m in env.delivered()}
+    assert got == {b"fresh": "U-fresh", b"read": "U-read"}
+
+
+def test_a_pending_transaction_is_ended_by_its_message_id(env: Env):
+    """How a proxy that does not know where a half lies ends a v5 SDK's transaction."""
+    env.prepare(b"a")
+    env.prepare(b"b")
+    end = env.tx.end_by_msg_id
+    assert env.run(end("pg", "U-b", Decision.COMMIT, wait=True)) is EndResult.DECIDED
+    assert [m.body for m in env.delivered()] == [b"b"]
+    assert env.run(end("pg", "U-b", Decision.ROLLBACK)) is EndResult.ALREADY_DECIDED
+    with pytest.raises(FailedPrecondition):
+        env.run(end("other", "U-a", Decision.COMMIT))
+    assert env.run(end("pg", "U-a", Decision.UNKNOWN)) is EndResult.PENDING
+    with pytest.raises(NotFound):
+        env.run(end("pg", "U-nobody", Decision.COMMIT))
+    env.restart()  # the pending one is found again from the log
+    assert env.run(env.tx.end_by_msg_id("pg", "U-a", Decision.ROLLBACK)) is EndResult.DECIDED
+    assert [m.body for m in env.delivered()] == [b"b"] and env.tx.pending_count == 0
+
+
 def test_rollback_writes_only_the_op_record(env: Env):
     half = env.prepare()
     assert env.end(half.commit_offsets[0], Decision.ROLLBACK) is EndResult.DECIDED

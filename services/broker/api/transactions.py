@@ -1,7 +1,8 @@
 """`ferry.v1.Transactions`: ending transactions and watching check-backs
 (proto/ferry/v1/transactions.proto).
 
-Adapts only: EndTransaction is one `TransactionService.end` call; a
+Adapts only: EndTransaction is one `TransactionService.end` call (or
+`end_by_msg_id` when the request names no commit offset); a
 WatchTransactionChecks call registers a checker with the service for as long
 as it lasts, and streams each check it is handed. A check goes to a watcher
 whose queue has room (WATCH_QUEUE); a full queue (a watcher that stopped
@@ -57,6 +58,17 @@ class TransactionsServicer(transactions_pb2_grpc.TransactionsServicer):
             raise InvalidArgument("resolution", "must be COMMIT, ROLLBACK or UNKNOWN")
         if not request.producer_group:
             raise InvalidArgument("producer_group", "is required (the half message's PGROUP)")
+        if not request.HasField("commit_offset"):
+            if not request.msg_id:
+                raise InvalidArgument("msg_id", "is required when commit_offset is absent")
+            result = await self.transactions.end_by_msg_id(
+                request.producer_group,
+                request.msg_id,
+                decision,
+                from_check=request.from_check,
+                wait=True,
+            )
+            return transactions_pb2.EndTransactionResponse(applied=result is EndResult.DECIDED)
         if request.commit_offset < 0:
             raise InvalidArgument("commit_offset", f"{request.commit_offset} is negative")
         result = await self.transactions.end(

@@ -426,9 +426,9 @@ class Sends:
 
 
 def answer(request: Command, header: SendHeader, outcome: SendOutcome) -> Command:
-    """A half's answer (`outcome.half`: its msgId and queueOffset are the
-    half's, what END_TRANSACTION names) adds transactionId = the client's
-    UNIQ_KEY."""
+    """The answer to a stored send. transactionId = the message's UNIQ_KEY
+    when it has one, as RocketMQ 5's broker answers every send (a half's msgId
+    and queueOffset are the half's, what END_TRANSACTION names)."""
     queue_id = header.queue_id if header.queue_id is not None else outcome.queue_id
     ext = {
         "msgId": ",".join(outcome.msg_ids),
@@ -438,8 +438,9 @@ def answer(request: Command, header: SendHeader, outcome: SendOutcome) -> Comman
         "queueOffset": str(outcome.queue_offset),
         **ANSWER_EXT,
     }
-    if outcome.half:
-        ext["transactionId"] = header.properties.get("UNIQ_KEY", "")
+    uniq = header.properties.get("UNIQ_KEY")
+    if uniq:
+        ext["transactionId"] = uniq
     return request.answer_text(STATUS_CODES[outcome.status], ext)
 
 

@@ -5,7 +5,9 @@ with exactly-once decisions.
 Records, as RocketMQ 4.9 writes them:
 - a **half**: the producer's message in queue 0 of `RMQ_SYS_TRANS_HALF_TOPIC`,
   its real topic and queue in REAL_TOPIC / REAL_QID, the transaction bits
-  cleared from its sysflag, PGROUP = the producer group, TRAN_MSG=true;
+  cleared from its sysflag, PGROUP = the producer group, TRAN_MSG=true, and
+  (as RocketMQ 5 writes it) `__transactionId__` = its UNIQ_KEY, which the
+  committed copy keeps;
 - a **commit**: the half copied to its real topic and queue with sysflag
   commit type (0x8), PREPAREDTRANSACTIONOFFSET = the half's commit offset,
   without REAL_TOPIC, REAL_QID and TRAN_MSG;
@@ -17,7 +19,8 @@ Records, as RocketMQ 4.9 writes them:
   queue offset, so the count survives restarts and replicates to slaves.
 
 A transaction is known by its original half's queue offset (its *key*): every
-copy maps back to it. A commit and its op record are one commit-log append
+copy maps back to it. A pending one is found by its message id too (UNIQ_KEY,
+what RocketMQ 5's SDKs call the transaction id: `end_by_msg_id`). A commit and its op record are one commit-log append
 (`MessageStore.append_decisions`), so a crash or a cut replication stream can
 separate them only at the very end of the log; `load` writes the missing op of
 such a tail commit. A decision is taken once: the key leaves the pending table
@@ -46,7 +49,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ferry import record
-from ferry.model import PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_PREPARED, PROPERTY_UNIQ_KEY
+from ferry.model import (
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_TRANSACTION_ID,
+    PROPERTY_TRANSACTION_PREPARED,
+    PROPERTY_UNIQ_KEY,
+)
 from ferry.runtime.clock import Clock
 from ferry.runtime.errors import FailedPrecondition, FerryError, InvalidArgument, NotFound
 from ferry.runtime.tasks import run_rounds
@@ -77,7 +85,7 @@ TRANSACTION_ROLLBACK = 0xC
 
 SCAN_BATCH = 1024
 FRESH_MAX_BYTES = 64 << 20  # commits kept ready for halves not yet decided (`_remember`)
-RECENT_DECIDED = 65_536  # commit offsets of decided copies remembered for cheap duplicates
+RECENT_DECIDED = 65_536  # commit offsets (and msg ids) of decided ones, for cheap duplicates
 
 
 class Decision(enum.Enum):
@@ -166,6 +174,8 @@ class TransactionService:
         self._deciding: dict[int, Half] = {}  # taken out of pending, not yet written
         self._keys: dict[int, int] = {}  # commit offset of a pending key's copy -> key
         self._recent: dict[int, int] = {}  # commit offset of a decided copy -> key
+        self._by_uniq: dict[str, int] = {}  # UNIQ_KEY of a pending half -> key
+        self._recent_uniq: dict[str, int] = {}  # UNIQ_KEY of a decided one -> key
         self._fresh: dict[int, tuple[str, int, MessageIn]] = {}  # key -> its commit, ready
         self._fresh_bytes = 0
         self._checkers: list[Checker] = []
@@ -221,13 +231,17 @@ class TransactionService:
                 )
                 continue
             props = message.properties
+            uniq = props.get(PROPERTY_UNIQ_KEY)
             if (
                 props.get(PROPERTY_PRODUCER_GROUP) != group
                 or props.get(PROPERTY_TRANSACTION_PREPARED) != "true"
+                or (uniq and props.get(PROPERTY_TRANSACTION_ID) != uniq)
             ):
                 props = dict(props)
                 props.setdefault(PROPERTY_PRODUCER_GROUP, group)
                 props[PROPERTY_TRANSACTION_PREPARED] = "true"
+                if uniq:
+                    props[PROPERTY_TRANSACTION_ID] = uniq
                 message = dataclasses.replace(message, properties=props)
             message.sys_flag &= ~TRANSACTION_TYPE_MASK
             halves.append((topic, queue_id, message))
@@ -294,6 +308,32 @@ class TransactionService:
         if isinstance(result, FerryError):
             raise result
         return result
+
+    async def end_by_msg_id(
+        self,
+        producer_group: str,
+        msg_id: str,
+        decision: Decision,
+        from_check: bool = False,
+        wait: bool = False,
+    ) -> EndResult:
+        """`end` for the transaction whose half carries UNIQ_KEY = `msg_id`, as
+        RocketMQ 5's SDKs name it (a proxy that does not know where the half
+        lies asks each master). Of two pending halves with one id (a send
+        retried), the latest.
+
+        Raises:
+            NotFound: no transaction of that id is pending here, nor was decided
+                lately (a restart or a failover forgets the decided ones).
+            and `end`'s errors.
+        """
+        key = self._by_uniq.get(msg_id) if msg_id else None
+        half = self._pending.get(key) if key is not None else None
+        if half is None:
+            if key is not None or msg_id in self._recent_uniq:
+                return EndResult.ALREADY_DECIDED  # being written, or written
+            raise NotFound(f"no pending transaction with message id {msg_id[:80]!r} here")
+        return await self.end(producer_group, half.commit_offset, decision, from_check, wait)
 
     async def end_many(
         self, ends: Sequence[tuple[str, int, Decision, bool]], wait: bool = False
@@ -622,6 +662,8 @@ class TransactionService:
             half.copies = [*old.copies, half.commit_offset]
         self._pending[half.key] = half
         self._keys[half.commit_offset] = half.key
+        if half.uniq:
+            self._by_uniq[half.uniq] = half.key
 
     def _take(self, half: Half) -> None:
         del self._pending[half.key]
@@ -642,6 +684,14 @@ class TransactionService:
         if len(recent) > RECENT_DECIDED:
             for offset in list(self._recent)[: RECENT_DECIDED // 2]:
                 del self._recent[offset]
+        uniq = half.uniq
+        if uniq:
+            if self._by_uniq.get(uniq) == key:
+                del self._by_uniq[uniq]
+            self._recent_uniq[uniq] = key
+            if len(self._recent_uniq) > RECENT_DECIDED:
+                for stale in list(self._recent_uniq)[: RECENT_DECIDED // 2]:
+                    del self._recent_uniq[stale]
 
     def _immunity_ms(self, properties: Mapping[str, str]) -> int:
         """How long after its birth a half is left unchecked: its
@@ -673,6 +723,7 @@ class TransactionService:
         self._pending.clear()
         self._deciding.clear()
         self._keys.clear()
+        self._by_uniq.clear()
         self._fresh.clear()
         self._fresh_bytes = 0
         half_from = self.checkpoints.query(CHECKPOINT_GROUP, HALF_TOPIC, 0) or 0

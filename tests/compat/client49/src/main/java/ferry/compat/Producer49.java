@@ -17,7 +17,8 @@ import org.apache.rocketmq.common.message.MessageQueue;
 /**
  * Sends COUNT messages with Apache RocketMQ's 4.x `DefaultMQProducer` (public API only) and
  * prints one JSON line per message: {"event": "send", "i", "key", "mode", "status", "msgId",
- * "offsetMsgId", "broker", "queueId", "queueOffset"} ("status" is the SendStatus, "ONEWAY"
+ * "offsetMsgId", "transactionId", "broker", "queueId", "queueOffset"} ("transactionId": the
+ * SendResult's, as the broker answered it; "status" is the SendStatus, "ONEWAY"
  * for a oneway send, which has no answer, or "EXCEPTION" with "error"), then {"event":
  * "done", "ok", "failed"}.
  *
@@ -280,6 +281,7 @@ public final class Producer49 {
         out.put("status", result.getSendStatus().name());
         out.put("msgId", result.getMsgId());
         out.put("offsetMsgId", result.getOffsetMsgId());
+        out.put("transactionId", result.getTransactionId());
         out.put("broker", mq.getBrokerName());
         out.put("queueId", mq.getQueueId());
         out.put("queueOffset", result.getQueueOffset());

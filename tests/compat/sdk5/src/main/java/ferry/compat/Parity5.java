@@ -30,6 +30,7 @@ import org.apache.rocketmq.client.apis.producer.SendReceipt;
 import org.apache.rocketmq.client.apis.producer.Transaction;
 import org.apache.rocketmq.client.apis.producer.TransactionChecker;
 import org.apache.rocketmq.client.apis.producer.TransactionResolution;
+import org.apache.rocketmq.client.java.impl.producer.SendReceiptImpl;
 
 /**
  * The RocketMQ 5 Java SDK (rocketmq-client-java) through a proxy, for the parity suite
@@ -60,7 +61,8 @@ import org.apache.rocketmq.client.apis.producer.TransactionResolution;
  *       commits one message, rolls one back and leaves two undecided, which its checker
  *       answers when the broker checks back (one COMMIT, one ROLLBACK); once both were
  *       checked a last message ("marker") is committed, and a SimpleConsumer (j5-tx)
- *       receives through the marker and the checked commit: everything delivered.
+ *       receives through the marker and the checked commit: everything delivered. Each
+ *       send prints the transaction id the SDK got (as the normal scenario's sends do).
  * </ul>
  *
  * <p>Every scenario ends with {"scenario": S, "event": "done"} or "error" (with the message),
@@ -146,7 +148,10 @@ public final class Parity5 {
                 .addProperty("seq", String.valueOf(i))
                 .build();
         SendReceipt receipt = producer.send(m);
-        print("normal", "sent", Map.of("body", "normal " + i, "id", id(receipt)));
+        print(
+            "normal",
+            "sent",
+            Map.of("body", "normal " + i, "id", id(receipt), "transactionId", txId(receipt)));
         if (tag.equals("TagA")) {
           wanted.add("normal " + i);
         }
@@ -402,7 +407,10 @@ public final class Parity5 {
       for (String body : List.of("commit", "rollback", "checked commit", "checked rollback")) {
         Transaction tx = producer.beginTransaction();
         SendReceipt receipt = producer.send(message(topic, body).build(), tx);
-        print("transaction", "sent", Map.of("body", body, "id", id(receipt)));
+        print(
+            "transaction",
+            "sent",
+            Map.of("body", body, "id", id(receipt), "transactionId", txId(receipt)));
         if (body.equals("commit")) {
           tx.commit();
         } else if (body.equals("rollback")) {
@@ -413,7 +421,11 @@ public final class Parity5 {
           () -> checked.containsKey("checked commit") && checked.containsKey("checked rollback"),
           SCENARIO_MS);
       Transaction last = producer.beginTransaction();
-      producer.send(message(topic, "marker").build(), last);
+      SendReceipt marker = producer.send(message(topic, "marker").build(), last);
+      print(
+          "transaction",
+          "sent",
+          Map.of("body", "marker", "id", id(marker), "transactionId", txId(marker)));
       last.commit();
     }
     try (SimpleConsumer consumer = simple("j5-tx", topic, "*")) {
@@ -441,6 +453,12 @@ public final class Parity5 {
 
   private static String id(SendReceipt receipt) {
     return receipt.getMessageId().toString();
+  }
+
+  /** The transaction id the SDK ends a transaction with ("" when the proxy gave none). */
+  private static String txId(SendReceipt receipt) {
+    String id = ((SendReceiptImpl) receipt).getTransactionId();
+    return id == null ? "" : id;
   }
 
   private static String body(MessageView m) {
