@@ -265,7 +265,7 @@ class BrokerApp:
         self.pulls: PullService | None = None
         self.statistics: StatisticsService | None = None
         # Where replication stands, for GetHAStatus and RocketMQ's 907 (read at each call).
-        self.ha_status = ReplicationStatus(self._ha_status)
+        self.ha_status = ReplicationStatus(self)
         self.acks: ReplicaAcks | None = None
         self.replication: SyncReplication | None = None  # SYNC_MASTER: sends wait for a slave
         self.ha_master: HAMaster | None = None
@@ -944,7 +944,8 @@ class BrokerApp:
         if self.transactions is not None:
             self.transactions.checkpoint()
 
-    def _ha_status(self) -> HAStatusView:
+    def ha_parts(self) -> HAStatusView:
+        """The HA parts of this run, for the replication use case (HASource)."""
         assert self.store is not None
         return HAStatusView(
             role=self.config.broker_role,

@@ -15,7 +15,7 @@ thread, which owns the HA connections it reads.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -104,13 +104,19 @@ class ReplicationFigures:
         return sum(r.in_sync for r in self.replicas)
 
 
+class HASource(Protocol):
+    """Who holds this run's HA parts (the broker app: a slave's HASlave starts after
+    the doors are built, so the parts are read at every call)."""
+
+    def ha_parts(self) -> HAParts: ...
+
+
 class ReplicationStatus:
-    def __init__(self, parts: Callable[[], HAParts]) -> None:
-        """`parts`: the app's current HA parts (read at every call)."""
-        self.parts = parts
+    def __init__(self, source: HASource) -> None:
+        self.source = source
 
     def figures(self) -> ReplicationFigures:
-        parts = self.parts()
+        parts = self.source.ha_parts()
         store: _Store = parts.store  # type: ignore[assignment]
         replicas: tuple[ReplicaFigures, ...] = ()
         if parts.master is not None:
