@@ -1,5 +1,5 @@
-"""RocketMQ's request and response codes, as 4.9.8 numbers them (the ones
-ferry serves or answers with; docs/reference/remoting.md lists what each
+"""RocketMQ's request and response codes, as 4.9.8 numbers them, and 5.x's own
+as 5.5.0 does (the ones ferry serves or answers with; docs/reference/remoting.md lists what each
 server handles)."""
 
 from __future__ import annotations
@@ -58,18 +58,36 @@ QUERY_TOPIC_CONSUME_BY_WHO = 300
 GET_SYSTEM_TOPIC_LIST_FROM_NS = 304
 GET_SYSTEM_TOPIC_LIST_FROM_BROKER = 305
 GET_CONSUMER_RUNNING_INFO = 307
+CONSUME_MESSAGE_DIRECTLY = 309
 CLEAN_EXPIRED_CONSUMEQUEUE = 306
 SEND_MESSAGE_V2 = 310
 VIEW_BROKER_STATS_DATA = 315
 CLEAN_UNUSED_TOPIC = 316
+GET_BROKER_CONSUME_STATS = 317
 UPDATE_NAMESRV_CONFIG = 318
 GET_NAMESRV_CONFIG = 319
 SEND_BATCH_MESSAGE = 320
+QUERY_CONSUME_QUEUE = 321
 QUERY_DATA_VERSION = 322
 ADD_WRITE_PERM_OF_BROKER = 327
 DELETE_EXPIRED_COMMITLOG = 329
 GET_TOPIC_CONFIG = 351
 LITE_PULL_MESSAGE = 361
+GET_BROKER_HA_STATUS = 907
+GET_BROKER_EPOCH_CACHE = 1007  # 5.x controller mode
+UPDATE_COLD_DATA_FLOW_CTR_CONFIG = 2001  # 5.x cold-data flow control
+REMOVE_COLD_DATA_FLOW_CTR_CONFIG = 2002
+GET_COLD_DATA_FLOW_CTR_INFO = 2003
+AUTH_CREATE_USER = 3001  # 5.x ACL 2.0: users and ACLs kept by the broker
+AUTH_UPDATE_USER = 3002
+AUTH_DELETE_USER = 3003
+AUTH_GET_USER = 3004
+AUTH_LIST_USER = 3005
+AUTH_CREATE_ACL = 3006
+AUTH_UPDATE_ACL = 3007
+AUTH_DELETE_ACL = 3008
+AUTH_GET_ACL = 3009
+AUTH_LIST_ACL = 3010
 
 # ---------------------------------------------------------------- responses
 SUCCESS = 0

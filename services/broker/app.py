@@ -72,6 +72,7 @@ from services.broker.messaging.autocreate import TopicAutoCreate
 from services.broker.messaging.filters import Filters
 from services.broker.messaging.outgoing import SendStatus
 from services.broker.messaging.pull import PullService, hot_bytes_of
+from services.broker.messaging.replication import ReplicationStatus
 from services.broker.messaging.send import SendObservers, SendService, Settler
 from services.broker.messaging.sendback import SendBack
 from services.broker.messaging.staging import Stager
@@ -263,6 +264,8 @@ class BrokerApp:
         self.auto_create: TopicAutoCreate | None = None  # masters: topics created by a send
         self.pulls: PullService | None = None
         self.statistics: StatisticsService | None = None
+        # Where replication stands, for GetHAStatus and RocketMQ's 907 (read at each call).
+        self.ha_status = ReplicationStatus(self)
         self.acks: ReplicaAcks | None = None
         self.replication: SyncReplication | None = None  # SYNC_MASTER: sends wait for a slave
         self.ha_master: HAMaster | None = None
@@ -569,7 +572,7 @@ class BrokerApp:
                 ),
                 ADD[SLAVE_SYNC_SERVICE],
             ),
-            Service(HA_ADMIN_SERVICE, HAAdminServicer(self._ha_status), ADD[HA_ADMIN_SERVICE]),
+            Service(HA_ADMIN_SERVICE, HAAdminServicer(self.ha_status), ADD[HA_ADMIN_SERVICE]),
             Service(
                 TRANSACTIONS_SERVICE,
                 TransactionsServicer(self.transactions, self.gate, cfg.broker_name),
@@ -608,6 +611,7 @@ class BrokerApp:
         # The store host in records is the advertised address with the real
         # RocketMQ-protocol port: offsetMsgIds lead RocketMQ's clients here.
         store.set_store_host((_ipv4_or_loopback(cfg.broker_ip1), self.remoting_port))
+        deps.broker_addr = self.remoting_addr  # known once bound, as the store host
         self.registry.register(
             BrokerStateCollector(
                 store,
@@ -940,7 +944,8 @@ class BrokerApp:
         if self.transactions is not None:
             self.transactions.checkpoint()
 
-    def _ha_status(self) -> HAStatusView:
+    def ha_parts(self) -> HAStatusView:
+        """The HA parts of this run, for the replication use case (HASource)."""
         assert self.store is not None
         return HAStatusView(
             role=self.config.broker_role,

@@ -22,6 +22,10 @@ class EpochStart(Protocol):
     """What the node does with a run's store once the app has opened it, before
     HA or any send (services/broker/failover/rejoin.py)."""
 
+    # The node's epoch history (services.broker.failover.epochs.EpochHistory:
+    # `entries`, each with `epoch` and `start`), which RocketMQ's 1007 reports.
+    history: Any
+
     async def start_epoch(self, store: object) -> None:
         """`store`: the run's MessageStore, open. A new leader records its
         epoch; a follower cuts what its new leader does not have."""

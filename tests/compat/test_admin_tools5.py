@@ -13,6 +13,7 @@ tests/compat/test_default_topics.py has what 4.9 and ferry share.
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import time
 
@@ -154,3 +155,82 @@ def test_mqadmins_maintenance_and_config_commands(cluster, tmp_path):
     for addr in _broker_addrs(cluster):
         for command in ("deleteExpiredCommitLog", "cleanExpiredCQ", "cleanUnusedTopic"):
             assert mqadmin(command, "-b", addr).strip().endswith("success"), command
+
+
+N, B, S = "n", "b", "s"  # Admin5's shape leaves: number, boolean, string
+OFFSETS = {"brokerOffset": N, "consumerOffset": N, "lastTimestamp": N, "pullOffset": N}
+# What rocketmq-tools 5.5.0 decodes from each answer, the same from ferry and Apache 5.5.0
+# (Admin5's "inspect": the decoded objects' fields; maps keyed by queues or groups as "*").
+SHAPES = {
+    "brokerConsumeStats": {
+        "brokerAddr": S,
+        "consumeStatsList": [{"*": [{"consumeTps": N, "offsetTable": {"*": OFFSETS}}]}],
+        "totalDiff": N,
+        "totalInflightDiff": N,
+    },
+    "queryCq": {  # asked without a group: no subscription or filter on either
+        "filterData": "null",
+        "maxQueueIndex": N,
+        "minQueueIndex": N,
+        "queueData": [
+            {
+                "bitMap": "null",
+                "eval": B,
+                "extendDataJson": "null",
+                "msg": "null",
+                "physicOffset": N,
+                "physicSize": N,
+                "tagsCode": N,
+            }
+        ],
+        "subscriptionData": "null",
+    },  # fmt: skip
+    "haStatus": {  # a master without slaves, on both
+        "haClientRuntimeInfo": {
+            "lastReadTimestamp": N,
+            "lastWriteTimestamp": N,
+            "masterAddr": "null",  # a master's: no master of its own
+            "masterFlushOffset": N,
+            "maxOffset": N,
+            "transferredByteInSecond": N,
+        },
+        "haConnectionInfo": [],
+        "inSyncSlaveNums": N,
+        "master": B,
+        "masterCommitLogMaxOffset": N,
+    },  # fmt: skip
+    "coldData": {
+        "cgColdReadThreshold": N,
+        "configTable": {},
+        "globalAcc": N,
+        "globalColdReadThreshold": N,
+        "runtimeTable": {},
+    },  # fmt: skip
+}
+
+
+def test_mqadmins_inspecting_calls_decode_alike(cluster, admin, tmp_path):
+    """brokerConsumeStats (317), queryCq (321), haStatus (907), getColdDataFlowCtrInfo
+    (2003) decode into the same structure from both; getBrokerEpoch (1007) is refused
+    alike outside controller mode (Apache) / without failover (ferry)."""
+    name = cluster_name_of(cluster)
+    topic, group = f"Inspected{next(_ids)}", f"gInspected{next(_ids)}"
+    wait_for(lambda: routed(namesrv_of(cluster), name), 60, f"the route of {name}", 0.2)
+    admin.call(op="createTopicByKey", key=name, topic=topic, queues=1)
+    admin.call(op="group", group=group)
+    run = clients.java(
+        "Producer49", ["--namesrv", namesrv_of(cluster), "--topic", topic, "--count", "4"],
+        tmp_path / "producer", "producer",
+    )  # fmt: skip
+    assert {s["status"] for s in clients.produce(run)} == {"SEND_OK"}
+    broker = _broker_addrs(cluster)[0]
+    commit = Command(
+        codes.UPDATE_CONSUMER_OFFSET,
+        ext={"consumerGroup": group, "topic": topic, "queueId": "0", "commitOffset": "1"},
+    )
+    assert call(broker, commit, 10).code == codes.SUCCESS
+    got = admin.call(op="inspect", broker=broker, topic=topic)
+    for key, shape in SHAPES.items():
+        assert got[key] == {"shape": shape}, f"{key}: {json.dumps(got[key])}"
+    assert "CODE: 1" in got["epochCache"]["error"]
+    assert "this request only for controllerMode" in got["epochCache"]["error"]

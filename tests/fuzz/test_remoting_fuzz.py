@@ -424,7 +424,12 @@ GOOD_VALUES = {
     "acceptStandardJsonOnly": ["true", "false"],
     "perm": ["6"],
     "topicFilterType": ["SINGLE_TAG", "MULTI_TAG"],
-    "isForce removeOffset": ["true", "false"],
+    "isForce removeOffset isOrder": ["true", "false"],
+    "index count": ["0", "1", "10"],
+    # (never the fuzzing client: 307 and 309 would be forwarded to it, which never answers)
+    "clientId": ["127.0.0.1@elsewhere"],
+    "msgId": ["7F00000100002A9F0000000000000000", "0000000000000000"],
+    "username subject filter": ["u", ""],
 }  # fmt: skip
 GOOD = {n: st.sampled_from(vs) for names, vs in GOOD_VALUES.items() for n in names.split()}
 # Where a field means something else for a code: a pull's sysFlag is
@@ -485,6 +490,18 @@ FIELD_NAMES = {
     codes.GET_ALL_CONSUMER_OFFSET: "",
     codes.GET_ALL_DELAY_OFFSET: "",
     codes.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: "",
+    codes.GET_BROKER_CONSUME_STATS: "isOrder",
+    codes.QUERY_CONSUME_QUEUE: "topic queueId index count consumerGroup",
+    codes.CONSUME_MESSAGE_DIRECTLY: "consumerGroup clientId msgId topic brokerName",
+    codes.GET_BROKER_HA_STATUS: "",
+    codes.GET_BROKER_EPOCH_CACHE: "",
+    codes.GET_COLD_DATA_FLOW_CTR_INFO: "",
+    codes.UPDATE_COLD_DATA_FLOW_CTR_CONFIG: "",
+    codes.REMOVE_COLD_DATA_FLOW_CTR_CONFIG: "consumerGroup",
+    codes.AUTH_GET_USER: "username",
+    codes.AUTH_LIST_USER: "filter",
+    codes.AUTH_GET_ACL: "subject",
+    codes.AUTH_LIST_ACL: "subjectFilter resourceFilter",
     # The name server.
     codes.GET_ROUTEINFO_BY_TOPIC: "topic acceptStandardJsonOnly",
     codes.PUT_KV_CONFIG: "namespace key value",

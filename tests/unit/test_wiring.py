@@ -46,6 +46,7 @@ ALLOWED = {
     "self.gate.open": "the gate's state: whether calls are served",
     "self.admin.master_addr": "the master's address as the name servers report it",
     "ctx.verify_mode": "how the standard library configures an ssl.SSLContext",
+    "deps.broker_addr": "the RocketMQ-protocol address, a value known once the port is bound",
 }
 # MessageStore's parts: only the store package itself reaches into them.
 STORE_PARTS = {

@@ -7,7 +7,7 @@ the broker is starting or stopping every call is UNAVAILABLE.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import grpc
@@ -35,6 +35,7 @@ from services.broker.api import convert
 from services.broker.api.sendstream import SendStreamSession
 from services.broker.messaging.admin import AdminService
 from services.broker.messaging.pull import MAX_QUERY_NUM, UNIQUE_QUERY_NUM, PullService
+from services.broker.messaging.replication import ReplicationStatus
 from services.broker.messaging.send import SendService
 from services.broker.messaging.statistics import StatisticsService
 from services.broker.pop import PopService
@@ -416,45 +417,41 @@ class HAStatusView:
 
 
 class HAAdminServicer(ha_admin_pb2_grpc.HAAdminServicer):
-    def __init__(self, status: Callable[[], HAStatusView]) -> None:
-        self.status = status
+    def __init__(self, replication: ReplicationStatus) -> None:
+        self.replication = replication
 
     @grpc_method
     async def GetHAStatus(self, request, context) -> ha_admin_pb2.HAStatus:
-        view = self.status()
-        store = view.store
-        top = store.max_offset  # type: ignore[attr-defined]
+        figures = self.replication.figures()
         answer = ha_admin_pb2.HAStatus(
-            broker_role=view.role,
-            master_max_offset=top,
-            confirm_offset=store.confirm_offset,  # type: ignore[attr-defined]
+            broker_role=figures.role,
+            master_max_offset=figures.max_offset,
+            confirm_offset=figures.confirm_offset,
         )
-        if view.master is not None:
-            states = view.master.replica_states()  # type: ignore[attr-defined]
-            for state in states:
-                conn = state.conn
-                answer.connections.add(
-                    addr=conn.addr,
-                    replica_id=conn.replica_id,
-                    ack_offset=conn.ack_offset,
-                    diff=state.lag,
-                    in_sync=state.in_sync,
-                    transferred_bytes_per_second=conn.bytes_per_second(),
-                    transfer_from=conn.transfer_from,
-                    last_ack_timestamp=conn.last_ack_ms,
-                )
-            answer.in_sync_slave_nums = sum(state.in_sync for state in states)
-        if view.slave is not None:
-            slave = view.slave
-            answer.master_max_offset = slave.master_max_offset  # type: ignore[attr-defined]
+        for r in figures.replicas:
+            answer.connections.add(
+                addr=r.addr,
+                replica_id=r.replica_id,
+                ack_offset=r.ack_offset,
+                diff=r.lag,
+                in_sync=r.in_sync,
+                transferred_bytes_per_second=r.bytes_per_second,
+                transfer_from=r.transfer_from,
+                last_ack_timestamp=r.last_ack_ms,
+            )
+        if figures.replicas:
+            answer.in_sync_slave_nums = figures.in_sync_replicas
+        following = figures.following
+        if following is not None:
+            answer.master_max_offset = following.master_max_offset
             answer.slave.CopyFrom(
                 ha_admin_pb2.HASlaveStatus(
-                    master_addr=slave.master_addr,  # type: ignore[attr-defined]
-                    max_offset=top,
-                    last_read_timestamp=slave.last_read_ms,  # type: ignore[attr-defined]
-                    last_write_timestamp=slave.last_write_ms,  # type: ignore[attr-defined]
-                    connected=slave.connected,  # type: ignore[attr-defined]
-                    master_max_offset=slave.master_max_offset,  # type: ignore[attr-defined]
+                    master_addr=following.master_addr,
+                    max_offset=figures.max_offset,
+                    last_read_timestamp=following.last_read_ms,
+                    last_write_timestamp=following.last_write_ms,
+                    connected=following.connected,
+                    master_max_offset=following.master_max_offset,
                 )
             )
         return answer

@@ -6,7 +6,8 @@ answers (services.broker.api.servicer) and so what `ferry runtime` shows.
 Owns: StatisticsService and the plain dataclasses it answers with — RuntimeInfo
 (ferry.v1's BrokerRuntimeInfo fields), BrokerFigures (the rest of RocketMQ's runtime
 table), QueueStats (a topic's queue), ConsumeStats and GroupQueueStats (a group's
-progress) — read from the store, the metadata tables and the traffic rates
+progress), BrokerConsumeStats (every group's, code 317) and QueueEntries (a slice
+of one consume queue, code 321) — read from the store, the metadata tables and the traffic rates
 (messaging/stats.py's TrafficStats, sampled by the app's task). Rates are those of
 the same windows on every door: ferry.v1's put_tps and get_tps are the first (10 s)
 of the RocketMQ door's putTps and getTransferedTps.
@@ -107,6 +108,34 @@ class GroupQueueStats:
 class ConsumeStats:
     queues: tuple[GroupQueueStats, ...]
     consume_tps: float  # messages the group took per second over the last minute
+
+
+@dataclass(frozen=True)
+class BrokerConsumeStats:
+    """Every subscription group's progress on this broker (`mqadmin brokerConsumeStats`):
+    per group, one ConsumeStats per topic it has offsets in, each over the topic's write
+    queues."""
+
+    groups: tuple[tuple[str, tuple[ConsumeStats, ...]], ...]
+
+    @property
+    def total_diff(self) -> int:
+        return sum(
+            q.broker_offset - q.consumer_offset
+            for _, stats in self.groups
+            for one in stats
+            for q in one.queues
+        )
+
+
+@dataclass(frozen=True)
+class QueueEntries:
+    """A slice of one consume queue (`mqadmin queryCq`): its offsets and, from the
+    asked index, its entries as (commit offset, size, tag hash) in queue order."""
+
+    min_offset: int
+    max_offset: int
+    entries: tuple[tuple[int, int, int], ...]
 
 
 class StatisticsService:
@@ -249,24 +278,77 @@ class StatisticsService:
         """`group`'s progress in each read queue of `topic` (empty: of every topic
         it has committed offsets in). With consumers of the group `online` that
         announced subscriptions, only the topics they read count."""
-        offsets = self.metadata.consumer_offsets
-        topics = [topic] if topic else offsets.topics_of(group)
-        subscribed = online is not None and any(m.subscriptions for m in online.consumers(group))
-        store = self.store
-        queues = []
+        topics = [topic] if topic else self.metadata.consumer_offsets.topics_of(group)
+        queues: list[GroupQueueStats] = []
         tps = 0.0
         for name in topics:
             config = self.metadata.topics.get(name)
-            if config is None:
+            if config is None or not self._reads(group, name, online):
                 continue
-            if subscribed and online is not None and online.subscription(group, name) is None:
-                continue  # online, and not reading this topic
-            for queue_id in range(config.read_queue_nums):
-                broker_offset = store.queue_max_offset(name, queue_id)
-                consumer_offset = max(offsets.query(group, name, queue_id) or 0, 0)
-                last = 0
-                if consumer_offset > 0:
-                    last = max(await store.store_time_at(name, queue_id, consumer_offset - 1), 0)
-                queues.append(GroupQueueStats(name, queue_id, broker_offset, consumer_offset, last))
+            queues += await self._progress(group, name, config.read_queue_nums)
             tps += self.traffic.group_tps(group, name)
         return ConsumeStats(tuple(queues), tps)
+
+    async def broker_consume_stats(
+        self, order_only: bool, online: ClientTables | None = None
+    ) -> BrokerConsumeStats:
+        """Every subscription group's progress, topic by topic, over each topic's
+        write queues (Apache's GET_BROKER_CONSUME_STATS); `order_only`: orderly
+        topics only. A topic an online group does not subscribe to is left out."""
+        groups, _ = self.metadata.subscription_groups.snapshot()
+        out = []
+        for group in sorted(groups):
+            per_topic = []
+            for name in self.metadata.consumer_offsets.topics_of(group):
+                config = self.metadata.topics.get(name)
+                if config is None or (order_only and not config.order):
+                    continue
+                if not self._reads(group, name, online):
+                    continue
+                queues = await self._progress(group, name, config.write_queue_nums)
+                per_topic.append(ConsumeStats(tuple(queues), self.traffic.group_tps(group, name)))
+            out.append((group, tuple(per_topic)))
+        return BrokerConsumeStats(tuple(out))
+
+    def queue_entries(
+        self, topic: str, queue_id: int, index: int, count: int
+    ) -> QueueEntries | None:
+        """Up to `count` entries of one consume queue from queue offset `index`
+        (none when `index` is outside the queue); None for a queue the topic does
+        not have. A queue never written reads as empty."""
+        config = self.metadata.topics.get(topic)
+        if config is None or not 0 <= queue_id < config.queue_nums:
+            return None
+        view = self.store.queue_view(topic, queue_id)
+        if view is None:
+            return QueueEntries(0, 0, ())
+        low, high = view.min_offset, view.max_offset
+        found: list[tuple[int, int, int]] = []
+        at, end = index, min(high, index + max(count, 0))
+        while low <= at < end:
+            batch = view.entries(at, end - at)  # within one file: a few reads at most
+            if not batch:
+                break
+            found += batch
+            at += len(batch)
+        return QueueEntries(low, high, tuple(found))
+
+    def _reads(self, group: str, topic: str, online: ClientTables | None) -> bool:
+        """Whether `topic` counts for `group`: always, unless the group's online
+        consumers announced subscriptions and none of them is to `topic`."""
+        if online is None or not any(m.subscriptions for m in online.consumers(group)):
+            return True
+        return online.subscription(group, topic) is not None
+
+    async def _progress(self, group: str, topic: str, queue_nums: int) -> list[GroupQueueStats]:
+        offsets = self.metadata.consumer_offsets
+        store = self.store
+        queues = []
+        for queue_id in range(queue_nums):
+            broker_offset = store.queue_max_offset(topic, queue_id)
+            consumer_offset = max(offsets.query(group, topic, queue_id) or 0, 0)
+            last = 0
+            if consumer_offset > 0:
+                last = max(await store.store_time_at(topic, queue_id, consumer_offset - 1), 0)
+            queues.append(GroupQueueStats(topic, queue_id, broker_offset, consumer_offset, last))
+        return queues

@@ -48,6 +48,7 @@ def handlers(deps: Deps) -> dict[int, Handler]:
     from services.broker.remoting import (
         admin,
         consumers,
+        diagnostics,
         offsets,
         pulls,
         queries,
@@ -57,7 +58,17 @@ def handlers(deps: Deps) -> dict[int, Handler]:
     )
 
     table: dict[int, Handler] = {}
-    for family in (sends, offsets, queries, consumers, pulls, sendback, admin, transactions):
+    for family in (
+        sends,
+        offsets,
+        queries,
+        consumers,
+        pulls,
+        sendback,
+        admin,
+        diagnostics,
+        transactions,
+    ):
         table.update(family.handlers(deps))
     return table
 

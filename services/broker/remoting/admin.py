@@ -20,7 +20,8 @@ GET_CONSUME_STATS 208, GET_CONSUMER_CONNECTION_LIST 203,
 GET_PRODUCER_CONNECTION_LIST 204, QUERY_TOPIC_CONSUME_BY_WHO 300, and
 INVOKE_BROKER_TO_RESET_OFFSET 222 (the broker tells the group's connected
 consumers where to start again, as Apache's does), and GET_CONSUMER_RUNNING_INFO
-307 (asked of the consumer itself over its connection), VIEW_BROKER_STATS_DATA 315.
+307 (asked of the consumer itself over its connection), CONSUME_MESSAGE_DIRECTLY 309
+(one stored message handed to a consumer the same way), VIEW_BROKER_STATS_DATA 315.
 The figures of 28, 202 and
 208 are the statistics use case's (services.broker.messaging.statistics, which
 ferry.v1's GetBrokerRuntimeInfo answers from too); this module only renders them.
@@ -37,7 +38,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from ferry import __version__
+from ferry import __version__, record
 from ferry.model import (
     SCHEDULE_TOPIC,
     SubscriptionGroupConfig,
@@ -48,6 +49,7 @@ from ferry.model import (
 from ferry.remoting import bodies, codes
 from ferry.remoting.codec import Command
 from ferry.remoting.server import Connection, Handler
+from ferry.runtime import errors
 from services.broker.config import KNOWN_KEYS, parse_properties, shown_value
 from services.broker.messaging.clients import Member
 from services.broker.messaging.statistics import BrokerFigures
@@ -165,7 +167,7 @@ def runtime_table(figures: BrokerFigures) -> dict[str, str]:
     return dict(sorted(table.items()))
 
 
-def _subscription_json(sub) -> dict[str, Any]:
+def subscription_json(sub) -> dict[str, Any]:
     return {
         "classFilterMode": False,
         "codeSet": list(sub.codes),
@@ -459,7 +461,7 @@ class AdminCodes:
             for topic, sub in member.subscriptions.items():
                 newest = subscriptions.get(topic)
                 if newest is None or sub.version > newest["subVersion"]:
-                    subscriptions[topic] = _subscription_json(sub)
+                    subscriptions[topic] = subscription_json(sub)
         body = {
             "connectionSet": [_connection_json(m) for m in members],
             "consumeFromWhere": first.consume_from_where,
@@ -476,6 +478,42 @@ class AdminCodes:
         Apache's broker does (same header and body; 10 s for the client to answer)."""
         group = text(request.ext, "consumerGroup")
         client_id = text(request.ext, "clientId")
+        forwarded = Command(request.code, ext=dict(request.ext), body=request.body)
+        return await self._call_consumer(request, group, client_id, forwarded)
+
+    async def consume_message_directly(self, connection: Connection, request: Command) -> Command:
+        """CONSUME_MESSAGE_DIRECTLY (309: `mqadmin consumeMessage`, the Dashboard's
+        "resend message" on a message's page): the message that offset id `msgId` names
+        is handed to one consumer, which consumes it and says how that went, as
+        Apache's broker does: the header gains `brokerName` (and the topic's and group's
+        sys flags), the body is the record as stored."""
+        ext = dict(request.ext)
+        group = text(ext, "consumerGroup")
+        client_id = text(ext, "clientId")
+        msg_id = text(ext, "msgId")
+        try:
+            _, commit_offset = record.parse_message_id(msg_id)
+        except record.RecordError as exc:
+            raise convert.BadRequest("msgId", str(exc)) from None
+        try:
+            data = await self.deps.pulls.stored_record(commit_offset)
+        except errors.NotFound as exc:  # not "topic not exist" (17), which would mislead
+            return request.answer(codes.SYSTEM_ERROR, exc.message)
+        ext["brokerName"] = self.broker_name
+        topic = self.metadata.topics.get(ext.get("topic") or "")
+        if topic is not None:
+            ext["topicSysFlag"] = str(topic.topic_sys_flag)
+        group_config = self.metadata.subscription_groups.get(group)
+        if group_config is not None:
+            ext["groupSysFlag"] = str(group_config.group_sys_flag)
+        forwarded = Command(request.code, ext=ext, body=data)
+        return await self._call_consumer(request, group, client_id, forwarded)
+
+    async def _call_consumer(
+        self, request: Command, group: str, client_id: str, forwarded: Command
+    ) -> Command:
+        """`forwarded` asked of `client_id` of `group` over its heartbeat's connection,
+        and its answer handed back unchanged (Apache's Broker2Client.callClient)."""
         member = next(
             (m for m in self.deps.clients.consumers(group) if m.client_id == client_id), None
         )
@@ -489,7 +527,6 @@ class AdminCodes:
                 f"The Consumer <{group}> Version <{member.version}> too low to finish, please "
                 "upgrade it to V3_1_8_SNAPSHOT",
             )
-        forwarded = Command(request.code, ext=dict(request.ext), body=request.body)
         try:
             answer = await member.channel.request(forwarded, CLIENT_CALL_TIMEOUT_S)
         except TimeoutError:
@@ -655,6 +692,7 @@ def handlers(deps: Deps) -> dict[int, Handler]:
         codes.GET_CONSUME_STATS: admin.consume_stats,
         codes.GET_CONSUMER_CONNECTION_LIST: admin.consumer_connections,
         codes.GET_CONSUMER_RUNNING_INFO: admin.consumer_running_info,
+        codes.CONSUME_MESSAGE_DIRECTLY: admin.consume_message_directly,
         codes.VIEW_BROKER_STATS_DATA: admin.broker_stats,
         codes.DELETE_EXPIRED_COMMITLOG: admin.delete_expired_commit_log,
         codes.CLEAN_EXPIRED_CONSUMEQUEUE: admin.nothing_left_to_clean,

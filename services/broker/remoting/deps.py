@@ -4,7 +4,8 @@ use cases and tables, never the app itself."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from services.broker.messaging.clients import ClientTables
 from services.broker.messaging.locks import QueueLocks
@@ -16,11 +17,19 @@ if TYPE_CHECKING:
     from services.broker.messaging.admin import AdminService
     from services.broker.messaging.autocreate import TopicAutoCreate
     from services.broker.messaging.pull import PullService
+    from services.broker.messaging.replication import ReplicationStatus
     from services.broker.messaging.send import SendService
     from services.broker.messaging.statistics import StatisticsService
     from services.broker.metadata.tables import BrokerMetadata
     from services.broker.pop import PopService
     from services.broker.transactions import TransactionService
+
+
+class EpochHistory(Protocol):
+    """A failover member's leader-epoch history (services.broker.failover.epochs):
+    `entries`, each with `epoch` and `start` (its first commit offset), oldest first."""
+
+    entries: Sequence[Any]
 
 
 class Gate(Protocol):
@@ -58,6 +67,13 @@ class Deps:
     transactions: TransactionService | None = None
     # A send naming a default topic (TBW102) creates its unknown topic (a master's).
     auto_create: TopicAutoCreate | None = None
+    # brokerIP1:listenPort, as the routes give it (set once the port is bound).
+    broker_addr: str = ""
+    # Where replication stands (GET_BROKER_HA_STATUS 907).
+    replication: ReplicationStatus | None = None
+    # The leader-epoch history of a failover member (GET_BROKER_EPOCH_CACHE 1007);
+    # None: the broker runs without automatic failover.
+    epochs: EpochHistory | None = None
 
     @classmethod
     def from_app(cls, app) -> Deps:  # services.broker.app.BrokerApp, started
@@ -65,7 +81,9 @@ class Deps:
         member's connection tables (`Incarnation.remoting_clients` and
         `remoting_locks`), which outlive the run as its connections do."""
         incarnation = getattr(app, "incarnation", None)
-        shared = {}
+        shared: dict[str, Any] = {}
+        if incarnation is not None:
+            shared["epochs"] = incarnation.epoch_start.history
         if incarnation is not None and incarnation.remoting_clients is not None:
             shared = {"clients": incarnation.remoting_clients, "locks": incarnation.remoting_locks}
         return cls(
@@ -82,5 +100,6 @@ class Deps:
             acl_enabled=app.config.acl_enable,
             transactions=getattr(app, "transactions", None),
             auto_create=getattr(app, "auto_create", None),
+            replication=getattr(app, "ha_status", None),
             **shared,
         )

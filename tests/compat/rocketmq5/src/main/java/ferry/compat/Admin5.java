@@ -64,6 +64,10 @@ import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
  *   <li>{"op": "brokerStats", "name": N, "key": K}: viewBrokerStatsData (315) on every
  *       master: the minute's, hour's and day's sums by broker address, or the error's text
  *       for a master that has no such item.
+ *   <li>{"op": "inspect", "broker": ADDR, "topic": T}: fetchConsumeStatsInBroker (317),
+ *       queryConsumeQueue of T's queue 0 (321), getBrokerHAStatus (907), getBrokerEpochCache
+ *       (1007) and getColdDataFlowCtrInfo (2003) on one broker: each decoded answer's
+ *       structure ({"shape": ...}) or the error's text ({"error": ...}).
  *   <li>{"op": "topicStats", "topic": T}: examineTopicStats (202, then 351 per broker for the
  *       static-topic view): each queue's min and max offset, "broker/queueId" -> [min, max].
  * </ul>
@@ -291,6 +295,20 @@ public final class Admin5 {
           out.put("status", result.getSendStatus().name());
           return out;
         }
+      case "inspect":
+        {
+          // What mqadmin's brokerConsumeStats, queryCq, haStatus, getBrokerEpoch and
+          // getColdDataFlowCtrInfo decode, as the field structure of the decoded objects.
+          String addr = command.getString("broker");
+          out.put("brokerConsumeStats", attempt(() -> admin.fetchConsumeStatsInBroker(addr, false, 10_000)));
+          out.put(
+              "queryCq",
+              attempt(() -> admin.queryConsumeQueue(addr, command.getString("topic"), 0, 0, 2, null)));
+          out.put("haStatus", attempt(() -> admin.getBrokerHAStatus(addr)));
+          out.put("epochCache", attempt(() -> admin.getBrokerEpochCache(addr)));
+          out.put("coldData", attempt(() -> JSON.parseObject(admin.getColdDataFlowCtrInfo(addr))));
+          return out;
+        }
       case "topicList":
         {
           out.put("topics", new TreeSet<>(admin.fetchAllTopicList().getTopicList()));
@@ -302,6 +320,76 @@ public final class Admin5 {
   }
 
   /** The cluster's masters, once one has registered with the name server. */
+  interface Call {
+    Object get() throws Exception;
+  }
+
+  // Fields whose values are maps keyed by data (queues, groups): their keys read as "*".
+  private static final Set<String> KEYED_BY_DATA =
+      Set.of("offsetTable", "runtimeTable", "configTable", "consumeStatsList");
+
+  /** {"shape": the structure of the call's answer} or {"error": its code and remark}. */
+  private static Map<String, Object> attempt(Call call) {
+    Map<String, Object> out = new LinkedHashMap<>();
+    try {
+      out.put("shape", shape(JSON.toJSON(call.get()), false));
+    } catch (Exception e) {
+      out.put("error", e.getMessage());
+    }
+    return out;
+  }
+
+  /**
+   * A decoded body's structure: objects as their sorted field names (data keys as "*"), lists as
+   * the merged shape of their elements (empty: []), leaves as "n" (number), "b", "s".
+   */
+  @SuppressWarnings("unchecked")
+  private static Object shape(Object value, boolean keyedByData) {
+    if (value instanceof Map) {
+      Map<String, Object> out = new TreeMap<>();
+      for (Map.Entry<Object, Object> e : ((Map<Object, Object>) value).entrySet()) {
+        String key = keyedByData ? "*" : String.valueOf(e.getKey());
+        Object inner = shape(e.getValue(), !keyedByData && KEYED_BY_DATA.contains(key));
+        Object before = out.get(key);
+        out.put(key, before == null ? inner : merge(before, inner));
+      }
+      return out;
+    }
+    if (value instanceof List) {
+      Object merged = null;
+      for (Object element : (List<Object>) value) {
+        Object inner = shape(element, keyedByData);
+        merged = merged == null ? inner : merge(merged, inner);
+      }
+      return merged == null ? List.of() : List.of(merged);
+    }
+    if (value instanceof Number) {
+      return "n";
+    }
+    if (value instanceof Boolean) {
+      return "b";
+    }
+    return value == null ? "null" : "s";
+  }
+
+  @SuppressWarnings("unchecked")
+  private static Object merge(Object a, Object b) {
+    if (a instanceof Map && b instanceof Map) {
+      Map<String, Object> out = new TreeMap<>((Map<String, Object>) a);
+      ((Map<String, Object>) b).forEach((k, v) -> out.merge(k, v, Admin5::merge));
+      return out;
+    }
+    if (a instanceof List && b instanceof List) {
+      List<Object> la = (List<Object>) a;
+      List<Object> lb = (List<Object>) b;
+      if (la.isEmpty()) {
+        return lb;
+      }
+      return lb.isEmpty() ? la : List.of(merge(la.get(0), lb.get(0)));
+    }
+    return a;
+  }
+
   private static Set<String> masters(DefaultMQAdminExt admin, String cluster) throws Exception {
     long deadline = System.currentTimeMillis() + ROUTE_WAIT_MS;
     ClusterInfo info = admin.examineBrokerClusterInfo();
