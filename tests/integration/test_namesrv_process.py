@@ -80,9 +80,14 @@ def test_corrupt_kv_file_with_backup_starts_from_it(namesrv_process, tmp_path):
 
 def test_a_port_in_use_stops_startup(namesrv_process, tmp_path):
     first = namesrv_process(tmp_path / "first").wait_ready()
-    for flag, port in (("--port", first.remoting_port), ("--grpc-port", first.grpc_port)):
+    # The other port is 0: a default one (9876, 9879) may be taken on this machine, and
+    # the failure must be the one this test makes.
+    for flag, port, other in (
+        ("--port", first.remoting_port, "--grpc-port"),
+        ("--grpc-port", first.grpc_port, "--port"),
+    ):
         second = namesrv_process(
-            tmp_path / f"second{flag}", [flag, str(port), "--metrics-port", "-1"]
+            tmp_path / f"second{flag}", [flag, str(port), other, "0", "--metrics-port", "-1"]
         )
         assert second.proc.wait(15) == 1, flag
         assert "cannot start" in second.log()
