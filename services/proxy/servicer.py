@@ -108,9 +108,17 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             return s.QueryRouteResponse(status=status(Code.INTERNAL_SERVER_ERROR, str(exc)))
         endpoints = self._endpoints(request.endpoints)
         accepted = convert.accepted_types(route.message_type)
+        # Queue 0 of every broker, then queue 1 of every broker, ...: the SDKs rotate
+        # their sends and a simple consumer its receives over this list, so one after the
+        # other goes to each broker in turn (broker by broker, a receive could wait out
+        # its long poll on each queue of a broker with nothing for it, while another
+        # broker holds the group's messages).
         queues = []
-        for broker in route.brokers:
-            for queue_id in range(max(broker.read_queue_nums, broker.write_queue_nums)):
+        most = max((max(b.read_queue_nums, b.write_queue_nums) for b in route.brokers), default=0)
+        for queue_id in range(most):
+            for broker in route.brokers:
+                if queue_id >= max(broker.read_queue_nums, broker.write_queue_nums):
+                    continue
                 queues.append(
                     v2.MessageQueue(
                         topic=request.topic,
@@ -420,7 +428,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 )
                 return
             broker = readable[next(self._round_robin) % len(readable)]
-        queue_id = request.message_queue.id
+        # The queue the SDK names is not used: RocketMQ's proxy pops the whole broker it
+        # names (its acting queue, id -1), FIFO topics too, whose queues each keep their
+        # order on the broker. (A pin to the named queue of an ordered topic stood here;
+        # it never applied, the name servers' gRPC routes carrying no orderTopicConf.)
         pop = broker_pb2.PopMessageRequest(
             consumer_group=group,
             topic=topic,
@@ -430,8 +441,6 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             sub_expression=request.filter_expression.expression,
             expression_type=convert.expression_type(request.filter_expression.type),
         )
-        if queue_id >= 0 and route.ordered:
-            pop.queue_id = queue_id  # an ordered topic's queues are consumed one by one
         try:
             answer = await self.routes.stub(broker.addr).PopMessage(
                 pop, timeout=wait_ms / 1000 + CALL_TIMEOUT_S

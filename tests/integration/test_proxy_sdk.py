@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
+from google.protobuf import duration_pb2
 from rocketmq import (
     ConsumeResult,
     FilterExpression,
@@ -834,3 +835,89 @@ def test_consumers_are_told_their_groups_retry_policy(cluster):
     assert got.subscription.fifo is True
     assert got.backoff_policy.max_attempts == 4
     assert [d.ToMilliseconds() for d in got.backoff_policy.customized_backoff.next] == [300] * 4
+
+
+def test_a_receive_pops_the_whole_broker_it_names_fifo_too(cluster):
+    """A simple consumer names one queue of the route in each receive, rotating over
+    them; RocketMQ's proxy pops the whole broker the queue is on (its acting queue, id -1),
+    FIFO topics too, and so does ferry's. The route lists queue 0 of every broker, then
+    queue 1 of every broker, ..., so that the rotation alternates brokers: listed broker by
+    broker, a simple consumer asked one broker up to a queue count of times in a row, each
+    receive waiting out its long poll, while the other held the group's messages
+    (RocketMQ's e2e SimpleOrderTest and SimpleAckTest against `make run`'s two masters:
+    messages left on one broker when the test's time ran out)."""
+    if cluster.name != "ferry":
+        pytest.skip(
+            "Apache's proxy fails a raw receive that comes without the SDK's telemetry "
+            "settings; what it does is read from its code (ReceiveMessageActivity pops the "
+            "broker's acting queue, id -1)"
+        )
+    from apache.rocketmq.v2 import definition_pb2 as v2
+    from apache.rocketmq.v2 import service_pb2 as s
+    from apache.rocketmq.v2 import service_pb2_grpc
+
+    from ferry.v1 import namesrv_pb2
+
+    topic, group = "SdkFifoAnyQueue", "sdk-fifo-any-queue"
+    cluster.create_topic(topic, 4, message_type="FIFO")
+    # An ordered topic (RocketMQ's orderTopicConf, what `mqadmin updateTopic -o true`
+    # writes), as RocketMQ's e2e suite creates its FIFO topics.
+    order = ";".join(f"{b.app.config.broker_name}:4" for b in cluster.brokers)
+    cluster.ns.stub.PutKVConfig(
+        namesrv_pb2.PutKVConfigRequest(namespace="ORDER_TOPIC_CONFIG", key=topic, value=order),
+        timeout=10,
+    )
+    cluster.set_group(group, consume_message_orderly=True)
+    producer = _producer(cluster, topic)
+    try:
+        for g in range(8):  # eight groups: on queues other than 0 too
+            m = _message(topic, f"g{g}".encode())
+            m.message_group = f"any-{g}"
+            producer.send(m)
+    finally:
+        producer.shutdown()
+    got: set[bytes] = set()
+    with _wire_channel(cluster) as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        route = stub.QueryRoute(s.QueryRouteRequest(topic=v2.Resource(name=topic)), timeout=10)
+        assert route.status.code == v2.Code.OK, route.status.message
+        names = [q.broker.name for q in route.message_queues]
+        brokers = len(set(names))
+        assert brokers == 2
+        assert [(q.broker.name, q.id) for q in route.message_queues[:brokers]] == [
+            (n, 0) for n in dict.fromkeys(names)
+        ], "the route does not start with queue 0 of every broker"
+        firsts = route.message_queues[:brokers]  # queue 0 of each broker
+
+        def everything() -> bool:
+            for queue in firsts:
+                request = s.ReceiveMessageRequest(
+                    group=v2.Resource(name=group),
+                    message_queue=queue,
+                    filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"),
+                    batch_size=32,
+                    invisible_duration=duration_pb2.Duration(seconds=30),
+                    long_polling_timeout=duration_pb2.Duration(seconds=1),
+                )
+                for answer in stub.ReceiveMessage(request, timeout=20):
+                    if not answer.HasField("message"):
+                        continue
+                    got.add(answer.message.body)
+                    ack = stub.AckMessage(
+                        s.AckMessageRequest(
+                            group=v2.Resource(name=group),
+                            topic=v2.Resource(name=topic),
+                            entries=[
+                                s.AckMessageEntry(
+                                    message_id=answer.message.system_properties.message_id,
+                                    receipt_handle=answer.message.system_properties.receipt_handle,
+                                )
+                            ],
+                        ),
+                        timeout=10,
+                    )
+                    assert ack.status.code == v2.Code.OK, ack.status.message
+            return len(got) == 8
+
+        wait_for(everything, 60, lambda: f"8 messages from queue 0's receives ({sorted(got)})")
+    assert got == {f"g{g}".encode() for g in range(8)}
