@@ -207,6 +207,10 @@ class GrpcServer:
             self._server = None
         if self._relay is not None:
             await self._relay.stop()
+            log.info(
+                "relayed %d TLS and %d plaintext connections",
+                self._relay.relayed[True], self._relay.relayed[False],
+            )  # fmt: skip
             self._relay = None
         if self._health_server is not None:
             await self._health_server.stop(0)

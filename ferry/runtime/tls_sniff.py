@@ -100,7 +100,9 @@ class _Client(_Side):
         self._first += data
         self.transport.pause_reading()  # type: ignore[union-attr]
         if self._task is None:
-            port = self._relay.tls_port if data[0] == TLS_HANDSHAKE else self._relay.plain_port
+            tls = data[0] == TLS_HANDSHAKE
+            self._relay.relayed[tls] += 1
+            port = self._relay.tls_port if tls else self._relay.plain_port
             self._task = asyncio.get_running_loop().create_task(self._dial(port))
 
     async def _dial(self, port: int) -> None:
@@ -146,6 +148,7 @@ class TLSSniffRelay:
         self.host, self.requested_port = host, port
         self.tls_port, self.plain_port = tls_port, plain_port
         self.clients: set[_Client] = set()
+        self.relayed = {True: 0, False: 0}  # connections so far, by "was TLS"
         self._server: asyncio.Server | None = None
         self.port = 0
 

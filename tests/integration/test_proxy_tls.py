@@ -121,6 +121,8 @@ def test_permissive_serves_tls_and_plaintext_on_one_port(cluster, proxy_in):
         assert healthy(secure) and healthy(plain)
         route_and_send(secure, b"over tls")
         route_and_send(plain, b"in plaintext")
+    relayed = app.server._relay.relayed
+    assert relayed[True] >= 1 and relayed[False] >= 1, relayed
 
 
 def test_the_python_sdk_sends_in_plaintext_through_a_permissive_port(cluster, proxy_in):
