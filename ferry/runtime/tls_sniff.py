@@ -38,6 +38,7 @@ class _Side(asyncio.Protocol):
         self.other: _Side | None = None
         self.read_done = False  # EOF read from this side
         self.write_done = False  # EOF passed on to this side
+        self.writing_paused = False  # this side's write buffer is past its high-water mark
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -70,10 +71,12 @@ class _Side(asyncio.Protocol):
 
     # The other side's reading follows this side's write buffer.
     def pause_writing(self) -> None:
+        self.writing_paused = True
         if self.other is not None and self.other.transport is not None:
             self.other.transport.pause_reading()
 
     def resume_writing(self) -> None:
+        self.writing_paused = False
         if self.other is not None and self.other.transport is not None:
             self.other.transport.resume_reading()
 
@@ -126,7 +129,7 @@ class _Client(_Side):
         if self.read_done:
             upstream.transport.write_eof()  # type: ignore[union-attr]
             upstream.write_done = True
-        else:
+        elif not upstream.writing_paused:
             self.transport.resume_reading()  # type: ignore[union-attr]
 
     def eof_received(self) -> bool:
