@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry
 
 from ferry.runtime import late_answers
 from ferry.runtime.tls import ServerTLS
+from ferry.runtime.tls_sniff import TLSSniffRelay
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +72,18 @@ class GrpcServer:
         tls: ServerTLS | None = None,
         health_port: int = -1,
         registry: CollectorRegistry | None = None,
+        permissive: bool = False,
     ) -> None:
         """`registry`: the process's metrics, where `ferry_grpc_late_answers_total`
-        is registered."""
+        is registered. `permissive` (with `tls`): the port serves TLS and
+        plaintext alike, through a relay that tells them apart by the first byte
+        (`ferry.runtime.tls_sniff`); the server itself then listens on two
+        loopback ports. Without `tls` it changes nothing."""
         self._services = list(services)
         self._interceptors = list(interceptors)
         self._tls = tls
+        self._permissive = permissive and tls is not None
+        self._relay: TLSSniffRelay | None = None
         # >= 0: also serve grpc.health.v1 alone, in plaintext, on this port (for
         # probes that cannot speak TLS, like the kubelet's); -1: not at all.
         self._health_port = health_port
@@ -111,8 +118,25 @@ class GrpcServer:
             server,
         )
         await self._set_all(NOT_SERVING)
-        self.port = self._listen(server, self._requested_port, self._tls)
-        await server.start()
+        if self._permissive:
+            relay = TLSSniffRelay(
+                self._host,
+                self._requested_port,
+                self._listen(server, 0, self._tls, "127.0.0.1"),
+                self._listen(server, 0, None, "127.0.0.1"),
+            )
+            await server.start()
+            try:
+                self.port = await relay.start()
+            except OSError as exc:
+                await server.stop(0)
+                raise OSError(
+                    f"cannot listen on {self._host}:{self._requested_port}: {exc}"
+                ) from None
+            self._relay = relay
+        else:
+            self.port = self._listen(server, self._requested_port, self._tls)
+            await server.start()
         self._server = server
         if self._health_port >= 0:
             await self._start_health_server()
@@ -122,13 +146,18 @@ class GrpcServer:
             self.port,
             ", ".join(names),
             "" if self._tls is None else "; TLS" + (", client certificates required"
-                                                  if self._tls.client_ca else ""),
+                                                  if self._tls.client_ca else "")
+            + ("" if self._relay is None else " and plaintext on one port (permissive), "
+               f"relayed to 127.0.0.1:{self._relay.tls_port} (TLS) and "
+               f":{self._relay.plain_port} (plaintext)"),
         )  # fmt: skip
         return self.port
 
-    def _listen(self, server: grpc.aio.Server, port: int, tls: ServerTLS | None) -> int:
+    def _listen(
+        self, server: grpc.aio.Server, port: int, tls: ServerTLS | None, host: str = ""
+    ) -> int:
         """Add the listening port (TLS when `tls`); the bound port, or OSError."""
-        address = f"{self._host}:{port}"
+        address = f"{host or self._host}:{port}"
         try:
             if tls is not None:
                 bound = server.add_secure_port(address, tls.credentials())
@@ -171,9 +200,18 @@ class GrpcServer:
     async def stop(self, grace_s: float = 5.0) -> None:
         """Report NOT_SERVING, let calls in flight finish for `grace_s`, then stop."""
         await self._set_all(NOT_SERVING)
+        if self._relay is not None:
+            self._relay.stop_accepting()
         if self._server is not None:
             await self._server.stop(grace_s)
             self._server = None
+        if self._relay is not None:
+            await self._relay.stop()
+            log.info(
+                "relayed %d TLS and %d plaintext connections",
+                self._relay.relayed[True], self._relay.relayed[False],
+            )  # fmt: skip
+            self._relay = None
         if self._health_server is not None:
             await self._health_server.stop(0)
             self._health_server = None

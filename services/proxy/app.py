@@ -1,5 +1,10 @@
 """Composition root of the proxy: the route cache, the MessagingService
-servicer and the gRPC server (health and reflection as every ferry server)."""
+servicer and the gRPC server (health and reflection as every ferry server).
+
+With a certificate the port serves TLS as Apache's proxy's tlsMode says:
+permissive (TLS and plaintext on the one port, through
+`ferry.runtime.tls_sniff`), enforcing (TLS only) or disabled (plaintext
+only). Without one it is plaintext, and no relay runs."""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from ferry.runtime.acl_file import AclFile
 from ferry.runtime.files import atomic_write_bytes
 from ferry.runtime.metrics_http import MetricsEndpoint, start_metrics_endpoint
 from ferry.runtime.server import GrpcServer, Service
+from ferry.runtime.tls import ServerTLS
 from services.proxy import auth
 from services.proxy.metrics import ProxyMetrics
 from services.proxy.routes import Routes
@@ -32,6 +38,7 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = service_pb2.DESCRIPTOR.services_by_name["MessagingService"].full_name
 # The largest message accepted: a batch of bodies at the limit, with room for properties.
 MAX_MESSAGE_BYTES = 4 * MAX_BODY_BYTES + (1 << 20)
+TLS_MODES = ("disabled", "permissive", "enforcing")
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,15 @@ class ProxyConfig:
     topic_message_type_check: bool = True
     # RocketMQ's proxy's minInvisibleTimeMillsForRecv: the least invisible time a receive asks.
     min_invisible_ms: int = MIN_INVISIBLE_MS
+    # The certificate and key; None: plaintext only, whatever tls_mode says.
+    tls: ServerTLS | None = field(default=None, repr=False)
+    # Apache's proxy's tlsMode with a certificate: "permissive" TLS and plaintext on one
+    # port, "enforcing" TLS only, "disabled" plaintext only.
+    tls_mode: str = "permissive"
+
+    def __post_init__(self) -> None:
+        if self.tls_mode not in TLS_MODES:
+            raise ValueError(f"tls_mode {self.tls_mode!r} is not one of {', '.join(TLS_MODES)}")
 
 
 class ProxyApp:
@@ -84,6 +100,8 @@ class ProxyApp:
                 config.access_key, config.secret_key, self.metrics, acl=self.acl
             ),
             registry=self.registry,
+            tls=config.tls if config.tls_mode != "disabled" else None,
+            permissive=config.tls_mode == "permissive",
         )
         self._metrics_endpoint: MetricsEndpoint | None = None
 

@@ -5,17 +5,19 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import ssl
 from pathlib import Path
 
 from ferry.acl import load_acl
 from ferry.client.namesrv import parse_addrs
 from ferry.model import DEFAULT_NAMESRV_ADDR, NAMESRV_ADDR_ENV
 from ferry.runtime import eventloop
-from ferry.runtime.errors import FerryError
+from ferry.runtime.errors import ConfigError, FerryError
 from ferry.runtime.logs import setup_logging
 from ferry.runtime.server import run_until_signalled
+from ferry.runtime.tls import ServerTLS, server_ssl_context
 from services.proxy import auth
-from services.proxy.app import ProxyApp, ProxyConfig
+from services.proxy.app import TLS_MODES, ProxyApp, ProxyConfig
 from services.proxy.servicer import MIN_INVISIBLE_MS
 
 log = logging.getLogger(__name__)
@@ -110,6 +112,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "is too small\", as RocketMQ's proxy's minInvisibleTimeMillsForRecv "
         f"(default {MIN_INVISIBLE_MS})",
     )
+    parser.add_argument(
+        "--tls-cert",
+        default=env("FERRY_PROXY_TLS_CERT"),
+        metavar="PEM",
+        help="serve apache.rocketmq.v2 over TLS with this certificate (and --tls-key), as "
+        "--tls-server-mode says; the RocketMQ 5 Java SDK before 5.1 always dials TLS "
+        "(default: none, plaintext only; $FERRY_PROXY_TLS_CERT)",
+    )
+    parser.add_argument(
+        "--tls-key",
+        default=env("FERRY_PROXY_TLS_KEY"),
+        metavar="PEM",
+        help="the certificate's private key ($FERRY_PROXY_TLS_KEY)",
+    )
+    parser.add_argument(
+        "--tls-server-mode",
+        choices=TLS_MODES,
+        default=env("FERRY_PROXY_TLS_SERVER_MODE") or "permissive",
+        help="with --tls-cert, TLS on --port as Apache's proxy's tlsMode: permissive serves "
+        "TLS and plaintext on the same port, told apart by a connection's first byte (the "
+        "default, Apache's), enforcing TLS only, disabled plaintext only; health and "
+        "reflection are served alike ($FERRY_PROXY_TLS_SERVER_MODE)",
+    )
     eventloop.add_argument(parser)
     parser.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING or ERROR")
 
@@ -132,6 +157,25 @@ def run(args: argparse.Namespace) -> int:
     if (problem := eventloop.check(args.event_loop)) is not None:
         log.error("%s", problem)
         return 2
+    if bool(args.tls_cert) != bool(args.tls_key):
+        log.error("TLS needs both --tls-cert and --tls-key")
+        return 2
+    if args.tls_server_mode == "enforcing" and not args.tls_cert:
+        log.error("--tls-server-mode enforcing serves TLS only: it needs --tls-cert and --tls-key")
+        return 2
+    tls = None
+    if args.tls_cert:
+        try:
+            tls = ServerTLS.load(args.tls_cert, args.tls_key)
+            server_ssl_context(args.tls_cert, args.tls_key)  # the key must match the certificate
+        except ConfigError as exc:
+            log.error("cannot start: %s", exc)
+            return 2
+        except (OSError, ssl.SSLError) as exc:
+            log.error("cannot start: --tls-cert/--tls-key: %s", exc)
+            return 2
+        if args.tls_server_mode == "disabled":
+            log.info("--tls-server-mode disabled: plaintext only, --tls-cert is not used")
     if args.acl_file is not None:
         if args.access_key:
             log.error("give either --acl-file or --access-key/--secret-key, not both")
@@ -159,6 +203,8 @@ def run(args: argparse.Namespace) -> int:
         acl_file=args.acl_file,
         topic_message_type_check=args.topic_message_type_check,
         min_invisible_ms=args.min_invisible_time_ms,
+        tls=tls,
+        tls_mode=args.tls_server_mode,
     )
 
     async def main() -> None:

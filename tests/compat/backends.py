@@ -22,6 +22,7 @@ levels; Apache's proxy takes receives with 1 s of invisibility (its default mini
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -116,7 +117,8 @@ class FerryBackend(Backend):
 
     name = "ferry"
 
-    def __init__(self, d: Path) -> None:
+    def __init__(self, d: Path, proxy_args: Sequence[str] = ()) -> None:
+        """`proxy_args`: more of the proxy's flags (--tls-cert ...)."""
         from ferry.v1 import broker_admin_pb2, broker_admin_pb2_grpc, common_pb2
 
         super().__init__()
@@ -141,7 +143,7 @@ class FerryBackend(Backend):
                         **FILTER_SETTINGS,
                     )
                 )
-            self.proxy = support.ProxyProcess(d, self.ns.remoting_addr)
+            self.proxy = support.ProxyProcess(d, self.ns.remoting_addr, proxy_args)
         except BaseException:
             self.stop()
             raise
@@ -269,9 +271,10 @@ class ApacheBackend(Backend):
             stopped.result()
 
 
-def start_backend(name: str, d: Path) -> Backend:
+def start_backend(name: str, d: Path, ferry_proxy_args: Sequence[str] = ()) -> Backend:
+    """`ferry_proxy_args`: more flags for ferry's proxy (Apache's has its defaults)."""
     if name == "ferry":
-        return FerryBackend(d)
+        return FerryBackend(d, ferry_proxy_args)
     if name == "apache":
         return ApacheBackend(d)
     raise ValueError(f"unknown back end {name!r}")

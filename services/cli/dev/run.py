@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import os
 import secrets
 import signal
 import socket
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ferry.model import NAMESRV_ADDR_ENV
+from services.cli.dev.certs import ProxyCert, self_signed
 from services.cli.dev.etcd import etcd_command, etcd_healthy, find_etcd
 from services.cli.dev.topology import (
     DEFAULT_TOPOLOGY,
@@ -112,6 +114,22 @@ def add_command(sub: argparse._SubParsersAction) -> None:
         default=60.0,
         metavar="SECONDS",
         help="how long the cluster may take to form (default 60)",
+    )
+    p.add_argument(
+        "--proxy-tls-cert",
+        type=Path,
+        default=os.environ.get("FERRY_PROXY_TLS_CERT") or None,
+        metavar="PEM",
+        help="the proxy's TLS certificate (with --proxy-tls-key; default: a self-signed one for "
+        "127.0.0.1 and localhost, made with openssl into DATA_DIR/proxy-tls/ on the first run; "
+        "$FERRY_PROXY_TLS_CERT); the proxy serves TLS and plaintext on its port, as Apache's",
+    )
+    p.add_argument(
+        "--proxy-tls-key",
+        type=Path,
+        default=os.environ.get("FERRY_PROXY_TLS_KEY") or None,
+        metavar="PEM",
+        help="the certificate's private key ($FERRY_PROXY_TLS_KEY)",
     )
     p.set_defaults(func=run)
 
@@ -412,6 +430,21 @@ def _stop(children: list[Child], grace_s: float = 10.0) -> None:
         print(f"stopped {child.name} (pid {child.proc.pid})", flush=True)
 
 
+def _proxy_cert(args: argparse.Namespace, data_dir: Path) -> tuple[ProxyCert | None, str]:
+    """The proxy's certificate (the user's, else a self-signed one in the data
+    directory) and the line that says so; None when none can be had."""
+    both = "TLS and plaintext on one port (permissive, as Apache's proxy)"
+    if args.proxy_tls_cert:
+        cert = ProxyCert(args.proxy_tls_cert, args.proxy_tls_key, made=False)
+        return cert, f"{both}, with your certificate {cert.cert}"
+    try:
+        cert = self_signed(data_dir / "proxy-tls")
+    except OSError as exc:
+        return None, f"plaintext only: no certificate could be made ({exc})"
+    how = "made now with openssl" if cert.made else "from an earlier run"
+    return cert, f"{both}; self-signed certificate for 127.0.0.1/localhost {how}: {cert.cert}"
+
+
 def _ha_secret(data_dir: Path) -> str:
     """One HA handshake secret per data directory (slaves get a stable replica
     id in ha-status and metrics, and a wrong peer gets nothing)."""
@@ -479,6 +512,9 @@ def run(args: argparse.Namespace) -> int:
         if not started:
             raise KeyboardInterrupt  # out of a startup wait; `finally` stops what runs
 
+    if bool(args.proxy_tls_cert) != bool(args.proxy_tls_key):
+        print("ferry dev: --proxy-tls-cert and --proxy-tls-key go together", file=sys.stderr)
+        return 2
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
     try:
@@ -553,10 +589,16 @@ def run(args: argparse.Namespace) -> int:
         children.append(exporter)
         ready["exporter"] = _wait_ready(exporter, deadline)
         proxy = topology.proxy
+        proxy_cert, proxy_tls_line = _proxy_cert(args, data_dir)
+        tls_args = (
+            ["--tls-cert", str(proxy_cert.cert), "--tls-key", str(proxy_cert.key)]
+            if proxy_cert
+            else ["--tls-server-mode", "disabled"]
+        )
         proxy_child = _start(
             proxy.name,
             ["-m", "services.proxy", "--host", "127.0.0.1", "--port", str(proxy.port),
-             "--metrics-port", str(proxy.metrics_port), "-n", addr],
+             "--metrics-port", str(proxy.metrics_port), "-n", addr, *tls_args],
             data_dir,
         )  # fmt: skip
         children.append(proxy_child)
@@ -583,6 +625,7 @@ def run(args: argparse.Namespace) -> int:
             f"pid {ready[proxy.name]['pid']:<8} RocketMQ 5 proxy, apache.rocketmq.v2 "
             f"({proxy.dns} in Kubernetes)"
         )
+        lines.append(f"  {'':<16} {proxy_tls_line}")
         lines.append(
             f"  topic {DEMO_TOPIC} (4 queues) on "
             + ", ".join(m.config.broker_name for m, _ in masters)
@@ -606,6 +649,11 @@ def run(args: argparse.Namespace) -> int:
                 f"-b {master.config.broker_name}\n"
             )
         first_ns = topology.namesrvs[0].grpc_addr
+        tls_try = (
+            f"  .venv/bin/grpcurl -cacert {proxy_cert.cert} {proxy.addr} list  # over TLS\n"
+            if proxy_cert
+            else ""
+        )
         print(
             f"""
 Try:
@@ -619,7 +667,7 @@ Try:
   .venv/bin/grpcurl -plaintext -d '{{"topic":"{DEMO_TOPIC}"}}' {first_ns} ferry.v1.NameServer/GetRouteInfoByTopic
   .venv/bin/ferry analytics run --spool {spool} --out {data_dir}/analytics --once
   .venv/bin/grpcurl -plaintext {proxy.addr} describe apache.rocketmq.v2.MessagingService
-  .venv/bin/python - <<'EOF'  # the official RocketMQ 5 SDK (pip: rocketmq-python-client)
+{tls_try}  .venv/bin/python - <<'EOF'  # the official RocketMQ 5 SDK (pip: rocketmq-python-client)
 {_sdk_example(proxy.addr)}
 EOF
 

@@ -38,7 +38,8 @@ import org.apache.rocketmq.client.java.impl.producer.SendReceiptImpl;
  * Apache RocketMQ's, each printing one JSON line per thing it observed, so the test can hold
  * the two back ends' answers side by side.
  *
- * <p>Usage: Parity5 ENDPOINT SCENARIO... with scenarios
+ * <p>Usage: Parity5 ENDPOINT SCENARIO... (with {@code -Dparity5.ssl=true}: over TLS, which
+ * the SDK's ClientConfiguration.enableSsl makes trust any server certificate) with scenarios
  *
  * <ul>
  *   <li>{@code normal}: 12 sends to J5Normal with tags (TagA, TagB), keys and properties; a
@@ -78,7 +79,7 @@ public final class Parity5 {
     this.config =
         ClientConfiguration.newBuilder()
             .setEndpoints(endpoint)
-            .enableSsl(false)
+            .enableSsl(Boolean.getBoolean("parity5.ssl"))
             .setRequestTimeout(Duration.ofSeconds(10))
             .build();
   }
