@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 
 from ferry.runtime import late_answers
 from ferry.runtime.tls import ServerTLS
-from ferry.runtime.tls_sniff import TLSSniffRelay
+from ferry.runtime.tls_sniff import PeerBook, TLSSniffRelay
 
 log = logging.getLogger(__name__)
 
@@ -73,17 +73,21 @@ class GrpcServer:
         health_port: int = -1,
         registry: CollectorRegistry | None = None,
         permissive: bool = False,
+        peers: PeerBook | None = None,
     ) -> None:
         """`registry`: the process's metrics, where `ferry_grpc_late_answers_total`
         is registered. `permissive` (with `tls`): the port serves TLS and
         plaintext alike, through a relay that tells them apart by the first byte
         (`ferry.runtime.tls_sniff`); the server itself then listens on two
-        loopback ports. Without `tls` it changes nothing."""
+        loopback ports, and the relay writes each connection's client into
+        `peers` (for interceptors that need the client's address). Without `tls`
+        it changes nothing."""
         self._services = list(services)
         self._interceptors = list(interceptors)
         self._tls = tls
         self._permissive = permissive and tls is not None
         self._relay: TLSSniffRelay | None = None
+        self._peers = peers
         # >= 0: also serve grpc.health.v1 alone, in plaintext, on this port (for
         # probes that cannot speak TLS, like the kubelet's); -1: not at all.
         self._health_port = health_port
@@ -124,6 +128,7 @@ class GrpcServer:
                 self._requested_port,
                 self._listen(server, 0, self._tls, "127.0.0.1"),
                 self._listen(server, 0, None, "127.0.0.1"),
+                self._peers,
             )
             await server.start()
             try:

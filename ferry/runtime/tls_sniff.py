@@ -15,6 +15,13 @@ drains, so each direction holds at most about `HIGH_WATER_BYTES` plus one
 read. A half-close is passed on (write_eof); a side is closed once both its
 directions are done; a reset on one side aborts the other.
 
+Who the client is: the gRPC server sees every relayed connection coming from
+127.0.0.1. `PeerBook` keeps, for each relayed connection, the client's address
+by the relay's own local port on it, and `PeerBook.real` turns the peer the
+server reports back into the client's (what an ACL's remote-address rules and
+the denial log need); a peer the book does not hold (a connection to an internal
+port that did not come through the relay) is never taken for 127.0.0.1.
+
 All state is owned by the event loop that runs the relay.
 """
 
@@ -28,6 +35,44 @@ log = logging.getLogger(__name__)
 TLS_HANDSHAKE = 0x16  # the content type of a TLS record that starts a handshake
 HIGH_WATER_BYTES = 256 * 1024
 CONNECT_TIMEOUT_S = 5.0
+
+
+def format_peer(address) -> str:
+    """A socket address as gRPC writes a peer: "ipv4:1.2.3.4:5", "ipv6:[::1]:5"."""
+    if not isinstance(address, tuple) or len(address) < 2:
+        return f"unknown:{address}"
+    host, port = address[0], address[1]
+    return f"ipv6:[{host}]:{port}" if ":" in str(host) else f"ipv4:{host}:{port}"
+
+
+class PeerBook:
+    """The client behind each connection the relay holds to the gRPC server, by
+    that connection's local port (the port the server reports as its peer's)."""
+
+    UNKNOWN = "unknown:not-relayed"
+
+    def __init__(self) -> None:
+        self._by_port: dict[int, str] = {}
+
+    def add(self, local_port: int, client_peer: str) -> None:
+        self._by_port[local_port] = client_peer
+
+    def discard(self, local_port: int) -> None:
+        self._by_port.pop(local_port, None)
+
+    def real(self, peer: str) -> str:
+        """The client's peer string for the server-reported `peer` of a relayed
+        connection; UNKNOWN for any other (never the relay's 127.0.0.1)."""
+        kind, _, rest = peer.partition(":")
+        host, _, port = rest.rpartition(":")
+        if kind in ("ipv4", "ipv6") and port.isdigit():
+            found = self._by_port.get(int(port))
+            if found is not None:
+                return found
+        return self.UNKNOWN
+
+    def __len__(self) -> int:
+        return len(self._by_port)
 
 
 class _Side(asyncio.Protocol):
@@ -81,6 +126,25 @@ class _Side(asyncio.Protocol):
             self.other.transport.resume_reading()
 
 
+class _Upstream(_Side):
+    """The relay's connection to the gRPC server; its entry in the peer book lives
+    as long as it does (the server may still be answering after the client left)."""
+
+    def __init__(self, peers: PeerBook) -> None:
+        super().__init__()
+        self._peers = peers
+        self.local_port = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        sockname = transport.get_extra_info("sockname")
+        self.local_port = sockname[1] if isinstance(sockname, tuple) else 0
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._peers.discard(self.local_port)
+        super().connection_lost(exc)
+
+
 class _Client(_Side):
     """The accepted side: waits for the first byte, then dials the internal port."""
 
@@ -110,7 +174,7 @@ class _Client(_Side):
 
     async def _dial(self, port: int) -> None:
         loop = asyncio.get_running_loop()
-        upstream = _Side()
+        upstream = _Upstream(self._relay.peers)
         upstream.other = self  # the server may speak first (HTTP/2 SETTINGS)
         try:
             await asyncio.wait_for(
@@ -123,6 +187,9 @@ class _Client(_Side):
         if self.transport.is_closing():  # type: ignore[union-attr]
             upstream.transport.abort()  # type: ignore[union-attr]
             return
+        # Before the first byte reaches the server: no call on it is read without its entry.
+        peer = format_peer(self.transport.get_extra_info("peername"))  # type: ignore[union-attr]
+        self._relay.peers.add(upstream.local_port, peer)
         self.other = upstream
         upstream.transport.write(self._first)  # type: ignore[union-attr]
         self._first = b""
@@ -147,9 +214,12 @@ class _Client(_Side):
 class TLSSniffRelay:
     """The public listener; `start()` binds `host:port` (0: a free one)."""
 
-    def __init__(self, host: str, port: int, tls_port: int, plain_port: int) -> None:
+    def __init__(
+        self, host: str, port: int, tls_port: int, plain_port: int, peers: PeerBook | None = None
+    ) -> None:
         self.host, self.requested_port = host, port
         self.tls_port, self.plain_port = tls_port, plain_port
+        self.peers = peers if peers is not None else PeerBook()
         self.clients: set[_Client] = set()
         self.relayed = {True: 0, False: 0}  # connections so far, by "was TLS"
         self._server: asyncio.Server | None = None

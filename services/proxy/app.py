@@ -23,6 +23,7 @@ from ferry.runtime.files import atomic_write_bytes
 from ferry.runtime.metrics_http import MetricsEndpoint, start_metrics_endpoint
 from ferry.runtime.server import GrpcServer, Service
 from ferry.runtime.tls import ServerTLS
+from ferry.runtime.tls_sniff import PeerBook
 from services.proxy import auth
 from services.proxy.metrics import ProxyMetrics
 from services.proxy.routes import Routes
@@ -85,6 +86,8 @@ class ProxyApp:
         self.servicer = MessagingServicer(self.routes, options, self.metrics)
         # ValueError naming the file and the field when the ACL file cannot be used.
         self.acl = AclFile(config.acl_file) if config.acl_file is not None else None
+        relayed = config.tls is not None and config.tls_mode == "permissive"
+        peers = PeerBook() if relayed else None  # the relay's clients, for the ACL
         self.server = GrpcServer(
             [
                 Service(
@@ -97,11 +100,12 @@ class ProxyApp:
             config.port,
             MAX_MESSAGE_BYTES,
             interceptors=auth.interceptors(
-                config.access_key, config.secret_key, self.metrics, acl=self.acl
+                config.access_key, config.secret_key, self.metrics, acl=self.acl, peers=peers
             ),
             registry=self.registry,
             tls=config.tls if config.tls_mode != "disabled" else None,
             permissive=config.tls_mode == "permissive",
+            peers=peers,
         )
         self._metrics_endpoint: MetricsEndpoint | None = None
 

@@ -77,6 +77,7 @@ from ferry.runtime.auth import (
 from ferry.runtime.auth import METADATA_KEY as AUTHORIZATION
 from ferry.runtime.auth import sign_v2 as sign
 from ferry.runtime.auth import v2_signature_matches as signature_matches
+from ferry.runtime.tls_sniff import PeerBook
 from services.proxy import convert
 from services.proxy.metrics import ProxyMetrics
 
@@ -271,15 +272,17 @@ def interceptors(
     secret_key: str,
     metrics: ProxyMetrics | None = None,
     acl: AclFile | None = None,
+    peers: PeerBook | None = None,
 ) -> Sequence[grpc.aio.ServerInterceptor]:
     """The signature check with both keys, none without; ValueError with only
-    one; with `acl` (and no keys), the plain_acl.yml check. With `metrics`, its
-    refusals are counted there."""
+    one; with `acl` (and no keys), the plain_acl.yml check, which reads the
+    clients' addresses from `peers` when a relay stands in front. With
+    `metrics`, its refusals are counted there."""
     check_keys(access_key, secret_key)
     if acl is not None:
         if access_key:
             raise ValueError("give either --acl-file or --access-key/--secret-key, not both")
-        return [AclInterceptor(acl, metrics=metrics)]
+        return [AclInterceptor(acl, metrics=metrics, peers=peers)]
     if not access_key:
         return []
     return [SignatureInterceptor(access_key, secret_key, metrics=metrics)]
@@ -362,11 +365,20 @@ class AclInterceptor(grpc.aio.ServerInterceptor):
         acl: AclFile,
         response_types: Mapping[str, type[Message]] = RESPONSE_TYPES,
         metrics: ProxyMetrics | None = None,
+        peers: PeerBook | None = None,
     ) -> None:
+        """`peers`: behind a permissive port's relay, where the clients really are
+        (the server sees 127.0.0.1 for all of them; an ACL's remote-address rules
+        must not)."""
         self._acl = acl
         self._response_types = dict(response_types)
         self._metrics = metrics
         self._denials = DenialLog(log)
+        self._peers = peers
+
+    def _peer(self, context) -> str:
+        peer = context.peer()
+        return peer if self._peers is None else self._peers.real(peer)
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
@@ -387,11 +399,11 @@ class AclInterceptor(grpc.aio.ServerInterceptor):
             return authenticate_v2(
                 config,
                 metadata,
-                remote_ip(context.peer()),
+                remote_ip(self._peer(context)),
                 _ACL_WHAT_TO_DO.format(source=config.source),
             )
         except AclDenied as denied:
-            self._denials.denied(denied, method, context.peer())
+            self._denials.denied(denied, method, self._peer(context))
             return v2.Status(code=v2.UNAUTHORIZED, message=str(denied))
 
     def _authorize(
@@ -407,7 +419,7 @@ class AclInterceptor(grpc.aio.ServerInterceptor):
                 raise AclDenied(Reason.MALFORMED, str(exc), access_key=caller.access_key) from None
             self._acl.config.authorize(caller.access_key, needs, what=method)
         except AclDenied as denied:
-            self._denials.denied(denied, method, context.peer())
+            self._denials.denied(denied, method, self._peer(context))
             return v2.Status(code=v2.FORBIDDEN, message=str(denied))
         return None
 

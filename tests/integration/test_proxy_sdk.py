@@ -855,7 +855,6 @@ def test_a_receive_pops_the_whole_broker_it_names_fifo_too(cluster):
     from apache.rocketmq.v2 import definition_pb2 as v2
     from apache.rocketmq.v2 import service_pb2 as s
     from apache.rocketmq.v2 import service_pb2_grpc
-
     from ferry.v1 import namesrv_pb2
 
     topic, group = "SdkFifoAnyQueue", "sdk-fifo-any-queue"

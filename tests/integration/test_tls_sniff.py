@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from ferry.runtime.tls_sniff import HIGH_WATER_BYTES, TLSSniffRelay
+from ferry.runtime.tls_sniff import HIGH_WATER_BYTES, PeerBook, TLSSniffRelay
 
 BIG = 8 * HIGH_WATER_BYTES
 
@@ -87,5 +87,50 @@ def test_stop_closes_what_is_relayed():
         writer.close()
         for s in servers:
             s.close()
+
+    asyncio.run(main())
+
+
+def test_the_peer_book_names_the_client_behind_each_relayed_connection():
+    """The server behind the relay sees 127.0.0.1 for every client; the book gives
+    back the real one (here a client bound to 127.0.0.2) for as long as the relay's
+    connection to the server lives, and never 127.0.0.1 for a peer it does not hold
+    (what an ACL's globalWhiteRemoteAddresses must not be fooled by)."""
+
+    async def main() -> None:
+        seen: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
+
+        async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            seen.put_nowait(writer.get_extra_info("peername")[:2])
+            while await reader.read(65536):
+                pass
+            writer.close()
+
+        upstream = await asyncio.start_server(record, "127.0.0.1", 0)
+        port = upstream.sockets[0].getsockname()[1]
+        relay = TLSSniffRelay("127.0.0.1", 0, port, port)
+        await relay.start()
+        try:
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", relay.port, local_addr=("127.0.0.2", 0)
+            )
+            client_port = writer.get_extra_info("sockname")[1]
+            writer.write(b"\x16hello")
+            await writer.drain()
+            host, relay_port = await asyncio.wait_for(seen.get(), 10)
+            assert host == "127.0.0.1"  # what the server sees
+            assert relay.peers.real(f"ipv4:127.0.0.1:{relay_port}") == (
+                f"ipv4:127.0.0.2:{client_port}"
+            )
+            assert relay.peers.real("ipv4:127.0.0.1:1") == PeerBook.UNKNOWN
+            assert relay.peers.real("unix:/x") == PeerBook.UNKNOWN
+            writer.close()
+            deadline = asyncio.get_running_loop().time() + 10
+            while len(relay.peers) and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.01)  # the relay's side closes after the client's
+            assert len(relay.peers) == 0
+        finally:
+            await relay.stop()
+            upstream.close()
 
     asyncio.run(main())
