@@ -598,3 +598,25 @@ def test_a_slave_refuses_changes_as_apaches_does(sides):
     assert "Can't modify topic or subscription group from slave broker" in causes["ferry"][0]
     for side in sides.values():
         assert not _has_route(side, "OnSlave")
+
+
+def test_clone_group_offset_copies_the_committed_offsets(sides):
+    """mqadmin cloneGroupOffset (314): the new group starts where GROUP is, queue by
+    queue, on both (the topic named: with none, Apache 4.9/5.x copies nothing, a bug of
+    theirs ferry does not copy)."""
+    clone = "ClonedFromGroup"
+
+    def offsets(side: Side, group: str) -> dict[int, int | None]:
+        got = {}
+        for q in range(4):
+            ext = {"consumerGroup": group, "topic": TOPIC, "queueId": str(q)}
+            answer = call(side.master, Command(codes.QUERY_CONSUMER_OFFSET, ext=ext))
+            got[q] = int(answer.ext["offset"]) if answer.code == codes.SUCCESS else None
+        return got
+
+    for name, side in sides.items():
+        before = offsets(side, GROUP)
+        assert all(o is not None for o in before.values()), (name, before)
+        result = side.run("cloneGroupOffset", "-s", GROUP, "-d", clone, "-t", TOPIC, "-o", "true")
+        assert "clone group offset success" in result.out.lower(), (name, result.out)
+        assert offsets(side, clone) == before, name

@@ -134,12 +134,25 @@ def broker_door(broker: RunningBroker) -> Door:
                 lambda: seed_broker(broker), [HEARTBEAT])  # fmt: skip
 
 
+def _auto_created(config: TopicConfig) -> bool:
+    """A topic as a send creates it on first use: from TBW102 (perm 7, 8 queues),
+    its permission without INHERIT and at most its queues, no attributes."""
+    return (
+        config.perm == 6
+        and config.read_queue_nums == config.write_queue_nums
+        and 1 <= config.read_queue_nums <= 8
+        and not config.attributes
+    )
+
+
 def broker_state(app) -> Any:
-    """What a refused request must leave as it was. Two things are let pass,
-    as Apache 4.9 does them too: a send to `%RETRY%<group>` creates the
-    group's retry (or dead-letter) topic on first use before the message is
-    checked (`msgCheck`), and a request naming a group creates the group
-    (autoCreateSubscriptionGroup) before the rest is checked. Topics and
+    """What a refused request must leave as it was. Three things are let pass,
+    as Apache does them too: a send to `%RETRY%<group>` creates the group's
+    retry (or dead-letter) topic on first use before the message is checked
+    (`msgCheck`); a send to an unknown topic naming TBW102 creates the topic
+    from it (`msgCheck` again) before the message is checked (its queue, its
+    properties: refused with 13 after); and a request naming a group creates the
+    group (autoCreateSubscriptionGroup) before the rest is checked. Topics and
     groups as created on first use, and those tables' versions, are left out."""
     md = app.metadata
     topics, _ = md.topics.snapshot()
@@ -153,6 +166,7 @@ def broker_state(app) -> Any:
                 name.startswith(("%RETRY%", "%DLQ%"))
                 and dataclasses.replace(config, topic_name="") == AUTO_TOPIC
             )
+            and not (name != TOPIC and _auto_created(config))
         },
         md.consumer_offsets.snapshot(),
         {
@@ -493,6 +507,7 @@ FIELD_NAMES = {
     codes.GET_BROKER_CONSUME_STATS: "isOrder",
     codes.QUERY_CONSUME_QUEUE: "topic queueId index count consumerGroup",
     codes.CONSUME_MESSAGE_DIRECTLY: "consumerGroup clientId msgId topic brokerName",
+    codes.CLONE_GROUP_OFFSET: "srcGroup destGroup topic offline",
     codes.GET_BROKER_HA_STATUS: "",
     codes.GET_BROKER_EPOCH_CACHE: "",
     codes.GET_COLD_DATA_FLOW_CTR_INFO: "",

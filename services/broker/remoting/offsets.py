@@ -11,6 +11,7 @@ checks (the topic exists here, the queue is one of its queues).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 
 from ferry.model import check_name
@@ -20,6 +21,8 @@ from ferry.remoting.server import Connection, Handler
 from ferry.runtime.errors import FerryError
 from services.broker.remoting.convert import BadRequest, error_answer, integer, text
 from services.broker.remoting.deps import Deps
+
+log = logging.getLogger(__name__)
 
 INT32 = (-(2**31), 2**31 - 1)
 
@@ -83,6 +86,40 @@ class Offsets:
             return error_answer(request, exc)
         return request.answer(codes.SUCCESS)
 
+    async def clone_group_offset(self, connection: Connection, request: Command) -> Command:
+        """314 CLONE_GROUP_OFFSET (mqadmin cloneGroupOffset -s SRC -d DEST [-t TOPIC] [-o]):
+        DEST's committed offsets become SRC's, topic by topic: the one named, else
+        every topic SRC has offsets for here. A topic this broker does not hold is
+        skipped; unless offline, so is one SRC's connected consumers do not
+        subscribe while they subscribe others (Apache's rules). Where no topic is
+        named, Apache copies nothing (it clones the empty topic's offsets); ferry
+        copies each topic's."""
+        try:
+            self.deps.gate.check()
+            source = text(request.ext, "srcGroup")
+            dest = text(request.ext, "destGroup")
+            check_name(source, "srcGroup")
+            check_name(dest, "destGroup")
+            topic = text(request.ext, "topic", required=False).strip()
+            offline = request.ext.get("offline", "false").strip().lower() == "true"
+            topics = [topic] if topic else self.table.topics_of(source)
+            clients = self.deps.clients
+            subscribing = any(m.subscriptions for m in clients.consumers(source))
+            cloned = 0
+            for name in topics:
+                if self.deps.metadata.topics.get(name) is None:
+                    continue
+                if not offline and subscribing and clients.subscription(source, name) is None:
+                    continue
+                table, _ = self.table.snapshot()
+                for queue_id, offset in sorted(table.get(f"{name}@{source}", {}).items()):
+                    self.table.commit(dest, name, queue_id, offset)
+                    cloned += 1
+        except FerryError as exc:
+            return error_answer(request, exc)
+        log.info("cloned %d committed offsets of group %s to %s", cloned, source, dest)
+        return request.answer(codes.SUCCESS)
+
     async def search_offset_by_timestamp(self, connection: Connection, request: Command) -> Command:
         try:
             self.deps.gate.check()
@@ -121,6 +158,7 @@ def handlers(deps: Deps) -> dict[int, Handler]:
     offsets = Offsets(deps)
     return {
         codes.QUERY_CONSUMER_OFFSET: offsets.query_consumer_offset,
+        codes.CLONE_GROUP_OFFSET: offsets.clone_group_offset,
         codes.UPDATE_CONSUMER_OFFSET: offsets.update_consumer_offset,
         codes.SEARCH_OFFSET_BY_TIMESTAMP: offsets.search_offset_by_timestamp,
         codes.GET_MAX_OFFSET: offsets.get_max_offset,
