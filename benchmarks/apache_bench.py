@@ -1553,21 +1553,19 @@ def tool_figures(
             preload_s[name] = asyncio.run(preload_backlog(address, BACKLOG_TOPIC, plan.backlog))
             _progress(f"{name}'s backlog of {plan.backlog:,} preloaded in {preload_s[name]:.1f} s")
 
-        def drain(name: str, r: int) -> DrainRun:
-            with contextlib.nullcontext() if plan.overlap else paused(sides[other[name]]):
-                got = _drain_backlog(sides[name], r, workdir / f"backlog-{r}", plan)
-            _progress(f"backlog round {r + 1}, {name}: {got.text()}")
-            return got
+        def drainer(sql92: bool) -> Callable[[str, int], DrainRun]:
+            label = "SQL92 backlog" if sql92 else "backlog"
 
-        drains = _alternate(plan.tool_rounds, drain, "backlog")
+            def drain(name: str, r: int) -> DrainRun:
+                with contextlib.nullcontext() if plan.overlap else paused(sides[other[name]]):
+                    got = _drain_backlog(sides[name], r, workdir / f"backlog-{r}", plan, sql92)
+                _progress(f"{label} round {r + 1}, {name}: {got.text()}")
+                return got
 
-        def drain_sql92(name: str, r: int) -> DrainRun:
-            with contextlib.nullcontext() if plan.overlap else paused(sides[other[name]]):
-                got = _drain_backlog(sides[name], r, workdir / f"backlog-{r}", plan, sql92=True)
-            _progress(f"SQL92 backlog round {r + 1}, {name}: {got.text()}")
-            return got
+            return drain
 
-        sql92_drains = _alternate(plan.tool_rounds, drain_sql92, "SQL92 backlog")
+        drains = _alternate(plan.tool_rounds, drainer(False), "backlog")
+        sql92_drains = _alternate(plan.tool_rounds, drainer(True), "SQL92 backlog")
     figures = []
     for role in roles:
         figures += _tool_role_figures(role, pairs[role], plan)
@@ -1649,20 +1647,37 @@ def _tool_role_figures(role: str, pairs: list[dict[str, ToolRun]], plan: Plan) -
     ]  # fmt: skip
 
 
-def _backlog_figure(pairs: list[dict[str, DrainRun]], plan: Plan, preload_s: dict) -> Figure:
+def _drain_rows(pairs: list[dict[str, DrainRun]], name: str, label: str, how: str) -> Figure:
+    """A backlog-drain figure: the pair with the median ratio, `how` the run's setup,
+    then the ratios and every run's text."""
+
     def ratio(p: dict) -> float:
         return p[FERRY].rate / max(p[APACHE].rate, 1e-9)
 
     pair = _median_pair(pairs, ratio)
     rounds = len(pairs)
     return Figure(
-        name="RocketMQ's benchmark Consumer alone ← an ASYNC_MASTER's backlog: TPS",
+        name=name,
         value=pair[FERRY].rate,
         unit="msgs/s",
         baseline=pair[APACHE].rate,
-        baseline_label=f"Apache {ROCKETMQ4_VERSION}, same Consumer, same backlog, same round",
+        baseline_label=label,
         target=Target("ratio", ">=", 1.0),
-        detail=f"rocketmq-example 4.7.0's Consumer on the {ROCKETMQ4_VERSION} client, unchanged "
+        detail=how
+        + f" {rounds} paired round{'s' if rounds != 1 else ''} (the order alternating); the "
+        "median ratio shown. Ratios by round: "
+        + _ratios(pairs, ratio)
+        + ". ferry: " + "; ".join(p[FERRY].text() for p in pairs)
+        + ". Apache: " + "; ".join(p[APACHE].text() for p in pairs) + ".",
+    )  # fmt: skip
+
+
+def _backlog_figure(pairs: list[dict[str, DrainRun]], plan: Plan, preload_s: dict) -> Figure:
+    return _drain_rows(
+        pairs,
+        "RocketMQ's benchmark Consumer alone ← an ASYNC_MASTER's backlog: TPS",
+        f"Apache {ROCKETMQ4_VERSION}, same Consumer, same backlog, same round",
+        f"rocketmq-example 4.7.0's Consumer on the {ROCKETMQ4_VERSION} client, unchanged "
         f"(a push consumer: 20 consuming threads, pulls of 32), alone, on each side's "
         f"ASYNC_MASTER of the topology above. Each side's {BACKLOG_TOPIC} ({QUEUES} queues) "
         f"holds {plan.backlog:,} messages of {BODY_SIZE} bytes, sent once before the rounds by "
@@ -1671,42 +1686,24 @@ def _backlog_figure(pairs: list[dict[str, DrainRun]], plan: Plan, preload_s: dic
         "run is a fresh consumer group, which both brokers start at offset 0, and goes until "
         "a report line consumed nothing. Each run: the mean of its last two full report "
         "lines (~10 s each; not the first, whose window holds the JVM's start, nor the last, "
-        f"in which the backlog ran out). {rounds} paired round{'s' if rounds != 1 else ''} "
-        "(the order alternating); the median ratio shown. Ratios by round: "
-        + _ratios(pairs, ratio)
-        + ". ferry: " + "; ".join(p[FERRY].text() for p in pairs)
-        + ". Apache: " + "; ".join(p[APACHE].text() for p in pairs) + ".",
-    )  # fmt: skip
+        "in which the backlog ran out).",
+    )
 
 
 def _sql92_backlog_figure(pairs: list[dict[str, DrainRun]], plan: Plan) -> Figure:
-    def ratio(p: dict) -> float:
-        return p[FERRY].rate / max(p[APACHE].rate, 1e-9)
-
-    pair = _median_pair(pairs, ratio)
-    rounds = len(pairs)
-    return Figure(
-        name=f"RocketMQ's benchmark Consumer alone, SQL92 `{BACKLOG_SQL92}` ← an "
+    return _drain_rows(
+        pairs,
+        f"RocketMQ's benchmark Consumer alone, SQL92 `{BACKLOG_SQL92}` ← an "
         "ASYNC_MASTER's backlog (half of it selected): TPS",
-        value=pair[FERRY].rate,
-        unit="msgs/s",
-        baseline=pair[APACHE].rate,
-        baseline_label=f"Apache {ROCKETMQ4_VERSION}, same Consumer, same selector, same "
-        "backlog, same round",
-        target=Target("ratio", ">=", 1.0),
-        detail=f"The same Consumer and backlog as the row above, after it, subscribed with "
-        f"`-f SQL92 -e` \"{BACKLOG_SQL92}\" (MessageSelector.bySql) in a fresh group; both "
-        f"masters run with enablePropertyFilter=true (Apache's default filter settings: no "
-        f"consume-queue bitmap), so each reads every message of the backlog and evaluates the "
+        f"Apache {ROCKETMQ4_VERSION}, same Consumer, same selector, same backlog, same round",
+        f"The same Consumer and backlog as the row above, after it, subscribed with "
+        f'`-f SQL92 -e` "{BACKLOG_SQL92}" (MessageSelector.bySql) in a fresh group; both '
+        "masters run with enablePropertyFilter=true (Apache's default filter settings: no "
+        "consume-queue bitmap), so each reads every message of the backlog and evaluates the "
         f"selector on its properties; half of the {plan.backlog:,} messages match. TPS counts "
-        f"the messages delivered (the selected half); the µs per message below are over the "
-        f"whole backlog. Each run: the mean of its last two full report lines. {rounds} "
-        f"paired round{'s' if rounds != 1 else ''} (the order alternating); the median ratio "
-        "shown. Ratios by round: "
-        + _ratios(pairs, ratio)
-        + ". ferry: " + "; ".join(p[FERRY].text() for p in pairs)
-        + ". Apache: " + "; ".join(p[APACHE].text() for p in pairs) + ".",
-    )  # fmt: skip
+        "the messages delivered (the selected half); the µs per message below are over the "
+        "whole backlog. Each run: the mean of its last two full report lines.",
+    )
 
 
 def _singles_figure(singles: list[Singles], plan: Plan) -> Figure:

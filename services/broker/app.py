@@ -58,7 +58,6 @@ from services.broker.api.servicer import (
     BrokerServicer,
     Gate,
     HAAdminServicer,
-    HAStatusView,
     SlaveSyncServicer,
 )
 from services.broker.api.transactions import TransactionsServicer
@@ -72,7 +71,7 @@ from services.broker.messaging.autocreate import TopicAutoCreate
 from services.broker.messaging.filters import Filters
 from services.broker.messaging.outgoing import SendStatus
 from services.broker.messaging.pull import PullService, hot_bytes_of
-from services.broker.messaging.replication import ReplicationStatus
+from services.broker.messaging.replication import HAParts, ReplicationStatus
 from services.broker.messaging.send import SendObservers, SendService, Settler
 from services.broker.messaging.sendback import SendBack
 from services.broker.messaging.staging import Stager
@@ -944,13 +943,12 @@ class BrokerApp:
         if self.transactions is not None:
             self.transactions.checkpoint()
 
-    def ha_parts(self) -> HAStatusView:
+    def ha_parts(self) -> HAParts:
         """The HA parts of this run, for the replication use case (HASource)."""
         assert self.store is not None
-        return HAStatusView(
+        return HAParts(
             role=self.config.broker_role,
             store=self.store,
-            acks=self.acks,
             master=self.ha_master,
             slave=self.ha_slave,
         )

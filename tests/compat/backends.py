@@ -80,6 +80,7 @@ class Backend:
 
     name = ""
     endpoint = ""
+    namesrv_addr = ""  # the name server's RocketMQ-protocol address (4.x/5.x remoting clients)
 
     def __init__(self) -> None:
         self.groups: set[str] = set()
@@ -148,6 +149,7 @@ class FerryBackend(Backend):
             self.stop()
             raise
         self.endpoint = self.proxy.endpoint
+        self.namesrv_addr = self.ns.remoting_addr
         self.metrics_url = self.proxy.metrics_url
 
     def create_topic(self, topic: str, queues: int = 4, message_type: str = "") -> None:
@@ -224,6 +226,7 @@ class ApacheBackend(Backend):
             self.stop()
             raise
         self.endpoint = self.proxy.endpoint
+        self.namesrv_addr = self.namesrv.address
 
     def create_topic(self, topic: str, queues: int = 4, message_type: str = "") -> None:
         assert self.admin is not None

@@ -48,11 +48,6 @@ def cluster(request, tmp_path_factory):
         backend.stop()
 
 
-def namesrv_of(cluster) -> str:
-    """The name server's RocketMQ-protocol address."""
-    return cluster.namesrv.address if cluster.name == "apache" else cluster.ns.remoting_addr
-
-
 def routed(namesrv: str, topic: str) -> bool:
     answer = call(namesrv, Command(codes.GET_ROUTEINFO_BY_TOPIC, ext={"topic": topic}), 10)
     return answer.code == codes.SUCCESS
@@ -66,7 +61,7 @@ def cluster_name_of(cluster) -> str:
 def admin(cluster, tmp_path_factory):
     session = ApacheAdmin(
         tmp_path_factory.mktemp(f"admin5-{cluster.name}"),
-        namesrv_of(cluster),
+        cluster.namesrv_addr,
         cluster_name_of(cluster),
     ).start()
     try:
@@ -80,7 +75,7 @@ def test_the_dashboards_topic_calls(cluster, admin, tmp_path):
     topic = f"Shown{next(_ids)}"
     # The cluster-named topic is routed once a master has registered (Apache's broker
     # inside its proxy may still be on its way).
-    wait_for(lambda: routed(namesrv_of(cluster), name), 60, f"the route of {name}", 0.2)
+    wait_for(lambda: routed(cluster.namesrv_addr, name), 60, f"the route of {name}", 0.2)
     masters = admin.call(op="createTopicByKey", key=name, topic=topic, queues=2)["brokers"]
     assert masters == (1 if cluster.name == "apache" else 2)
     system = set(admin.call(op="systemTopics")["topics"])
@@ -90,7 +85,7 @@ def test_the_dashboards_topic_calls(cluster, admin, tmp_path):
     assert list(configs.values()) == [[2, 2, 6]] * masters
     run = clients.java(
         "Producer49",
-        ["--namesrv", namesrv_of(cluster), "--topic", topic, "--count", "8",
+        ["--namesrv", cluster.namesrv_addr, "--topic", topic, "--count", "8",
          "--key-prefix", "shown"],
         tmp_path / "producer",
         "producer",
@@ -143,14 +138,14 @@ def test_mqadmins_maintenance_and_config_commands(cluster, tmp_path):
 
     def mqadmin(*args: str) -> str:
         done = run_java(
-            "rocketmq5", MQADMIN, [*args, "-n", namesrv_of(cluster)],
+            "rocketmq5", MQADMIN, [*args, "-n", cluster.namesrv_addr],
             directory=tmp_path / "mqadmin", timeout_s=60,
         )  # fmt: skip
         assert "not supported" not in done.stdout + done.stderr, done.stdout + done.stderr
         return done.stdout
 
     config = mqadmin("getNamesrvConfig")
-    assert f"============{namesrv_of(cluster)}============" in config
+    assert f"============{cluster.namesrv_addr}============" in config
     assert re.search(r"^listenPort\s+=\s+\d+", config, re.M), config
     for addr in _broker_addrs(cluster):
         for command in ("deleteExpiredCommitLog", "cleanExpiredCQ", "cleanUnusedTopic"):
@@ -215,11 +210,11 @@ def test_mqadmins_inspecting_calls_decode_alike(cluster, admin, tmp_path):
     alike outside controller mode (Apache) / without failover (ferry)."""
     name = cluster_name_of(cluster)
     topic, group = f"Inspected{next(_ids)}", f"gInspected{next(_ids)}"
-    wait_for(lambda: routed(namesrv_of(cluster), name), 60, f"the route of {name}", 0.2)
+    wait_for(lambda: routed(cluster.namesrv_addr, name), 60, f"the route of {name}", 0.2)
     admin.call(op="createTopicByKey", key=name, topic=topic, queues=1)
     admin.call(op="group", group=group)
     run = clients.java(
-        "Producer49", ["--namesrv", namesrv_of(cluster), "--topic", topic, "--count", "4"],
+        "Producer49", ["--namesrv", cluster.namesrv_addr, "--topic", topic, "--count", "4"],
         tmp_path / "producer", "producer",
     )  # fmt: skip
     assert {s["status"] for s in clients.produce(run)} == {"SEND_OK"}

@@ -37,11 +37,6 @@ def cluster(request, tmp_path_factory):
         backend.stop()
 
 
-def namesrv_of(cluster) -> str:
-    """The name server's RocketMQ-protocol address."""
-    return cluster.namesrv.address if cluster.name == "apache" else cluster.ns.remoting_addr
-
-
 def test_sync_send_delay_time_seconds_holds_the_message(cluster, tmp_path):
     from rocketmq.grpc_protocol import MessageType
 
@@ -54,7 +49,7 @@ def test_sync_send_delay_time_seconds_holds_the_message(cluster, tmp_path):
         seconds = 3
         result = run_java(
             "spring", "ferry.compat.SpringDelay",
-            [namesrv_of(cluster), topic, f"pSpring{next(_ids)}", str(seconds), "spring-later"],
+            [cluster.namesrv_addr, topic, f"pSpring{next(_ids)}", str(seconds), "spring-later"],
             directory=tmp_path / "spring",
         )  # fmt: skip
         sent = json.loads(result.stdout.strip().splitlines()[-1])

@@ -8,7 +8,6 @@ the broker is starting or stopping every call is UNAVAILABLE.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import grpc
 
@@ -403,17 +402,6 @@ class SlaveSyncServicer(slave_sync_pb2_grpc.SlaveSyncServicer):
         if self.log_position is not None:
             wrapper.metadata_log_offset = self.log_position(1)
         return wrapper
-
-
-@dataclass
-class HAStatusView:
-    """What GetHAStatus reads: the store, and the master or slave side of HA."""
-
-    role: str
-    store: object  # services.broker.store.MessageStore
-    acks: object | None  # services.ha.sync.ReplicaAcks on a master
-    master: object | None  # services.ha.master.HAMaster
-    slave: object | None  # services.ha.slave.HASlave
 
 
 class HAAdminServicer(ha_admin_pb2_grpc.HAAdminServicer):

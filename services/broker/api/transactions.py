@@ -12,6 +12,7 @@ reading) makes the service try its next way to a producer.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator
 
 import grpc
@@ -58,26 +59,16 @@ class TransactionsServicer(transactions_pb2_grpc.TransactionsServicer):
             raise InvalidArgument("resolution", "must be COMMIT, ROLLBACK or UNKNOWN")
         if not request.producer_group:
             raise InvalidArgument("producer_group", "is required (the half message's PGROUP)")
-        if not request.HasField("commit_offset"):
-            if not request.msg_id:
-                raise InvalidArgument("msg_id", "is required when commit_offset is absent")
-            result = await self.transactions.end_by_msg_id(
-                request.producer_group,
-                request.msg_id,
-                decision,
-                from_check=request.from_check,
-                wait=True,
-            )
-            return transactions_pb2.EndTransactionResponse(applied=result is EndResult.DECIDED)
-        if request.commit_offset < 0:
-            raise InvalidArgument("commit_offset", f"{request.commit_offset} is negative")
-        result = await self.transactions.end(
-            request.producer_group,
-            request.commit_offset,
-            decision,
-            from_check=request.from_check,
-            wait=True,
-        )
+        group = request.producer_group
+        if request.HasField("commit_offset"):
+            if request.commit_offset < 0:
+                raise InvalidArgument("commit_offset", f"{request.commit_offset} is negative")
+            end = functools.partial(self.transactions.end, group, request.commit_offset)
+        elif request.msg_id:
+            end = functools.partial(self.transactions.end_by_msg_id, group, request.msg_id)
+        else:
+            raise InvalidArgument("msg_id", "is required when commit_offset is absent")
+        result = await end(decision, from_check=request.from_check, wait=True)
         return transactions_pb2.EndTransactionResponse(applied=result is EndResult.DECIDED)
 
     @grpc_stream_method

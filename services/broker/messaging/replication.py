@@ -57,8 +57,9 @@ class _Store(Protocol):
     confirm_offset: int
 
 
-class HAParts(Protocol):
-    """What the app hands over at call time (services.broker.api.servicer.HAStatusView)."""
+@dataclass(frozen=True)
+class HAParts:
+    """What the app hands over at call time: its role, store and HA sides."""
 
     role: str
     store: object  # a MessageStore: max_offset, confirm_offset

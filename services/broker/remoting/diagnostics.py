@@ -173,13 +173,14 @@ class Diagnostics:
                 "automatic failover, enableFailover, which keeps the leader-epoch history "
                 "that getBrokerEpoch shows)",
             )
-        entries = list(history.entries)
-        if not entries or entries[0].epoch != 0:  # epoch 0 starts every history
-            entries.insert(0, _Epoch(0, 0))
-        epoch_list = []
-        for i, entry in enumerate(entries):
-            end = entries[i + 1].start if i + 1 < len(entries) else JAVA_LONG_MAX
-            epoch_list.append({"endOffset": end, "epoch": entry.epoch, "startOffset": entry.start})
+        entries = [(e.epoch, e.start) for e in history.entries]
+        if not entries or entries[0][0] != 0:  # epoch 0 starts every history
+            entries.insert(0, (0, 0))
+        ends = [start for _, start in entries[1:]] + [JAVA_LONG_MAX]
+        epoch_list = [
+            {"endOffset": end, "epoch": epoch, "startOffset": start}
+            for (epoch, start), end in zip(entries, ends, strict=True)
+        ]
         info = self.deps.statistics.runtime_info()
         body = {
             "brokerId": info.broker_id,
@@ -206,12 +207,6 @@ class Diagnostics:
 
     async def no_acl2(self, connection: Connection, request: Command) -> Command:
         return request.answer(codes.SYSTEM_ERROR, NO_ACL2.format(code=request.code))
-
-
-class _Epoch:
-    def __init__(self, epoch: int, start: int) -> None:
-        self.epoch = epoch
-        self.start = start
 
 
 def handlers(deps: Deps) -> dict[int, Handler]:

@@ -106,12 +106,12 @@ class Offsets:
             clients = self.deps.clients
             subscribing = any(m.subscriptions for m in clients.consumers(source))
             cloned = 0
+            table, _ = self.table.snapshot()
             for name in topics:
                 if self.deps.metadata.topics.get(name) is None:
                     continue
                 if not offline and subscribing and clients.subscription(source, name) is None:
                     continue
-                table, _ = self.table.snapshot()
                 for queue_id, offset in sorted(table.get(f"{name}@{source}", {}).items()):
                     self.table.commit(dest, name, queue_id, offset)
                     cloned += 1
