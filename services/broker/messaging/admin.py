@@ -83,6 +83,31 @@ class AdminService:
             self._announcing.add(task)
             task.add_done_callback(self._announced)
 
+    async def create_own_topic(self, config: TopicConfig) -> None:
+        """A group's retry or dead-letter topic that a consumer's heartbeat or
+        send-back creates (messaging/sendback.py): put in the table directly,
+        as RocketMQ creates it, not through the metadata log (a new master
+        recreates it on use), and registered with the name servers before this
+        returns. A heartbeat is answered only then, as Apache answers it after
+        its registerBrokerAll: a consumer that looks the retry topic up after
+        its heartbeats finds every master that has it. (Waiting for the
+        metadata log's in-sync replicas here made a new group's heartbeat ~30 ms
+        on a master; a consumer whose own notified rebalance looked up the
+        route in that window missed a master's retry queue until its next
+        route poll, 30 s later.)"""
+        self._writable_tables()
+        self.metadata.topics.put(config)
+        log.info("created topic %s (%d queues)", config.topic_name, config.queue_nums)
+        if self.announcer is not None:
+            await self.announcer.announce_topics([config])
+
+    def create_own_group(self, config: SubscriptionGroupConfig) -> None:
+        """A consumer group met for the first time (autoCreateSubscriptionGroup):
+        put in the table directly, as RocketMQ creates it, not through the
+        metadata log (a new master recreates it on use)."""
+        self._writable_tables()
+        self.metadata.subscription_groups.put(config)
+
     async def create_auto_topic(self, config: TopicConfig) -> None:
         """A topic a RocketMQ producer's first send creates from its default
         topic (messaging/autocreate.py's `AutoTopicCreator`): persisted (with

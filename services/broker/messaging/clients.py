@@ -187,6 +187,9 @@ class ClientTables:
         answers alike)."""
         return sorted(self._consumers.get(group, {}))
 
+    def is_member(self, group: str, client_id: str) -> bool:
+        return client_id in self._consumers.get(group, {})
+
     def consumers(self, group: str) -> list[Member]:
         return [m for _, m in sorted(self._consumers.get(group, {}).items())]
 

@@ -80,11 +80,13 @@ class SendBackOutcome:
 
 
 class TableChanges(Protocol):
-    """Topic and group changes, persisted and announced (the admin use case)."""
+    """The topics and groups the broker creates on first use, in its tables
+    and announced (the admin use case; not through the metadata log, as
+    RocketMQ does not replicate them either)."""
 
-    async def update_topic(self, config: TopicConfig) -> object: ...
+    async def create_own_topic(self, config: TopicConfig) -> None: ...
 
-    async def update_group(self, config: SubscriptionGroupConfig) -> object: ...
+    def create_own_group(self, config: SubscriptionGroupConfig) -> None: ...
 
 
 class SendBack:
@@ -98,7 +100,7 @@ class SendBack:
         auto_create_group: bool = False,
         choose: Callable[[int], int] = random.randrange,
     ) -> None:
-        """`tables`: persists and announces a new retry or dead-letter topic,
+        """`tables`: creates and announces a new retry or dead-letter topic,
         and a consumer group met for the first time when `auto_create_group`
         (autoCreateSubscriptionGroup; else an operator creates it).
         `choose(n)`: the retry queue among n."""
@@ -130,7 +132,7 @@ class SendBack:
                 "it with BrokerAdmin/UpdateAndCreateSubscriptionGroup"
             )
         config = SubscriptionGroupConfig(group)
-        await self.tables.update_group(config)
+        self.tables.create_own_group(config)
         log.info("consumer group %s created on first use", group)
         return config
 
@@ -225,8 +227,7 @@ class SendBack:
                 write_queue_nums=queue_nums,
                 perm=PERM_READ | PERM_WRITE,
             )
-            await self.tables.update_topic(config)
-            log.info("created topic %s (%d queues) for sent-back messages", topic, queue_nums)
+            await self.tables.create_own_topic(config)
         elif not config.perm & PERM_WRITE:
             raise PermissionDenied(f"topic {topic!r} is not writable (perm={config.perm})")
         return config
