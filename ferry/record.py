@@ -541,6 +541,33 @@ def properties_at(buf: bytes | bytearray | memoryview, pos: int, size: int) -> d
     return decode_properties(bytes(buf[at : at + length])) if length else {}
 
 
+def property_values(
+    data: bytes | bytearray,
+    start: int,
+    entries: list[tuple[int, int, int]],
+    names: tuple[str, ...],
+) -> list[tuple[str | None, ...]]:
+    """What an SQL92-filtered pull reads of each record, out of one read of the commit
+    log: `data` holds the log from commit offset `start`, `entries` are consume-queue
+    entries `(commit_offset, size, tag_code)` inside it; for each, the values of the
+    properties `names` of its record (None: the record has no such property), found as
+    `properties_at` finds them.
+
+    Raises:
+        RecordError: an entry that points at no record of its size, or a record whose
+            properties do not decode.
+    """
+    if _native is not None and type(entries) is list and type(names) is tuple:
+        got = _native.property_values(data, start, entries, names)
+        if got is not None:
+            return got
+    out = []
+    for commit_offset, size, _code in entries:
+        properties = properties_at(data, commit_offset - start, size)
+        out.append(tuple(properties.get(name) for name in names))
+    return out
+
+
 def gather_records(
     data: bytes | bytearray,
     start: int,

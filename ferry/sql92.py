@@ -529,6 +529,7 @@ class _Parser:
     def __init__(self, text: str) -> None:
         self.lexer = _Lexer(text)
         self.depth = 0
+        self.names: dict[str, None] = {}  # the properties the selector reads, in order
 
     def expect(self, kind: str) -> _Token:
         token = self.lexer.take()
@@ -664,6 +665,7 @@ class _Parser:
         if kind in ("TRUE", "FALSE", "NULL"):
             return _constant({"TRUE": True, "FALSE": False, "NULL": None}[kind], kind)
         if kind == "ID":
+            self.names[token.text] = None
             return _property(token.text)
         raise self.unexpected(token, "a value, a property or '('")
 
@@ -678,16 +680,28 @@ class _Parser:
 # ---------------------------------------------------------------- the selector
 
 
+MEMO_SIZE = 4096  # distinct value tuples a selector remembers its answer for
+
+
 class Selector:
     """A compiled SQL92 selector. `matches(properties)`: whether a message with
     those properties is selected (TRUE; FALSE, unknown and a failed evaluation
-    are not)."""
+    are not).
 
-    __slots__ = ("text", "_fn")
+    `names`: the properties it reads (nothing else of a message counts), and
+    `matches_values(values)` the same answer for a message whose properties
+    `names` have `values` (None: absent). The answer depends on those values
+    only, so it is remembered for up to MEMO_SIZE distinct tuples (forgotten
+    all at once when full): a filtered pull over properties of few values, the
+    common case, evaluates each combination once."""
 
-    def __init__(self, text: str, fn: Eval) -> None:
+    __slots__ = ("text", "names", "_fn", "_memo")
+
+    def __init__(self, text: str, fn: Eval, names: tuple[str, ...] = ()) -> None:
         self.text = text
+        self.names = names
         self._fn = fn
+        self._memo: dict[tuple[str | None, ...], bool] = {}
 
     def evaluate(self, properties: Mapping[str, str]) -> bool | None:
         """TRUE, FALSE or None (unknown) for a message's properties; raises
@@ -703,6 +717,16 @@ class Selector:
             return self._fn(properties) is True
         except _Failed:
             return False
+
+    def matches_values(self, values: tuple[str | None, ...]) -> bool:
+        hit = self._memo.get(values)
+        if hit is None:
+            present = {n: v for n, v in zip(self.names, values, strict=True) if v is not None}
+            hit = self.matches(present)
+            if len(self._memo) >= MEMO_SIZE:
+                self._memo.clear()
+            self._memo[values] = hit
+        return hit
 
     def __repr__(self) -> str:
         return f"Selector({self.text!r})"
@@ -723,5 +747,6 @@ def compile_selector(text: str) -> Selector:
         )
     if not text.strip():
         raise Sql92Error("the selector is empty")
-    node = _Parser(text).selector()
-    return Selector(text, node.fn)
+    parser = _Parser(text)
+    node = parser.selector()
+    return Selector(text, node.fn, tuple(parser.names))

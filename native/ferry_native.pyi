@@ -42,6 +42,13 @@ def gather_records(
     have: bool,
 ) -> tuple[bytes, int, int, int, int, bool] | None: ...
 
+def property_values(
+    data: bytes | bytearray,
+    start: int,
+    entries: list[tuple[int, int, int]],
+    names: tuple[str, ...],
+) -> list[tuple[str | None, ...]] | None: ...
+
 def index_records(
     chunk: bytes, pos: int, file: object, slots: int, entries: int, skip: int
 ) -> tuple[int, int, bool, bool] | None: ...

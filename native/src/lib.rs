@@ -31,6 +31,7 @@ mod dispatch;
 mod encode;
 mod gather;
 mod index;
+mod select;
 
 use std::borrow::Cow;
 use std::io::Write;
@@ -707,6 +708,7 @@ fn ferry_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(encode::encode_records, module)?)?;
     module.add_function(wrap_pyfunction!(gather::gather_records, module)?)?;
     module.add_function(wrap_pyfunction!(index::index_records, module)?)?;
+    module.add_function(wrap_pyfunction!(select::property_values, module)?)?;
     module.add_class::<acl::AclFast>()?;
     Ok(())
 }

@@ -44,6 +44,11 @@ def test_any_text_compiles_or_is_refused_with_a_reason(text, props):
         assert str(exc)
         return
     assert len(text) <= MAX_SELECTOR_CHARS
+    # What a filtered pull asks: the answer by the values of the properties it names
+    # (remembered after the first time) is the answer by the whole map.
+    values = tuple(props.get(name) for name in selector.names)
+    by_values = selector.matches_values(values)
+    assert selector.matches_values(values) is by_values is selector.matches(props)
     try:
         value = selector.evaluate(props)
     except ValueError:

@@ -67,9 +67,13 @@ SELECTED_SCAN = 800
 
 
 class Selects(Protocol):
-    """What a pull filters records by besides tags: a compiled SQL92 selector."""
+    """What a pull filters records by besides tags: a compiled SQL92 selector,
+    which reads the properties `names` of a record and nothing else."""
 
-    def matches(self, properties: dict[str, str]) -> bool: ...
+    @property
+    def names(self) -> tuple[str, ...]: ...
+
+    def matches_values(self, values: tuple[str | None, ...]) -> bool: ...
 
 
 class QueueView(Protocol):
@@ -273,7 +277,8 @@ class MessageReads:
         last_commit_offset = -1
         next_offset = queue_offset
         budget = self._max_pull_bytes if max_bytes is None else min(self._max_pull_bytes, max_bytes)
-        properties_at, decode = record.properties_at, record.decode_stored
+        property_values, decode = record.property_values, record.decode_stored
+        names, matches = selector.names, selector.matches_values
         full = False
         for span_start, span_end, span_entries in _spans(
             entries, self._log.file_size, max_span=self._max_pull_bytes
@@ -283,6 +288,22 @@ class MessageReads:
             if span_start < self._log.min_offset:
                 break  # deleted by retention meanwhile: the next pull is told OFFSET_MOVED
             data = await self._reader.read(span_start, span_end - span_start)
+            # The values the selector reads, of the confirmed records whose tags pass:
+            # one walk over the span (native when built), then one evaluation per
+            # distinct combination of values (the selector remembers its answers).
+            values = iter(
+                property_values(
+                    data,
+                    span_start,
+                    [
+                        entry
+                        for entry in span_entries
+                        if entry[0] + entry[1] <= confirm
+                        and (tag_hashes is None or entry[2] in tag_hashes)
+                    ],
+                    names,
+                )
+            )
             for commit_offset, size, code in span_entries:
                 kept = len(pieces) if raw else len(found)
                 if commit_offset + size > confirm or (budget < size and kept):
@@ -292,7 +313,7 @@ class MessageReads:
                 if tag_hashes is not None and code not in tag_hashes:
                     continue
                 at = commit_offset - span_start
-                if not selector.matches(properties_at(data, at, size)):
+                if not matches(next(values)):
                     continue
                 if raw:
                     pieces.append(bytes(data[at : at + size]))
