@@ -537,3 +537,46 @@ def test_a_last_file_that_is_exactly_full_reopens_and_the_next_append_starts_a_f
     assert after.commit_offsets[0] == second
     assert store.commit_log.segment_starts() == [0, second]
     h.close()
+
+
+# ---------------------------------------------------------------- SQL92-selected reads
+
+
+def test_a_selected_read_looks_at_up_to_800_entries_in_batches(harness):
+    """A read with an SQL92 selector takes entries in growing batches until it has its
+    messages or has looked at SELECTED_SCAN (800): a match at entry 700 is found from 0,
+    one at 900 is not (the read ends at 800 with nothing, and the next one from there
+    finds it); a read that has its count stops where it is."""
+    from ferry.sql92 import compile_selector
+    from services.broker.store.reads import SELECTED_SCAN
+
+    harness.open()
+    for i in range(1000):
+        props = record.encode_properties({"a": str(i), "TAGS": "T" if i % 2 else "U"})
+        harness.put("T", 0, [MessageIn(body=body(i), properties=props)])
+    harness.dispatch()
+
+    def get(text: str, offset: int, count: int, **kw):
+        return harness.get("T", 0, offset, count, None, kw.get("raw", False), None,
+                           compile_selector(text))  # fmt: skip
+
+    found = get("a = '700'", 0, 32)
+    assert found.status is GetStatus.FOUND and [r.body for r in found.records] == [body(700)]
+    assert found.next_begin_offset == SELECTED_SCAN
+    missed = get("a = '900'", 0, 32)
+    assert not missed.records and missed.next_begin_offset == SELECTED_SCAN
+    assert [r.body for r in get("a = '900'", SELECTED_SCAN, 32).records] == [body(900)]
+    some = get("a IN ('1', '5', '9', '300')", 0, 3)
+    assert [r.body for r in some.records] == [body(1), body(5), body(9)]
+    assert some.next_begin_offset == 10
+    raw = get("a > 995", SELECTED_SCAN, 32, raw=True)
+    assert raw.raw_count == 4 and raw.next_begin_offset == 1000
+    # With tags: entries of other tags are passed over unread.
+    tagged = harness.run(
+        harness.store.get_messages(
+            "T", 0, 0, 2, frozenset({record.tags_hash("T")}), False, None,
+            compile_selector("a > 10"),
+        )
+    )  # fmt: skip
+    assert [r.body for r in tagged.records] == [body(11), body(13)]
+    assert tagged.next_begin_offset == 14

@@ -268,10 +268,14 @@ class MessageReads:
         """`get_messages` with a selector over each record's properties: the
         entries from `queue_offset` (at most SELECTED_SCAN of them) until
         `max_count` records matched. A record that does not match is passed
-        over, as one whose tags do not."""
+        over, as one whose tags do not.
+
+        The entries are taken in batches, the first of twice `max_count` (at
+        least 64), each next one twice the last: a pull whose selector keeps
+        one message in two reads about what it returns, not SELECTED_SCAN
+        entries' worth of the log each time."""
         low, high = queue.min_offset, queue.max_offset
         confirm = self.confirm_offset
-        entries = queue.entries(queue_offset, max(max_count, SELECTED_SCAN))
         found: list[record.StoredMessage] = []
         pieces: list[bytes] = []
         last_commit_offset = -1
@@ -279,53 +283,63 @@ class MessageReads:
         budget = self._max_pull_bytes if max_bytes is None else min(self._max_pull_bytes, max_bytes)
         property_values, decode = record.property_values, record.decode_stored
         names, matches = selector.names, selector.matches_values
+        scan = max(max_count, SELECTED_SCAN)
+        step = max(2 * max_count, 64)
         full = False
-        for span_start, span_end, span_entries in _spans(
-            entries, self._log.file_size, max_span=self._max_pull_bytes
-        ):
-            if span_entries[0][0] + span_entries[0][1] > confirm:
+        while not full and next_offset - queue_offset < scan:
+            entries = queue.entries(next_offset, min(step, scan - (next_offset - queue_offset)))
+            if not entries:
                 break
-            if span_start < self._log.min_offset:
-                break  # deleted by retention meanwhile: the next pull is told OFFSET_MOVED
-            data = await self._reader.read(span_start, span_end - span_start)
-            # The values the selector reads, of the confirmed records whose tags pass:
-            # one walk over the span (native when built), then one evaluation per
-            # distinct combination of values (the selector remembers its answers).
-            values = iter(
-                property_values(
-                    data,
-                    span_start,
-                    [
-                        entry
-                        for entry in span_entries
-                        if entry[0] + entry[1] <= confirm
-                        and (tag_hashes is None or entry[2] in tag_hashes)
-                    ],
-                    names,
+            step *= 2
+            for span_start, span_end, span_entries in _spans(
+                entries, self._log.file_size, max_span=self._max_pull_bytes
+            ):
+                if span_entries[0][0] + span_entries[0][1] > confirm:
+                    full = True
+                    break
+                if span_start < self._log.min_offset:
+                    full = True
+                    break  # deleted by retention meanwhile: the next pull is told OFFSET_MOVED
+                data = await self._reader.read(span_start, span_end - span_start)
+                # The values the selector reads, of the confirmed records whose tags
+                # pass: one walk over the span (native when built), then one
+                # evaluation per distinct combination of values (the selector
+                # remembers its answers).
+                values = iter(
+                    property_values(
+                        data,
+                        span_start,
+                        [
+                            entry
+                            for entry in span_entries
+                            if entry[0] + entry[1] <= confirm
+                            and (tag_hashes is None or entry[2] in tag_hashes)
+                        ],
+                        names,
+                    )
                 )
-            )
-            for commit_offset, size, code in span_entries:
-                kept = len(pieces) if raw else len(found)
-                if commit_offset + size > confirm or (budget < size and kept):
-                    full = True
+                for commit_offset, size, code in span_entries:
+                    kept = len(pieces) if raw else len(found)
+                    if commit_offset + size > confirm or (budget < size and kept):
+                        full = True
+                        break
+                    next_offset += 1
+                    if tag_hashes is not None and code not in tag_hashes:
+                        continue
+                    at = commit_offset - span_start
+                    if not matches(next(values)):
+                        continue
+                    if raw:
+                        pieces.append(bytes(data[at : at + size]))
+                    else:
+                        found.append(decode(data, at, size))
+                    last_commit_offset = commit_offset
+                    budget -= size
+                    if kept + 1 >= max_count:
+                        full = True
+                        break
+                if full:
                     break
-                next_offset += 1
-                if tag_hashes is not None and code not in tag_hashes:
-                    continue
-                at = commit_offset - span_start
-                if not matches(next(values)):
-                    continue
-                if raw:
-                    pieces.append(bytes(data[at : at + size]))
-                else:
-                    found.append(decode(data, at, size))
-                last_commit_offset = commit_offset
-                budget -= size
-                if kept + 1 >= max_count:
-                    full = True
-                    break
-            if full:
-                break
         return await self._answer(
             queue_offset, next_offset, low, high, found, pieces, len(pieces), last_commit_offset
         )
