@@ -341,7 +341,10 @@ def test_orderly_consumers_keep_queue_order_across_a_join_and_a_leave(cluster, t
         second.start()  # joins: the queues are split between the two
         second.wait(lambda c: len(successes(c)) >= 10, 90, "the second member consuming")
         joined_at = successes(second)[0]["at"]
-        sends += send_in_order("o2", 100)
+        # 100 a queue (8 s of work at 80 ms each): the first member, stopped as soon as it
+        # has begun on them, cannot finish its queues' share while it stops (under a
+        # loaded CI it once did with 25, and the second had nothing left to take over).
+        sends += send_in_order("o2", 400)
         first.wait(
             lambda c: any(e["queueOffset"] >= first_batch // 4 for e in successes(c)),
             60,
