@@ -137,7 +137,11 @@ def test_long_poll_returns_as_soon_as_a_message_arrives(broker):
     t = threading.Thread(target=poll)
     t.start()
     # The pull has found nothing and waits in the store (read on the loop that owns it).
-    wait_for(lambda: broker.loop.call(lambda: long_polls.waiting) == 1, 10, "the pull to wait")
+    wait_for(
+        lambda: broker.loop.call(lambda: long_polls.waiting_on("Waiting", 0)) == 1,
+        10,
+        "the pull to wait",
+    )
     assert not results
     broker.broker.SendMessage(broker_pb2.SendMessageRequest(topic="Waiting", body=b"ping"))
     t.join(15)

@@ -403,8 +403,12 @@ def test_long_poll_returns_when_a_message_arrives(broker):
     t = threading.Thread(target=lambda: result.append(pop(broker, "g", "LP", wait_ms=20_000)))
     t.start()
     # Send only once the pop is parked on the topic's queues (it found nothing).
-    waiters = broker.app.store.long_polls._waiters
-    wait_for(lambda: ("LP", 0) in waiters and ("LP", 1) in waiters, 10, "the pop to wait")
+    polls = broker.app.store.long_polls
+    wait_for(
+        lambda: broker.loop.call(lambda: polls.waiting_on("LP", 0) and polls.waiting_on("LP", 1)),
+        10,
+        "the pop to wait",
+    )
     broker.broker.SendMessage(broker_pb2.SendMessageRequest(topic="LP", body=b"late"))
     t.join(30)
     assert [m.body for m in result[0].messages] == [b"late"]

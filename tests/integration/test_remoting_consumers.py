@@ -356,8 +356,8 @@ def suspended_pull(door, queue_offset: int):
         queueOffset=queue_offset, maxMsgNums=32, sysFlag=0x2 | 0x4, commitOffset=0,
         suspendTimeoutMillis=20_000, subscription="*", subVersion=0,
     )  # fmt: skip
-    waiting = door.broker.app.store.long_polls._waiters
-    wait_for(lambda: door.loop.call(lambda: (TOPIC, 1) in waiting), what="the pull to wait")
+    polls = door.broker.app.store.long_polls
+    wait_for(lambda: door.loop.call(lambda: polls.waiting_on(TOPIC, 1)), what="the pull to wait")
     return pending
 
 

@@ -16,12 +16,16 @@ def test_waiting_counts_each_pull_once_until_it_is_woken_or_times_out():
         one = asyncio.create_task(polls.wait("T", 0, 0, 30))
         many = asyncio.create_task(polls.wait_any([("T", 0), ("T", 1), ("U", 0)], 30))
         await wait_for_async(lambda: polls.waiting == 2, 5, "two pulls to wait")
+        assert [polls.waiting_on(*key) for key in [("T", 0), ("T", 1), ("U", 0), ("V", 0)]] == [
+            2, 1, 1, 0,
+        ]  # fmt: skip
         await polls.wait_any([("T", 0), ("V", 0)], 0.01)  # timed out: no longer waiting
         assert polls.waiting == 2
         visible.add(("T", 0))
         polls.notify([("T", 0)])
         await asyncio.wait_for(asyncio.gather(one, many), 5)
         assert polls.waiting == 0
+        assert polls.waiting_on("T", 1) == 0  # woken on one queue, it left all three
 
     asyncio.run(scenario())
 

@@ -168,7 +168,9 @@ def test_tag_expression_filters(env):
 def test_long_poll_answers_as_soon_as_a_message_arrives(env):
     async def scenario():
         pull = asyncio.create_task(env.pulls.pull("g", "T", 1, 0, 32, 30_000))
-        await wait_for_async(lambda: env.store.long_polls.waiting == 1, 5, "the pull to wait")
+        await wait_for_async(
+            lambda: env.store.long_polls.waiting_on("T", 1) == 1, 5, "the pull to wait"
+        )
         assert not pull.done()
         await env.service.send("T", 1, [OutgoingMessage(body=b"wake")])
         return await asyncio.wait_for(pull, 5)
@@ -188,7 +190,9 @@ def test_a_long_poll_when_the_store_stops_is_refused_not_answered_as_an_empty_qu
 
     async def scenario():
         pull = asyncio.create_task(env.pulls.pull("g", "T", 1, 3, 32, 30_000))
-        await wait_for_async(lambda: env.store.long_polls.waiting == 1, 5, "the pull to wait")
+        await wait_for_async(
+            lambda: env.store.long_polls.waiting_on("T", 1) == 1, 5, "the pull to wait"
+        )
         assert not pull.done()
         await env.store.stop()
         return await asyncio.wait_for(pull, 5)

@@ -198,7 +198,7 @@ def test_record_bytes_only_where_a_record_starts(harness):
 async def long_poll_waiting(store: MessageStore, key: tuple[str, int]) -> None:
     """Until a long poll on `key` is waiting (a task's first step runs at the loop's
     next turn)."""
-    await wait_for_async(lambda: key in store.long_polls._waiters, 5,
+    await wait_for_async(lambda: store.long_polls.waiting_on(*key), 5,
                          f"a long poll waiting on {key}", interval_s=0)  # fmt: skip
 
 
@@ -236,7 +236,7 @@ def test_a_sync_masters_long_poll_waits_for_its_own_message_to_be_confirmed(harn
         await long_poll_waiting(store, ("T", 0))
         store.notify_confirmed()  # what HA calls when the confirm offset moves
         # Woken, it looks again, finds offset 1 unconfirmed and waits again.
-        await wait_for_async(lambda: store.long_polls.waiting == 1 or waiter.done(), 5,
+        await wait_for_async(lambda: store.long_polls.waiting_on("T", 0) == 1 or waiter.done(), 5,
                              "the pull to look again", interval_s=0)  # fmt: skip
         assert not waiter.done(), "woken while the message at offset 1 is unconfirmed"
         confirmed[0] = results[1].end_offset

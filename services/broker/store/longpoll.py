@@ -28,6 +28,12 @@ class LongPolls:
         """How many pulls are waiting now (one `wait_any` counts once, however many queues)."""
         return len({id(f) for futures in self._waiters.values() for f in futures})
 
+    def waiting_on(self, topic: str, queue_id: int) -> int:
+        """How many pulls wait on this queue now. Other services wait here too
+        (the timer on its own queue, a metadata follower on its log), so a
+        caller that means one queue asks about that queue."""
+        return len(self._waiters.get((topic, queue_id), ()))
+
     async def wait(self, topic: str, queue_id: int, queue_offset: int, timeout_s: float) -> None:
         """Return when the queue has a visible message at `queue_offset`, or after `timeout_s`."""
         deadline = time.monotonic() + timeout_s
