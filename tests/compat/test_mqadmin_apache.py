@@ -206,6 +206,7 @@ def test_broker_status_has_the_keys_tools_read_with_ferrys_figures(sides):
         "brokerVersionDesc", "commitLogMaxOffset", "commitLogMinOffset", "dispatchBehindBytes",
         "msgPutTotalTodayNow", "msgGetTotalTodayNow", "bootTimestamp", "runtime",
         "remainHowManyDataToFlush", "commitLogDirCapacity", "consumeQueueDiskRatio",
+        "getFoundTps", "getMissTps", "getTotalTps",  # the Dashboard's broker charts
     }  # fmt: skip
     for name, table in tables.items():
         assert read_by_tools <= set(table), (name, read_by_tools - set(table))
@@ -215,6 +216,10 @@ def test_broker_status_has_the_keys_tools_read_with_ferrys_figures(sides):
     assert int(ferry["msgGetTotalTodayNow"]) >= SENT + 1
     assert int(ferry["earliestMessageTimeStamp"]) > 0  # Apache 4.9 answers -1 on a small store
     assert len(ferry["putTps"].split()) == 3  # 10 s, 60 s, 600 s, as Apache's
+    # The Dashboard adds getTotalTps's three figures as BigDecimals: numbers on both.
+    for name, table in tables.items():
+        figures = [float(f) for f in table["getTotalTps"].split(" ")]
+        assert len(figures) == 3 and min(figures) >= 0, (name, table["getTotalTps"])
     assert ferry["dispatchBehindBytes"] == "0"
 
 

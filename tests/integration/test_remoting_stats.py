@@ -132,7 +132,8 @@ def test_runtime_info_is_the_stores_figures_on_both_doors(timed):
     assert table["dispatchBehindBytes"] == str(info.dispatch_behind_bytes) == "0"
     assert table["earliestMessageTimeStamp"] == str(start)
     assert re.fullmatch(r"\d+(\.\d+)? [KMGTPE]?i?B", table["remainHowManyDataToFlush"])
-    for rates in (table["putTps"], table["getTransferedTps"]):
+    rated = ("putTps", "getTransferedTps", "getFoundTps", "getMissTps", "getTotalTps")
+    for rates in (table[k] for k in rated):
         assert re.fullmatch(r"\d+\.\d{4} \d+\.\d{4} \d+\.\d{4}", rates), rates
     assert re.fullmatch(r"\d\.\d\d", table["commitLogDiskRatio"])
     assert table["consumeQueueDiskRatio"] == table["commitLogDiskRatio"]

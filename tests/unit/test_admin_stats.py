@@ -49,7 +49,10 @@ def test_object_keyed_maps_as_apache_writes_them():
 def test_rates_over_windows_and_per_group():
     now = [0.0]
     totals = [0, 0]
-    stats = TrafficStats(lambda: now[0], lambda: (totals[0], totals[1]))
+    reads = [0, 0]  # found, missed
+    stats = TrafficStats(
+        lambda: now[0], lambda: (totals[0], totals[1]), lambda: (reads[0], reads[1])
+    )
     assert stats.put_tps() == 0.0 and rates([stats.put_tps(w) for w in WINDOWS_S]) == (
         "0.0000 0.0000 0.0000"
     )
@@ -57,12 +60,16 @@ def test_rates_over_windows_and_per_group():
         now[0] = float(second)
         totals[0] += 10 if second <= 60 else 30  # 10/s for a minute, then 30/s
         totals[1] += 5
+        reads[0] += 1
+        reads[1] += 4 if second <= 60 else 0  # then the consumer caught up
         stats.got("g", "t", 2)
         stats.sample()
     assert stats.put_tps(10) == 30.0
     assert stats.put_tps(60) == 30.0
     assert 10.0 < stats.put_tps(600) < 30.0  # all it has: 119 s
     assert stats.got_tps(10) == 5.0
+    assert (stats.found_tps(10), stats.missed_tps(10)) == (1.0, 0.0)
+    assert 0.0 < stats.missed_tps(600) < 4.0
     assert stats.group_tps("g", "t") == 2.0 and stats.group_tps("g", "other") == 0.0
     stats.forget_group("g")
     stats.sample()

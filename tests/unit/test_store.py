@@ -154,6 +154,8 @@ def test_pull_statuses_and_next_offsets(harness):
     found = harness.get("T", 0, 1, 10)
     assert found.status is GetStatus.FOUND and found.next_begin_offset == 3
     assert harness.get("T", 5, 0, 10).status is GetStatus.NO_NEW_MSG
+    # Apache's getFoundTps and getMissTps count reads: one found, three found nothing.
+    assert harness.store.read_counts == (1, 3)
 
 
 def test_tag_filter_skips_other_tags(harness):
@@ -166,6 +168,7 @@ def test_tag_filter_skips_other_tags(harness):
     assert result.next_begin_offset == 6
     none = harness.get("T", 0, 1, 2, frozenset({record.tags_hash("a")}))
     assert none.status is GetStatus.NO_MATCHED_MSG and none.next_begin_offset == 3
+    assert harness.store.read_counts == (1, 1)  # a filter that matched nothing: a miss
 
 
 def test_raw_reads_return_the_stored_bytes_and_keep_the_byte_budget(harness):

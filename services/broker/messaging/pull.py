@@ -73,7 +73,9 @@ class PullService:
         self.access = access
         # Rates for RocketMQ's statistics codes (sampled by the app's task).
         self.stats = TrafficStats(
-            time.monotonic, lambda: (store.put_message_count, store.get_message_count)
+            time.monotonic,
+            lambda: (store.put_message_count, store.get_message_count),
+            lambda: store.read_counts,
         )
         self.groups = groups
         self.lookups = lookups

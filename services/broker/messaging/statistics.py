@@ -78,6 +78,8 @@ class BrokerFigures:
     uptime_ms: int  # since the broker started, by the injected clock
     put_tps: tuple[float, ...]  # messages stored per second over each of WINDOWS_S
     get_tps: tuple[float, ...]  # messages handed to consumers, likewise
+    found_tps: tuple[float, ...]  # reads that found messages, likewise (getFoundTps)
+    missed_tps: tuple[float, ...]  # reads that found none, likewise (getMissTps)
     put_total: int  # messages stored since the store opened
     get_total: int  # messages handed to consumers since then
     unflushed_bytes: int  # commit log written and not yet flushed
@@ -221,6 +223,8 @@ class StatisticsService:
             uptime_ms=self.clock.wall_ms() - info.start_timestamp,
             put_tps=tuple(self.traffic.put_tps(w) for w in WINDOWS_S),
             get_tps=tuple(self.traffic.got_tps(w) for w in WINDOWS_S),
+            found_tps=tuple(self.traffic.found_tps(w) for w in WINDOWS_S),
+            missed_tps=tuple(self.traffic.missed_tps(w) for w in WINDOWS_S),
             put_total=store.put_message_count,
             get_total=store.get_message_count,
             unflushed_bytes=max(0, store.max_offset - store.flushed_offset),

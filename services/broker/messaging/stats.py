@@ -30,6 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 WINDOWS_S = (10, 60, 600)
+# One sample of TrafficStats: (time, put total, got total, messages got per (group, topic),
+# reads that found messages, reads that found none).
+Sample = tuple[float, int, int, dict[tuple[str, str], int], int, int]
 SAMPLE_EVERY_S = 1.0
 TOPIC_PUT_NUMS = "TOPIC_PUT_NUMS"
 GROUP_GET_NUMS = "GROUP_GET_NUMS"
@@ -97,16 +100,23 @@ class StatsItems:
 
 
 class TrafficStats:
-    def __init__(self, monotonic: Callable[[], float], totals: Callable[[], tuple[int, int]]):
-        """`totals`: (messages put, messages got) since the store opened."""
+    def __init__(
+        self,
+        monotonic: Callable[[], float],
+        totals: Callable[[], tuple[int, int]],
+        reads: Callable[[], tuple[int, int]] = lambda: (0, 0),
+    ):
+        """`totals`: (messages put, messages got) since the store opened; `reads`:
+        (reads that found messages, reads that found none) since then, what Apache
+        counts per getMessage call for getFoundTps and getMissTps."""
         self._monotonic = monotonic
         self._totals = totals
+        self._reads = reads
         self.items = StatsItems()
         self._group_got: dict[tuple[str, str], int] = {}
-        # (time, put total, got total, messages got per (group, topic))
-        self._ring: collections.deque[tuple[float, int, int, dict[tuple[str, str], int]]] = (
-            collections.deque(maxlen=WINDOWS_S[-1] + 1)
-        )
+        # (time, put total, got total, messages got per (group, topic), found reads,
+        # missed reads)
+        self._ring: collections.deque[Sample] = collections.deque(maxlen=WINDOWS_S[-1] + 1)
 
     def got(self, group: str, topic: str, count: int) -> None:
         """A pull of `group` took `count` messages of `topic`."""
@@ -128,7 +138,8 @@ class TrafficStats:
     def sample(self) -> None:
         put, got = self._totals()
         now = self._monotonic()
-        self._ring.append((now, put, got, dict(self._group_got)))
+        found, missed = self._reads()
+        self._ring.append((now, put, got, dict(self._group_got), found, missed))
         self.items.sample(now)
 
     def stats_item(self, name: str, key: str) -> dict[str, StatsWindow] | None:
@@ -164,11 +175,22 @@ class TrafficStats:
         pair = self._pair(window_s)
         return 0.0 if pair is None else (pair[1][2] - pair[0][2]) / (pair[1][0] - pair[0][0])
 
+    def found_tps(self, window_s: float = WINDOWS_S[0]) -> float:
+        """Reads that found messages, per second (Apache's getFoundTps)."""
+        pair = self._pair(window_s)
+        return 0.0 if pair is None else (pair[1][4] - pair[0][4]) / (pair[1][0] - pair[0][0])
+
+    def missed_tps(self, window_s: float = WINDOWS_S[0]) -> float:
+        """Reads that found nothing (an empty queue, a filter that matched
+        nothing, an offset out of range), per second (Apache's getMissTps)."""
+        pair = self._pair(window_s)
+        return 0.0 if pair is None else (pair[1][5] - pair[0][5]) / (pair[1][0] - pair[0][0])
+
     def group_tps(self, group: str, topic: str, window_s: float = WINDOWS_S[1]) -> float:
         """Messages of `topic` the group took per second (RocketMQ's consumeTps
         is over the last minute)."""
         pair = self._pair(window_s)
         if pair is None:
             return 0.0
-        (t0, _, _, before), (t1, _, _, after) = pair
+        (t0, _, _, before, _, _), (t1, _, _, after, _, _) = pair
         return (after.get((group, topic), 0) - before.get((group, topic), 0)) / (t1 - t0)

@@ -139,6 +139,11 @@ def runtime_table(figures: BrokerFigures) -> dict[str, str]:
         "runtime": running_for(figures.uptime_ms),
         "putTps": rates(figures.put_tps),
         "getTransferedTps": rates(figures.get_tps),
+        "getFoundTps": rates(figures.found_tps),
+        "getMissTps": rates(figures.missed_tps),
+        "getTotalTps": rates(
+            tuple(f + m for f, m in zip(figures.found_tps, figures.missed_tps, strict=True))
+        ),
         "putMessageTimesTotal": str(figures.put_total),
         "msgPutTotalTodayNow": str(figures.put_total),
         "msgGetTotalTodayNow": str(figures.get_total),

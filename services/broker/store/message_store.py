@@ -857,6 +857,12 @@ class MessageStore:
         """Records handed out by `get_messages` since the store was built."""
         return self.reads.get_message_count
 
+    @property
+    def read_counts(self) -> tuple[int, int]:
+        """(`get_messages` calls that found messages, calls that found none) since
+        the store was built."""
+        return self.reads.found_reads, self.reads.missed_reads
+
     # ------------------------------------------------------------ the message index
 
     async def wait_indexed(self) -> None:

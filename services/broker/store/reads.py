@@ -123,6 +123,10 @@ class MessageReads:
         # records again and again); emptied when records are cut or the log restarts.
         self._store_times: dict[int, int] = {}
         self.get_message_count = 0
+        # Reads (`get_messages` calls) that found messages and that found none, as
+        # Apache's StoreStatsService counts getMessage calls (getFoundTps, getMissTps).
+        self.found_reads = 0
+        self.missed_reads = 0
 
     def opened(self) -> None:
         """The store is open (recovered): reads are answered."""
@@ -194,14 +198,14 @@ class MessageReads:
         queue = self._queues.get(topic, queue_id)
         if queue is None:
             status = GetStatus.NO_NEW_MSG if queue_offset == 0 else GetStatus.OFFSET_ILLEGAL
-            return GetResult(status, [], 0, 0, 0)
+            return self._missed(GetResult(status, [], 0, 0, 0))
         low, high = queue.min_offset, queue.max_offset
         if queue_offset < low:
-            return GetResult(GetStatus.OFFSET_MOVED, [], low, low, high)
+            return self._missed(GetResult(GetStatus.OFFSET_MOVED, [], low, low, high))
         if queue_offset > high:
-            return GetResult(GetStatus.OFFSET_ILLEGAL, [], high, low, high)
+            return self._missed(GetResult(GetStatus.OFFSET_ILLEGAL, [], high, low, high))
         if queue_offset == high:
-            return GetResult(GetStatus.NO_NEW_MSG, [], queue_offset, low, high)
+            return self._missed(GetResult(GetStatus.NO_NEW_MSG, [], queue_offset, low, high))
         if selector is not None:
             return await self._get_selected(
                 queue, queue_offset, max_count, tag_hashes, selector, raw, max_bytes
@@ -344,6 +348,10 @@ class MessageReads:
             queue_offset, next_offset, low, high, found, pieces, len(pieces), last_commit_offset
         )
 
+    def _missed(self, result: GetResult) -> GetResult:
+        self.missed_reads += 1
+        return result
+
     async def _answer(
         self,
         queue_offset: int,
@@ -360,6 +368,7 @@ class MessageReads:
         count = raw_count or len(found)
         self.get_message_count += count
         if count:
+            self.found_reads += 1
             # One event-loop turn between reading the records and building the
             # answer from them: a send waiting meanwhile goes first.
             await asyncio.sleep(0)
@@ -373,6 +382,7 @@ class MessageReads:
                 raw_count=raw_count,
                 last_commit_offset=last_commit_offset,
             )
+        self.missed_reads += 1
         if next_offset > queue_offset:
             return GetResult(GetStatus.NO_MATCHED_MSG, [], next_offset, low, high)
         return GetResult(GetStatus.NO_NEW_MSG, [], queue_offset, low, high)
