@@ -138,15 +138,15 @@ def run(tmp_path: Path, etcd, loop_thread: LoopThread) -> Iterator[Run]:
 
 
 def _failover_bound(out: Outcome) -> None:
-    """Some round elected a new master (each within TTL + 5 s: the scenario
-    waits no longer)."""
+    """Some round elected a new master (how fast is in the report's failover
+    times: a loaded machine stretches them, so they are not asserted)."""
     assert out.failover_s, out.failover_note()
 
 
 def test_failover_sigkill_master_rounds(run):
     """Each round SIGKILLs the master of three under load (every other round
     with its HA link held up first, so it dies with an unacknowledged tail):
-    a new master answers SEND_OK within lease TTL + 5 s, every SEND_OK so
+    a new master answers SEND_OK (the time reported), every SEND_OK so
     far is read from it, the old master rejoins (cut when it must be)."""
     group, producers = run.start("failover-sigkill-master", ha_proxies=True)
     kill_master(group, producers, ROUNDS, run.out, held=range(1, ROUNDS, 2))

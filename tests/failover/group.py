@@ -42,6 +42,7 @@ from tests.failover.config import (
     BROKER,
     CHANNEL_OPTIONS,
     FILE_SIZE,
+    PATIENCE_S,
     PREFIX,
     QUEUES,
     RECOVERED,
@@ -49,7 +50,6 @@ from tests.failover.config import (
     SLAVE_TIMEOUT_MS,
     TOPIC,
     TTL_MS,
-    TTL_S,
 )
 from tests.failover.logs import LogImage, read_image
 from tests.failover.member import GroupView, Member
@@ -110,12 +110,12 @@ class FailoverGroup:
                     self.loop.run(proxy.start())
         for m in self.members:
             self._start(m)
-        leader = self.wait_leader(timeout_s=20)
+        leader = self.wait_leader(timeout_s=PATIENCE_S)
         self.wait_routed(leader)
         create_topic(self.channel(leader.addr), TOPIC, QUEUES)
         for m in self.members:
-            wait_for(lambda m=m: self.has_topic(m), 15, f"{m} to have topic {TOPIC}")
-        self.wait_isr(timeout_s=15)
+            wait_for(lambda m=m: self.has_topic(m), PATIENCE_S, f"{m} to have topic {TOPIC}")
+        self.wait_isr(timeout_s=PATIENCE_S)
         return self
 
     def _options(self, m: Member, **override: Any) -> list[str]:
@@ -264,7 +264,7 @@ class FailoverGroup:
         leader_id = self.view().ready_leader
         return self.member(leader_id) if leader_id is not None else None
 
-    def wait_leader(self, exclude: Iterable[int] = (), timeout_s: float = TTL_S + 5) -> Member:
+    def wait_leader(self, exclude: Iterable[int] = (), timeout_s: float = PATIENCE_S) -> Member:
         """Until a ready leader other than `exclude` is in etcd."""
         excluded = set(exclude)
 
@@ -274,7 +274,7 @@ class FailoverGroup:
 
         return wait_for(found, timeout_s, f"a ready leader other than {sorted(excluded)}")
 
-    def wait_leaderless(self, timeout_s: float = TTL_S + 3) -> None:
+    def wait_leaderless(self, timeout_s: float = PATIENCE_S) -> None:
         wait_for(lambda: self.view().leader is None, timeout_s, "the leader key to lapse")
 
     def assert_no_leader(self, for_s: float, candidate: Member) -> None:
@@ -290,7 +290,9 @@ class FailoverGroup:
             time.sleep(0.05)
         assert candidate.id in self.view().members, f"{candidate} lost its etcd lease"
 
-    def wait_isr(self, ids: Iterable[int] | None = None, timeout_s: float = 15) -> GroupView:
+    def wait_isr(
+        self, ids: Iterable[int] | None = None, timeout_s: float = PATIENCE_S
+    ) -> GroupView:
         """Until the current epoch's published in-sync set is `ids` (default:
         every live member)."""
         want = sorted(ids) if ids is not None else sorted(m.id for m in self.live())

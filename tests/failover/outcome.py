@@ -41,6 +41,11 @@ class Outcome:
             f"failover (fault -> first SEND_OK from the new master) over {len(f)}: "
             f"p50 {percentile(f, 0.5):.2f}s, p99 {percentile(f, 0.99):.2f}s, "
             f"max {max(f):.2f}s (lease TTL {TTL_S:g}s); each {[round(x, 2) for x in f]}"
+            + (
+                f"; {slow} over TTL + 5 s (a loaded machine?)"
+                if (slow := sum(x > TTL_S + 5 for x in f))
+                else ""
+            )
         )
 
 

@@ -23,7 +23,7 @@ from datetime import datetime
 import grpc
 
 from ferry.v1 import broker_pb2, broker_pb2_grpc
-from tests.failover.config import CHANNEL_OPTIONS, PACE_S, SEND_TIMEOUT_S, TOPIC
+from tests.failover.config import CHANNEL_OPTIONS, PACE_S, PATIENCE_S, SEND_TIMEOUT_S, TOPIC
 from tests.waiting import wait_for
 
 
@@ -191,7 +191,7 @@ class Producers:
     def acked(self) -> list[Attempt]:
         return [a for a in self.snapshot() if a.ok]
 
-    def wait_acked(self, n: int, timeout_s: float = 15, addr: str | None = None) -> None:
+    def wait_acked(self, n: int, timeout_s: float = PATIENCE_S, addr: str | None = None) -> None:
         """Until `n` more sends are SEND_OK (from `addr`, if given)."""
 
         def count() -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Container
 
-from tests.failover.config import BROKER, CLUSTER, SLAVE_TIMEOUT_S, TTL_S
+from tests.failover.config import BROKER, CLUSTER, PATIENCE_S, TTL_S
 from tests.failover.group import FailoverGroup
 from tests.failover.member import Member
 from tests.failover.outcome import Outcome
@@ -36,8 +36,9 @@ def kill_master(
     out: Outcome,
     held: Container[int] = (),
 ) -> None:
-    """SIGKILL the master under load. A new master answers SEND_OK within
-    lease TTL + 5 s of the kill; every SEND_OK so far is read from it at its
+    """SIGKILL the master under load. A new master answers SEND_OK (on an
+    idle machine within lease TTL + a few seconds of the kill; the time is
+    recorded in `out`, not asserted); every SEND_OK so far is read from it at its
     queue offset; the old master, restarted, follows it, cut back to the new
     epoch's start when it had an unacknowledged tail, and is in sync again.
 
@@ -52,7 +53,7 @@ def kill_master(
         producers.wait_acked(30, addr=old.addr)
         if r in held:
             # A channel that is connected already: the waits below are short.
-            wait_for(lambda o=old: group.ha_status(o), 5, f"{old} to answer GetHAStatus")
+            wait_for(lambda o=old: group.ha_status(o), PATIENCE_S, f"{old} to answer GetHAStatus")
             group.blackhole_ha(old)
             # What is appended after this read of the log end never leaves the
             # proxy; the send below is (the workers may all be waiting).
@@ -60,7 +61,7 @@ def kill_master(
             producers.send_async(old.addr)
             # (Should the machine be slower than slaveTimeout from here to the
             # kill, the slaves leave the in-sync set first: handled below.)
-            wait_for(lambda o=old, f=floor: _log_end(group, o) > f >= 0, 15,
+            wait_for(lambda o=old, f=floor: _log_end(group, o) > f >= 0, PATIENCE_S,
                      "a send appended after the link was cut", interval_s=0.005)  # fmt: skip
         killed = time.monotonic()
         group.kill(old)
@@ -73,10 +74,10 @@ def kill_master(
             out.skipped += 1
             group.restart(old)
             group.heal_ha(old)
-            group.wait_leader(timeout_s=TTL_S * 3 + 15)
+            group.wait_leader(timeout_s=PATIENCE_S)
             continue
-        new = group.wait_leader(exclude={old.id}, timeout_s=deadline_left(killed, TTL_S + 5))
-        first = producers.wait_first_ok(new.addr, killed, deadline_left(killed, TTL_S + 5))
+        new = group.wait_leader(exclude={old.id}, timeout_s=deadline_left(killed, PATIENCE_S))
+        first = producers.wait_first_ok(new.addr, killed, deadline_left(killed, PATIENCE_S))
         out.failover_s.append(first.end - killed)
         acked = producers.acked()
         pulled = group.pull(new, producers.topic)
@@ -113,11 +114,11 @@ def etcd_partition(
             cut = time.monotonic()
             group.blackhole_etcd(old)
             out.faults.append(f"etcd partition of member {old.id}")
-            new = group.wait_leader(exclude={old.id}, timeout_s=deadline_left(cut, TTL_S + 5))
-            first = producers.wait_first_ok(new.addr, cut, deadline_left(cut, TTL_S + 5))
+            new = group.wait_leader(exclude={old.id}, timeout_s=deadline_left(cut, PATIENCE_S))
+            first = producers.wait_first_ok(new.addr, cut, deadline_left(cut, PATIENCE_S))
             out.failover_s.append(first.end - cut)
             # The probe tried the old master after the new one acknowledged.
-            wait_for(lambda f=first, p=probe: any(a.start > f.end for a in p.snapshot()), 10,
+            wait_for(lambda f=first, p=probe: any(a.start > f.end for a in p.snapshot()), PATIENCE_S,
                      "the probe to try the old master after the failover")  # fmt: skip
         finally:
             probe.stop()
@@ -140,9 +141,9 @@ def etcd_partition(
             f"SEND_OK {first.end - cut:.2f}s (a send started {first.start - last:.2f}s after "
             "the old master's last SEND_OK answer)"
         )
-        group.wait_isr(timeout_s=TTL_S + 15)  # the old master is back, as an in-sync slave
+        group.wait_isr(timeout_s=PATIENCE_S)  # the old master is back, as an in-sync slave
         # ...and holds a lease again (its member key lives under it): it can be elected.
-        wait_for(lambda o=old: o.id in group.view().members, TTL_S + 5,
+        wait_for(lambda o=old: o.id in group.view().members, PATIENCE_S,
                  f"{old} to hold an etcd lease again")  # fmt: skip
     return probes
 
@@ -162,7 +163,7 @@ def lagging_replica(group: FailoverGroup, producers: Producers, rounds: int, out
         producers.wait_acked(20, addr=master.addr)
         group.pause(lagging)
         out.faults.append(f"pause member {lagging.id}, kill master {master.id}")
-        group.wait_isr([master.id, in_sync.id], timeout_s=SLAVE_TIMEOUT_S + 5)
+        group.wait_isr([master.id, in_sync.id], timeout_s=PATIENCE_S)
         producers.wait_acked(20, addr=master.addr)  # acknowledged without it
         killed = time.monotonic()
         group.kill(master)
@@ -174,9 +175,9 @@ def lagging_replica(group: FailoverGroup, producers: Producers, rounds: int, out
             assert lagging.alive
         finally:
             group.resume(in_sync)
-        new = group.wait_leader(timeout_s=2 * TTL_S + 5)
+        new = group.wait_leader(timeout_s=PATIENCE_S)
         assert new is in_sync, f"{new} won; the in-sync {in_sync} should have"
-        producers.wait_first_ok(new.addr, killed, 15)
+        producers.wait_first_ok(new.addr, killed, PATIENCE_S)
         start = group.view().epoch_start()
         mark = len(master.log())
         group.restart(master)
@@ -210,7 +211,7 @@ def handover(
         assert done.returncode == 0, done.stderr
         assert f"member {target.id} at {target.addr} is master" in done.stdout, done.stdout
         assert group.leader() is target
-        first = producers.wait_first_ok(target.addr, asked, 15)
+        first = producers.wait_first_ok(target.addr, asked, PATIENCE_S)
         out.failover_s.append(first.end - asked)
         group.wait_isr()
         assert "cutting this log" not in old.log()[mark:], f"{old} cut its log after a handover"
@@ -231,8 +232,8 @@ def ha_partition(group: FailoverGroup, producers: Producers, out: Outcome) -> No
     try:
         wait_for(lambda: any(a.status == "FLUSH_SLAVE_TIMEOUT" and a.end > cut
                              for a in producers.snapshot()),
-                 SLAVE_TIMEOUT_S + 5, "a send to time out for the slaves")  # fmt: skip
-        group.wait_isr([master.id], timeout_s=5)
+                 PATIENCE_S, "a send to time out for the slaves")  # fmt: skip
+        group.wait_isr([master.id], timeout_s=PATIENCE_S)
     finally:
         group.heal_ha(master)
     group.wait_isr()
@@ -251,7 +252,7 @@ def pause_follower(group: FailoverGroup, producers: Producers, out: Outcome) -> 
     out.faults.append(f"pause follower {follower.id}")
     try:
         rest = sorted(m.id for m in group.members if m is not follower)
-        group.wait_isr(rest, timeout_s=SLAVE_TIMEOUT_S + 5)
+        group.wait_isr(rest, timeout_s=PATIENCE_S)
     finally:
         group.resume(follower)
     group.wait_isr()
@@ -279,8 +280,8 @@ def freeze_leader(
             first = freeze(group, producers, old, out)
             resumed = time.monotonic()
             out.faults.append(f"freeze leader {old.id}")
-            group.wait_isr(timeout_s=TTL_S + 15)
-            wait_for(lambda p=probe, t=resumed: any(a.start > t for a in p.snapshot()), 10,
+            group.wait_isr(timeout_s=PATIENCE_S)
+            wait_for(lambda p=probe, t=resumed: any(a.start > t for a in p.snapshot()), PATIENCE_S,
                      "the probe to try the resumed member")  # fmt: skip
         finally:
             probe.stop()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import time
 
-from tests.failover.config import RECOVERED, TTL_S
+from tests.failover.config import PATIENCE_S, RECOVERED
 from tests.failover.group import FailoverGroup
 from tests.failover.member import Member
 from tests.failover.outcome import Outcome
@@ -25,7 +25,7 @@ def rejoin(group: FailoverGroup, m: Member, mark: int, epoch_start: int, out: Ou
     """`m` was restarted after log position `mark` while a newer epoch that
     starts at `epoch_start` leads: it follows, cut back to the epoch's start
     when its log ran past it (its unacknowledged tail), else untouched."""
-    wait_for(lambda: RECOVERED in m.log()[mark:], 10, f"{m} to recover its store")
+    wait_for(lambda: RECOVERED in m.log()[mark:], PATIENCE_S, f"{m} to recover its store")
     _, end = group.recovered_after(m, mark)
     group.wait_isr()
     text = m.log()[mark:]
@@ -45,8 +45,8 @@ def freeze(group: FailoverGroup, producers: Producers, old: Member, out: Outcome
     frozen = time.monotonic()
     group.pause(old)
     try:
-        new = group.wait_leader(exclude={old.id}, timeout_s=deadline_left(frozen, TTL_S + 5))
-        first = producers.wait_first_ok(new.addr, frozen, deadline_left(frozen, TTL_S + 5))
+        new = group.wait_leader(exclude={old.id}, timeout_s=deadline_left(frozen, PATIENCE_S))
+        first = producers.wait_first_ok(new.addr, frozen, deadline_left(frozen, PATIENCE_S))
     finally:
         group.resume(old)
     out.failover_s.append(first.end - frozen)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import grpc
 
 from ferry.v1 import broker_admin_pb2, broker_admin_pb2_grpc, common_pb2
-from tests.failover.config import QUEUES, TTL_S
+from tests.failover.config import PATIENCE_S, QUEUES
 from tests.failover.group import FailoverGroup
 from tests.failover.outcome import Outcome
 from tests.failover.producers import Producers
@@ -100,15 +100,15 @@ def new_topics(
             mark = len(old.log())
             if how == "freeze":
                 freeze(group, producers, old, out)
-                group.wait_isr(timeout_s=TTL_S + 15)
+                group.wait_isr(timeout_s=PATIENCE_S)
                 note_cut(old, mark, out)
             else:
                 killed = time.monotonic()
                 group.kill(old)
                 new = group.wait_leader(exclude={old.id},
-                                        timeout_s=deadline_left(killed, TTL_S + 5))  # fmt: skip
+                                        timeout_s=deadline_left(killed, PATIENCE_S))  # fmt: skip
                 first = producers.wait_first_ok(new.addr, killed,
-                                                deadline_left(killed, TTL_S + 5))  # fmt: skip
+                                                deadline_left(killed, PATIENCE_S))  # fmt: skip
                 out.failover_s.append(first.end - killed)
                 start = group.view().epoch_start()
                 mark = len(old.log())

@@ -23,7 +23,7 @@ from ferry.v1 import (
     common_pb2,
 )
 from tests.conftest import LoopThread
-from tests.failover.config import TTL_S
+from tests.failover.config import PATIENCE_S
 from tests.failover.group import FailoverGroup
 from tests.integration.support import PortRange, create_topic, pull_all, scrape
 from tests.waiting import wait_equal, wait_for
@@ -88,23 +88,25 @@ def test_a_topic_created_just_before_the_master_freezes_survives(group: Failover
     )
     # Acknowledged means the in-sync follower's log has both; it applies them
     # as they arrive (its slave sync is 10 minutes away).
-    wait_for(lambda: _has(group, follower, NEW_TOPIC, NEW_GROUP), 5, "the follower's tables")
+    wait_for(
+        lambda: _has(group, follower, NEW_TOPIC, NEW_GROUP), PATIENCE_S, "the follower's tables"
+    )
     acked = _send(group, old.addr, 40)
 
     group.pause(old)
-    new = group.wait_leader(exclude=[old.id], timeout_s=TTL_S + 10)
+    new = group.wait_leader(exclude=[old.id], timeout_s=PATIENCE_S)
     assert _has(group, new, NEW_TOPIC, NEW_GROUP), group.tables(new)
     group.wait_routed(new)
-    wait_for(lambda: group.routed(NEW_TOPIC), 10, f"the name server to route {NEW_TOPIC}")
+    wait_for(lambda: group.routed(NEW_TOPIC), PATIENCE_S, f"the name server to route {NEW_TOPIC}")
     got = pull_all(group.channel(new.addr), NEW_TOPIC, QUEUES)
     assert {k: got.get(k) for k in acked} == acked
 
     group.resume(old)
-    group.wait_isr([old.id, new.id], timeout_s=20)
+    group.wait_isr([old.id, new.id], timeout_s=PATIENCE_S)
     assert _has(group, old, NEW_TOPIC, NEW_GROUP), group.tables(old)
     assert group.routed(NEW_TOPIC)
     # Both members' tables include the same records (Failover, NEW_TOPIC; NEW_GROUP).
-    wait_equal(lambda: [_applied(m) for m in (old, new)], [{"topics": 2, "groups": 1}] * 2, 10,
+    wait_equal(lambda: [_applied(m) for m in (old, new)], [{"topics": 2, "groups": 1}] * 2, PATIENCE_S,
                "the members' ferry_metadata_log_applied_records")  # fmt: skip
 
     # An operator's delete reaches the follower and survives the next failover.
@@ -113,12 +115,12 @@ def test_a_topic_created_just_before_the_master_freezes_survives(group: Failover
     )
     assert not _has(group, old, NEW_TOPIC), group.tables(old)
     group.kill(new)
-    again = group.wait_leader(exclude=[new.id], timeout_s=TTL_S + 10)
+    again = group.wait_leader(exclude=[new.id], timeout_s=PATIENCE_S)
     assert again is old
     group.wait_routed(old)
     assert not _has(group, old, NEW_TOPIC), group.tables(old)
     assert _has(group, old, grp=NEW_GROUP), group.tables(old)
-    wait_for(lambda: not group.routed(NEW_TOPIC), 10, f"{NEW_TOPIC} to leave the route")
+    wait_for(lambda: not group.routed(NEW_TOPIC), PATIENCE_S, f"{NEW_TOPIC} to leave the route")
     with pytest.raises(grpc.RpcError) as err:
         broker_pb2_grpc.BrokerStub(group.channel(old.addr)).SendMessage(
             broker_pb2.SendMessageRequest(topic=NEW_TOPIC, body=b"x"), timeout=10
@@ -141,9 +143,9 @@ def test_a_topic_created_by_its_first_send_goes_through_the_metadata_log(
     follower = next(m for m in group.members if m is not leader)
     answer = call(leader.remoting_addr, v2("AutoCreated", b"first", 1, d="2"), 10)
     assert answer.code == rcodes.SUCCESS, answer.remark
-    wait_for(lambda: _has(group, follower, "AutoCreated"), 5, "the follower's topic table")
+    wait_for(lambda: _has(group, follower, "AutoCreated"), PATIENCE_S, "the follower's topic table")
     group.pause(leader)
-    new = group.wait_leader(exclude=[leader.id], timeout_s=TTL_S + 10)
+    new = group.wait_leader(exclude=[leader.id], timeout_s=PATIENCE_S)
     assert new is follower
     got = pull_all(group.channel(new.addr), "AutoCreated", 2)
     assert list(got.values()) == [b"first"]
