@@ -61,6 +61,7 @@ from ferry.client.namesrv import NamesrvClient
 from ferry.client.routes import QueueRef, TopicRoute, group_broker
 from ferry.client.sendstream import StreamSender, StreamSendError, no_answer
 from ferry.runtime import tls
+from ferry.runtime.clock import within
 from ferry.v1 import broker_pb2, broker_pb2_grpc
 
 
@@ -347,7 +348,7 @@ class PipelinedProducer:
                 while not self._batch_full(lane) and self._loop.time() < deadline:
                     lane.wake.clear()
                     try:
-                        await asyncio.wait_for(lane.wake.wait(), deadline - self._loop.time())
+                        await within(lane.wake.wait(), deadline - self._loop.time())
                     except TimeoutError:
                         break
             await room.wait_free()  # the broker's in-flight bound

@@ -27,6 +27,7 @@ import logging
 
 import grpc
 
+from ferry.runtime.clock import within
 from ferry.v1 import broker_pb2, broker_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,7 @@ class StreamSender:
         async with self._room:
             future = self.submit([message])[0]
             try:
-                return await asyncio.wait_for(future, self._timeout_s)
+                return await within(future, self._timeout_s)
             except TimeoutError:
                 raise no_answer(self._timeout_s) from None
 

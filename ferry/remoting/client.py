@@ -25,6 +25,7 @@ from ferry.remoting.codec import (
     encode,
     next_frame,
 )
+from ferry.runtime.clock import within
 
 
 def split_addr(addr: str) -> tuple[str, int]:
@@ -53,7 +54,7 @@ class RemotingClient(asyncio.Protocol):
     ) -> RemotingClient:
         host, port = split_addr(addr)
         loop = asyncio.get_running_loop()
-        _, client = await asyncio.wait_for(
+        _, client = await within(
             loop.create_connection(lambda: cls(on_request), host, port), timeout
         )
         return client
@@ -108,7 +109,7 @@ class RemotingClient(asyncio.Protocol):
         self._waiting[command.opaque] = future
         self._transport.write(encode(command))
         try:
-            return await asyncio.wait_for(future, timeout)
+            return await within(future, timeout)
         finally:
             self._waiting.pop(command.opaque, None)
 

@@ -74,6 +74,7 @@ from ferry.remoting.codec import (
     read_frames,
 )
 from ferry.remoting.metrics import RemotingMetrics
+from ferry.runtime.clock import within
 
 log = logging.getLogger(__name__)
 
@@ -410,7 +411,7 @@ class Connection(asyncio.Protocol):
         self._waiting[command.opaque] = future
         self.write(command)
         try:
-            return await asyncio.wait_for(future, timeout)
+            return await within(future, timeout)
         finally:
             self._waiting.pop(command.opaque, None)
 
@@ -530,7 +531,7 @@ class RemotingServer:
         readable = loop.create_future()
         loop.add_reader(sock.fileno(), lambda: readable.done() or readable.set_result(None))
         try:
-            await asyncio.wait_for(readable, FIRST_BYTE_TIMEOUT_S)
+            await within(readable, FIRST_BYTE_TIMEOUT_S)
             first = sock.recv(1, socket.MSG_PEEK)
         except (TimeoutError, OSError):
             first = b""
@@ -577,7 +578,7 @@ class RemotingServer:
             await asyncio.gather(*tasks, return_exceptions=True)
         for server in self._servers:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(server.wait_closed(), 5)
+                await within(server.wait_closed(), 5)
         self._servers.clear()
 
     def _opened(self, connection: Connection) -> None:

@@ -69,6 +69,17 @@ async def wait_event(event, timeout_s: float) -> bool:
         return False
 
 
+async def within(awaitable, timeout_s: float | None):
+    """`await awaitable` for at most `timeout_s` (TimeoutError after, the awaitable
+    cancelled). What `asyncio.wait_for` does, except that on Python 3.11 wait_for
+    returns the result when a cancellation arrives just as the awaitable finishes,
+    and a task stopped that way carries on: a shutdown waiting for it hangs."""
+    import asyncio
+
+    async with asyncio.timeout(timeout_s):
+        return await awaitable
+
+
 async def wait_future(future, timeout_s: float, on_timeout: object = None):
     """Await `future`, which someone else resolves; if no one has after `timeout_s`,
     it is resolved with `on_timeout`. Returns its result. A plain timer: cheaper

@@ -34,6 +34,7 @@ from typing import Any
 import grpc
 from google.protobuf import descriptor_pool
 
+from ferry.runtime.clock import within
 from ferry.runtime.server import Service
 
 END_TIMEOUT_S = 1.0  # for calls ended after the grace to send their UNAVAILABLE
@@ -89,13 +90,13 @@ class ServiceSwitch:
             self.current = None
         if mount.calls:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(mount.idle.wait(), grace_s)
+                await within(mount.idle.wait(), grace_s)
         if mount.calls:
             for task in list(mount.calls):
                 mount.ended.add(task)
                 task.cancel()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(mount.idle.wait(), END_TIMEOUT_S)
+                await within(mount.idle.wait(), END_TIMEOUT_S)
 
 
 class _StandIn:

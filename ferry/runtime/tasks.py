@@ -10,6 +10,8 @@ from ferry.runtime.errors import FerryError, StorageFault
 
 log = logging.getLogger(__name__)
 
+RECANCEL_S = 5.0  # how long a cancelled task may take to end before it is told again
+
 
 async def cancel_and_wait(*tasks: asyncio.Task | None) -> None:
     """Cancel `tasks` and wait until each has finished; their errors are logged
@@ -27,6 +29,15 @@ async def cancel_and_wait(*tasks: asyncio.Task | None) -> None:
         task.cancel()
     for task in pending:
         try:
+            # A task that swallowed its cancellation (library code that turns it into
+            # an ordinary result) would keep its owner waiting forever: it is told
+            # again every RECANCEL_S, and the log says which one.
+            while not task.done():
+                await asyncio.wait((task,), timeout=RECANCEL_S)
+                if not task.done():
+                    log.warning("task %s is still running %.0f s after it was cancelled; "
+                                "cancelling it again", task.get_name(), RECANCEL_S)  # fmt: skip
+                    task.cancel()
             await task
         except asyncio.CancelledError:
             current = asyncio.current_task()

@@ -30,6 +30,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from ferry.runtime.clock import within
+
 log = logging.getLogger(__name__)
 
 TLS_HANDSHAKE = 0x16  # the content type of a TLS record that starts a handshake
@@ -177,7 +179,7 @@ class _Client(_Side):
         upstream = _Upstream(self._relay.peers)
         upstream.other = self  # the server may speak first (HTTP/2 SETTINGS)
         try:
-            await asyncio.wait_for(
+            await within(
                 loop.create_connection(lambda: upstream, "127.0.0.1", port), CONNECT_TIMEOUT_S
             )
         except OSError as exc:  # TimeoutError included

@@ -35,6 +35,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from ferry.runtime.clock import within
 from ferry.runtime.tasks import cancel_and_wait
 from services.ha import protocol
 from services.ha.protocol import HAProtocolError
@@ -147,7 +148,7 @@ class HAMaster:
         await cancel_and_wait(*self._tasks.values())
         if self._server is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 2)
+                await within(self._server.wait_closed(), 2)
         self._server = None
 
     def push_now(self) -> None:

@@ -53,3 +53,52 @@ def test_a_cancellation_of_the_caller_while_it_waits_is_raised_again():
             await task
 
     asyncio.run(main())
+
+
+def test_a_task_that_swallows_its_cancellation_is_told_again(monkeypatch, caplog):
+    """What Python 3.11's asyncio.wait_for does when the cancellation lands as its
+    awaitable finishes (the registration loop that kept a broker's stop waiting)."""
+    from ferry.runtime import tasks
+
+    monkeypatch.setattr(tasks, "RECANCEL_S", 0.05)
+
+    async def main():
+        swallowed = []
+
+        async def stubborn():
+            while True:
+                try:
+                    await asyncio.sleep(10)
+                except asyncio.CancelledError:
+                    if swallowed:
+                        raise
+                    swallowed.append(True)  # carries on, as if nothing happened
+
+        child = asyncio.create_task(stubborn(), name="stubborn")
+        await asyncio.sleep(0)
+        await cancel_and_wait(child)
+        return swallowed, child.cancelled()
+
+    assert asyncio.run(main()) == ([True], True)
+    assert "task stubborn is still running" in caplog.text
+
+
+def test_within_never_swallows_a_cancellation_that_lands_as_its_awaitable_finishes():
+    from ferry.runtime.clock import within
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        async def waiter():
+            await within(done, 5)
+            return "carried on"
+
+        task = asyncio.create_task(waiter())
+        await asyncio.sleep(0)  # the waiter awaits the future
+        done.set_result(None)  # finishes, and in the same step the waiter is cancelled
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())

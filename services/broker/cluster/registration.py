@@ -422,7 +422,7 @@ class Registrar:
                 log.exception("on_fenced callback failed; registration goes on")
 
     async def _periodic(self) -> None:
-        while True:
+        while not self._stopping:
             masterless = self.identity.broker_id != 0 and not self._master[1]
             await asyncio.sleep(
                 min(self.period_s, MASTERLESS_REREGISTER_S) if masterless else self.period_s
@@ -439,6 +439,8 @@ class Registrar:
         attempt = 0
         while not self._stopping:
             while not server.registered.is_set():
+                if self._stopping:
+                    return
                 if server.fenced:
                     # Asking sooner than the periodic round cannot help a stale master;
                     # that round (or one after a new identity) sets `registered`.

@@ -29,6 +29,8 @@ from typing import Any, TypeVar
 import aetcd
 import aetcd.exceptions
 
+from ferry.runtime.clock import within
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -124,7 +126,7 @@ class Etcd:
         client, self._client = self._client, None
         if client is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(client.close(), 1.0)
+                await within(client.close(), 1.0)
 
     async def close(self) -> None:
         await self._drop()
