@@ -11,15 +11,14 @@ The tests show that:
   DataVersion after a topic is created) and shows in ferry's route answers beside the
   ferry broker, each under its RocketMQ-protocol address; it unregisters (104) when it
   stops;
-- Apache's mqadmin prints the same for ferry's name server as for Apache's
-  (topicRoute, topicList, clusterList, updateKvConfig, updateOrderConf, deleteKvConfig,
+- Apache's mqadmin (rocketmq-tools 4.9.8, one warm JVM per side: tests/compat/mqadmin.py)
+  prints the same for ferry's name server as for Apache's (topicRoute, topicList, clusterList, updateKvConfig, updateOrderConf, deleteKvConfig,
   wipeWritePerm, addWritePerm);
 - the same request to both name servers gets the same code and the same parsed body.
 """
 
 from __future__ import annotations
 
-import itertools
 import re
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -32,12 +31,12 @@ from ferry.remoting.bodies import loads
 from ferry.remoting.client import call
 from ferry.remoting.codec import Command
 from ferry.v1 import namesrv_pb2
-from tests.apache import ApacheBroker, ApacheNamesrv, run_java
+from tests.apache import ApacheBroker, ApacheNamesrv
+from tests.compat.mqadmin import MqadminSession, session_pair
 from tests.conftest import LoopThread, RunningBroker, RunningNamesrv, start_broker, start_namesrv
 from tests.integration import support
 from tests.waiting import wait_for
 
-MQADMIN = "org.apache.rocketmq.tools.command.MQAdminStartup"
 SHARED = "SharedTopic"
 FERRY_ONLY = "FerryOnlyTopic"
 
@@ -58,7 +57,8 @@ class Setup:
         self.apache: ApacheNamesrv | None = None
         self.broker: ApacheBroker | None = None
         self.ferry_broker: RunningBroker | None = None
-        self._runs = itertools.count(1)  # one directory per mqadmin run, threads too
+        # mqadmin's commands, one warm JVM per side (a JVM a command cost ~3 CPU-s).
+        self.sessions: dict[str, MqadminSession] = {}
 
     def start(self) -> None:
         self.ferry = start_namesrv(self.loop, self.root / "ferry-namesrv", metrics_port=-1)
@@ -79,8 +79,11 @@ class Setup:
         )  # fmt: skip
         support.create_topic(self.ferry_broker.channel, SHARED, 2)
         support.create_topic(self.ferry_broker.channel, FERRY_ONLY, 1)
+        self.sessions = session_pair(self.root)
 
     def stop(self) -> None:
+        for session in self.sessions.values():
+            session.stop()
         for process in (self.broker, self.apache):
             if process is not None:
                 process.stop()
@@ -116,31 +119,34 @@ class Setup:
     def addrs(self) -> tuple[str, str]:
         return self.ferry_addr, self.apache_addr
 
-    def mqadmin(self, args: Sequence[str]) -> str:
+    def mqadmin(self, args: Sequence[str], side: str = "ferry") -> str:
+        """One mqadmin command in `side`'s session (each session is used by one thread)."""
         tries = 3
         while True:
             tries -= 1
-            directory = self.root / f"mqadmin-{next(self._runs)}"
-            result = run_java("rocketmq4", MQADMIN, list(args), directory=directory)
+            result = self.sessions[side].run(*args)
             # mqadmin's own transport failing says nothing about the server's answer: on a
             # loaded machine (CI) a write to Apache's name server failed, and a 2 s wait for
             # an answer ran out while the JVMs competed for the CPU (the command then
             # prints nothing, or its own "Failed"). Run it again (3 tries in all): a
             # server that never answers still fails.
-            lost = any(e in result.stderr for e in TRANSPORT_ERRORS)
+            lost = any(e in result.err for e in TRANSPORT_ERRORS)
             if not lost or not tries:
                 break
-        if not result.stdout.strip():
+        if not result.out.strip():
             raise AssertionError(
-                f"mqadmin {' '.join(args)} printed nothing; stderr:\n{result.stderr[-3000:]}"
+                f"mqadmin {' '.join(args)} printed nothing; stderr:\n{result.err[-3000:]}"
             )
-        return result.stdout
+        return result.out
 
     def mqadmin_both(self, *args: str) -> tuple[str, str]:
         """The same subcommand with -n ferry and with -n apache (in parallel):
         (ferry's output, Apache's output)."""
         with ThreadPoolExecutor(2) as pool:
-            runs = [pool.submit(self.mqadmin, [*args, "-n", addr]) for addr in self.addrs]
+            runs = [
+                pool.submit(self.mqadmin, [*args, "-n", addr], side)
+                for side, addr in zip(("ferry", "apache"), self.addrs, strict=True)
+            ]
             return runs[0].result(), runs[1].result()
 
     def both(self, code: int, ext: dict[str, str] | None = None) -> tuple[Command, Command]:
@@ -170,7 +176,7 @@ def setup(tmp_path_factory) -> Iterator[Setup]:
             wait_for(lambda a=addr: has_route(a, "TBW102", "broker-a"), 30, f"broker-a at {addr}")
         # A topic created on the broker: its DataVersion changes, it registers again.
         s.mqadmin(["updateTopic", "-n", s.apache.address, "-b", s.broker.address,
-                   "-t", SHARED, "-r", "4", "-w", "4"])  # fmt: skip
+                   "-t", SHARED, "-r", "4", "-w", "4"], "apache")  # fmt: skip
         for addr in s.addrs:
             wait_for(lambda a=addr: has_route(a, SHARED, "broker-a"), 60, f"{SHARED} at {addr}")
         for topic, queues in ((SHARED, 2), (FERRY_ONLY, 1)):
