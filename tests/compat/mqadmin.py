@@ -1,6 +1,7 @@
-"""Apache RocketMQ's `mqadmin` (rocketmq-tools 4.9.8, unchanged) for tests and benchmarks.
+"""Apache RocketMQ's `mqadmin` (rocketmq-tools 4.9.8, or 5.5.0 with kit="rocketmq5", unchanged)
+for tests and benchmarks.
 
-`MqadminSession` keeps one JVM (ferry.compat.MqadminSession, tests/compat/client49) that runs
+`MqadminSession` keeps one JVM (ferry.compat.MqadminSession, tests/compat/shared-java) that runs
 mqadmin commands one after another, each as `mqadmin ARGS` would run it, and answers what each
 printed and how long it took. A JVM per command costs ~3.5 s (start, then the admin client's
 shutdown); a session pays the start once. With `access_key` / `secret_key`, the session's
@@ -44,11 +45,17 @@ class Result:
 
 class MqadminSession:
     def __init__(
-        self, directory: Path, *, access_key: str = "", secret_key: str = "", heap: str = "256m"
+        self,
+        directory: Path,
+        *,
+        access_key: str = "",
+        secret_key: str = "",
+        heap: str = "256m",
+        kit: str = "client49",
     ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        command, env = java_program("client49", MAIN, [], directory=self.directory, heap=heap)
+        command, env = java_program(kit, MAIN, [], directory=self.directory, heap=heap)
         if access_key:
             tools = self.directory / "home" / "conf" / "tools.yml"
             tools.write_text(f"accessKey: {access_key}\nsecretKey: {secret_key}\n")

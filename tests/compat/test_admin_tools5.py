@@ -22,15 +22,15 @@ import pytest
 from ferry.remoting import codes
 from ferry.remoting.client import call
 from ferry.remoting.codec import Command
-from tests.apache import ApacheAdmin, run_java
+from tests.apache import ApacheAdmin
 from tests.compat import clients
 from tests.compat.backends import BACKENDS, start_backend
+from tests.compat.mqadmin import MqadminSession
 from tests.compat.specs import parametrize_cluster
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(240)
 
-MQADMIN = "org.apache.rocketmq.tools.command.MQAdminStartup"  # rocketmq-tools 5.5.0
 
 _ids = itertools.count()
 
@@ -136,20 +136,19 @@ def test_mqadmins_maintenance_and_config_commands(cluster, tmp_path):
     """mqadmin 5.5.0's getNamesrvConfig (319), deleteExpiredCommitLog (329), cleanExpiredCQ
     (306) and cleanUnusedTopic (316), none of which ferry answered before (3)."""
 
-    def mqadmin(*args: str) -> str:
-        done = run_java(
-            "rocketmq5", MQADMIN, [*args, "-n", cluster.namesrv_addr],
-            directory=tmp_path / "mqadmin", timeout_s=60,
-        )  # fmt: skip
-        assert "not supported" not in done.stdout + done.stderr, done.stdout + done.stderr
-        return done.stdout
+    with MqadminSession(tmp_path / "mqadmin", kit="rocketmq5") as session:
 
-    config = mqadmin("getNamesrvConfig")
-    assert f"============{cluster.namesrv_addr}============" in config
-    assert re.search(r"^listenPort\s+=\s+\d+", config, re.M), config
-    for addr in _broker_addrs(cluster):
-        for command in ("deleteExpiredCommitLog", "cleanExpiredCQ", "cleanUnusedTopic"):
-            assert mqadmin(command, "-b", addr).strip().endswith("success"), command
+        def mqadmin(*args: str) -> str:
+            done = session.run(*args, "-n", cluster.namesrv_addr)
+            assert "not supported" not in done.out + done.err, done.out + done.err
+            return done.out
+
+        config = mqadmin("getNamesrvConfig")
+        assert f"============{cluster.namesrv_addr}============" in config
+        assert re.search(r"^listenPort\s+=\s+\d+", config, re.M), config
+        for addr in _broker_addrs(cluster):
+            for command in ("deleteExpiredCommitLog", "cleanExpiredCQ", "cleanUnusedTopic"):
+                assert mqadmin(command, "-b", addr).strip().endswith("success"), command
 
 
 N, B, S = "n", "b", "s"  # Admin5's shape leaves: number, boolean, string

@@ -11,7 +11,8 @@ import java.nio.charset.StandardCharsets;
 import org.apache.rocketmq.tools.command.MQAdminStartup;
 
 /**
- * Apache RocketMQ's own `mqadmin` (MQAdminStartup.main0 of rocketmq-tools, unchanged), many
+ * Apache RocketMQ's own `mqadmin` (MQAdminStartup.main0 of rocketmq-tools, unchanged: 4.9.8 in
+ * the client49 kit, 5.5.0 in rocketmq5, both compiled from this file), many
  * commands in one JVM: a JVM's start and its client's shutdown cost ~3.5 s per mqadmin run, which
  * a test of twenty commands against two clusters, or a latency benchmark, cannot afford.
  *
