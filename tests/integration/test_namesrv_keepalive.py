@@ -21,6 +21,12 @@ def unregisters(ns: RunningNamesrv, reason: str) -> float:
     return ns.app.registry.get_sample_value("ferry_namesrv_unregisters_total", {"reason": reason})
 
 
+# A broken stream removes the broker at once; the only other way out, the heartbeat
+# timeout (120 s by default, what these brokers register with), is far past this wait, so a
+# loaded machine may take its time without the test proving less.
+AT_ONCE_S = 30.0
+
+
 def gone(ns: RunningNamesrv, addr: str = ADDR, topic: str = TOPIC):
     return lambda: not has_route(ns.stub, topic) and addr not in live_addrs(ns.stub)
 
@@ -30,7 +36,7 @@ def live_entry(ns: RunningNamesrv, addr: str = ADDR) -> namesrv_pb2.BrokerLiveIn
     return info.broker_live_table[addr]
 
 
-def test_killed_broker_leaves_the_routes_within_two_seconds(ns, broker_process):
+def test_killed_broker_leaves_the_routes_at_once(ns, broker_process):
     broker = broker_process(ns.addr, ADDR, "run-1", TOPIC)
     broker.wait_bound()
     assert has_route(ns.stub, TOPIC)
@@ -41,7 +47,7 @@ def test_killed_broker_leaves_the_routes_within_two_seconds(ns, broker_process):
     broker.out.wait_line("pong", 5.0, "a ping answered on the stream")
 
     broker.kill()
-    wait_for(gone(ns), 2.0, "the killed broker's routes to disappear")
+    wait_for(gone(ns), AT_ONCE_S, "the killed broker's routes to disappear")
     info = ns.stub.GetBrokerClusterInfo(namesrv_pb2.GetBrokerClusterInfoRequest())
     assert "broker-ka" not in info.broker_addr_table
     assert "KeepAliveCluster" not in info.cluster_addr_table
@@ -51,7 +57,7 @@ def test_killed_broker_is_counted_as_connection_lost(ns, broker_process):
     broker = broker_process(ns.addr, ADDR, "run-1", TOPIC)
     broker.wait_bound()
     broker.kill()
-    wait_for(gone(ns), 2.0, "the killed broker's routes to disappear")
+    wait_for(gone(ns), AT_ONCE_S, "the killed broker's routes to disappear")
     assert (unregisters(ns, "connection_lost"), unregisters(ns, "graceful")) == (1, 0)
 
 
@@ -61,7 +67,7 @@ def test_broker_closing_its_stream_is_removed_too(ns, broker_process):
     assert has_route(ns.stub, TOPIC)
 
     broker.command("close")
-    wait_for(gone(ns), 2.0, "the broker that closed its stream to disappear")
+    wait_for(gone(ns), AT_ONCE_S, "the broker that closed its stream to disappear")
     broker.out.wait_line("closed", 5.0, "the server to end the stream cleanly")
     # Counted once (the reason label of a bare stream end is the servicer's choice).
     assert unregisters(ns, "graceful") + unregisters(ns, "connection_lost") == 1
