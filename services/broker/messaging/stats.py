@@ -167,24 +167,28 @@ class TrafficStats:
             return None
         return older, newest
 
-    def put_tps(self, window_s: float = WINDOWS_S[0]) -> float:
+    def _rate(self, column: int, window_s: float) -> float:
+        """Per second, over `window_s`, of one of a Sample's running totals."""
         pair = self._pair(window_s)
-        return 0.0 if pair is None else (pair[1][1] - pair[0][1]) / (pair[1][0] - pair[0][0])
+        if pair is None:
+            return 0.0
+        older, newest = pair
+        return (newest[column] - older[column]) / (newest[0] - older[0])
+
+    def put_tps(self, window_s: float = WINDOWS_S[0]) -> float:
+        return self._rate(1, window_s)
 
     def got_tps(self, window_s: float = WINDOWS_S[0]) -> float:
-        pair = self._pair(window_s)
-        return 0.0 if pair is None else (pair[1][2] - pair[0][2]) / (pair[1][0] - pair[0][0])
+        return self._rate(2, window_s)
 
     def found_tps(self, window_s: float = WINDOWS_S[0]) -> float:
         """Reads that found messages, per second (Apache's getFoundTps)."""
-        pair = self._pair(window_s)
-        return 0.0 if pair is None else (pair[1][4] - pair[0][4]) / (pair[1][0] - pair[0][0])
+        return self._rate(4, window_s)
 
     def missed_tps(self, window_s: float = WINDOWS_S[0]) -> float:
         """Reads that found nothing (an empty queue, a filter that matched
         nothing, an offset out of range), per second (Apache's getMissTps)."""
-        pair = self._pair(window_s)
-        return 0.0 if pair is None else (pair[1][5] - pair[0][5]) / (pair[1][0] - pair[0][0])
+        return self._rate(5, window_s)
 
     def group_tps(self, group: str, topic: str, window_s: float = WINDOWS_S[1]) -> float:
         """Messages of `topic` the group took per second (RocketMQ's consumeTps
