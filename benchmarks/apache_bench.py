@@ -151,6 +151,12 @@ SINGLES_TOPIC = "BenchmarkSingles"  # the Producer alone, then ferry.v1 unary (f
 BACKLOG_TOPIC = "BenchmarkBacklog"  # preloaded once per side; the Consumer alone drains it
 BACKLOG_BATCH = 128  # messages per preloading batch send (SEND_BATCH_MESSAGE)
 BACKLOG_IN_FLIGHT = 16  # preloading batch sends in flight
+# A broker under flow control answers SYSTEM_BUSY (Apache's TIMEOUT_CLEAN_QUEUE, a send
+# that waited over 200 ms in its queue) before it stores anything; the preloader sends
+# that batch again after a pause, as RocketMQ's producer retries a busy broker, for up
+# to this long per batch.
+BACKLOG_BUSY_PAUSE_S = 0.05
+BACKLOG_BUSY_PATIENCE_S = 60.0
 # Every backlog message carries one property, `a`, "0" and "1" in turn; the filtered drain
 # subscribes with this SQL92 selector (both brokers with enablePropertyFilter=true), which
 # selects half of the backlog: each broker reads every message and evaluates the selector
@@ -1321,15 +1327,25 @@ async def preload_backlog(address: str, topic: str, messages: int) -> float:
     client = await RemotingClient.connect(address)
     started = time.monotonic()
 
-    async def send(queue_id: int) -> None:
-        answer = await client.request(_backlog_request(topic, queue_id, body), timeout=60)
-        if answer.code != codes.SUCCESS:
-            raise RuntimeError(
-                f"preloading {topic} at {address}: answer {answer.code} ({answer.remark})"
-            )
+    busy = 0
 
+    async def send(queue_id: int) -> None:
+        nonlocal busy
+        deadline = time.monotonic() + BACKLOG_BUSY_PATIENCE_S
+        while True:
+            answer = await client.request(_backlog_request(topic, queue_id, body), timeout=60)
+            if answer.code == codes.SUCCESS:
+                return
+            if answer.code != codes.SYSTEM_BUSY or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"preloading {topic} at {address}: answer {answer.code} ({answer.remark})"
+                    + (f" after {busy} busy answers" if busy else "")
+                )
+            busy += 1
+            await asyncio.sleep(BACKLOG_BUSY_PAUSE_S)
+
+    pending: set[asyncio.Future] = set()
     try:
-        pending: set[asyncio.Future] = set()
         for n in range(0, messages, BACKLOG_BATCH):
             if len(pending) >= BACKLOG_IN_FLIGHT:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -1338,7 +1354,12 @@ async def preload_backlog(address: str, topic: str, messages: int) -> float:
             pending.add(asyncio.ensure_future(send(n // BACKLOG_BATCH % QUEUES)))
         await asyncio.gather(*pending)
     finally:
+        for future in pending:  # a failed batch ends the preload: nothing left behind
+            future.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
         client.close()
+    if busy:
+        print(f"  apache: preloading {topic}: {busy} busy answers sent again", file=sys.stderr)
     return time.monotonic() - started
 
 
