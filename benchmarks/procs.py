@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -193,11 +194,34 @@ def settle_disk(limit_bytes: int = 32 << 20, timeout_s: float = 120.0) -> tuple[
     return found, time.monotonic() - start
 
 
+# Ports handed to servers that must be told theirs: below the kernel's ephemeral range
+# (32768-60999 here), so no outgoing connection is given one between free_port() and
+# the server's bind -- or while a server restarts on its old port (the HA benchmark's
+# master does, and CI once lost a run to a gRPC client's socket holding its HA port).
+# The tests' servers take 10000-32767 (tests/integration/support.py), so the
+# benchmarks take from below that; each port is handed out once a process.
+_PORT_RANGE = (4000, 9800)
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    """A loopback port free now (for a server that must be told its port)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now and not handed out before (for a server that must be
+    told its port), from below the ephemeral range."""
+    low, high = _PORT_RANGE
+    start = random.randrange(low, high)
+    for i in range(high - low):
+        port = low + (start - low + i) % (high - low)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free loopback port left in {low}-{high}")
 
 
 def namesrv_process(workdir: Path, cpus: set[int] | None = None, name: str = "namesrv"):
