@@ -619,12 +619,21 @@ class ApacheAdmin:
         ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
         line = proc.stdout.readline() if ready else ""
         if not line:
+            status = proc.poll()
+            # An answer that comes later would be read as the next command's: the program
+            # is stopped, so that nothing talks to it again (`running` turns false).
+            if status is None:
+                proc.kill()
             tail = self.stderr_path.read_text(errors="replace")[-3000:]
             raise RuntimeError(
                 f"Admin5 gave no answer to {what} within {timeout_s:.0f}s "
-                f"(exit status {proc.poll()}); it printed:\n{tail}"
+                f"(exit status {status}); it printed:\n{tail}"
             )
         return json.loads(line)
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         proc, self._proc = self._proc, None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -266,15 +267,39 @@ def start_broker(
     return RunningBroker(app, loop, addr, channel)
 
 
+def _shares_apache(item) -> bool:
+    return item.get_closest_marker("apache5") is not None
+
+
 def pytest_collection_modifyitems(session, config, items):
-    """The slowest modules first, longest first, the rest in collection order
-    (tests/durations.py): with `--dist loadfile` no worker is left running a long
-    module alone at the end. A stable sort keeps each module's own order."""
-    items.sort(key=lambda item: -durations.weight(item.nodeid))
+    """The modules that share a pytest process's Apache RocketMQ 5 back end (marked
+    `apache5`, tests/compat/backends.py) first, so that each worker runs its share of them
+    one after another on one back end; then the slowest modules, longest first, the rest
+    in collection order (tests/durations.py): with `--dist loadfile` no worker is left
+    running a long module alone at the end. A stable sort keeps each module's own order."""
+    items.sort(key=lambda item: (not _shares_apache(item), -durations.weight(item.nodeid)))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After the last test of a run of `apache5` modules (the next test is not of one, or
+    there is none), the shared Apache back end stops: its JVMs do not idle beside the
+    rest of the suite."""
+    yield
+    if nextitem is None or not _shares_apache(nextitem):
+        _stop_shared_apache()
+
+
+def _stop_shared_apache() -> None:
+    # Only where a module imported it: the back end is started by nothing else.
+    backends = sys.modules.get("tests.compat.backends")
+    if backends is not None:
+        backends.stop_shared_apache()
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
+    _stop_shared_apache()  # where the session ended early (-x, a failed fixture)
     # CPython 3.11 before 3.11.8 (gh-106905): a finalizer that runs Python code
     # while the AST is being built (here: garbage from gRPC channels collected
     # during hypothesis's lazy import in the terminal summary) makes ast.parse

@@ -6,7 +6,9 @@ handed to the next free worker in the order of the collection. xdist's own defau
 Kubernetes runs, the fuzzers) last, and one worker ran them for minutes after the other
 had finished. `tests/conftest.py` orders the modules below first, longest first (the
 usual longest-processing-time rule), the rest after them in collection order; the
-Makefile turns xdist's reordering off.
+Makefile turns xdist's reordering off. (Before all of them come the modules marked
+`apache5`, longest first too: they share their worker's Apache back end while they run
+one after another, tests/compat/backends.py.)
 
 The figures are seconds summed over a module's tests (setup and teardown included) in a
 `make test` run; only the order matters. Refresh them after a module's time changes

@@ -1,6 +1,13 @@
 """The two back ends a RocketMQ 5 SDK test runs against: ferry's proxy, and Apache
-RocketMQ's 5.x proxy as the oracle. Each is one cluster per test module (an Apache JVM
-takes ~15 s to start), with the same operations on both, done each back end's own way:
+RocketMQ's 5.x proxy as the oracle, with the same operations on both, done each back end's
+own way (below). ferry's is one cluster per test module. Apache's is one per pytest
+process, shared by the modules that use it (marked `apache5`, which tests/conftest.py
+runs first and one after another): its three JVMs cost ~33 CPU-seconds to start, and
+`make test` would otherwise start them once a module. A module `release()`s its back end
+when it is done (ferry's stops; the shared one stays up), conftest stops the shared one
+when the process goes on to a module without the mark, and `start_backend` starts it
+again when one of its JVMs has died. Modules that share it use topic and group names of
+their own (each module's names carry its prefix), as they see each other's leftovers.
 
 - `create_topic(topic, queues, message_type)`: ferry's admin API on every master; Apache's
   `mqadmin updateTopic -c ApacheCluster -r N -w N -a +message.type=T` (through ferry's
@@ -111,6 +118,10 @@ class Backend:
     def stop(self) -> None:
         raise NotImplementedError
 
+    def release(self) -> None:
+        """A module is done with this back end: stopped unless other modules share it."""
+        self.stop()
+
 
 class FerryBackend(Backend):
     """Two ferry masters and a name server (in this process, on their own loop thread)
@@ -206,9 +217,12 @@ class ApacheBackend(Backend):
 
     name = "apache"
 
-    def __init__(self, d: Path) -> None:
+    def __init__(self, d: Path, shared: bool = False) -> None:
+        """`shared`: the process's one Apache back end (`shared_apache`), which
+        `release()` leaves running."""
         super().__init__()
         self.dir = d
+        self.shared = shared
         self.namesrv = ApacheNamesrv(d / "apache-namesrv", kit="rocketmq5")
         self.proxy: ApacheProxy | None = None
         self.admin: ApacheAdmin | None = None
@@ -273,11 +287,45 @@ class ApacheBackend(Backend):
         for stopped in stops:
             stopped.result()
 
+    def release(self) -> None:
+        if not self.shared:
+            self.stop()
+
+    @property
+    def running(self) -> bool:
+        """Every JVM of it is alive (Admin5 stops itself after a missed answer)."""
+        jvms = (self.admin, self.proxy, self.namesrv)
+        return all(j is not None and j.running for j in jvms)
+
+
+_shared: ApacheBackend | None = None
+
+
+def shared_apache(d: Path) -> ApacheBackend:
+    """The process's Apache back end, started (under `d`) when there is none or one of its
+    JVMs has died (then the rest of it is stopped first)."""
+    global _shared
+    if _shared is not None and _shared.running:
+        return _shared
+    stop_shared_apache()
+    _shared = ApacheBackend(d, shared=True)
+    return _shared
+
+
+def stop_shared_apache() -> None:
+    """Stops the shared Apache back end, if one runs (tests/conftest.py, when no module
+    that shares it comes next)."""
+    global _shared
+    backend, _shared = _shared, None
+    if backend is not None:
+        backend.stop()
+
 
 def start_backend(name: str, d: Path, ferry_proxy_args: Sequence[str] = ()) -> Backend:
-    """`ferry_proxy_args`: more flags for ferry's proxy (Apache's has its defaults)."""
+    """`ferry_proxy_args`: more flags for ferry's proxy (Apache's has its defaults).
+    Apache's is the shared one: a module gives it back with `release()`."""
     if name == "ferry":
         return FerryBackend(d, ferry_proxy_args)
     if name == "apache":
-        return ApacheBackend(d)
+        return shared_apache(d)
     raise ValueError(f"unknown back end {name!r}")

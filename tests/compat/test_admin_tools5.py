@@ -29,7 +29,7 @@ from tests.compat.mqadmin import MqadminSession
 from tests.compat.specs import parametrize_cluster
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.apache5]
 
 
 _ids = itertools.count()
@@ -45,7 +45,7 @@ def cluster(request, tmp_path_factory):
     try:
         yield backend
     finally:
-        backend.stop()
+        backend.release()
 
 
 def routed(namesrv: str, topic: str) -> bool:

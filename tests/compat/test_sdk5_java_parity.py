@@ -20,7 +20,7 @@ from tests.compat.backends import BACKENDS, start_backend
 from tests.compat.specs import json_lines
 
 # A back end's first test starts its cluster and runs every scenario (~15-40 s each).
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.apache5]
 SCENARIOS = ("normal", "push", "delay", "fifo", "fifo-batch", "redelivery", "dlq", "transaction")
 # (queues, message type); the DLQ made beforehand, as an operator may, so that its route is
 # there when the scenario reads it (a broker registers one it makes with its next
@@ -67,7 +67,7 @@ def observed(request, tmp_path_factory):
             timeout_s=600,
         )
     finally:
-        backend.stop()
+        backend.release()
     events: dict[str, list[dict]] = defaultdict(list)
     for line in json_lines(result.stdout):
         events[line["scenario"]].append(line)

@@ -18,7 +18,7 @@ from tests.apache import run_java
 from tests.compat.backends import BACKENDS, start_backend
 from tests.compat.specs import json_lines, parametrize_cluster
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.apache5]
 
 _ids = itertools.count()
 
@@ -33,7 +33,7 @@ def cluster(request, tmp_path_factory):
     try:
         yield backend
     finally:
-        backend.stop()
+        backend.release()
 
 
 def test_sync_send_delay_time_seconds_holds_the_message(cluster, tmp_path):

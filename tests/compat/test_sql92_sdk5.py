@@ -16,7 +16,7 @@ from tests.compat.backends import BACKENDS, start_backend
 from tests.compat.specs import parametrize_cluster
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.apache5]
 _ids = itertools.count()
 
 
@@ -30,7 +30,7 @@ def cluster(request, tmp_path_factory):
     try:
         yield backend
     finally:
-        backend.stop()
+        backend.release()
 
 
 def _send(cluster, topic: str, count: int) -> dict[str, int]:

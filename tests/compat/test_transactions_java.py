@@ -27,7 +27,7 @@ from tests.conftest import broker_options
 from tests.integration import support
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.apache5]
 
 QUEUES = 4
 CHECK_MAX = 4
@@ -308,7 +308,7 @@ def ids_cluster(request, tmp_path_factory):
         assert isinstance(backend, ApacheBackend)
         yield backend.namesrv.address, create_topic
     finally:
-        backend.stop()
+        backend.release()
 
 
 def test_transaction_id_is_the_message_id_and_the_commit_carries_it(ids_cluster, tmp_path):

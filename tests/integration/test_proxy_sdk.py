@@ -45,7 +45,7 @@ from tests.waiting import wait_for
 TOPIC = "SdkTopic"
 # A back end's first test also starts its cluster (Apache's JVMs: ~15 s, more on a busy
 # machine).
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.apache5]
 
 
 def pytest_generate_tests(metafunc):
@@ -59,7 +59,7 @@ def cluster(request, tmp_path_factory):
         backend.create_topic(TOPIC)
         yield backend
     finally:
-        backend.stop()
+        backend.release()
 
 
 def _dead_letters(cluster, group: str, want: int = 1) -> list:

@@ -25,7 +25,7 @@ from tests.compat.backends import BACKENDS, TRANSACTION_SETTINGS, start_backend
 from tests.compat.specs import parametrize_cluster
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.apache5]
 # A checker's "I don't know yet": the v5 API has no UNKNOWN; both proxies leave the
 # transaction undecided for any resolution but COMMIT and ROLLBACK.
 UNDECIDED = TransactionResolution.TRANSACTION_RESOLUTION_UNSPECIFIED
@@ -42,7 +42,7 @@ def cluster(request, tmp_path_factory):
     try:
         yield backend
     finally:
-        backend.stop()
+        backend.release()
 
 
 class Checker(TransactionChecker):

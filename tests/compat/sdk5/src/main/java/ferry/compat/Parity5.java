@@ -66,11 +66,16 @@ import org.apache.rocketmq.client.java.impl.producer.SendReceiptImpl;
  *       send prints the transaction id the SDK got (as the normal scenario's sends do).
  * </ul>
  *
+ * <p>With {@code -Dparity5.suffix=S} every topic and group above has S appended to its name
+ * (J5NormalS, j5-normalS): tests that run Parity5 on the same Apache back end one after
+ * another (tests/compat/backends.py shares it) keep out of each other's messages and offsets.
+ *
  * <p>Every scenario ends with {"scenario": S, "event": "done"} or "error" (with the message),
  * with the milliseconds it took; a scenario gives up after 60 s. Exits 0 once every scenario has run.
  */
 public final class Parity5 {
   private static final long SCENARIO_MS = 60_000;
+  private static final String SUFFIX = System.getProperty("parity5.suffix", "");
   private static final ClientServiceProvider PROVIDER = ClientServiceProvider.loadService();
 
   private final ClientConfiguration config;
@@ -136,7 +141,7 @@ public final class Parity5 {
   // ------------------------------------------------------------------ scenarios
 
   private void normal() throws Exception {
-    String topic = "J5Normal";
+    String topic = "J5Normal" + SUFFIX;
     List<String> wanted = new ArrayList<>();
     try (Producer producer = producer(topic)) {
       for (int i = 0; i < 12; i++) {
@@ -158,7 +163,7 @@ public final class Parity5 {
         }
       }
     }
-    try (SimpleConsumer consumer = simple("j5-normal", topic, "TagA")) {
+    try (SimpleConsumer consumer = simple("j5-normal" + SUFFIX, topic, "TagA")) {
       receive("normal", consumer, wanted.size(), Duration.ofSeconds(30), true);
       // Everything acknowledged: nothing more comes (one more long poll).
       for (MessageView m : consumer.receive(16, Duration.ofSeconds(30))) {
@@ -168,7 +173,7 @@ public final class Parity5 {
   }
 
   private void push() throws Exception {
-    String topic = "J5Push";
+    String topic = "J5Push" + SUFFIX;
     List<String> bodies = new ArrayList<>();
     for (int i = 0; i < 16; i++) {
       // Half the bodies with a CRC32 below 0x10000000: seven hex digits or fewer, which
@@ -178,7 +183,7 @@ public final class Parity5 {
     Map<String, List<Integer>> seen = new ConcurrentHashMap<>();
     PushConsumer consumer =
         push(
-            "j5-push",
+            "j5-push" + SUFFIX,
             topic,
             m -> {
               String body = body(m);
@@ -199,7 +204,7 @@ public final class Parity5 {
   }
 
   private void delay() throws Exception {
-    String topic = "J5Delay";
+    String topic = "J5Delay" + SUFFIX;
     long due;
     try (Producer producer = producer(topic)) {
       due = System.currentTimeMillis() + 2_000;
@@ -207,7 +212,7 @@ public final class Parity5 {
           producer.send(message(topic, "later").setDeliveryTimestamp(due).build());
       print("delay", "sent", Map.of("id", id(receipt), "due", due));
     }
-    try (SimpleConsumer consumer = simple("j5-delay", topic, "*")) {
+    try (SimpleConsumer consumer = simple("j5-delay" + SUFFIX, topic, "*")) {
       for (Map<String, Object> m :
           receive("delay", consumer, 1, Duration.ofSeconds(30), true)) {
         print("delay", "timing", Map.of("lateMs", (long) m.get("receivedAt") - due));
@@ -216,7 +221,7 @@ public final class Parity5 {
   }
 
   private void fifo() throws Exception {
-    String topic = "J5Fifo";
+    String topic = "J5Fifo" + SUFFIX;
     try (Producer producer = producer(topic)) {
       for (int i = 0; i < 5; i++) {
         for (int g = 0; g < 3; g++) {
@@ -224,13 +229,13 @@ public final class Parity5 {
         }
       }
     }
-    try (SimpleConsumer consumer = simple("j5-fifo", topic, "*")) {
+    try (SimpleConsumer consumer = simple("j5-fifo" + SUFFIX, topic, "*")) {
       receive("fifo", consumer, 15, Duration.ofSeconds(30), true);
     }
   }
 
   private void fifoBatch() throws Exception {
-    String topic = "J5FifoBatch";
+    String topic = "J5FifoBatch" + SUFFIX;
     try (Producer producer = producer(topic)) {
       for (int i = 0; i < 5; i++) {
         SendReceipt receipt =
@@ -238,7 +243,7 @@ public final class Parity5 {
         print("fifo-batch", "sent", Map.of("body", "m" + i, "id", id(receipt)));
       }
     }
-    try (SimpleConsumer consumer = simple("j5-fifo-batch", topic, "*")) {
+    try (SimpleConsumer consumer = simple("j5-fifo-batch" + SUFFIX, topic, "*")) {
       long deadline = System.currentTimeMillis() + SCENARIO_MS;
       List<MessageView> first = new ArrayList<>();
       while (first.isEmpty() && System.currentTimeMillis() < deadline) {
@@ -262,23 +267,23 @@ public final class Parity5 {
   }
 
   private void redelivery() throws Exception {
-    String topic = "J5Redeliver";
+    String topic = "J5Redeliver" + SUFFIX;
     try (Producer producer = producer(topic)) {
       SendReceipt receipt = producer.send(message(topic, "again").build());
       print("redelivery", "sent", Map.of("id", id(receipt)));
     }
-    try (SimpleConsumer consumer = simple("j5-redeliver", topic, "*")) {
+    try (SimpleConsumer consumer = simple("j5-redeliver" + SUFFIX, topic, "*")) {
       receive("redelivery", consumer, 1, Duration.ofSeconds(1), false);
       receive("redelivery", consumer, 1, Duration.ofSeconds(30), true);
     }
   }
 
   private void dlq() throws Exception {
-    String topic = "J5Dlq";
+    String topic = "J5Dlq" + SUFFIX;
     List<Integer> attempts = new CopyOnWriteArrayList<>();
     PushConsumer consumer =
         push(
-            "j5-dlq",
+            "j5-dlq" + SUFFIX,
             topic,
             m -> {
               attempts.add(m.getDeliveryAttempt());
@@ -291,7 +296,8 @@ public final class Parity5 {
       String id = id(producer.send(message(topic, "always fails").addProperty("k", "v").build()));
       print("dlq", "sent", Map.of("id", id));
       waitFor(() -> attempts.size() >= 2, SCENARIO_MS);
-      try (SimpleConsumer reader = awaitSimple("j5-dlq-reader", "%DLQ%j5-dlq")) {
+      try (SimpleConsumer reader =
+          awaitSimple("j5-dlq-reader" + SUFFIX, "%DLQ%j5-dlq" + SUFFIX)) {
         receive("dlq", reader, 1, Duration.ofSeconds(30), true);
       }
     } finally {
@@ -385,7 +391,7 @@ public final class Parity5 {
   }
 
   private void transaction() throws Exception {
-    String topic = "J5Tx";
+    String topic = "J5Tx" + SUFFIX;
     Map<String, Integer> checked = new ConcurrentHashMap<>();
     TransactionChecker checker =
         view -> {
@@ -429,7 +435,7 @@ public final class Parity5 {
           Map.of("body", "marker", "id", id(marker), "transactionId", txId(marker)));
       last.commit();
     }
-    try (SimpleConsumer consumer = simple("j5-tx", topic, "*")) {
+    try (SimpleConsumer consumer = simple("j5-tx" + SUFFIX, topic, "*")) {
       long deadline = System.currentTimeMillis() + SCENARIO_MS;
       List<String> got = new ArrayList<>();
       while (!(got.contains("marker") && got.contains("checked commit"))
