@@ -293,7 +293,7 @@ class ApacheBackend(Backend):
 
     @property
     def running(self) -> bool:
-        """Every JVM of it is alive (Admin5 stops itself after a missed answer)."""
+        """Every JVM of it is alive (`ApacheAdmin` kills Admin5 after a missed answer)."""
         jvms = (self.admin, self.proxy, self.namesrv)
         return all(j is not None and j.running for j in jvms)
 
