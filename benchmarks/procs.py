@@ -15,13 +15,14 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from tests.processes import port_free
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -211,16 +212,9 @@ def free_port() -> int:
     start = random.randrange(low, high)
     for i in range(high - low):
         port = low + (start - low + i) % (high - low)
-        if port in _handed_out:
-            continue
-        with socket.socket() as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _handed_out.add(port)
-        return port
+        if port not in _handed_out and port_free(port, reuse_address=True):
+            _handed_out.add(port)
+            return port
     raise RuntimeError(f"no free loopback port left in {low}-{high}")
 
 

@@ -43,7 +43,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from tests.processes import free_port, signal_and_reap
+from tests.processes import free_port, port_free, signal_and_reap
 from tests.waiting import wait_for
 
 log = logging.getLogger(__name__)
@@ -128,18 +128,9 @@ def free_port_pair() -> int:
         port = free_port()
         if port < 1026 or port > 65000:
             continue
-        if all(_port_free(p) for p in (port - 2, port + 1)):
+        if all(port_free(p) for p in (port - 2, port + 1)):
             return port
     raise RuntimeError("no free loopback port with its neighbours free after 50 tries")
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def port_open(port: int) -> bool:

@@ -15,6 +15,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def port_free(port: int, reuse_address: bool = False) -> bool:
+    """Nothing holds loopback `port` now (bound, then released). With `reuse_address`
+    a port whose old connections linger in TIME_WAIT counts as free, as it is to a
+    server that binds with SO_REUSEADDR (ferry's do)."""
+    with socket.socket() as s:
+        if reuse_address:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def pid_alive(pid: int) -> bool:
     """A process has `pid` (one of another user's counts; so does a zombie)."""
     try:

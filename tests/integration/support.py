@@ -32,7 +32,7 @@ from ferry.v1 import (
     namesrv_pb2,
     namesrv_pb2_grpc,
 )
-from tests.processes import pid_alive
+from tests.processes import pid_alive, port_free
 from tests.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,13 +89,7 @@ class PortRange:
         while self.next < self.end:
             port = self.next
             self.next += 1
-            with socket.socket() as s:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-            if _claim(port):
+            if port_free(port, reuse_address=True) and _claim(port):
                 return port
         pytest.fail(f"no free loopback port left in {self.start}-{self.end}")
 
