@@ -23,10 +23,12 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
+from grpc_reflection.v1alpha._async import ReflectionServicer as AsyncReflectionServicer
 from prometheus_client import CollectorRegistry
 
 from ferry.runtime import late_answers
+from ferry.runtime.native_server import DoorCollector, NativeServer
 from ferry.runtime.tls import ServerTLS
 from ferry.runtime.tls_sniff import PeerBook, TLSSniffRelay
 
@@ -74,6 +76,8 @@ class GrpcServer:
         registry: CollectorRegistry | None = None,
         permissive: bool = False,
         peers: PeerBook | None = None,
+        native: bool = False,
+        overload_answer: Callable[[str], bytes | None] | None = None,
     ) -> None:
         """`registry`: the process's metrics, where `ferry_grpc_late_answers_total`
         is registered. `permissive` (with `tls`): the port serves TLS and
@@ -81,7 +85,14 @@ class GrpcServer:
         (`ferry.runtime.tls_sniff`); the server itself then listens on two
         loopback ports, and the relay writes each connection's client into
         `peers` (for interceptors that need the client's address). Without `tls`
-        it changes nothing."""
+        it changes nothing.
+
+        `native`: serve on ferry_native's door (`ferry.runtime.native_server`)
+        instead of grpcio's core: the same services, interceptors, health and
+        reflection; TLS and plaintext on one port in the door itself when
+        `permissive` (no relay, so `peers` is not needed: the door sees the
+        clients). `overload_answer(path)`: what a method of the door answers when
+        too many calls are open (None: gRPC's RESOURCE_EXHAUSTED)."""
         self._services = list(services)
         self._interceptors = list(interceptors)
         self._tls = tls
@@ -97,6 +108,9 @@ class GrpcServer:
         self._requested_port = port
         self._max_message_bytes = max_message_bytes
         self._server: grpc.aio.Server | None = None
+        self._native = native
+        self._overload_answer = overload_answer
+        self._registry = registry
         self._health = HealthServicer()
         self._conditions: set[str] = set()  # health names of the process's own, see set_health
         self.port = 0
@@ -105,6 +119,8 @@ class GrpcServer:
 
     async def start(self) -> int:
         """Bind and start; health stays NOT_SERVING. Returns the bound port."""
+        if self._native:
+            return await self._start_native()
         late_answers.install()
         server = grpc.aio.server(
             options=server_options(self._max_message_bytes), interceptors=self._interceptors
@@ -156,6 +172,47 @@ class GrpcServer:
                f"relayed to 127.0.0.1:{self._relay.tls_port} (TLS) and "
                f":{self._relay.plain_port} (plaintext)"),
         )  # fmt: skip
+        return self.port
+
+    def _reflected(self) -> list[str]:
+        return [
+            *(s.name for s in self._services),
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ]
+
+    async def _start_native(self) -> int:
+        server = NativeServer(
+            self._interceptors,
+            self._max_message_bytes,
+            overload_answer=self._overload_answer,
+        )
+        for service in self._services:
+            service.add(service.servicer, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
+            AsyncReflectionServicer(self._reflected()), server
+        )
+        await self._set_all(NOT_SERVING)
+        mode = (
+            "disabled" if self._tls is None else "permissive" if self._permissive else "enforcing"
+        )
+        self.port = await server.start(self._host, self._requested_port, self._tls, mode)
+        self._server = server  # type: ignore[assignment]
+        if self._registry is not None:
+            self._registry.register(DoorCollector(server, self._services[0].name))
+        if self._health_port >= 0:
+            await self._start_health_server()
+        log.info(
+            "gRPC listening on %s:%d (%s; native door%s)",
+            self._host,
+            self.port,
+            ", ".join(s.name for s in self._services),
+            ""
+            if self._tls is None
+            else f", TLS {mode}"
+            + (", client certificates required" if self._tls.client_ca else ""),
+        )
         return self.port
 
     def _listen(

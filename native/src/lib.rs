@@ -28,6 +28,7 @@
 mod acl;
 mod be;
 mod dispatch;
+mod door;
 mod encode;
 mod gather;
 mod index;
@@ -710,5 +711,6 @@ fn ferry_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(index::index_records, module)?)?;
     module.add_function(wrap_pyfunction!(select::property_values, module)?)?;
     module.add_class::<acl::AclFast>()?;
+    module.add_class::<door::Door>()?;
     Ok(())
 }

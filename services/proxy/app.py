@@ -17,6 +17,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from apache.rocketmq.v2 import definition_pb2 as v2
 from apache.rocketmq.v2 import service_pb2, service_pb2_grpc
 from ferry.runtime.acl_file import AclFile
 from ferry.runtime.files import atomic_write_bytes
@@ -40,6 +41,7 @@ SERVICE_NAME = service_pb2.DESCRIPTOR.services_by_name["MessagingService"].full_
 # The largest message accepted: a batch of bodies at the limit, with room for properties.
 MAX_MESSAGE_BYTES = 4 * MAX_BODY_BYTES + (1 << 20)
 TLS_MODES = ("disabled", "permissive", "enforcing")
+DOORS = ("native", "grpcio")
 
 
 @dataclass(frozen=True)
@@ -66,10 +68,27 @@ class ProxyConfig:
     # Apache's proxy's tlsMode with a certificate: "permissive" TLS and plaintext on one
     # port, "enforcing" TLS only, "disabled" plaintext only.
     tls_mode: str = "permissive"
+    # The SDKs' door: "native" (ferry_native's HTTP/2 and TLS, `ferry.runtime.native_server`)
+    # or "grpcio" (grpcio's core, with a relay in front for a permissive port).
+    door: str = "native"
 
     def __post_init__(self) -> None:
         if self.tls_mode not in TLS_MODES:
             raise ValueError(f"tls_mode {self.tls_mode!r} is not one of {', '.join(TLS_MODES)}")
+        if self.door not in DOORS:
+            raise ValueError(f"door {self.door!r} is not one of {', '.join(DOORS)}")
+
+
+def _overload_answer(path: str) -> bytes | None:
+    """A MessagingService method's answer when the door has too many calls open:
+    its response with TOO_MANY_REQUESTS, which the SDKs retry after a backoff."""
+    response_type = auth.RESPONSE_TYPES.get(path)
+    if response_type is None:
+        return None  # health, reflection: gRPC's RESOURCE_EXHAUSTED
+    text = "the proxy has too many calls open; retry after a backoff"
+    return response_type(
+        status=v2.Status(code=v2.TOO_MANY_REQUESTS, message=text)
+    ).SerializeToString()
 
 
 class ProxyApp:
@@ -86,7 +105,8 @@ class ProxyApp:
         self.servicer = MessagingServicer(self.routes, options, self.metrics)
         # ValueError naming the file and the field when the ACL file cannot be used.
         self.acl = AclFile(config.acl_file) if config.acl_file is not None else None
-        relayed = config.tls is not None and config.tls_mode == "permissive"
+        native = config.door == "native"
+        relayed = config.tls is not None and config.tls_mode == "permissive" and not native
         peers = PeerBook() if relayed else None  # the relay's clients, for the ACL
         self.server = GrpcServer(
             [
@@ -106,6 +126,8 @@ class ProxyApp:
             tls=config.tls if config.tls_mode != "disabled" else None,
             permissive=config.tls_mode == "permissive",
             peers=peers,
+            native=native,
+            overload_answer=_overload_answer,
         )
         self._metrics_endpoint: MetricsEndpoint | None = None
 

@@ -17,7 +17,7 @@ from ferry.runtime.logs import setup_logging
 from ferry.runtime.server import run_until_signalled
 from ferry.runtime.tls import ServerTLS, server_ssl_context
 from services.proxy import auth
-from services.proxy.app import TLS_MODES, ProxyApp, ProxyConfig
+from services.proxy.app import DOORS, TLS_MODES, ProxyApp, ProxyConfig
 from services.proxy.servicer import MIN_INVISIBLE_MS
 
 log = logging.getLogger(__name__)
@@ -135,6 +135,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default, Apache's), enforcing TLS only, disabled plaintext only; health and "
         "reflection are served alike ($FERRY_PROXY_TLS_SERVER_MODE)",
     )
+    parser.add_argument(
+        "--door",
+        choices=DOORS,
+        default=env("FERRY_PROXY_DOOR") or "native",
+        help="what serves the SDKs' HTTP/2 and TLS: native (ferry_native's door, in Rust, on "
+        "a thread of its own; the default) or grpcio (grpcio's core, ~200 us more CPU per "
+        "call; a permissive TLS port then runs a relay in front) ($FERRY_PROXY_DOOR)",
+    )
     eventloop.add_argument(parser)
     parser.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING or ERROR")
 
@@ -205,6 +213,7 @@ def run(args: argparse.Namespace) -> int:
         min_invisible_ms=args.min_invisible_time_ms,
         tls=tls,
         tls_mode=args.tls_server_mode,
+        door=args.door,
     )
 
     async def main() -> None:

@@ -1,7 +1,8 @@
 """TLS on the proxy's port, as Apache's proxy's tlsMode: with a certificate the
-port serves TLS and plaintext alike (permissive, the default: a relay that tells
-them apart by the first byte, ferry.runtime.tls_sniff), TLS only (enforcing) or
-plaintext only (disabled). The certificate is a throwaway one made by the real
+port serves TLS and plaintext alike (permissive, the default: the native door
+tells them apart by the first byte; behind grpcio's door a relay does,
+ferry.runtime.tls_sniff), TLS only (enforcing) or plaintext only (disabled).
+Every test runs on both doors. The certificate is a throwaway one made by the real
 openssl (tests/integration/support.py). What the Java SDK does with TLS is
 tests/compat/test_sdk5_java_parity.py's."""
 
@@ -42,7 +43,7 @@ class Cluster:
         support.create_topic(self.broker.channel, TOPIC, 4)
         self.tls = ServerTLS.load(self.certs / "server.pem", self.certs / "server.key")
 
-    def proxy(self, mode: str, tls: bool = True) -> ProxyApp:
+    def proxy(self, mode: str, tls: bool = True, door: str = "native") -> ProxyApp:
         config = ProxyConfig(
             (self.ns.remoting_addr,),
             host="127.0.0.1",
@@ -50,6 +51,7 @@ class Cluster:
             grace_s=0.5,
             tls=self.tls if tls else None,
             tls_mode=mode,
+            door=door,
         )
         app = ProxyApp(config)
         self.loop.run(app.start())
@@ -68,12 +70,17 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
     c.close()
 
 
+@pytest.fixture(params=["native", "grpcio"])
+def door(request) -> str:
+    return request.param
+
+
 @pytest.fixture
-def proxy_in(cluster) -> Iterator:
+def proxy_in(cluster, door) -> Iterator:
     started: list[ProxyApp] = []
 
     def start(mode: str, tls: bool = True) -> ProxyApp:
-        started.append(cluster.proxy(mode, tls))
+        started.append(cluster.proxy(mode, tls, door))
         return started[-1]
 
     yield start
@@ -121,8 +128,13 @@ def test_permissive_serves_tls_and_plaintext_on_one_port(cluster, proxy_in):
         assert healthy(secure) and healthy(plain)
         route_and_send(secure, b"over tls")
         route_and_send(plain, b"in plaintext")
-    relayed = app.server._relay.relayed
-    assert relayed[True] >= 1 and relayed[False] >= 1, relayed
+    if app.config.door == "native":
+        stats = app.server._server.stats()
+        assert stats["tls_connections"] >= 1, stats
+        assert stats["connections"] - stats["tls_connections"] >= 1, stats
+    else:
+        relayed = app.server._relay.relayed
+        assert relayed[True] >= 1 and relayed[False] >= 1, relayed
 
 
 def test_the_python_sdk_sends_in_plaintext_through_a_permissive_port(cluster, proxy_in):
@@ -168,8 +180,8 @@ def test_a_large_message_and_many_calls_cross_the_relay(cluster, proxy_in):
     assert not errors, errors
 
 
-def test_a_connection_that_says_nothing_is_closed_when_the_proxy_stops(cluster):
-    app = cluster.proxy("permissive")
+def test_a_connection_that_says_nothing_is_closed_when_the_proxy_stops(cluster, door):
+    app = cluster.proxy("permissive", door=door)
     idle = socket.create_connection(("127.0.0.1", app.port), timeout=10)
     with idle, plain_channel(app.port) as plain:
         assert healthy(plain)
@@ -194,6 +206,8 @@ def test_disabled_refuses_tls(cluster, proxy_in):
 def test_without_a_certificate_no_relay_runs(cluster, proxy_in):
     app = proxy_in("permissive", tls=False)
     assert app.server._relay is None
+    if app.config.door == "native":
+        assert app.server._server.stats()["tls_connections"] == 0
     with tls_channel(cluster, app.port) as secure, plain_channel(app.port) as plain:
         assert healthy(plain)
         assert refused(secure)
