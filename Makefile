@@ -141,9 +141,13 @@ HA_FUZZ_INPUTS ?= 100000
 # FUZZ_EXAMPLES also sets the well-formed frames per request code.
 REMOTING_FUZZ_FRAMES ?= 50000
 
-fuzz: $(PROTO_STAMP)  ## FUZZ_EXAMPLES random requests per RPC and per RocketMQ-protocol code, HA_FUZZ_INPUTS HA inputs per side, REMOTING_FUZZ_FRAMES broken frames per server (~16 min)
+# Random-bytes connections to the proxy's native gRPC door for `make fuzz` (make test runs 200).
+DOOR_FUZZ_CONNECTIONS ?= 5000
+
+fuzz: $(PROTO_STAMP)  ## FUZZ_EXAMPLES random requests per RPC and per RocketMQ-protocol code, HA_FUZZ_INPUTS HA inputs per side, REMOTING_FUZZ_FRAMES broken frames per server, DOOR_FUZZ_CONNECTIONS random connections to the native door (~16 min)
 	FERRY_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FERRY_HA_FUZZ_INPUTS=$(HA_FUZZ_INPUTS) \
 		FERRY_REMOTING_FUZZ_FRAMES=$(REMOTING_FUZZ_FRAMES) \
+		FERRY_DOOR_FUZZ_CONNECTIONS=$(DOOR_FUZZ_CONNECTIONS) \
 		$(BIN)/pytest -p no:xdist -q -s --timeout 3600 tests/fuzz $(PYTEST_ARGS)
 
 lint: $(PROTO_STAMP)  ## ruff over the Python, rustfmt and clippy over native/

@@ -210,9 +210,10 @@ class GrpcServer:
             ", ".join(s.name for s in self._services),
             ""
             if self._tls is None
-            else f", TLS {mode}"
+            else (", TLS and plaintext on one port (permissive)" if self._permissive
+                  else ", TLS only (enforcing)")
             + (", client certificates required" if self._tls.client_ca else ""),
-        )
+        )  # fmt: skip
         return self.port
 
     def _listen(
@@ -265,8 +266,15 @@ class GrpcServer:
         if self._relay is not None:
             self._relay.stop_accepting()
         if self._server is not None:
+            stats = self._server.stats() if isinstance(self._server, NativeServer) else None
             await self._server.stop(grace_s)
             self._server = None
+            if stats is not None and self._tls is not None:
+                log.info(
+                    "served %d TLS and %d plaintext connections (%d refused)",
+                    stats.get("tls_connections", 0), stats.get("plaintext_connections", 0),
+                    stats.get("refused_connections", 0),
+                )  # fmt: skip
         if self._relay is not None:
             await self._relay.stop()
             log.info(

@@ -106,6 +106,7 @@ struct Slot {
 struct Counters {
     connections: AtomicU64,
     tls_connections: AtomicU64,
+    plaintext_connections: AtomicU64,
     refused_connections: AtomicU64,
     calls: AtomicU64,
     overloaded: AtomicU64,
@@ -708,6 +709,10 @@ async fn handle(
                 Ok(h) => h,
                 Err(why) => return refuse(why),
             };
+            shared
+                .counters
+                .plaintext_connections
+                .fetch_add(1, Ordering::Relaxed);
             serve(
                 Replay { head, io: socket },
                 shared.clone(),
@@ -1058,6 +1063,10 @@ impl Door {
         HashMap::from([
             ("connections", c.connections.load(Ordering::Relaxed)),
             ("tls_connections", c.tls_connections.load(Ordering::Relaxed)),
+            (
+                "plaintext_connections",
+                c.plaintext_connections.load(Ordering::Relaxed),
+            ),
             (
                 "refused_connections",
                 c.refused_connections.load(Ordering::Relaxed),

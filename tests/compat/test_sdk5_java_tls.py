@@ -50,7 +50,7 @@ def observed(request, tmp_path_factory):
         backend.release()
     if request.param == "ferry":  # the SDK's connections went the TLS way
         [(tls, plain)] = re.findall(
-            r"relayed (\d+) TLS and (\d+) plaintext connections", backend.proxy.log()
+            r"served (\d+) TLS and (\d+) plaintext connections", backend.proxy.log()
         )
         assert int(tls) >= 1 and int(plain) == 0, backend.proxy.log()[-3000:]
     return list(json_lines(result.stdout)), result.stderr
