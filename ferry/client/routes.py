@@ -57,6 +57,7 @@ class BrokerQueues:
     read_queue_nums: int
     write_queue_nums: int
     perm: int
+    remoting_addr: str = ""  # the master's RocketMQ-protocol address, "" if unknown
 
     @property
     def readable(self) -> bool:
@@ -92,11 +93,16 @@ class TopicRoute:
     def from_data(cls, topic: str, data: common_pb2.TopicRouteData) -> TopicRoute:
         addrs = {b.broker_name: dict(b.broker_addrs) for b in data.broker_datas}
         masters = {name: ids[MASTER_ID] for name, ids in addrs.items() if MASTER_ID in ids}
+        remoting = {
+            b.broker_name: b.remoting_addrs[MASTER_ID]
+            for b in data.broker_datas
+            if MASTER_ID in b.remoting_addrs and b.broker_name in masters
+        }
         queues = tuple(
             sorted(
                 (
                     BrokerQueues(q.broker_name, masters.get(q.broker_name, ""), q.read_queue_nums,
-                                 q.write_queue_nums, q.perm)
+                                 q.write_queue_nums, q.perm, remoting.get(q.broker_name, ""))
                     for q in data.queue_datas
                 ),
                 key=lambda b: b.broker_name,

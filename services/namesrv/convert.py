@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ferry.model import DataVersion
 from ferry.runtime.errors import InvalidArgument
 from ferry.v1 import common_pb2, namesrv_pb2
@@ -95,12 +97,21 @@ def _queue_data_pb(q: QueueData) -> common_pb2.QueueData:
     )
 
 
-def route_pb(route: Route) -> common_pb2.TopicRouteData:
+def route_pb(
+    route: Route, remoting_of: Callable[[str], str] | None = None
+) -> common_pb2.TopicRouteData:
+    """`route` as ferry.v1 gives it; `remoting_of(addr)`, when given, is the
+    RocketMQ-protocol address of the broker at gRPC address `addr` ("" for none)."""
     msg = common_pb2.TopicRouteData(
         queue_datas=[_queue_data_pb(q) for q in route.queue_datas],
         broker_datas=[
             common_pb2.BrokerData(
-                cluster=g.cluster, broker_name=g.broker_name, broker_addrs=g.broker_addrs
+                cluster=g.cluster,
+                broker_name=g.broker_name,
+                broker_addrs=g.broker_addrs,
+                remoting_addrs={i: r for i, a in g.broker_addrs.items() if (r := remoting_of(a))}
+                if remoting_of is not None
+                else {},
             )
             for g in route.broker_datas
         ],

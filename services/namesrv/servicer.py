@@ -18,7 +18,7 @@ from ferry.v1 import common_pb2, namesrv_pb2, namesrv_pb2_grpc
 from services.namesrv import convert
 from services.namesrv.kvconfig import ORDER_TOPIC_CONFIG, KVConfigStore
 from services.namesrv.metrics import NamesrvMetrics
-from services.namesrv.routes import CONNECTION_LOST, RouteTable, StaleMaster
+from services.namesrv.routes import CONNECTION_LOST, REMOTING, RouteTable, StaleMaster
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,9 @@ class NameServerServicer(namesrv_pb2_grpc.NameServerServicer):
             self._route_cache_version = routes.version
         cached = self._route_cache.get(request.topic)
         if cached is None:
-            cached = convert.route_pb(routes.route(request.topic))
+            cached = convert.route_pb(
+                routes.route(request.topic), lambda addr: routes.address(addr, REMOTING)
+            )
             if len(self._route_cache) < 100_000:
                 self._route_cache[request.topic] = cached
         return cached

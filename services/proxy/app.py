@@ -42,6 +42,7 @@ SERVICE_NAME = service_pb2.DESCRIPTOR.services_by_name["MessagingService"].full_
 MAX_MESSAGE_BYTES = 4 * MAX_BODY_BYTES + (1 << 20)
 TLS_MODES = ("disabled", "permissive", "enforcing")
 DOORS = ("native", "grpcio")
+BROKER_PROTOCOLS = ("remoting", "grpc")
 
 
 @dataclass(frozen=True)
@@ -71,12 +72,20 @@ class ProxyConfig:
     # The SDKs' door: "native" (ferry_native's HTTP/2 and TLS, `ferry.runtime.native_server`)
     # or "grpcio" (grpcio's core, with a relay in front for a permissive port).
     door: str = "native"
+    # How sends reach brokers: "remoting" (RocketMQ's protocol, where a route gives
+    # the broker's address in it) or "grpc" (ferry.v1 only).
+    broker_protocol: str = "remoting"
 
     def __post_init__(self) -> None:
         if self.tls_mode not in TLS_MODES:
             raise ValueError(f"tls_mode {self.tls_mode!r} is not one of {', '.join(TLS_MODES)}")
         if self.door not in DOORS:
             raise ValueError(f"door {self.door!r} is not one of {', '.join(DOORS)}")
+        if self.broker_protocol not in BROKER_PROTOCOLS:
+            raise ValueError(
+                f"broker_protocol {self.broker_protocol!r} is not one of "
+                f"{', '.join(BROKER_PROTOCOLS)}"
+            )
 
 
 def _overload_answer(path: str) -> bytes | None:
@@ -101,6 +110,7 @@ class ProxyApp:
             self._endpoint,
             topic_message_type_check=config.topic_message_type_check,
             min_invisible_ms=config.min_invisible_ms,
+            broker_protocol=config.broker_protocol,
         )
         self.servicer = MessagingServicer(self.routes, options, self.metrics)
         # ValueError naming the file and the field when the ACL file cannot be used.
@@ -174,9 +184,13 @@ class ProxyApp:
         sends = self.servicer.sends.stats
         if sends.calls:
             log.info(
-                "sends: %d messages in %d broker calls (%.1f per call)",
+                "sends over ferry.v1: %d messages in %d broker calls (%.1f per call)",
                 sends.messages, sends.calls, sends.messages / sends.calls,
             )  # fmt: skip
+        if self.servicer.remoting_sends is not None:
+            remoting = self.servicer.remoting_sends.stats
+            if remoting.calls:
+                log.info("sends over RocketMQ's protocol: %d messages", remoting.messages)
         if self._metrics_endpoint is not None:
             self._metrics_endpoint.stop()
         log.info("proxy stopped")

@@ -17,7 +17,7 @@ from ferry.runtime.logs import setup_logging
 from ferry.runtime.server import run_until_signalled
 from ferry.runtime.tls import ServerTLS, server_ssl_context
 from services.proxy import auth
-from services.proxy.app import DOORS, TLS_MODES, ProxyApp, ProxyConfig
+from services.proxy.app import BROKER_PROTOCOLS, DOORS, TLS_MODES, ProxyApp, ProxyConfig
 from services.proxy.servicer import MIN_INVISIBLE_MS
 
 log = logging.getLogger(__name__)
@@ -143,6 +143,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "a thread of its own; the default) or grpcio (grpcio's core, ~200 us more CPU per "
         "call; a permissive TLS port then runs a relay in front) ($FERRY_PROXY_DOOR)",
     )
+    parser.add_argument(
+        "--broker-protocol",
+        choices=BROKER_PROTOCOLS,
+        default=env("FERRY_PROXY_BROKER_PROTOCOL") or "remoting",
+        help="how sends reach the brokers: remoting (RocketMQ's protocol on each broker's "
+        "RocketMQ port, pipelined, as Apache's proxy sends; the default) or grpc (ferry.v1 "
+        "SendMessage, batched); a transaction's half always goes over ferry.v1 "
+        "($FERRY_PROXY_BROKER_PROTOCOL)",
+    )
     eventloop.add_argument(parser)
     parser.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING or ERROR")
 
@@ -214,6 +223,7 @@ def run(args: argparse.Namespace) -> int:
         tls=tls,
         tls_mode=args.tls_server_mode,
         door=args.door,
+        broker_protocol=args.broker_protocol,
     )
 
     async def main() -> None:

@@ -42,6 +42,7 @@ from ferry.v1 import broker_pb2
 from services.proxy import convert, metrics, transactions, validate
 from services.proxy.convert import OK, Code, status
 from services.proxy.metrics import ProxyMetrics
+from services.proxy.remoting_sends import RemotingSends, SendRefused
 from services.proxy.routes import NameServersDown, RouteSource, TopicNotFound
 from services.proxy.sends import LINK_ERRORS, SendCoalescer
 
@@ -74,6 +75,11 @@ class ProxyOptions:
     # receive or change of invisibility for more than the other.
     min_invisible_ms: int = MIN_INVISIBLE_MS
     max_invisible_ms: int = MAX_INVISIBLE_MS
+    # How sends reach a broker that routes give a RocketMQ-protocol address for:
+    # "remoting" (pipelined SEND_MESSAGE_V2, as Apache's proxy) or "grpc" (ferry.v1
+    # SendMessage(s)). A transaction's half, and a broker without that address,
+    # always go over ferry.v1.
+    broker_protocol: str = "remoting"
 
 
 class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
@@ -85,11 +91,16 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self.metrics = metrics  # read by the @metrics decorators
         self._round_robin = itertools.count()
         self.sends = SendCoalescer(routes.stub, CALL_TIMEOUT_S)
+        self.remoting_sends = (
+            RemotingSends(CALL_TIMEOUT_S) if options.broker_protocol == "remoting" else None
+        )
         self.transactions = transactions.ProxyTransactions(routes, f"ferry-proxy@{os.getpid()}")
 
     async def close(self) -> None:
         """Ends the send batches still in flight (the server has stopped taking calls)."""
         await self.sends.close()
+        if self.remoting_sends is not None:
+            await self.remoting_sends.close()
         await self.transactions.close()
 
     # ------------------------------------------------------------ routes
@@ -327,8 +338,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             else:
                 broker = writable[(next(self._round_robin) + attempt) % len(writable)]
             try:
-                result = await self.sends.send(broker.addr, request, alone=transactional)
-            except grpc.aio.AioRpcError as exc:
+                if self.remoting_sends is not None and broker.remoting_addr and not transactional:
+                    result = await self.remoting_sends.send(broker.remoting_addr, request)
+                else:
+                    result = await self.sends.send(broker.addr, request, alone=transactional)
+            except (grpc.aio.AioRpcError, SendRefused) as exc:
                 code, last = convert.error_code(exc), f"{broker.broker_name}: {exc.details()}"
                 if exc.code() in LINK_ERRORS:
                     continue  # another broker, with a fresh route
