@@ -75,6 +75,9 @@ class ProxyConfig:
     # How sends reach brokers: "remoting" (RocketMQ's protocol, where a route gives
     # the broker's address in it) or "grpc" (ferry.v1 only).
     broker_protocol: str = "remoting"
+    # The account RocketMQ-protocol sends are signed with (brokers with aclEnable).
+    broker_access_key: str = ""
+    broker_secret_key: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         if self.tls_mode not in TLS_MODES:
@@ -111,6 +114,8 @@ class ProxyApp:
             topic_message_type_check=config.topic_message_type_check,
             min_invisible_ms=config.min_invisible_ms,
             broker_protocol=config.broker_protocol,
+            broker_access_key=config.broker_access_key,
+            broker_secret_key=config.broker_secret_key,
         )
         self.servicer = MessagingServicer(self.routes, options, self.metrics)
         # ValueError naming the file and the field when the ACL file cannot be used.

@@ -152,6 +152,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "SendMessage, batched); a transaction's half always goes over ferry.v1 "
         "($FERRY_PROXY_BROKER_PROTOCOL)",
     )
+    parser.add_argument(
+        "--broker-access-key",
+        metavar="AK",
+        default=env("FERRY_PROXY_BROKER_ACCESS_KEY") or "",
+        help="with --broker-secret-key: sign the sends to brokers' RocketMQ ports with this "
+        "account of their plain_acl.yml (brokers with aclEnable=true check every request; "
+        "it needs PUB on the topics). Without it, a broker that refuses unsigned sends gets "
+        "them over ferry.v1 ($FERRY_PROXY_BROKER_ACCESS_KEY)",
+    )
+    parser.add_argument(
+        "--broker-secret-key",
+        metavar="SK",
+        default=env("FERRY_PROXY_BROKER_SECRET_KEY") or "",
+        help="the secret key of --broker-access-key; prefer $FERRY_PROXY_BROKER_SECRET_KEY, "
+        "which keeps it out of the process list",
+    )
     eventloop.add_argument(parser)
     parser.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING or ERROR")
 
@@ -167,6 +183,9 @@ def run(args: argparse.Namespace) -> int:
         auth.check_keys(args.access_key, args.secret_key)
     except ValueError as exc:
         log.error("bad --access-key/--secret-key: %s", exc)
+        return 2
+    if bool(args.broker_access_key) != bool(args.broker_secret_key):
+        log.error("--broker-access-key and --broker-secret-key go together: give both or neither")
         return 2
     if args.min_invisible_time_ms < 0:
         log.error("bad --min-invisible-time-ms: %d is negative", args.min_invisible_time_ms)
@@ -224,6 +243,8 @@ def run(args: argparse.Namespace) -> int:
         tls_mode=args.tls_server_mode,
         door=args.door,
         broker_protocol=args.broker_protocol,
+        broker_access_key=args.broker_access_key,
+        broker_secret_key=args.broker_secret_key,
     )
 
     async def main() -> None:

@@ -29,7 +29,7 @@ import logging
 
 import grpc
 
-from ferry import record
+from ferry import acl, record
 from ferry.remoting import codes
 from ferry.remoting.client import RemotingClient
 from ferry.remoting.codec import Command
@@ -120,8 +120,16 @@ class RemotingSends:
     """One pipelined RocketMQ-protocol connection per broker, made on first use
     and again after it drops."""
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, access_key: str = "", secret_key: str = "") -> None:
         self._timeout_s = timeout_s
+        # Brokers with RocketMQ's ACL on their RocketMQ port (aclEnable) check every
+        # request: sends are signed with this account, as a Java client's AclClientRPCHook
+        # signs them, when it is given.
+        self._access_key = access_key
+        self._secret_key = secret_key
+        # RocketMQ-protocol addresses whose broker refused an unsigned send that its
+        # ferry.v1 port took: its ACL is on and this proxy has no account for it.
+        self.unsigned_refused: set[str] = set()
         self._clients: dict[str, RemotingClient] = {}
         self._connecting: dict[str, asyncio.Future[RemotingClient]] = {}
         self.stats = SendStats()
@@ -131,11 +139,11 @@ class RemotingSends:
     ) -> broker_pb2.SendResult:
         """The broker's result for one message; raises SendRefused."""
         client = await self._client(addr)
-        command = Command(
-            codes.SEND_MESSAGE_V2,
-            ext=header(request, request.producer_group or DEFAULT_PRODUCER_GROUP),
-            body=request.body,
-        )
+        ext = header(request, request.producer_group or DEFAULT_PRODUCER_GROUP)
+        if self._access_key:
+            ext[acl.ACCESS_KEY] = self._access_key
+            ext[acl.SIGNATURE] = acl.sign(self._secret_key, ext, request.body)
+        command = Command(codes.SEND_MESSAGE_V2, ext=ext, body=request.body)
         self.stats.calls += 1
         self.stats.messages += 1
         try:

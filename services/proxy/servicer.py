@@ -15,10 +15,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -45,6 +46,8 @@ from services.proxy.metrics import ProxyMetrics
 from services.proxy.remoting_sends import RemotingSends, SendRefused
 from services.proxy.routes import NameServersDown, RouteSource, TopicNotFound
 from services.proxy.sends import LINK_ERRORS, SendCoalescer
+
+log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # the brokers' default maxMessageSize
 MAX_BATCH = 32  # the brokers' largest pop
@@ -80,6 +83,11 @@ class ProxyOptions:
     # SendMessage(s)). A transaction's half, and a broker without that address,
     # always go over ferry.v1.
     broker_protocol: str = "remoting"
+    # The account the RocketMQ-protocol sends are signed with, for brokers with
+    # RocketMQ's ACL on (aclEnable); "": unsigned (a broker that refuses them
+    # gets this proxy's sends over ferry.v1 instead).
+    broker_access_key: str = ""
+    broker_secret_key: str = field(default="", repr=False)
 
 
 class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
@@ -92,7 +100,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self._round_robin = itertools.count()
         self.sends = SendCoalescer(routes.stub, CALL_TIMEOUT_S)
         self.remoting_sends = (
-            RemotingSends(CALL_TIMEOUT_S) if options.broker_protocol == "remoting" else None
+            RemotingSends(CALL_TIMEOUT_S, options.broker_access_key, options.broker_secret_key)
+            if options.broker_protocol == "remoting"
+            else None
         )
         self.transactions = transactions.ProxyTransactions(routes, f"ferry-proxy@{os.getpid()}")
 
@@ -338,10 +348,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             else:
                 broker = writable[(next(self._round_robin) + attempt) % len(writable)]
             try:
-                if self.remoting_sends is not None and broker.remoting_addr and not transactional:
-                    result = await self.remoting_sends.send(broker.remoting_addr, request)
-                else:
-                    result = await self.sends.send(broker.addr, request, alone=transactional)
+                result = await self._send_to(broker, request, transactional)
             except (grpc.aio.AioRpcError, SendRefused) as exc:
                 code, last = convert.error_code(exc), f"{broker.broker_name}: {exc.details()}"
                 if exc.code() in LINK_ERRORS:
@@ -363,6 +370,37 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 offset=result.queue_offset,
             )
         return failed(code, f"not sent after {SEND_ATTEMPTS} attempts: {last}")
+
+    async def _send_to(
+        self, broker: BrokerQueues, request: broker_pb2.SendMessageRequest, transactional: bool
+    ) -> broker_pb2.SendResult:
+        """One message to `broker`: over RocketMQ's protocol where the route gives its
+        address in it (not a transaction's half), else over ferry.v1. Raises the
+        broker's refusal (grpc.aio.AioRpcError or SendRefused)."""
+        remoting = self.remoting_sends
+        addr = broker.remoting_addr
+        if remoting is None or not addr or transactional or addr in remoting.unsigned_refused:
+            return await self.sends.send(broker.addr, request, alone=transactional)
+        try:
+            return await remoting.send(addr, request)
+        except SendRefused as refused:
+            if (
+                refused.code() != grpc.StatusCode.PERMISSION_DENIED
+                or self.options.broker_access_key
+            ):
+                raise
+            # Refused for want of a signature (RocketMQ's ACL on the broker's port), or
+            # for what the message asks: its ferry.v1 port, which checks no signature,
+            # tells which.
+            result = await self.sends.send(broker.addr, request)
+            remoting.unsigned_refused.add(addr)
+            log.warning(
+                "broker %s (%s) refuses unsigned RocketMQ-protocol sends (aclEnable): "
+                "sending to it over ferry.v1; give the proxy --broker-access-key and "
+                "--broker-secret-key of an account with PUB to send over RocketMQ's protocol",
+                broker.broker_name, addr,
+            )  # fmt: skip
+            return result
 
     def _type_refusal(
         self,

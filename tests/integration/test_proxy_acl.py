@@ -45,6 +45,8 @@ WRONG = (PUB[0], "not-the-secret")
 class Cluster:
     def __init__(self, endpoint: str, channel: grpc.Channel, proxy, broker) -> None:
         self.endpoint, self.channel, self.proxy, self.broker = endpoint, channel, proxy, broker
+        self.namesrv_addr = ""
+        self.acl_file = None
         self.stub = service_pb2_grpc.MessagingServiceStub(channel)
 
     def config(self, key: tuple[str, str]) -> ClientConfiguration:
@@ -83,7 +85,9 @@ def cluster(tmp_path_factory):
                 f"{topic} in the name server's route",
             )
         channel = grpc.insecure_channel(proxy.endpoint)
-        yield Cluster(proxy.endpoint, channel, proxy, broker)
+        c = Cluster(proxy.endpoint, channel, proxy, broker)
+        c.namesrv_addr, c.acl_file = ns.remoting_addr, acl_file
+        yield c
         channel.close()
     finally:
         proxy.stop()
@@ -121,6 +125,39 @@ def test_pub_key_sends_and_sub_key_receives(cluster):
     finally:
         consumer.shutdown()
         producer.shutdown()
+    # The broker's RocketMQ port checks its ACL and this proxy has no account to sign
+    # with: its sends went to the broker's ferry.v1 port instead, said once.
+    assert cluster.proxy.log().count("refuses unsigned RocketMQ-protocol sends") == 1
+
+
+def test_a_proxy_with_a_broker_account_signs_its_rocketmq_protocol_sends(cluster, tmp_path):
+    env = support.child_env()
+    for name in (auth.ENV_ACCESS_KEY, auth.ENV_SECRET_KEY, auth.ENV_ACL_FILE):
+        env.pop(name, None)
+    env["FERRY_PROXY_BROKER_SECRET_KEY"] = ADMIN[1]
+    ns_addr = cluster.namesrv_addr
+    proxy = support.ProxyProcess(
+        tmp_path, ns_addr, ["--acl-file", str(cluster.acl_file), "--broker-access-key", ADMIN[0]],
+        env,
+    )  # fmt: skip
+    try:
+        with grpc.insecure_channel(proxy.endpoint) as channel:
+            stub = service_pb2_grpc.MessagingServiceStub(channel)
+            for i in range(3):
+                message = v2.Message(topic=v2.Resource(name=TOPIC), body=f"signed {i}".encode())
+                message.system_properties.message_id = f"01SIGNEDBYPROXY{i:04d}"
+                message.system_properties.message_type = v2.NORMAL
+                response = stub.SendMessage(
+                    service_pb2.SendMessageRequest(messages=[message]),
+                    metadata=cluster.signed(PUB),
+                    timeout=10,
+                )
+                assert response.status.code == v2.OK, response.status.message
+    finally:
+        proxy.stop()
+    log = proxy.log()
+    assert "sends over RocketMQ's protocol: 3 messages" in log, log[-3000:]
+    assert "refuses unsigned" not in log
 
 
 def test_a_wrong_secret_is_unauthorized(cluster):
