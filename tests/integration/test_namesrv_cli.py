@@ -75,6 +75,9 @@ def test_route_json(populated):
             "cluster": "DefaultCluster",
             "brokerName": "broker-a",
             "brokerAddrs": {"0": MASTER, "1": SLAVE},
+            # ferry's field: each broker's RocketMQ-protocol port, by broker id (the
+            # proxy sends there). These brokers registered over gRPC without one.
+            "remotingAddrs": {},
         }
     ]
 
