@@ -1372,14 +1372,26 @@ def consumer_tps(text: str) -> list[tuple[int, int]]:
     return [(int(m[1]), int(m[2])) for m in _TPS_LINE.finditer(text)]
 
 
-def drained(lines: Sequence[tuple[int, int]]) -> bool:
+_MAX_RT = re.compile(r"^TPS:.*?MAX\(B2C\) RT:\s*(\d+)", re.MULTILINE)
+
+
+def consumed_in_window(text: str) -> list[bool]:
+    """Per report line of the Consumer: whether it consumed anything in that line's
+    window. A TPS that rounds to 0 can still hold messages (a small backlog drained
+    before the first line): the window's MAX(B2C) RT, 0 when it saw none, says so."""
+    return [int(m[1]) > 0 for m in _MAX_RT.finditer(text)]
+
+
+def drained(lines: Sequence[tuple[int, int]] | Sequence[bool]) -> bool:
     """Whether the Consumer has printed a line with nothing consumed after one with
-    something: its backlog is gone."""
+    something: its backlog is gone. `lines`: (TPS, FAIL) pairs or, better, the
+    `consumed_in_window` flags."""
     seen = False
-    for tps, _ in lines:
-        if tps and not seen:
+    for line in lines:
+        busy = bool(line[0] if isinstance(line, tuple) else line)
+        if busy and not seen:
             seen = True
-        elif seen and not tps:
+        elif seen and not busy:
             return True
     return False
 
@@ -1419,6 +1431,8 @@ class DrainRun:
         return (
             "TPS by line " + ", ".join(f"{tps:,}" for tps, _ in self.lines)
             + (f" ({self.failed} failed)" if self.failed else "")
+            + ("" if any(tps for tps, _ in self.lines) else
+               " (the backlog was gone before the Consumer's first report line: no rate)")
             + f"; master ~{self.broker_cpu_s / max(self.messages, 1) * 1e6:.1f} µs per message"
         )  # fmt: skip
 
@@ -1448,7 +1462,7 @@ def _drain_backlog(
     timeout = plan.backlog / 20_000 + 3 * TOOL_REPORT_S + 60
     cpu0 = cpu_seconds(pid)
     with consumer:
-        out = consumer.wait_for(lambda text: drained(consumer_tps(text)), timeout, "drained")
+        out = consumer.wait_for(lambda text: drained(consumed_in_window(text)), timeout, "drained")
     return DrainRun(side.name, consumer_tps(out), cpu_seconds(pid) - cpu0, plan.backlog)
 
 

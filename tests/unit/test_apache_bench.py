@@ -21,6 +21,7 @@ from benchmarks.apache_bench import (
     _singles_figure,
     _tool_role_figures,
     backlog_group,
+    consumed_in_window,
     consumer_tps,
     drained,
     parse_consumer,
@@ -170,6 +171,26 @@ def test_a_drain_ends_at_the_first_empty_line_after_a_busy_one():
     assert drained(lines) and not drained(lines[:-1])
     assert not drained([(0, 0), (0, 0)])  # nothing consumed yet: not a drain's end
     assert drained([(0, 0), (5, 0), (0, 0)])
+
+
+# A smoke run's small backlog consumed before the Consumer's first report (seen in a CI
+# run): every TPS is 0, and only the first window's MAX(B2C) RT says it consumed.
+DRAIN_BEFORE_FIRST_LINE = """\
+Consumer Started.
+TPS: 0 FAIL: 0 AVG(B2C) RT:     NaN AVG(S2C) RT:     NaN MAX(B2C) RT: 21757 MAX(S2C) RT: 21751
+TPS: 0 FAIL: 0 AVG(B2C) RT:     NaN AVG(S2C) RT:     NaN MAX(B2C) RT: 0 MAX(S2C) RT: 0
+"""
+
+
+def test_a_drain_within_the_first_window_ends_at_the_next_line():
+    assert consumed_in_window(DRAIN_4_7) == [True, True, True, True, False]
+    assert drained(consumed_in_window(DRAIN_4_7))
+    assert consumed_in_window(DRAIN_BEFORE_FIRST_LINE) == [True, False]
+    assert drained(consumed_in_window(DRAIN_BEFORE_FIRST_LINE))
+    assert not drained(consumed_in_window(DRAIN_BEFORE_FIRST_LINE.rsplit("TPS", 1)[0]))
+    assert not drained(consumer_tps(DRAIN_BEFORE_FIRST_LINE))  # the TPS alone never says so
+    run = DrainRun(APACHE, consumer_tps(DRAIN_BEFORE_FIRST_LINE), 1.0, 1_000)
+    assert "before the Consumer's first report line: no rate" in run.text()
 
 
 def test_a_drain_reports_its_full_lines_only():
