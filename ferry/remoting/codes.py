@@ -89,6 +89,9 @@ AUTH_UPDATE_ACL = 3007
 AUTH_DELETE_ACL = 3008
 AUTH_GET_ACL = 3009
 AUTH_LIST_ACL = 3010
+POP_MESSAGE = 200050  # 5.x pop consumption (RocketMQ's RequestCode, 5.5.0)
+ACK_MESSAGE = 200051
+CHANGE_MESSAGE_INVISIBLETIME = 200053
 
 # ---------------------------------------------------------------- responses
 SUCCESS = 0
@@ -114,5 +117,9 @@ SUBSCRIPTION_NOT_LATEST = 25
 SUBSCRIPTION_GROUP_NOT_EXIST = 26
 FILTER_DATA_NOT_EXIST = 27
 FILTER_DATA_NOT_LATEST = 28
+INVALID_PARAMETER = 29
 CONSUMER_NOT_ONLINE = 206
 CONSUME_MSG_TIMEOUT = 207
+NO_MESSAGE = 208  # 5.x pop: an ack or re-timing names an offset the queue does not hold
+POLLING_FULL = 209
+POLLING_TIMEOUT = 210  # 5.x pop: nothing to hand out within the pop's pollTime

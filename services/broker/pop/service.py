@@ -616,6 +616,31 @@ class PopService:
         )
         return ChangeResult(new.encode(), "OK", "", until)
 
+    def handle_at(
+        self, group: str, topic: str, queue_id: int, queue_offset: int, until_ms: int
+    ) -> str | None:
+        """The receipt handle of the message at (`topic`, `queue_id`,
+        `queue_offset`) if it is in flight for `group` with deadline `until_ms`;
+        None if it is not (acknowledged, expired or re-timed since: a stale
+        name). RocketMQ's pop clients name a message by its queue, offset, pop
+        time and invisible time, not by ferry's handle: their sum is the
+        deadline the in-flight record holds, so one pop state serves both."""
+        state = self.state.queues.get((group, topic, queue_id))
+        inflight = state.inflight.get(queue_offset) if state is not None else None
+        if inflight is None or inflight.until_ms != until_ms:
+            return None
+        prefix = handle_prefix(self.config.broker_name, group, topic, queue_id)
+        return join_handle(prefix, queue_offset, handle_suffix(inflight.checkpoint, until_ms))
+
+    async def record_bytes(self, popped: Sequence[Popped]) -> list[bytes | None]:
+        """The popped messages' records as stored (RocketMQ's pop answer carries
+        them so); None for one deleted meanwhile.
+
+        Partial: read again by commit offset after `pop` decoded them (page
+        cache, one read per record); a pop that keeps the bytes it read would
+        save that."""
+        return [await self.store.record_bytes(p.message.commit_offset) for p in popped]
+
     async def forward_to_dlq(self, group: str, topic: str, handle_text: str) -> AckResult:
         """Move one in-flight message to the group's dead-letter topic now and
         resolve it (a consumer giving up on it), as an expiry past

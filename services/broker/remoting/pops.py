@@ -1,0 +1,270 @@
+"""RocketMQ 5's pop consumption over RocketMQ's protocol: POP_MESSAGE (200050),
+ACK_MESSAGE (200051) and CHANGE_MESSAGE_INVISIBLETIME (200053), as Apache
+5.5.0's broker answers them, over the one pop use case (`PopService`) that
+ferry.v1's PopMessage, AckMessage and ChangeInvisibleTime call: one pop state,
+whichever door a consumer comes through.
+
+RocketMQ's clients never see ferry's receipt handle. A pop answer's header
+carries `popTime`, `invisibleTime`, `reviveQid`, `restNum` and, per queue the
+messages came from, `startOffsetInfo` ("<retry> <queueId> <startOffset>",
+joined by ";") and `msgOffsetInfo` ("<retry> <queueId> <o1>,<o2>,..."), where
+<retry> is 0 for the topic and 1 for its pop retry topic `%RETRY%<group>_<topic>`;
+the body is the records as stored, back to back, in that order. The client
+builds each message's POP_CK from these ("startOffset popTime invisibleTime
+reviveQid retry brokerName queueId queueOffset") and sends it back as an ack's
+or a re-timing's `extraInfo`, with the real topic (the retry topic for a
+redelivery), `queueId` and `offset`. popTime + invisibleTime is the deadline
+the pop state holds for that message (`PopService.handle_at`): that is how an
+ack names the in-flight record, and an ack of a message no longer in flight
+under that deadline (acknowledged, expired, re-timed since) changes nothing
+and is answered 0, as Apache's is.
+
+Answers: a pop 0 with messages, 210 POLLING_TIMEOUT when none came within
+`pollTime` (the client's "no new message"), 29 INVALID_PARAMETER for more than
+32 messages, 17 / 16 / 23 for an unknown topic, a forbidden read and a selector
+that does not compile; an ack or re-timing 17 for an unknown topic, 13 for a
+queue id out of range or an `extraInfo` that does not parse, 208 NO_MESSAGE for
+an offset outside the queue.
+
+Partial (issue 44): PEEK_MESSAGE, NOTIFICATION, POLLING_INFO, BATCH_ACK_MESSAGE,
+QUERY_ASSIGNMENT, SET_MESSAGE_REQUEST_MODE, GET_ALL_MESSAGE_REQUEST_MODE and
+heartbeat v2 are not served yet (answered 3); the request's `order` flag does not
+make a pop ordered (a group or topic configured ordered does); `restNum` is 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from ferry.model import RETRY_TOPIC_PREFIX
+from ferry.remoting import codes
+from ferry.remoting.codec import Command
+from ferry.remoting.server import Connection, Handler
+from ferry.runtime import errors
+from services.broker.messaging.filters import TAG, SelectorRefused
+from services.broker.pop import Popped, PopService
+from services.broker.remoting import convert
+from services.broker.remoting.deps import Deps
+
+MAX_POP_NUMS = 32  # Apache's limit on a pop's maxMsgNums
+ORDER_REVIVE_QID = 999  # reviveQid of an ordered pop (KeyBuilder.POP_ORDER_REVIVE_QUEUE)
+_I32 = {"low": -(2**31), "high": 2**31 - 1}
+
+
+def handlers(deps: Deps) -> dict[int, Handler]:
+    async def pop(connection: Connection, command: Command) -> Command:
+        return await _guarded(deps, command, _pop)
+
+    async def ack(connection: Connection, command: Command) -> Command:
+        return await _guarded(deps, command, _ack)
+
+    async def change(connection: Connection, command: Command) -> Command:
+        return await _guarded(deps, command, _change)
+
+    return {
+        codes.POP_MESSAGE: pop,
+        codes.ACK_MESSAGE: ack,
+        codes.CHANGE_MESSAGE_INVISIBLETIME: change,
+    }
+
+
+async def _guarded(deps: Deps, command: Command, handle) -> Command:
+    try:
+        deps.gate.check()
+        if deps.pop is None:
+            raise errors.PermissionDenied(
+                f"broker {deps.config.broker_name} is a SLAVE: pop consumption is served by "
+                "its master"
+            )
+        return await handle(deps, deps.pop, command)
+    except convert.BadRequest as e:
+        return command.answer(codes.MESSAGE_ILLEGAL, e.message)
+    except SelectorRefused as e:
+        return command.answer(
+            codes.SUBSCRIPTION_PARSE_FAILED, f"parse the consumer's subscription failed ({e.why})"
+        )
+    except errors.InvalidArgument as e:
+        code = (
+            codes.SUBSCRIPTION_PARSE_FAILED
+            if e.field == "sub_expression"
+            else codes.INVALID_PARAMETER
+        )
+        return command.answer(code, e.message)
+    except errors.FerryError as e:
+        return convert.error_answer(command, e)
+
+
+# ---------------------------------------------------------------- pop
+
+
+async def _pop(deps: Deps, pops: PopService, command: Command) -> Command:
+    ext = command.ext
+    group = convert.text(ext, "consumerGroup")
+    topic = convert.text(ext, "topic")
+    queue_id = convert.integer(ext, "queueId", **_I32)
+    max_nums = convert.integer(ext, "maxMsgNums", **_I32)
+    invisible_ms = convert.integer(ext, "invisibleTime", low=0)
+    poll_ms = convert.integer(ext, "pollTime", required=False, low=0)
+    expression = convert.text(ext, "exp", required=False) or "*"
+    kind = (convert.text(ext, "expType", required=False) or TAG).upper()
+    order = convert.boolean(ext, "order")
+    revive_qid = ORDER_REVIVE_QID if order else 0
+    if max_nums > MAX_POP_NUMS:
+        return command.answer(
+            codes.INVALID_PARAMETER,
+            f"the broker[{deps.config.broker_name}] pop message's num is greater than "
+            f"{MAX_POP_NUMS}",
+        )
+    popped = await pops.pop(
+        group,
+        topic,
+        None if queue_id < 0 else queue_id,
+        max_nums,
+        invisible_ms,
+        poll_ms,
+        expression,
+        expression_type=kind,
+    )
+    records = await pops.record_bytes(popped) if popped else []
+    kept = [(p, r) for p, r in zip(popped, records, strict=True) if r is not None]
+    if not kept:
+        return command.answer(
+            codes.POLLING_TIMEOUT,
+            "NO_MESSAGE_IN_QUEUE",
+            ext=_pop_header(deps.clock.wall_ms(), invisible_ms, revive_qid, "", ""),
+        )
+    pop_time = kept[0][0].invisible_until_ms - invisible_ms
+    start, offsets = _offset_infos([p for p, _ in kept])
+    header = _pop_header(pop_time, invisible_ms, revive_qid, start, offsets)
+    if order:
+        header["orderCountInfo"] = _order_counts([p for p, _ in kept])
+    return command.answer(codes.SUCCESS, "FOUND", ext=header, body=b"".join(r for _, r in kept))
+
+
+def _pop_header(
+    pop_time: int, invisible_ms: int, revive_qid: int, start: str, offsets: str
+) -> dict[str, object]:
+    return {
+        "popTime": pop_time,
+        "invisibleTime": invisible_ms,
+        "reviveQid": revive_qid,
+        "restNum": 0,
+        "startOffsetInfo": start,
+        "msgOffsetInfo": offsets,
+    }
+
+
+def _retry_mark(topic: str) -> str:
+    """ExtraInfoUtil's topic mark: 1 for a pop retry topic (ferry's are all of
+    Apache's first form, `%RETRY%<group>_<topic>`), 0 otherwise."""
+    return "1" if topic.startswith(RETRY_TOPIC_PREFIX) else "0"
+
+
+def _offset_infos(popped: Sequence[Popped]) -> tuple[str, str]:
+    """startOffsetInfo and msgOffsetInfo of the messages, in the body's order."""
+    by_queue: dict[tuple[str, int], list[int]] = {}
+    for p in popped:
+        m = p.message
+        by_queue.setdefault((_retry_mark(m.topic), m.queue_id), []).append(m.queue_offset)
+    start = ";".join(f"{mark} {qid} {min(o)}" for (mark, qid), o in by_queue.items())
+    offsets = ";".join(
+        f"{mark} {qid} {','.join(map(str, o))}" for (mark, qid), o in by_queue.items()
+    )
+    return start, offsets
+
+
+def _order_counts(popped: Sequence[Popped]) -> str:
+    """orderCountInfo: per message "<retry> qo<queueId>%<offset> <deliveries before>"
+    (the client takes it as the message's reconsume times)."""
+    return ";".join(
+        f"{_retry_mark(p.message.topic)} qo{p.message.queue_id}%{p.message.queue_offset} "
+        f"{max(p.delivery_attempt - 1, 0)}"
+        for p in popped
+    )
+
+
+# ---------------------------------------------------------------- ack / change
+
+
+def _named(ext: Mapping[str, str]) -> tuple[str, str, int, int, int]:
+    """(group, topic, queue id, offset, deadline) an ack or re-timing names, from its
+    header and `extraInfo`."""
+    group = convert.text(ext, "consumerGroup")
+    topic = convert.text(ext, "topic")
+    queue_id = convert.integer(ext, "queueId", **_I32)
+    offset = convert.integer(ext, "offset")
+    extra = convert.text(ext, "extraInfo").split(" ")
+    if len(extra) < 3:
+        raise convert.BadRequest(
+            "extraInfo", "not a POP_CK (expected 'startOffset popTime invisibleTime ...')"
+        )
+    pop_time = _number(extra[1], "extraInfo popTime")
+    invisible = _number(extra[2], "extraInfo invisibleTime")
+    return group, topic, queue_id, offset, pop_time + invisible
+
+
+def _number(text: str, what: str) -> int:
+    if not (text.isascii() and text.lstrip("-").isdecimal()) or len(text) > 20:
+        raise convert.BadRequest(what, f"not an integer: {text[:24]!r}")
+    return int(text)
+
+
+def _check_queue(
+    deps: Deps, command: Command, topic: str, queue_id: int, offset: int
+) -> Command | None:
+    """Apache's checks before an ack or a re-timing: the topic, the queue id, the offset."""
+    config = deps.metadata.topics.get(topic)
+    if config is None:
+        return command.answer(
+            codes.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!"
+        )
+    if not 0 <= queue_id < config.read_queue_nums:
+        return command.answer(
+            codes.MESSAGE_ILLEGAL,
+            f"queueId[{queue_id}] is illegal, topic:[{topic}] topicConfig.readQueueNums:"
+            f"[{config.read_queue_nums}]",
+        )
+    low, high = deps.pulls.queue_offsets(topic, queue_id)
+    if not low <= offset <= high:
+        return command.answer(
+            codes.NO_MESSAGE,
+            f"offset is illegal, key:{topic}@{queue_id}, commit:{offset}, store:{low}~{high}",
+        )
+    return None
+
+
+async def _ack(deps: Deps, pops: PopService, command: Command) -> Command:
+    group, topic, queue_id, offset, until = _named(command.ext)
+    refused = _check_queue(deps, command, topic, queue_id, offset)
+    if refused is not None:
+        return refused
+    handle = pops.handle_at(group, topic, queue_id, offset, until)
+    if handle is not None:
+        await pops.ack(group, topic, [handle])
+    return command.answer(codes.SUCCESS)
+
+
+async def _change(deps: Deps, pops: PopService, command: Command) -> Command:
+    group, topic, queue_id, offset, until = _named(command.ext)
+    invisible_ms = convert.integer(command.ext, "invisibleTime", low=0)
+    refused = _check_queue(deps, command, topic, queue_id, offset)
+    if refused is not None:
+        return refused
+    handle = pops.handle_at(group, topic, queue_id, offset, until)
+    if handle is None:
+        return command.answer(
+            codes.NO_MESSAGE,
+            f"the message at {topic}@{queue_id}:{offset} is not in flight for group {group} "
+            "under that pop (acknowledged, expired or re-timed since): pop it again",
+        )
+    result = await pops.change_invisible_time(group, topic, handle, invisible_ms)
+    if result.status != "OK":
+        return command.answer(codes.NO_MESSAGE, result.reason)
+    return command.answer(
+        codes.SUCCESS,
+        ext={
+            "popTime": result.invisible_until_ms - invisible_ms,
+            "invisibleTime": invisible_ms,
+            "reviveQid": 0,
+        },
+    )
