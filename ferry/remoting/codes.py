@@ -91,7 +91,14 @@ AUTH_GET_ACL = 3009
 AUTH_LIST_ACL = 3010
 POP_MESSAGE = 200050  # 5.x pop consumption (RocketMQ's RequestCode, 5.5.0)
 ACK_MESSAGE = 200051
+PEEK_MESSAGE = 200052
 CHANGE_MESSAGE_INVISIBLETIME = 200053
+NOTIFICATION = 200054
+POLLING_INFO = 200055
+BATCH_ACK_MESSAGE = 200151
+QUERY_ASSIGNMENT = 400  # 5.x server-side assignment (clientRebalance=false)
+SET_MESSAGE_REQUEST_MODE = 401  # mqadmin setConsumeMode
+GET_ALL_MESSAGE_REQUEST_MODE = 402
 
 # ---------------------------------------------------------------- responses
 SUCCESS = 0

@@ -112,6 +112,11 @@ class BrokerConfig:
     # Pop consumption and timers.
     timer_max_delay_s: float = 3 * 86400.0
     auto_create_subscription_group: bool = True
+    # RocketMQ 5's server-side assignment (QUERY_ASSIGNMENT): how a (topic, group) with no
+    # mode set by SET_MESSAGE_REQUEST_MODE consumes, and how many consumers' queues a pop
+    # consumer shares (-1: every queue of every broker).
+    default_message_request_mode: str = "PULL"
+    default_pop_share_queue_num: int = -1
     # The topics Apache's broker keeps by itself (services.broker.metadata.defaults).
     auto_create_topic_enable: bool = True  # TBW102, and a send may create its topic from it
     default_topic_queue_nums: int = 8  # TBW102's queues, the most an auto-created topic gets
@@ -611,6 +616,19 @@ KNOWN_KEYS: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
         "auto_create_subscription_group",
         _bool,
         "create a consumer group on its first pop (default true)",
+    ),
+    "defaultMessageRequestMode": (
+        "default_message_request_mode",
+        _choice(("PULL", "POP")),
+        "how a RocketMQ 5 push consumer that asks the broker for its queues "
+        "(QUERY_ASSIGNMENT, clientRebalance=false) consumes a topic for which "
+        "`mqadmin setConsumeMode` set nothing: PULL (default) or POP",
+    ),
+    "defaultPopShareQueueNum": (
+        "default_pop_share_queue_num",
+        _int(-1),
+        "with defaultMessageRequestMode=POP: how many other consumers' queues each pop "
+        "consumer also pops (-1, default: every queue of every broker)",
     ),
     "transactionTimeOut": (
         "transaction_timeout_ms",

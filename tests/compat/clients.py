@@ -195,11 +195,13 @@ def java(
     directory: Path,
     name: str = "",
     system_properties: Sequence[str] = (),
+    kit: str = JAVA_KIT,
 ) -> Client:
-    """A ferry.compat program of the client49 kit (not yet started); `system_properties`
-    are added to JAVA_PROPERTIES (e.g. `-Dtls.enable=true`)."""
+    """A ferry.compat program of the client49 kit (not yet started; `kit="rocketmq5"`:
+    one built on rocketmq-client 5.5.0); `system_properties` are added to
+    JAVA_PROPERTIES (e.g. `-Dtls.enable=true`)."""
     command, env = java_program(
-        JAVA_KIT,
+        kit,
         f"ferry.compat.{main_class}",
         args,
         directory=directory,

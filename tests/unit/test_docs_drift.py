@@ -558,10 +558,10 @@ def test_a_missing_or_unserved_request_code_is_caught():
     ]
     unserved = text.replace(
         "| 46 | CHECK_CLIENT_CONFIG |",
-        "| 105 | GET_ROUTEINFO_BY_TOPIC | a name server's code |\n| 46 | CHECK_CLIENT_CONFIG |",
+        "| 106 | GET_BROKER_CLUSTER_INFO | a name server's code |\n| 46 | CHECK_CLIENT_CONFIG |",
     )
     assert remoting_problems(unserved) == [
-        "broker: 105 GET_ROUTEINFO_BY_TOPIC documented, but services/broker has no use of it"
+        "broker: 106 GET_BROKER_CLUSTER_INFO documented, but services/broker has no use of it"
     ]
 
 

@@ -57,6 +57,11 @@ class ConsumerData:
     consume_type: str = "CONSUME_PASSIVELY"
     message_model: str = "CLUSTERING"
     consume_from_where: str = "CONSUME_FROM_LAST_OFFSET"
+    # Heartbeat v2 (RocketMQ 5.x clients with com.rocketmq.heartbeat.v2): the client's
+    # fingerprint of its heartbeat (0: a v1 heartbeat), and whether this one leaves the
+    # subscriptions out because the broker has them (the member keeps what it had).
+    fingerprint: int = 0
+    without_sub: bool = False
 
 
 @dataclass(slots=True)
@@ -86,6 +91,7 @@ class ClientTables:
         self.expire_after_s = expire_after_s
         self._consumers: dict[str, dict[str, Member]] = {}  # group -> client id -> member
         self._producers: dict[str, dict[str, Member]] = {}
+        self._fingerprints: dict[str, int] = {}  # group -> its last heartbeat's fingerprint
 
     # ------------------------------------------------------------ changes
 
@@ -109,6 +115,8 @@ class ClientTables:
             if member is None:
                 member = members[client_id] = Member(client_id, channel, now)
                 changed.append(data.group)
+            elif data.without_sub:
+                subscriptions = member.subscriptions
             elif _filters_differ(member.subscriptions, subscriptions):
                 changed.append(data.group)
             member.channel = channel
@@ -126,6 +134,14 @@ class ClientTables:
             else:
                 member.channel, member.last_seen = channel, now
         return changed
+
+    def fingerprint_changed(self, group: str, fingerprint: int) -> bool:
+        """Record a group's heartbeat fingerprint (heartbeat v2); True when the group
+        had another one (a member's subscriptions may have changed), as Apache's
+        broker keeps them: one per group, 0 for a v1 heartbeat."""
+        before = self._fingerprints.get(group)
+        self._fingerprints[group] = fingerprint
+        return before is not None and before != fingerprint
 
     def unregister(
         self, client_id: str, producer_group: str = "", consumer_group: str = ""

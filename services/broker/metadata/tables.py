@@ -7,6 +7,9 @@ files"), each a JSON file under `config/` in RocketMQ's own shape:
 - `delayOffset.json`       {"dataVersion": {...}, "offsetTable": {"3": 5}}
 - `broker.json`            {"dataVersion": {...}, "brokerConfig": {"brokerPermission": 4}}
 - `metadataLog.json`       {"dataVersion": {...}, "metadataLog": {"applied": {"0": 3}, ...}}
+- `messageRequestMode.json` {"dataVersion": {...}, "messageRequestModeMap": {topic: {group:
+  {"consumerGroup", "mode", "popShareQueueNum", "topic"}}}} (RocketMQ 5's
+  `mqadmin setConsumeMode`: how a push consumer asking for its queues consumes)
   (enableFailover only: see `MetadataLogTable`)
 
 `broker.json` is ferry's counterpart of RocketMQ's `config/broker.properties`:
@@ -31,7 +34,7 @@ from __future__ import annotations
 import errno
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +61,8 @@ DELAY_OFFSET_FILE = "delayOffset.json"
 SUBSCRIPTION_GROUP_FILE = "subscriptionGroup.json"
 BROKER_SETTINGS_FILE = "broker.json"
 METADATA_LOG_FILE = "metadataLog.json"
+MESSAGE_REQUEST_MODE_FILE = "messageRequestMode.json"
+REQUEST_MODES = ("PULL", "POP")
 
 
 # ---------------------------------------------------------------- JSON shapes
@@ -412,6 +417,69 @@ class ConsumerOffsetTable(_Table):
             self._write()
 
 
+@dataclass(frozen=True, slots=True)
+class RequestMode:
+    """How one group consumes one topic through RocketMQ 5's server-side assignment
+    (SetMessageRequestModeRequestBody): PULL or POP, and for POP how many other
+    consumers' queues each consumer shares (≤ 0: every queue)."""
+
+    topic: str
+    group: str
+    mode: str = "PULL"
+    pop_share_queue_num: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        # fastjson's order: keys sorted
+        return {
+            "consumerGroup": self.group,
+            "mode": self.mode,
+            "popShareQueueNum": self.pop_share_queue_num,
+            "topic": self.topic,
+        }
+
+
+class MessageRequestModeTable(_Table):
+    file_name = MESSAGE_REQUEST_MODE_FILE
+    table_key = "messageRequestModeMap"
+
+    def _decode(self, table: dict[str, Any]) -> dict[tuple[str, str], RequestMode]:
+        out = {}
+        for topic, groups in table.items():
+            if not isinstance(groups, dict):
+                raise ValueError(f"the modes of topic {topic!r} are not an object")
+            for group, doc in groups.items():
+                mode = str(doc.get("mode", "PULL"))
+                if mode not in REQUEST_MODES:
+                    raise ValueError(f"mode {mode!r} of {topic}/{group} is not PULL or POP")
+                out[(topic, group)] = RequestMode(
+                    topic, group, mode, int(doc.get("popShareQueueNum", 0))
+                )
+        return out
+
+    def _encode(self) -> dict[str, Any]:
+        out: dict[str, dict[str, Any]] = {}
+        for (topic, group), mode in sorted(self._table.items()):
+            out.setdefault(topic, {})[group] = mode.to_json()
+        return out
+
+    def get(self, topic: str, group: str) -> RequestMode | None:
+        return self._table.get((topic, group))
+
+    def put(self, mode: RequestMode) -> DataVersion:
+        if mode.mode not in REQUEST_MODES:
+            raise ValueError(f"mode {mode.mode!r} is not PULL or POP")
+        return self._set_entry((mode.topic, mode.group), mode)
+
+    def as_json(self) -> dict[str, Any]:
+        """GET_ALL_MESSAGE_REQUEST_MODE's body (what a RocketMQ slave copies)."""
+        return {"messageRequestModeMap": self._encode()}
+
+    def replace_all(self, table: Mapping[tuple[str, str], RequestMode]) -> None:
+        self._table = dict(table)
+        self._bump()
+        self._write()
+
+
 class DelayOffsetTable(_Table):
     file_name = DELAY_OFFSET_FILE
     table_key = "offsetTable"
@@ -538,12 +606,14 @@ class BrokerMetadata:
         delay_offsets: DelayOffsetTable,
         subscription_groups: SubscriptionGroupTable,
         settings: BrokerSettingsTable,
+        request_modes: MessageRequestModeTable,
     ) -> None:
         self.topics = topics
         self.consumer_offsets = consumer_offsets
         self.delay_offsets = delay_offsets
         self.subscription_groups = subscription_groups
         self.settings = settings
+        self.request_modes = request_modes
 
     @classmethod
     def open(
@@ -562,6 +632,7 @@ class BrokerMetadata:
             DelayOffsetTable(config_dir / DELAY_OFFSET_FILE, clock, on_fault),
             SubscriptionGroupTable(config_dir / SUBSCRIPTION_GROUP_FILE, clock, on_fault),
             BrokerSettingsTable(config_dir / BROKER_SETTINGS_FILE, clock, on_fault),
+            MessageRequestModeTable(config_dir / MESSAGE_REQUEST_MODE_FILE, clock, on_fault),
         )
 
     def persist_all(self) -> None:

@@ -176,6 +176,7 @@ class PopService:
         self.reviver = Reviver(self.state, store, topics, clock, config, topic_creator)
         self._next_queue: dict[tuple[str, str], int] = {}
         self._names_ok: set[tuple[str, str]] = set()  # (group, topic) pairs that name valid topics
+        self._polling: Counter[tuple[str, str, int]] = Counter()  # pops waiting, by queue
 
     # ------------------------------------------------------------ lifecycle
 
@@ -243,18 +244,9 @@ class PopService:
         tag_hashes = chosen.tag_hashes
         group_config = self.state.group(group)
         orderly = group_config.consume_message_orderly or config.order
-        if queue_id is None or queue_id == -1:
-            count = config.read_queue_nums
-            start = self._next_queue.get((group, topic), 0) % max(count, 1)
-            self._next_queue[(group, topic)] = start + 1
-            queue_ids = [(start + i) % count for i in range(count)]
-        else:
-            queue_ids = [queue_id]
-        keys = [(topic, q) for q in queue_ids]
-        retry = retry_topic(group, topic)
-        if not orderly:
-            keys.insert(0, (retry, 0))
+        keys = self._keys(group, topic, config.read_queue_nums, queue_id, orderly)
         deadline = time.monotonic() + min(max_wait_ms, MAX_WAIT_MS) / 1000
+        polling = (group, topic, -1 if queue_id is None else queue_id)
         while True:
             judged = None
             if chosen.selector is not None:
@@ -265,6 +257,58 @@ class PopService:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return []
+            self._polling[polling] += 1
+            try:
+                await self.store.wait_for_any(keys, min(remaining, 1.0))
+            finally:
+                self._polling[polling] -= 1
+                if self._polling[polling] <= 0:
+                    del self._polling[polling]
+
+    def _keys(
+        self, group: str, topic: str, queue_count: int, queue_id: int | None, orderly: bool
+    ) -> list[tuple[str, int]]:
+        """The queues a pop looks at, in order: the group's retry topic first
+        (unless ordered), then one queue or every queue, from a start that
+        moves round with each pop."""
+        if queue_id is None or queue_id == -1:
+            start = self._next_queue.get((group, topic), 0) % max(queue_count, 1)
+            self._next_queue[(group, topic)] = start + 1
+            queue_ids = [(start + i) % queue_count for i in range(queue_count)]
+        else:
+            queue_ids = [queue_id]
+        keys = [(topic, q) for q in queue_ids]
+        if not orderly:
+            keys.insert(0, (retry_topic(group, topic), 0))
+        return keys
+
+    def polling(self, group: str, topic: str, queue_id: int) -> int:
+        """How many pops of (group, topic, queue id; -1: any queue) wait for a
+        message now (RocketMQ 5's POLLING_INFO)."""
+        return self._polling.get((group, topic, queue_id), 0)
+
+    async def wait_message(self, group: str, topic: str, queue_id: int, wait_ms: int) -> bool:
+        """Whether a pop of (group, topic, queue id; -1: any queue) would find
+        a message, waiting up to `wait_ms` for one to arrive (RocketMQ 5's
+        NOTIFICATION). Takes nothing and creates no state."""
+        config = self.access.readable_topic(topic)
+        self._check_group_name(group, topic)
+        if queue_id != -1 and not 0 <= queue_id < config.read_queue_nums:
+            raise InvalidArgument(
+                "queue_id",
+                f"{queue_id} is out of range: topic {topic!r} has {config.read_queue_nums} "
+                "readable queues",
+            )
+        orderly = self.state.group(group).consume_message_orderly or config.order
+        keys = self._keys(group, topic, config.read_queue_nums, queue_id, orderly)
+        deadline = time.monotonic() + min(max(wait_ms, 0), MAX_WAIT_MS) / 1000
+        while True:
+            now = self.clock.wall_ms()
+            if any(self.state.has_message(group, t, q, now) for t, q in keys):
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
             await self.store.wait_for_any(keys, min(remaining, 1.0))
 
     def _take(

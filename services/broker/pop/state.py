@@ -345,6 +345,20 @@ class PopState:
             state = self.queues[key] = QueueState(key, committed, committed)
         return state
 
+    def has_message(self, group: str, topic: str, queue_id: int, now_ms: int) -> bool:
+        """Whether the group's queue holds a message a pop could hand out now:
+        one never handed out, or a redelivery past its backoff. Reads only."""
+        high = self.store.queue_max_offset(topic, queue_id)
+        state = self.queues.get((group, topic, queue_id))
+        if state is None:
+            committed = self.offsets.query(group, topic, queue_id)
+            if committed is None:
+                committed = self._start_offset(group, topic, queue_id)
+            return high > committed
+        if any(r.visible_ms <= now_ms for r in state.redeliver.values()):
+            return True
+        return high > max(state.pop_offset, self.store.queue_min_offset(topic, queue_id))
+
     def _start_offset(self, group: str, topic: str, queue_id: int) -> int:
         """Where a group starts a queue it has no offset in, as RocketMQ 5's pop
         starts one: a group that consumes from the minimum (consumeFromMinEnable,

@@ -47,9 +47,11 @@ def handlers(deps: Deps) -> dict[int, Handler]:
     """Every request code the broker serves over RocketMQ's protocol."""
     from services.broker.remoting import (
         admin,
+        assignment,
         consumers,
         diagnostics,
         offsets,
+        pop_queries,
         pops,
         pulls,
         queries,
@@ -66,6 +68,8 @@ def handlers(deps: Deps) -> dict[int, Handler]:
         consumers,
         pulls,
         pops,
+        pop_queries,
+        assignment,
         sendback,
         admin,
         diagnostics,

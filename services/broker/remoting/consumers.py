@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 
 HOUSEKEEPING_INTERVAL_S = 10.0  # RocketMQ's ClientHousekeepingService period
 PUSH = "CONSUME_PASSIVELY"  # a heartbeat's consumeType of push consumers
+# A heartbeat answer's header (MixAll's names): the broker takes heartbeat v2, and
+# whether the client must send its subscriptions in full next time.
+IS_SUPPORT_HEART_BEAT_V2 = "IS_SUPPORT_HEART_BEAT_V2"
+IS_SUB_CHANGE = "IS_SUB_CHANGE"
 
 
 def handlers(deps: Deps) -> dict[int, Handler]:
@@ -40,6 +44,7 @@ def handlers(deps: Deps) -> dict[int, Handler]:
         deps.gate.check()
         client_id, consumers, producer_groups = parse_heartbeat(command.body)
         now = deps.clock.monotonic()
+        sub_change = _sub_change(deps, client_id, consumers)
         joining = {
             data.group
             for data in consumers
@@ -73,7 +78,13 @@ def handlers(deps: Deps) -> dict[int, Handler]:
                 # is told as before, and so is every other member of the group.
                 notify(deps, [group], skip=connection if group in joining else None)
         sweep(deps)
-        return command.answer(codes.SUCCESS)
+        return command.answer(
+            codes.SUCCESS,
+            ext={
+                IS_SUPPORT_HEART_BEAT_V2: "true",
+                IS_SUB_CHANGE: "true" if sub_change else "false",
+            },
+        )
 
     async def unregister_client(connection: Connection, command: Command) -> Command:
         ext = command.ext
@@ -137,6 +148,21 @@ def handlers(deps: Deps) -> dict[int, Handler]:
         codes.UNLOCK_BATCH_MQ: unlock_batch,
     }
     return {code: convert.answering_errors(fn) for code, fn in table.items()}
+
+
+def _sub_change(deps: Deps, client_id: str, consumers: list[ConsumerData]) -> bool:
+    """Heartbeat v2's IS_SUB_CHANGE: whether the client must send its subscriptions
+    in full next time. Always for a v1 heartbeat (as Apache answers); for a v2 one,
+    when its group's fingerprint changed (Apache's rule), and — where ferry asks more
+    than Apache — when it left its subscriptions out for a group this broker has no
+    member of it in (a restarted broker, a closed connection): Apache then keeps the
+    member without subscriptions until its fingerprint changes."""
+    change = False
+    for data in consumers:
+        changed = deps.clients.fingerprint_changed(data.group, data.fingerprint)
+        unknown = data.without_sub and not deps.clients.is_member(data.group, client_id)
+        change = change or changed or unknown or data.fingerprint == 0
+    return change
 
 
 # ---------------------------------------------------------------- membership events
@@ -205,13 +231,18 @@ def _notify_enabled(deps: Deps, group: str) -> bool:
 
 def parse_heartbeat(body: bytes) -> tuple[str, list[ConsumerData], list[str]]:
     """HeartbeatData: `{"clientID", "consumerDataSet": [...], "producerDataSet":
-    [{"groupName"}]}` → (client id, consumer groups, producer groups).
+    [{"groupName"}]}`, 5.x's `heartbeatFingerprint` and `withoutSub` (heartbeat v2,
+    carried by each ConsumerData) → (client id, consumer groups, producer groups).
 
     Raises:
         BodyError: not JSON; BadRequest: a field missing or of the wrong type.
     """
     doc = _object(bodies.loads(body), "heartbeat body")
     client_id = _string(doc, "clientID", "heartbeat")
+    fingerprint = doc.get("heartbeatFingerprint", 0)
+    if not _is_int(fingerprint):
+        raise convert.BadRequest("heartbeatFingerprint", f"{fingerprint!r} is not an integer")
+    without_sub = doc.get("withoutSub") is True
     consumers = []
     for i, item in enumerate(_list(doc, "consumerDataSet")):
         where = f"consumerDataSet[{i}]"
@@ -226,6 +257,8 @@ def parse_heartbeat(body: bytes) -> tuple[str, list[ConsumerData], list[str]]:
                 str(item.get("consumeType") or "CONSUME_PASSIVELY"),
                 str(item.get("messageModel") or "CLUSTERING"),
                 str(item.get("consumeFromWhere") or "CONSUME_FROM_LAST_OFFSET"),
+                fingerprint,
+                without_sub and fingerprint != 0,
             )
         )
     producers = [

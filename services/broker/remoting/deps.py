@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from services.broker.messaging.clients import ClientTables
 from services.broker.messaging.locks import QueueLocks
 from services.broker.messaging.sendback import SendBack
+from services.broker.remoting.routes import NameServerRoutes
 
 if TYPE_CHECKING:
     from ferry.runtime.clock import Clock
@@ -30,6 +31,12 @@ class EpochHistory(Protocol):
     `entries`, each with `epoch` and `start` (its first commit offset), oldest first."""
 
     entries: Sequence[Any]
+
+
+class RouteQueues(Protocol):
+    """A topic's readable queues across the cluster (services.broker.remoting.routes)."""
+
+    async def queues(self, topic: str) -> list[tuple[str, int]] | None: ...
 
 
 class Gate(Protocol):
@@ -74,6 +81,9 @@ class Deps:
     # The leader-epoch history of a failover member (GET_BROKER_EPOCH_CACHE 1007);
     # None: the broker runs without automatic failover.
     epochs: EpochHistory | None = None
+    # The name servers' routes (QUERY_ASSIGNMENT divides a topic's queues across
+    # brokers); None: this broker's own queues.
+    routes: RouteQueues | None = None
 
     @classmethod
     def from_app(cls, app) -> Deps:  # services.broker.app.BrokerApp, started
@@ -101,5 +111,8 @@ class Deps:
             transactions=getattr(app, "transactions", None),
             auto_create=getattr(app, "auto_create", None),
             replication=getattr(app, "ha_status", None),
+            routes=NameServerRoutes(app.config.namesrv_addrs, app.clock)
+            if app.config.namesrv_addrs
+            else None,
             **shared,
         )

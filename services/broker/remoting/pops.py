@@ -1,6 +1,6 @@
 """RocketMQ 5's pop consumption over RocketMQ's protocol: POP_MESSAGE (200050),
-ACK_MESSAGE (200051) and CHANGE_MESSAGE_INVISIBLETIME (200053), as Apache
-5.5.0's broker answers them, over the one pop use case (`PopService`) that
+ACK_MESSAGE (200051), BATCH_ACK_MESSAGE (200151) and CHANGE_MESSAGE_INVISIBLETIME
+(200053), as Apache 5.5.0's broker answers them, over the one pop use case (`PopService`) that
 ferry.v1's PopMessage, AckMessage and ChangeInvisibleTime call: one pop state,
 whichever door a consumer comes through.
 
@@ -26,18 +26,25 @@ that does not compile; an ack or re-timing 17 for an unknown topic, 13 for a
 queue id out of range or an `extraInfo` that does not parse, 208 NO_MESSAGE for
 an offset outside the queue.
 
-Partial (issue 44): PEEK_MESSAGE, NOTIFICATION, POLLING_INFO, BATCH_ACK_MESSAGE,
-QUERY_ASSIGNMENT, SET_MESSAGE_REQUEST_MODE, GET_ALL_MESSAGE_REQUEST_MODE and
-heartbeat v2 are not served yet (answered 3); the request's `order` flag does not
-make a pop ordered (a group or topic configured ordered does); `restNum` is 0.
+The assignment codes (400, 401, 402) that tell a 5.x push consumer to pop are
+served by assignment.py; BATCH_ACK_MESSAGE (200151) is served here, PEEK,
+NOTIFICATION and POLLING_INFO by pop_queries.py. A pop whose `bornTime` and
+`pollTime` ended more than 500 ms ago is answered 210 "timeout too much", as
+Apache's is (the client has given up on it); a `bornTime` of 0 is not checked.
+
+Partial (issue 44): the pop's `initMode` is not read (a group without an offset
+starts where its group's consumeFromMinEnable says); the request's `order` flag does not make a pop ordered (a group or
+topic configured ordered does); `restNum` is 0.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Mapping, Sequence
 
-from ferry.model import RETRY_TOPIC_PREFIX
-from ferry.remoting import codes
+from ferry.model import RETRY_TOPIC_PREFIX, retry_topic
+from ferry.remoting import bodies, codes
 from ferry.remoting.codec import Command
 from ferry.remoting.server import Connection, Handler
 from ferry.runtime import errors
@@ -48,6 +55,8 @@ from services.broker.remoting.deps import Deps
 
 MAX_POP_NUMS = 32  # Apache's limit on a pop's maxMsgNums
 ORDER_REVIVE_QID = 999  # reviveQid of an ordered pop (KeyBuilder.POP_ORDER_REVIVE_QUEUE)
+TIMEOUT_TOO_MUCH_MS = 500  # a pop this late past bornTime + pollTime: the client gave up
+MAX_BITSET_CHARS = 87_384  # Base64 of 64 KiB: 524,288 offsets in one BatchAck
 _I32 = {"low": -(2**31), "high": 2**31 - 1}
 
 
@@ -61,10 +70,14 @@ def handlers(deps: Deps) -> dict[int, Handler]:
     async def change(connection: Connection, command: Command) -> Command:
         return await _guarded(deps, command, _change)
 
+    async def batch_ack(connection: Connection, command: Command) -> Command:
+        return await _guarded(deps, command, _batch_ack)
+
     return {
         codes.POP_MESSAGE: pop,
         codes.ACK_MESSAGE: ack,
         codes.CHANGE_MESSAGE_INVISIBLETIME: change,
+        codes.BATCH_ACK_MESSAGE: batch_ack,
     }
 
 
@@ -79,6 +92,8 @@ async def _guarded(deps: Deps, command: Command, handle) -> Command:
         return await handle(deps, deps.pop, command)
     except convert.BadRequest as e:
         return command.answer(codes.MESSAGE_ILLEGAL, e.message)
+    except bodies.BodyError as e:
+        return command.answer(codes.SYSTEM_ERROR, f"the request's body does not parse: {e}")
     except SelectorRefused as e:
         return command.answer(
             codes.SUBSCRIPTION_PARSE_FAILED, f"parse the consumer's subscription failed ({e.why})"
@@ -109,6 +124,12 @@ async def _pop(deps: Deps, pops: PopService, command: Command) -> Command:
     kind = (convert.text(ext, "expType", required=False) or TAG).upper()
     order = convert.boolean(ext, "order")
     revive_qid = ORDER_REVIVE_QID if order else 0
+    born_ms = convert.integer(ext, "bornTime", required=False, low=0)
+    if born_ms and deps.clock.wall_ms() - born_ms - poll_ms > TIMEOUT_TOO_MUCH_MS:
+        return command.answer(
+            codes.POLLING_TIMEOUT,
+            f"the broker[{deps.config.broker_name}] pop message is timeout too much",
+        )
     if max_nums > MAX_POP_NUMS:
         return command.answer(
             codes.INVALID_PARAMETER,
@@ -242,6 +263,75 @@ async def _ack(deps: Deps, pops: PopService, command: Command) -> Command:
     if handle is not None:
         await pops.ack(group, topic, [handle])
     return command.answer(codes.SUCCESS)
+
+
+async def _batch_ack(deps: Deps, pops: PopService, command: Command) -> Command:
+    """BATCH_ACK_MESSAGE: body `{"brokerName", "acks": [BatchAck]}`, each BatchAck
+    in fastjson's short names: c group, t topic, r retry ("1": the group's pop
+    retry topic of t), so start offset, q queue id, rq revive queue id, pt pop
+    time, it invisible time, b the acknowledged offsets as Java's
+    BitSet.toByteArray in Base64 (bit i: offset so + i). As Apache's: 208 with
+    no acks; otherwise 0, and an entry for an unknown topic or queue, or an
+    offset outside the queue, is skipped."""
+    doc = bodies.loads(command.body) if command.body else None
+    acks = doc.get("acks") if isinstance(doc, dict) else None
+    if not isinstance(acks, list) or not acks:
+        return command.answer(codes.NO_MESSAGE)
+    handles: dict[tuple[str, str], list[str]] = {}
+    for entry in acks:
+        if not isinstance(entry, dict):
+            raise convert.BadRequest("acks", "each entry must be a BatchAck object")
+        group = _field_text(entry, "c")
+        topic = _field_text(entry, "t")
+        if str(entry.get("r", "0")) == "1":
+            topic = retry_topic(group, topic)
+        queue_id = _field_int(entry, "q")
+        start = _field_int(entry, "so")
+        until = _field_int(entry, "pt") + _field_int(entry, "it")
+        config = deps.metadata.topics.get(topic)
+        if config is None or not 0 <= queue_id < config.read_queue_nums:
+            continue
+        low, high = deps.pulls.queue_offsets(topic, queue_id)
+        for bit in _bits(entry.get("b")):
+            offset = start + bit
+            if not low <= offset <= high:
+                continue
+            handle = pops.handle_at(group, topic, queue_id, offset, until)
+            if handle is not None:
+                handles.setdefault((group, topic), []).append(handle)
+    for (group, topic), named in handles.items():
+        await pops.ack(group, topic, named)
+    return command.answer(codes.SUCCESS)
+
+
+def _field_text(entry: Mapping[str, object], key: str) -> str:
+    value = entry.get(key)
+    if not isinstance(value, str) or not value:
+        raise convert.BadRequest(f"acks.{key}", "must be a non-empty string")
+    return value
+
+
+def _field_int(entry: Mapping[str, object], key: str) -> int:
+    value = entry.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not -(2**63) <= value < 2**63:
+        raise convert.BadRequest(f"acks.{key}", f"must be an integer, not {value!r:.24}")
+    return value
+
+
+def _bits(encoded: object) -> list[int]:
+    """The set bits of a Java BitSet.toByteArray, Base64-encoded (little-endian:
+    bit i is bit i % 8 of byte i // 8)."""
+    if encoded is None or encoded == "":
+        return []
+    if not isinstance(encoded, str) or len(encoded) > MAX_BITSET_CHARS:
+        raise convert.BadRequest("acks.b", "must be a Base64 BitSet of at most 64 KiB")
+    try:
+        raw = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        raise convert.BadRequest("acks.b", "is not Base64") from None
+    return [
+        at * 8 + bit for at, byte in enumerate(raw) if byte for bit in range(8) if byte >> bit & 1
+    ]
 
 
 async def _change(deps: Deps, pops: PopService, command: Command) -> Command:

@@ -18,6 +18,7 @@ import org.apache.rocketmq.common.TopicConfig;
 import org.apache.rocketmq.common.attribute.AttributeParser;
 import org.apache.rocketmq.common.message.Message;
 import org.apache.rocketmq.common.message.MessageConst;
+import org.apache.rocketmq.common.message.MessageRequestMode;
 import org.apache.rocketmq.common.topic.TopicValidator;
 import org.apache.rocketmq.remoting.protocol.body.BrokerStatsData;
 import org.apache.rocketmq.remoting.protocol.body.ClusterInfo;
@@ -49,6 +50,8 @@ import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
  *       e2e suites create every topic this way, K being the cluster's name), then waits until
  *       the name server routes T to as many brokers as K's route has;
  *   <li>{"op": "topicList"}: fetchAllTopicList, the name server's every topic.
+ *   <li>{"op": "consumeMode", "topic": T, "group": G, "mode": "POP"|"PULL",
+ *       "popShareQueueNum": N}: `mqadmin setConsumeMode -c CLUSTER` (401 to every master).
  *   <li>{"op": "sendDelayed", "topic": T, "body": B, "sec": S} or {..., "ms": M}: one message
  *       sent with rocketmq-client 5.x's DefaultMQProducer (one per session, group
  *       ferry-compat-delayed) after Message.setDelayTimeSec(S) / setDelayTimeMs(M), what the
@@ -307,6 +310,22 @@ public final class Admin5 {
           out.put("haStatus", attempt(() -> admin.getBrokerHAStatus(addr)));
           out.put("epochCache", attempt(() -> admin.getBrokerEpochCache(addr)));
           out.put("coldData", attempt(() -> JSON.parseObject(admin.getColdDataFlowCtrInfo(addr))));
+          return out;
+        }
+      case "consumeMode":
+        {
+          // mqadmin setConsumeMode -c CLUSTER -t T -g G -m MODE -q N: 401 to every master.
+          Set<String> masters = masters(admin, cluster);
+          for (String addr : masters) {
+            admin.setMessageRequestMode(
+                addr,
+                command.getString("topic"),
+                command.getString("group"),
+                MessageRequestMode.valueOf(command.getString("mode")),
+                command.getIntValue("popShareQueueNum"),
+                5_000);
+          }
+          out.put("brokers", masters);
           return out;
         }
       case "topicList":
