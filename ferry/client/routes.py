@@ -182,6 +182,7 @@ class RouteCache:
         self._clock = clock or SystemClock()
         self._routes: dict[str, tuple[TopicRoute, float]] = {}
         self._masters: dict[str, str] = {}
+        self._remoting: dict[str, str] = {}
 
     def fresh(self, topic: str) -> TopicRoute | None:
         """The topic's route if it is cached and not older than `ttl_s`."""
@@ -194,6 +195,8 @@ class RouteCache:
         """Keep `route` as its topic's, fresh from now; returns it."""
         for broker in route.brokers:
             self._masters[broker.broker_name] = broker.addr
+            if broker.remoting_addr:
+                self._remoting[broker.broker_name] = broker.remoting_addr
         self._routes[route.topic] = (route, self._clock.monotonic())
         return route
 
@@ -204,3 +207,7 @@ class RouteCache:
     def master_addr(self, broker_name: str) -> str | None:
         """The master address last seen for a broker name, in any topic's route."""
         return self._masters.get(broker_name)
+
+    def remoting_addr(self, broker_name: str) -> str | None:
+        """The master's RocketMQ-protocol address last seen for a broker name."""
+        return self._remoting.get(broker_name)

@@ -147,10 +147,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--broker-protocol",
         choices=BROKER_PROTOCOLS,
         default=env("FERRY_PROXY_BROKER_PROTOCOL") or "remoting",
-        help="how sends reach the brokers: remoting (RocketMQ's protocol on each broker's "
-        "RocketMQ port, pipelined, as Apache's proxy sends; the default) or grpc (ferry.v1 "
-        "SendMessage, batched); a transaction's half always goes over ferry.v1 "
-        "($FERRY_PROXY_BROKER_PROTOCOL)",
+        help="how sends, receives, acks and re-timings reach the brokers: remoting "
+        "(RocketMQ's protocol on each broker's RocketMQ port, pipelined, as Apache's proxy "
+        "calls them; the default) or grpc (ferry.v1, sends batched); a transaction's half "
+        "always goes over ferry.v1 ($FERRY_PROXY_BROKER_PROTOCOL)",
     )
     parser.add_argument(
         "--broker-access-key",

@@ -35,6 +35,7 @@ import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from apache.rocketmq.v2 import definition_pb2 as v2
+from ferry import record
 from ferry.model import (
     PROPERTY_DELAY,
     PROPERTY_DLQ_DELIVERY_ATTEMPTS,
@@ -262,31 +263,68 @@ def message_type(properties: Mapping[str, str]) -> int:
 
 
 def received_message(m: broker_pb2.MessageExt, invisible_ms: int) -> v2.Message:
-    """A popped ferry message as the SDKs see it."""
+    """A message popped over ferry.v1 as the SDKs see it."""
+    return _received(
+        m.topic, m.body, m.properties, m.tags, m.keys, m.msg_id, m.born_timestamp,
+        m.born_host, m.store_timestamp, m.store_host, m.receipt_handle, m.queue_id,
+        m.queue_offset, invisible_ms, m.delivery_attempt,
+    )  # fmt: skip
+
+
+def popped_message(
+    m: record.StoredMessage, topic: str, receipt_handle: str, invisible_ms: int, attempt: int
+) -> v2.Message:
+    """A record popped over RocketMQ's protocol as the SDKs see it, under the
+    topic the SDK asked for (a redelivery's record is in the pop retry topic)."""
     props = m.properties
+    return _received(
+        topic, m.body, props, props.get(record.PROPERTY_TAGS, ""),
+        props.get(record.PROPERTY_KEYS, ""), m.msg_id, m.born_timestamp, m.born_host,
+        m.store_timestamp, m.store_host, receipt_handle, m.queue_id, m.queue_offset,
+        invisible_ms, attempt,
+    )  # fmt: skip
+
+
+def _received(
+    topic: str,
+    body: bytes,
+    props: Mapping[str, str],
+    tags: str,
+    keys: str,
+    msg_id: str,
+    born_timestamp: int,
+    born_host: str,
+    store_timestamp: int,
+    store_host: str,
+    receipt_handle: str,
+    queue_id: int,
+    queue_offset: int,
+    invisible_ms: int,
+    attempt: int,
+) -> v2.Message:
     user = {k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES}
-    out = v2.Message(topic=v2.Resource(name=m.topic), user_properties=user, body=m.body)
+    out = v2.Message(topic=v2.Resource(name=topic), user_properties=user, body=body)
     sp = out.system_properties
-    sp.tag = m.tags
-    if m.keys:
-        sp.keys.extend(m.keys.split())
-    sp.message_id = props.get(PROPERTY_UNIQ_KEY) or m.msg_id
+    sp.tag = tags
+    if keys:
+        sp.keys.extend(keys.split())
+    sp.message_id = props.get(PROPERTY_UNIQ_KEY) or msg_id
     sp.body_digest.type = v2.MD5
-    sp.body_digest.checksum = hashlib.md5(m.body).hexdigest().upper()
+    sp.body_digest.checksum = hashlib.md5(body).hexdigest().upper()
     sp.body_encoding = v2.IDENTITY
     sp.message_type = message_type(props)
     deliver_ms = props.get(PROPERTY_TIMER_DELIVER_MS)
     if deliver_ms is not None and deliver_ms.isdigit():  # as RocketMQ's GrpcConverter
         sp.delivery_timestamp.FromMilliseconds(int(deliver_ms))
-    sp.born_timestamp.FromMilliseconds(m.born_timestamp)
-    sp.born_host = m.born_host
-    sp.store_timestamp.FromMilliseconds(m.store_timestamp)
-    sp.store_host = m.store_host
-    sp.receipt_handle = m.receipt_handle
-    sp.queue_id = m.queue_id
-    sp.queue_offset = m.queue_offset
+    sp.born_timestamp.FromMilliseconds(born_timestamp)
+    sp.born_host = born_host
+    sp.store_timestamp.FromMilliseconds(store_timestamp)
+    sp.store_host = store_host
+    sp.receipt_handle = receipt_handle
+    sp.queue_id = queue_id
+    sp.queue_offset = queue_offset
     sp.invisible_duration.FromMilliseconds(invisible_ms)
-    sp.delivery_attempt = m.delivery_attempt
+    sp.delivery_attempt = attempt
     group = props.get(PROPERTY_SHARDING_KEY)
     if group:
         sp.message_group = group

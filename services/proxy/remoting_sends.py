@@ -65,7 +65,8 @@ _STATUS_OF_REFUSAL = {
 
 
 class SendRefused(Exception):
-    """A send the broker refused, or that the link lost; read as the ferry.v1 error."""
+    """A request (a send, a pop, an ack...) the broker refused, or that the link
+    lost; read as the ferry.v1 error."""
 
     def __init__(self, code: grpc.StatusCode, details: str) -> None:
         super().__init__(f"{code.name}: {details}")
@@ -79,7 +80,7 @@ class SendRefused(Exception):
         return self._details
 
 
-def _refusal_status(code: int, remark: str) -> grpc.StatusCode:
+def refusal_status(code: int, remark: str) -> grpc.StatusCode:
     if code == codes.MESSAGE_ILLEGAL and "maxMessageSize" in remark:
         return grpc.StatusCode.RESOURCE_EXHAUSTED  # too large: MessageTooLarge's status
     return _STATUS_OF_REFUSAL.get(code, grpc.StatusCode.INTERNAL)
@@ -134,32 +135,46 @@ class RemotingSends:
         self._connecting: dict[str, asyncio.Future[RemotingClient]] = {}
         self.stats = SendStats()
 
-    async def send(
-        self, addr: str, request: broker_pb2.SendMessageRequest
-    ) -> broker_pb2.SendResult:
-        """The broker's result for one message; raises SendRefused."""
+    async def call(
+        self,
+        addr: str,
+        code: int,
+        ext: dict[str, str],
+        body: bytes = b"",
+        timeout_s: float | None = None,
+        what: str = "request",
+    ) -> Command:
+        """One request on the broker's connection, signed when the proxy has an
+        account; the answer whatever its code. Raises SendRefused (UNAVAILABLE,
+        DEADLINE_EXCEEDED) when the link fails or the broker does not answer."""
         client = await self._client(addr)
-        ext = header(request, request.producer_group or DEFAULT_PRODUCER_GROUP)
         if self._access_key:
             ext[acl.ACCESS_KEY] = self._access_key
-            ext[acl.SIGNATURE] = acl.sign(self._secret_key, ext, request.body)
-        command = Command(codes.SEND_MESSAGE_V2, ext=ext, body=request.body)
-        self.stats.calls += 1
-        self.stats.messages += 1
+            ext[acl.SIGNATURE] = acl.sign(self._secret_key, ext, body)
+        timeout_s = self._timeout_s if timeout_s is None else timeout_s
         try:
-            answer = await client.request(command, self._timeout_s)
+            return await client.request(Command(code, ext=ext, body=body), timeout_s)
         except ConnectionError as exc:
             self._forget(addr, client)
             raise SendRefused(grpc.StatusCode.UNAVAILABLE, f"{addr}: {exc}") from None
         except TimeoutError:
             raise SendRefused(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
-                f"{addr} did not answer the send within {self._timeout_s:g} s",
+                f"{addr} did not answer the {what} within {timeout_s:g} s",
             ) from None
+
+    async def send(
+        self, addr: str, request: broker_pb2.SendMessageRequest
+    ) -> broker_pb2.SendResult:
+        """The broker's result for one message; raises SendRefused."""
+        ext = header(request, request.producer_group or DEFAULT_PRODUCER_GROUP)
+        self.stats.calls += 1
+        self.stats.messages += 1
+        answer = await self.call(addr, codes.SEND_MESSAGE_V2, ext, request.body, what="send")
         status = _STATUS_BY_CODE.get(answer.code)
         if status is None:
             remark = answer.remark or f"refused with code {answer.code}"
-            raise SendRefused(_refusal_status(answer.code, remark), remark)
+            raise SendRefused(refusal_status(answer.code, remark), remark)
         ext = answer.ext
         msg_id = ext.get("msgId", "")
         try:

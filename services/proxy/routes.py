@@ -58,6 +58,8 @@ class RouteSource(Protocol):
 
     def broker_addr(self, broker_name: str) -> str | None: ...
 
+    def remoting_addr(self, broker_name: str) -> str | None: ...
+
     def stub(self, addr: str) -> broker_pb2_grpc.BrokerStub: ...
 
     def transactions(self, addr: str) -> transactions_pb2_grpc.TransactionsStub: ...
@@ -153,6 +155,10 @@ class Routes:
         """The master address last seen for a broker name."""
         return self._cache.master_addr(broker_name)
 
+    def remoting_addr(self, broker_name: str) -> str | None:
+        """The master's RocketMQ-protocol address last seen for a broker name."""
+        return self._cache.remoting_addr(broker_name)
+
     def stub(self, addr: str) -> broker_pb2_grpc.BrokerStub:
         entry = self._brokers.get(addr)
         if entry is None:
@@ -238,6 +244,11 @@ class LocalRoutes:
     def broker_addr(self, broker_name: str) -> str | None:
         """This broker's address for its own name; None for any other."""
         return self.addr if broker_name == self.broker_name else None
+
+    def remoting_addr(self, broker_name: str) -> str | None:
+        """None: the local proxy calls its broker over ferry.v1 (its routes carry
+        no RocketMQ-protocol address), so it issues no Apache-form handle."""
+        return None
 
     def stub(self, addr: str) -> broker_pb2_grpc.BrokerStub:
         """The broker's own stub: every address this class hands out is its own."""

@@ -1,6 +1,8 @@
 """`apache.rocketmq.v2.MessagingService` on ferry's brokers (RocketMQ's
 proxy in cluster mode): the SDKs talk to this proxy only; it finds brokers
-through the name servers and calls them with `ferry.v1`.
+through the name servers and calls them in RocketMQ's protocol
+(`remoting_sends`, `remoting_pops`) where their routes give that port, else
+with `ferry.v1`.
 
 Every answer carries a v2 `Status` (the API's error channel); gRPC errors are
 kept for requests that cannot be read at all. Nothing here holds state a
@@ -43,6 +45,7 @@ from ferry.v1 import broker_pb2
 from services.proxy import convert, metrics, transactions, validate
 from services.proxy.convert import OK, Code, status
 from services.proxy.metrics import ProxyMetrics
+from services.proxy.remoting_pops import PopHandle, RemotingPops
 from services.proxy.remoting_sends import RemotingSends, SendRefused
 from services.proxy.routes import NameServersDown, RouteSource, TopicNotFound
 from services.proxy.sends import LINK_ERRORS, SendCoalescer
@@ -78,10 +81,10 @@ class ProxyOptions:
     # receive or change of invisibility for more than the other.
     min_invisible_ms: int = MIN_INVISIBLE_MS
     max_invisible_ms: int = MAX_INVISIBLE_MS
-    # How sends reach a broker that routes give a RocketMQ-protocol address for:
-    # "remoting" (pipelined SEND_MESSAGE_V2, as Apache's proxy) or "grpc" (ferry.v1
-    # SendMessage(s)). A transaction's half, and a broker without that address,
-    # always go over ferry.v1.
+    # How sends, receives, acks and re-timings reach a broker that routes give a
+    # RocketMQ-protocol address for: "remoting" (pipelined SEND_MESSAGE_V2 and the
+    # POP codes, as Apache's proxy) or "grpc" (ferry.v1). A transaction's half, and
+    # a broker without that address, always go over ferry.v1.
     broker_protocol: str = "remoting"
     # The account the RocketMQ-protocol sends are signed with, for brokers with
     # RocketMQ's ACL on (aclEnable); "": unsigned (a broker that refuses them
@@ -103,6 +106,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             RemotingSends(CALL_TIMEOUT_S, options.broker_access_key, options.broker_secret_key)
             if options.broker_protocol == "remoting"
             else None
+        )
+        # Receives, acks and re-timings go the way sends go (RemotingPops' handles
+        # are Apache's proxy's; a ferry.v1 handle still acks over ferry.v1).
+        self.remoting_pops = (
+            RemotingPops(self.remoting_sends) if self.remoting_sends is not None else None
         )
         self.transactions = transactions.ProxyTransactions(routes, f"ferry-proxy@{os.getpid()}")
 
@@ -402,6 +410,46 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             )  # fmt: skip
             return result
 
+    async def _pop_remoting(
+        self,
+        broker: BrokerQueues,
+        group: str,
+        topic: str,
+        max_nums: int,
+        invisible_ms: int,
+        wait_ms: int,
+        expression: str,
+        kind: str,
+        timeout_s: float,
+    ) -> list[v2.Message] | None:
+        """A pop over RocketMQ's protocol; None when the broker refused it unsigned
+        and this proxy has no account for it (the caller pops over ferry.v1, which
+        tells whether the refusal was the signature's). Raises SendRefused."""
+        addr = broker.remoting_addr
+        try:
+            popped = await self.remoting_pops.pop(  # type: ignore[union-attr]
+                addr, broker.broker_name, group, topic, max_nums, invisible_ms, wait_ms,
+                expression, kind, timeout_s,
+            )  # fmt: skip
+        except SendRefused as refused:
+            if refused.code() != grpc.StatusCode.PERMISSION_DENIED or (
+                self.options.broker_access_key
+            ):
+                raise
+            return None
+        return [
+            convert.popped_message(p.message, topic, p.handle.encode(), invisible_ms, p.attempt)
+            for p in popped
+        ]
+
+    def _over_remoting(self, broker: BrokerQueues) -> bool:
+        """Whether the proxy pops from `broker` over RocketMQ's protocol: where the
+        route gives its address in it, and it has not refused this proxy's unsigned
+        requests (its ACL is on and the proxy has no account)."""
+        links = self.remoting_sends
+        addr = broker.remoting_addr
+        return links is not None and bool(addr) and addr not in links.unsigned_refused
+
     def _type_refusal(
         self,
         topic: str,
@@ -484,30 +532,49 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         # names (its acting queue, id -1), FIFO topics too, whose queues each keep their
         # order on the broker. (A pin to the named queue of an ordered topic stood here;
         # it never applied, the name servers' gRPC routes carrying no orderTopicConf.)
-        pop = broker_pb2.PopMessageRequest(
-            consumer_group=group,
-            topic=topic,
-            max_msg_nums=max(1, min(request.batch_size or MAX_BATCH, MAX_BATCH)),
-            invisible_ms=invisible_ms,
-            max_wait_ms=wait_ms,
-            sub_expression=request.filter_expression.expression,
-            expression_type=convert.expression_type(request.filter_expression.type),
-        )
+        max_nums = max(1, min(request.batch_size or MAX_BATCH, MAX_BATCH))
+        expression = request.filter_expression.expression
+        kind = convert.expression_type(request.filter_expression.type)
+        timeout_s = wait_ms / 1000 + CALL_TIMEOUT_S
+        messages: list[v2.Message] | None = None
         try:
-            answer = await self.routes.stub(broker.addr).PopMessage(
-                pop, timeout=wait_ms / 1000 + CALL_TIMEOUT_S
-            )
-        except grpc.aio.AioRpcError as exc:
+            if self._over_remoting(broker):
+                messages = await self._pop_remoting(
+                    broker, group, topic, max_nums, invisible_ms, wait_ms, expression, kind,
+                    timeout_s,
+                )  # fmt: skip
+            if messages is None:
+                pop = broker_pb2.PopMessageRequest(
+                    consumer_group=group,
+                    topic=topic,
+                    max_msg_nums=max_nums,
+                    invisible_ms=invisible_ms,
+                    max_wait_ms=wait_ms,
+                    sub_expression=expression,
+                    expression_type=kind,
+                )
+                answer = await self.routes.stub(broker.addr).PopMessage(pop, timeout=timeout_s)
+                messages = [convert.received_message(m, invisible_ms) for m in answer.messages]
+                if self._over_remoting(broker):  # refused unsigned there, taken here
+                    self.remoting_sends.unsigned_refused.add(broker.remoting_addr)  # type: ignore[union-attr]
+                    log.warning(
+                        "broker %s (%s) refuses unsigned RocketMQ-protocol pops (aclEnable): "
+                        "calling it over ferry.v1; give the proxy --broker-access-key and "
+                        "--broker-secret-key of an account with SUB to call it in RocketMQ's "
+                        "protocol",
+                        broker.broker_name, broker.remoting_addr,
+                    )  # fmt: skip
+        except (grpc.aio.AioRpcError, SendRefused) as exc:
             yield s.ReceiveMessageResponse(
                 status=status(convert.error_code(exc), exc.details() or exc.code().name)
             )
             return
-        if not answer.messages:
+        if not messages:
             yield s.ReceiveMessageResponse(status=status(Code.MESSAGE_NOT_FOUND, "no new message"))
             return
         yield s.ReceiveMessageResponse(status=OK)
-        for m in answer.messages:
-            yield s.ReceiveMessageResponse(message=convert.received_message(m, invisible_ms))
+        for m in messages:
+            yield s.ReceiveMessageResponse(message=m)
         # When the batch left the proxy: the SDKs' receive-latency metric needs it.
         yield s.ReceiveMessageResponse(
             delivery_timestamp=convert.timestamp(int(time.time() * 1000))
@@ -523,10 +590,25 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         if not request.entries:
             return s.AckMessageResponse(status=status(Code.BAD_REQUEST, "no entry to acknowledge"))
         results: list[s.AckMessageResultEntry | None] = [None] * len(request.entries)
+        over_remoting = [
+            (i, handle)
+            for i, entry in enumerate(request.entries)
+            if (handle := PopHandle.decode(entry.receipt_handle)) is not None
+        ]
+        if over_remoting:
+            acked = await asyncio.gather(
+                *(self._remoting_ack(request, handle) for _, handle in over_remoting)
+            )
+            for (i, _), outcome in zip(over_remoting, acked, strict=True):
+                results[i] = _ack_entry(request.entries[i], outcome.code, outcome.message)
         by_broker: dict[str, list[int]] = {}
         names = [handle_broker(entry.receipt_handle) for entry in request.entries]
-        addrs = await self._broker_addrs(names, topic)
+        addrs = await self._broker_addrs(
+            [n for i, n in enumerate(names) if results[i] is None], topic
+        )
         for i, entry in enumerate(request.entries):
+            if results[i] is not None:
+                continue
             addr = addrs.get(names[i])
             if addr is None:
                 results[i] = _ack_entry(
@@ -576,6 +658,19 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             return s.ChangeInvisibleDurationResponse(
                 status=status(Code.ILLEGAL_INVISIBLE_TIME, bad_time)
             )
+        handle = PopHandle.decode(request.receipt_handle)
+        if handle is not None:
+            invisible_ms = convert.duration_ms(request.invisible_duration)
+            renewed, outcome = await self._on_remoting_handle(
+                request,
+                handle,
+                lambda addr, group, topic: self.remoting_pops.change_invisible(  # type: ignore[union-attr]
+                    addr, group, topic, handle, invisible_ms
+                ),
+            )
+            if renewed is None:
+                return s.ChangeInvisibleDurationResponse(status=outcome)
+            return s.ChangeInvisibleDurationResponse(status=OK, receipt_handle=renewed.encode())
         answer, outcome = await self._on_handle_broker(
             request,
             lambda stub, group, topic: stub.ChangeInvisibleTime(
@@ -603,6 +698,20 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         """A consumer gives up on a message (the SDKs' FIFO consumers do after
         their local retries): the broker that issued the handle moves it to
         %DLQ%<group> and resolves it."""
+        handle = PopHandle.decode(request.receipt_handle)
+        if handle is not None:
+            done, outcome = await self._on_remoting_handle(
+                request,
+                handle,
+                lambda addr, group, topic: self._remoting_dead_letter(
+                    addr, group, topic, handle, request.message_id
+                ),
+            )
+            if done is None:
+                return s.ForwardMessageToDeadLetterQueueResponse(status=outcome)
+            return s.ForwardMessageToDeadLetterQueueResponse(
+                status=status(Code.OK, f"moved to {done}")
+            )
         answer, outcome = await self._on_handle_broker(
             request,
             lambda stub, group, topic: stub.ForwardToDeadLetterQueue(
@@ -652,6 +761,51 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 Code.INVALID_RECEIPT_HANDLE, _refusal(request.receipt_handle, answer.reason)
             )
         return answer, OK
+
+    async def _remoting_ack(self, request: s.AckMessageRequest, handle: PopHandle) -> v2.Status:
+        async def ack(addr: str, group: str, topic: str) -> bool:
+            await self.remoting_pops.ack(addr, group, topic, handle)  # type: ignore[union-attr]
+            return True
+
+        _, outcome = await self._on_remoting_handle(request, handle, ack)
+        return status(Code.OK, "OK") if outcome.code == Code.OK else outcome
+
+    async def _remoting_dead_letter(
+        self, addr: str, group: str, topic: str, handle: PopHandle, message_id: str
+    ) -> str:
+        await self.remoting_pops.to_dead_letters(  # type: ignore[union-attr]
+            addr, group, topic, handle, message_id
+        )
+        return DLQ_TOPIC_PREFIX + group
+
+    async def _on_remoting_handle(
+        self, request: Any, handle: PopHandle, call: Callable[[str, str, str], Awaitable[Any]]
+    ) -> tuple[Any, v2.Status]:
+        """One in-flight message's request over RocketMQ's protocol, on the broker
+        its (Apache-form) receipt handle names: (the result, OK), else (None, why
+        not). A handle past its invisible time is refused here, as RocketMQ's
+        proxy refuses it: the message may be on its way to another consumer."""
+        group = convert.topic_name(request.group)
+        topic = convert.topic_name(request.topic)
+        bad = _bad_topic(topic) or _bad_group(group)
+        if bad:
+            return None, status(Code.BAD_REQUEST, bad)
+        if handle.visible_at_ms <= time.time() * 1000:
+            return None, status(Code.INVALID_RECEIPT_HANDLE, "receipt handle is expired")
+        addr = self.routes.remoting_addr(handle.broker_name)
+        if addr is None:
+            await self._learn_brokers(topic)
+            addr = self.routes.remoting_addr(handle.broker_name)
+        if addr is None or self.remoting_pops is None:
+            return None, status(
+                Code.INVALID_RECEIPT_HANDLE, "not a receipt handle of a broker this proxy knows"
+            )
+        try:
+            return await call(addr, group, topic), OK
+        except SendRefused as exc:
+            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:  # 208: not in flight
+                return None, status(Code.INVALID_RECEIPT_HANDLE, exc.details())
+            return None, status(convert.error_code(exc), exc.details())
 
     async def _handle_addr(self, receipt_handle: str, topic: str) -> str | None:
         """The address of the broker a receipt handle names."""

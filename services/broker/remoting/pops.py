@@ -157,7 +157,10 @@ async def _pop(deps: Deps, pops: PopService, command: Command) -> Command:
     pop_time = kept[0][0].invisible_until_ms - invisible_ms
     start, offsets = _offset_infos([p for p, _ in kept])
     header = _pop_header(pop_time, invisible_ms, revive_qid, start, offsets)
-    if order:
+    if order or any(p.delivery_attempt != p.message.reconsume_times + 1 for p, _ in kept):
+        # Also without `order`: a group or topic configured ordered pops in order
+        # here, and its redeliveries count in the pop state, not in the record's
+        # reconsume times (ferry's proxy reads the count from here).
         header["orderCountInfo"] = _order_counts([p for p, _ in kept])
     return command.answer(codes.SUCCESS, "FOUND", ext=header, body=b"".join(r for _, r in kept))
 
