@@ -29,9 +29,11 @@ ARGS ?=
 APACHE_STAMP := .cache/rocketmq/.stamp
 COMPAT_SOURCES := $(shell find tests/compat -name pom.xml -o -name '*.java' 2>/dev/null)
 
-# The Go RocketMQ client's test programs (tests/compat/go), built into .cache/go/bin.
+# The Go RocketMQ clients' programs, built into .cache/go/bin: tests/compat/go on the 4.x
+# client (rocketmq-client-go/v2), tests/compat/go5 on RocketMQ 5's official SDK
+# (rocketmq-clients/golang/v5: the benchmarks' v2 load generator, v2send).
 GO_STAMP := .cache/go/bin/.stamp
-GO_SOURCES := $(shell find tests/compat/go -name '*.go' -o -name go.mod -o -name go.sum 2>/dev/null)
+GO_SOURCES := $(shell find tests/compat/go tests/compat/go5 -name '*.go' -o -name go.mod -o -name go.sum 2>/dev/null)
 
 .PHONY: help venv proto tools etcd apache go-clients bench-tools test run lint bench bench-quick chaos fuzz clean
 
@@ -94,18 +96,19 @@ $(APACHE_STAMP): $(COMPAT_SOURCES)
 	python3 -m tests.apache archive
 	@mkdir -p $(dir $@) && touch $@
 
-go-clients: $(GO_STAMP)  ## the Go RocketMQ client's test programs (tests/compat/go, rocketmq-client-go/v2 from the Go module proxy) in .cache/go/bin
+go-clients: $(GO_STAMP)  ## the Go RocketMQ clients' programs (tests/compat/go on rocketmq-client-go/v2, tests/compat/go5 on the v5 SDK, from the Go module proxy) in .cache/go/bin
 
 $(GO_STAMP): $(GO_SOURCES)
 	$(call apt_tool,go,golang-go,Go to build the Go client's test programs,make go-clients)
 	@mkdir -p $(dir $@)
 	cd tests/compat/go && GOFLAGS="-mod=mod -buildvcs=false" go build -o $(abspath $(dir $@)) ./cmd/...
+	cd tests/compat/go5 && GOFLAGS="-mod=mod -buildvcs=false" go build -o $(abspath $(dir $@)) ./cmd/...
 	touch $@
 
 etcd:  ## etcd (Debian package etcd-server: failover's consensus store), via apt-get when missing
 	$(call apt_tool,etcd,etcd-server,automatic failover's etcd,ferry)
 
-bench-tools: etcd apache  ## what the benchmarks need besides Python: redis-server (the Redis peer), via apt-get when missing; Apache RocketMQ (the apache section)
+bench-tools: etcd apache go-clients  ## what the benchmarks need besides Python: redis-server (the Redis peer), via apt-get when missing; Apache RocketMQ and the Go SDK's load generator (the apache section)
 	$(call apt_tool,redis-server,redis-server,the benchmarks' Redis peer,make bench)
 
 # Three workers on two cores: with two the machine was ~65% busy (servers starting, JVMs,

@@ -6,11 +6,14 @@ Apache figure of its round.
 1. The v5 API through the proxy: ferry's proxy (`services.proxy` in front of one ferry
    broker) against Apache 5.5.0's proxy in local mode (proxy and broker in one JVM,
    `tests.apache.ApacheProxy`), both ASYNC_FLUSH, topics of QUEUES queues. The same
-   client code drives both: `proxy_bench`'s v2 load generator, behaving on the wire as
-   a RocketMQ 5 SDK does (its client headers on every call; for receiving, a Telemetry
-   stream announcing a SimpleConsumer, without which Apache's proxy refuses to serve
-   ReceiveMessage). Single sends: SENDERS callers, one 128-byte message per
-   `SendMessage`, pre-serialized (throughput, p50, p99). Receive + ack: a preloaded
+   client code drives both. Single sends: RocketMQ 5's official Go SDK (`GO_SENDER`,
+   tests/compat/go5's v2send: one Producer, SENDERS goroutines each with one `Send` in
+   flight, one 128-byte message per call; throughput, p50, p99), a load generator far
+   from its bound (the Python one was ~90 % of its core at Apache's rate). Receive + ack
+   and the empty-method floor: `proxy_bench`'s v2 load generator, behaving on the wire
+   as a RocketMQ 5 SDK does (its client headers on every call; for receiving, a
+   Telemetry stream announcing a SimpleConsumer, without which Apache's proxy refuses
+   to serve ReceiveMessage). Receive + ack: a preloaded
    topic drained by CONSUMERS consumer processes (`ReceiveMessage` of 32, then
    `AckMessage` of the batch; checked: every message received once, on its first
    delivery, every ack OK), a fresh consumer group each round. Apache's JVM is
@@ -85,6 +88,7 @@ import re
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -557,6 +561,73 @@ def _send(
     return SendRun(load, {k: after[k] - before[k] for k in before})
 
 
+# The send load: RocketMQ 5's official Go SDK (tests/compat/go5's v2send, built by `make
+# go-clients`), one Producer with SENDERS goroutines each with one Send in flight. The
+# Python load generator (benchmarks.load.closed_loop) was ~90 % of its core at Apache's
+# rate, near what it could ask of anyone; v2send is ~35 % of a core at ferry's.
+GO_SENDER = Path(__file__).resolve().parent.parent / ".cache" / "go" / "bin" / "v2send"
+GO_SENDER_GRACE_S = 60.0  # past warm-up and window: the producer's start and stop
+
+
+def _send_go(peer: Peer, warmup_s: float, duration_s: float) -> SendRun:
+    """A window of single sends by the Go SDK's Producer (GO_SENDER) through `peer`, the
+    server CPU sampled when the program says its window starts and ends."""
+    if not GO_SENDER.exists():
+        raise RuntimeError(f"{GO_SENDER} is missing: run `make go-clients` (or `make tools`)")
+    command = [
+        str(GO_SENDER), "-endpoint", peer.endpoint, "-topic", SEND_TOPIC,
+        "-senders", str(SENDERS), "-body-bytes", str(BODY_SIZE),
+        "-warmup-s", f"{warmup_s:g}", "-duration-s", f"{duration_s:g}",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_go_env()
+    )
+    watchdog = threading.Timer(warmup_s + duration_s + GO_SENDER_GRACE_S, proc.kill)
+    watchdog.start()
+    snaps: list[dict[str, float]] = []
+    done: dict | None = None
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            event = json.loads(line)
+            if event.get("event") == "window":
+                snaps.append(peer.cpu())
+            elif event.get("event") == "done":
+                done = event
+        stderr = proc.stderr.read() if proc.stderr is not None else ""
+        proc.wait()
+    finally:
+        watchdog.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if done is None or len(snaps) != 2 or proc.returncode != 0:
+        raise RuntimeError(
+            f"{peer.name}: the Go sender failed (exit {proc.returncode}): {stderr[-2000:]}"
+        )
+    if done["errors"]:
+        raise RuntimeError(f"{peer.name}: {done['errors']} sends failed")
+    seconds = float(done["seconds"])
+    load = LoadResult(
+        calls=int(done["sends"]),
+        errors=0,
+        seconds=seconds,
+        p50_ms=float(done["p50_ms"]),
+        p99_ms=float(done["p99_ms"]),
+        server_cpu=None,
+        client_cpu=float(done["cpu_s"]) / seconds,
+    )
+    before, after = snaps
+    return SendRun(load, {k: after[k] - before[k] for k in before})
+
+
+def _go_env() -> dict[str, str]:
+    """The Go SDK writes its logs under $HOME/logs: a scratch home, not the user's."""
+    home = Path(os.environ.get("TMPDIR", "/tmp")) / "ferry-bench-go-home"
+    home.mkdir(parents=True, exist_ok=True)
+    return {**os.environ, "HOME": str(home)}
+
+
 @dataclass(frozen=True)
 class Drain:
     messages: int
@@ -665,7 +736,7 @@ def proxy_figures(workdir: Path, plan: Plan, server_cpus, client_cpus) -> list[F
         step_s = min(JIT_STEP_S, plan.jit_send_s)
         send_warmup = warm_jvm(
             proxy.pid,
-            lambda _: _send(apache, requests, 0.0, step_s),
+            lambda _: _send_go(apache, 0.0, step_s),
             f"step of {step_s:g} s of sends",
             plan.jit_send_s,
             max(1, round(plan.jit_send_s / step_s)),
@@ -675,7 +746,7 @@ def proxy_figures(workdir: Path, plan: Plan, server_cpus, client_cpus) -> list[F
             if side == FLOOR:  # answers b"" to anything: nothing to check
                 run = _send(floor, requests, plan.warmup_s, plan.duration_s, None, EMPTY_METHOD)
             else:
-                run = _send(peers[side], requests, plan.warmup_s, plan.duration_s)
+                run = _send_go(peers[side], plan.warmup_s, plan.duration_s)
             _progress(f"send round {r + 1}, {side}: {run.text()}")
             return run
 
@@ -747,7 +818,8 @@ def _send_figures(pairs: list[dict], plan: Plan, warmup: Warmup) -> list[Figure]
         detail="The most any v2 front end served by grpcio's asyncio server can reach on one "
         "core, whatever it does behind the call: benchmarks.empty_server's Call (ferry's own "
         'GrpcServer on uvloop, as the proxy, answering b"" without parsing the request), the '
-        "same client and requests, measured after each pair. Reported, no target. Ratios by "
+        "Python load generator (benchmarks.load: the Go SDK calls no arbitrary method), "
+        "measured after each pair. Reported, no target. Ratios by "
         "round: "
         + _ratios(pairs, floor_ratio)
         + ". By round: "
