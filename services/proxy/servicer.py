@@ -45,7 +45,7 @@ from ferry.v1 import broker_pb2
 from services.proxy import convert, metrics, transactions, validate
 from services.proxy.convert import OK, Code, status
 from services.proxy.metrics import ProxyMetrics
-from services.proxy.remoting_pops import PopHandle, RemotingPops
+from services.proxy.remoting_pops import PopHandle, RemotingPops, batchable
 from services.proxy.remoting_sends import RemotingSends, SendRefused
 from services.proxy.routes import NameServersDown, RouteSource, TopicNotFound
 from services.proxy.sends import LINK_ERRORS, SendCoalescer
@@ -596,9 +596,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             if (handle := PopHandle.decode(entry.receipt_handle)) is not None
         ]
         if over_remoting:
-            acked = await asyncio.gather(
-                *(self._remoting_ack(request, handle) for _, handle in over_remoting)
-            )
+            acked = await self._remoting_acks(group, topic, [h for _, h in over_remoting])
             for (i, _), outcome in zip(over_remoting, acked, strict=True):
                 results[i] = _ack_entry(request.entries[i], outcome.code, outcome.message)
         by_broker: dict[str, list[int]] = {}
@@ -762,13 +760,64 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             )
         return answer, OK
 
-    async def _remoting_ack(self, request: s.AckMessageRequest, handle: PopHandle) -> v2.Status:
-        async def ack(addr: str, group: str, topic: str) -> bool:
-            await self.remoting_pops.ack(addr, group, topic, handle)  # type: ignore[union-attr]
-            return True
+    async def _remoting_acks(
+        self, group: str, topic: str, handles: list[PopHandle]
+    ) -> list[v2.Status]:
+        """Each (Apache-form) handle's ack, per broker in one request: a
+        BATCH_ACK_MESSAGE for several (one ACK_MESSAGE for one, or for a handle
+        whose offset does not fit a bit set). A handle past its invisible time is
+        refused here, as `_on_remoting_handle` refuses it."""
+        outcomes: list[v2.Status | None] = [None] * len(handles)
+        now_ms = time.time() * 1000
+        by_addr: dict[str, list[int]] = {}
+        for i, handle in enumerate(handles):
+            if handle.visible_at_ms <= now_ms:
+                outcomes[i] = status(Code.INVALID_RECEIPT_HANDLE, "receipt handle is expired")
+                continue
+            addr = await self._remoting_addr(handle.broker_name, topic)
+            if addr is None or self.remoting_pops is None:
+                outcomes[i] = status(
+                    Code.INVALID_RECEIPT_HANDLE,
+                    "not a receipt handle of a broker this proxy knows",
+                )
+                continue
+            by_addr.setdefault(addr, []).append(i)
 
-        _, outcome = await self._on_remoting_handle(request, handle, ack)
-        return status(Code.OK, "OK") if outcome.code == Code.OK else outcome
+        async def ack(addr: str, indexes: list[int]) -> None:
+            pops = self.remoting_pops
+            assert pops is not None
+            batch = [i for i in indexes if batchable(handles[i])]
+            if len(batch) < 2:
+                batch = []
+            calls = [(i,) for i in indexes if i not in batch] + ([tuple(batch)] if batch else [])
+            for group_of in calls:
+                try:
+                    if len(group_of) == 1:
+                        await pops.ack(addr, group, topic, handles[group_of[0]])
+                    else:
+                        await pops.batch_ack(addr, group, topic, [handles[i] for i in group_of])
+                    outcome = status(Code.OK, "OK")
+                except SendRefused as exc:
+                    code = (
+                        Code.INVALID_RECEIPT_HANDLE
+                        if exc.code() == grpc.StatusCode.FAILED_PRECONDITION
+                        else convert.error_code(exc)
+                    )
+                    outcome = status(code, exc.details())
+                for i in group_of:
+                    outcomes[i] = outcome
+
+        await asyncio.gather(*(ack(addr, indexes) for addr, indexes in by_addr.items()))
+        return [o if o is not None else status(Code.INTERNAL_SERVER_ERROR, "") for o in outcomes]
+
+    async def _remoting_addr(self, broker_name: str, topic: str) -> str | None:
+        """The RocketMQ-protocol address of a broker named in a handle, with the
+        topic's route refreshed once at most if it is not known."""
+        addr = self.routes.remoting_addr(broker_name)
+        if addr is None:
+            await self._learn_brokers(topic)
+            addr = self.routes.remoting_addr(broker_name)
+        return addr
 
     async def _remoting_dead_letter(
         self, addr: str, group: str, topic: str, handle: PopHandle, message_id: str
@@ -792,10 +841,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             return None, status(Code.BAD_REQUEST, bad)
         if handle.visible_at_ms <= time.time() * 1000:
             return None, status(Code.INVALID_RECEIPT_HANDLE, "receipt handle is expired")
-        addr = self.routes.remoting_addr(handle.broker_name)
-        if addr is None:
-            await self._learn_brokers(topic)
-            addr = self.routes.remoting_addr(handle.broker_name)
+        addr = await self._remoting_addr(handle.broker_name, topic)
         if addr is None or self.remoting_pops is None:
             return None, status(
                 Code.INVALID_RECEIPT_HANDLE, "not a receipt handle of a broker this proxy knows"

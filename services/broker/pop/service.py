@@ -678,12 +678,11 @@ class PopService:
 
     async def record_bytes(self, popped: Sequence[Popped]) -> list[bytes | None]:
         """The popped messages' records as stored (RocketMQ's pop answer carries
-        them so); None for one deleted meanwhile.
-
-        Partial: read again by commit offset after `pop` decoded them (page
-        cache, one read per record); a pop that keeps the bytes it read would
-        save that."""
-        return [await self.store.record_bytes(p.message.commit_offset) for p in popped]
+        them so); None for one deleted meanwhile. Read again, in spans (from the
+        page cache: `pop` has just decoded them there)."""
+        return await self.store.records_as_stored(
+            [(p.message.commit_offset, p.message.size) for p in popped]
+        )
 
     async def forward_to_dlq(self, group: str, topic: str, handle_text: str) -> AckResult:
         """Move one in-flight message to the group's dead-letter topic now and

@@ -818,6 +818,12 @@ class MessageStore:
         """The whole record at `commit_offset`, or None (`MessageReads.read_full`)."""
         return self.reads.read_full(commit_offset, size)
 
+    def records_as_stored(
+        self, located: Sequence[tuple[int, int]]
+    ) -> Coroutine[Any, Any, list[bytes | None]]:
+        """Records by (commit offset, size), as stored (`MessageReads.records_as_stored`)."""
+        return self.reads.records_as_stored(located)
+
     def record_bytes(self, commit_offset: int) -> Coroutine[Any, Any, bytes | None]:
         """The record at `commit_offset` as stored, if consumers may see it
         (`MessageReads.record_bytes`)."""

@@ -419,6 +419,24 @@ class MessageReads:
             raise record.RecordError(f"commit offset {commit_offset} holds a BLANK marker")
         return decoded
 
+    async def records_as_stored(self, located: Sequence[tuple[int, int]]) -> list[bytes | None]:
+        """The records at these (commit offset, size) places as stored, in order, read
+        in spans as `read_entries` reads (a pop's answer: records a pop has just
+        decoded there); None for one that retention deleted meanwhile."""
+        self.check_open()
+        out: list[bytes | None] = []
+        entries = [(offset, size, 0) for offset, size in located]
+        spans = _spans(entries, self._log.file_size, max_span=self._max_pull_bytes)
+        for span_start, span_end, span_entries in spans:
+            if span_start < self._log.min_offset:
+                out.extend(None for _ in span_entries)
+                continue
+            data = await self._reader.read(span_start, span_end - span_start)
+            for commit_offset, size, _ in span_entries:
+                at = commit_offset - span_start
+                out.append(bytes(data[at : at + size]))
+        return out
+
     async def record_bytes(self, commit_offset: int) -> bytes | None:
         """The whole record that starts at `commit_offset`, as stored, if one
         does and consumers may see it (below the confirm offset); else None."""
