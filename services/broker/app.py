@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry
 
 from ferry.model import TopicConfig, revive_topic
+from ferry.remoting.local import LocalLink
 from ferry.remoting.server import RemotingServer
 from ferry.runtime.clock import Clock, SystemClock
 from ferry.runtime.errors import FerryError, StorageFault
@@ -611,6 +612,15 @@ class BrokerApp:
         # RocketMQ-protocol port: offsetMsgIds lead RocketMQ's clients here.
         store.set_store_host((_ipv4_or_loopback(cfg.broker_ip1), self.remoting_port))
         deps.broker_addr = self.remoting_addr  # known once bound, as the store host
+        if self.proxy is not None and self.proxy.remoting_sends is not None:
+            # Local mode: the proxy calls this broker's RocketMQ-protocol handlers
+            # in-process (no loopback socket), under the broker's own address.
+            assert self.local_routes is not None
+            link = LocalLink(
+                lambda: table, self.remoting.metrics if self.remoting is not None else None
+            )
+            self.proxy.remoting_sends.attach(self.remoting_addr, link)  # type: ignore[arg-type]
+            self.local_routes.attach_remoting(self.remoting_addr)
         self.registry.register(
             BrokerStateCollector(
                 store,

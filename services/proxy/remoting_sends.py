@@ -195,6 +195,12 @@ class RemotingSends:
             message_count=1,
         )
 
+    def attach(self, addr: str, client: RemotingClient) -> None:
+        """Call `addr` through `client` from now on, never dialling it: a broker's
+        local-mode proxy hands its own broker an in-process link
+        (`ferry.remoting.local.LocalLink`) under the broker's own address."""
+        self._clients[addr] = client
+
     async def _client(self, addr: str) -> RemotingClient:
         client = self._clients.get(addr)
         if client is not None and not client.closed.is_set():

@@ -187,9 +187,11 @@ class LocalRoutes:
 
     Each topic's route is this broker alone, with its queue numbers, its perm
     (`perm & brokerPermission` unless the broker is read-write, as registered
-    with the name servers) and its `order` flag. Every broker call goes over
-    one channel to the broker's own `ferry.v1` port, so it passes through the
-    same servicer, gate and limits as any client's.
+    with the name servers) and its `order` flag. Sends, pops, acks and re-timings
+    go to the broker's RocketMQ-protocol handlers in-process once the broker has
+    attached them (`attach_remoting`: no socket, the same handlers and gate as any
+    client's); the rest (a transaction's half and end, group settings, ferry.v1
+    handles) over one channel to the broker's own `ferry.v1` port.
 
     Args:
         broker_name: this broker's `brokerName`; receipt handles name it.
@@ -219,10 +221,18 @@ class LocalRoutes:
         self._options = list(channel_options)
         self._channel: grpc.aio.Channel | None = None
         self._stub: broker_pb2_grpc.BrokerStub | None = None
+        # This broker's RocketMQ-protocol address, once its proxy calls it through an
+        # in-process link there (`attach_remoting`); "" until then: ferry.v1 only.
+        self.remoting = ""
 
     @property
     def addr(self) -> str:
         return self._dial()
+
+    def attach_remoting(self, addr: str) -> None:
+        """Routes name `addr` as this broker's RocketMQ-protocol address from now on
+        (its proxy's sends, pops and acks go there, in-process)."""
+        self.remoting = addr
 
     async def get(self, topic: str, refresh: bool = False) -> TopicRoute:
         config = self._topic(topic)
@@ -234,8 +244,9 @@ class LocalRoutes:
             perm &= broker_perm
         addr = self.addr
         queues = BrokerQueues(
-            self.broker_name, addr, config.read_queue_nums, config.write_queue_nums, perm
-        )
+            self.broker_name, addr, config.read_queue_nums, config.write_queue_nums, perm,
+            self.remoting,
+        )  # fmt: skip
         return TopicRoute(
             topic, (queues,), {self.broker_name: {MASTER_ID: addr}}, config.order,
             config.message_type,
@@ -246,9 +257,8 @@ class LocalRoutes:
         return self.addr if broker_name == self.broker_name else None
 
     def remoting_addr(self, broker_name: str) -> str | None:
-        """None: the local proxy calls its broker over ferry.v1 (its routes carry
-        no RocketMQ-protocol address), so it issues no Apache-form handle."""
-        return None
+        """This broker's RocketMQ-protocol address for its own name, once attached."""
+        return self.remoting or None if broker_name == self.broker_name else None
 
     def stub(self, addr: str) -> broker_pb2_grpc.BrokerStub:
         """The broker's own stub: every address this class hands out is its own."""

@@ -2,7 +2,9 @@
 `apache.rocketmq.v2.MessagingService` on its own gRPC port, backed by itself,
 with no name server anywhere. The official Python SDK is pointed at the
 broker's port; raw v2 calls check routes, a broker without the key, a slave
-and TLS (where the broker calls its own port over TLS)."""
+and TLS (where the broker calls its own port over TLS). Sends, pops and acks go to
+the broker's RocketMQ-protocol handlers in-process (ferry.remoting.local), with no
+socket; the rest over its own ferry.v1 port."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from apache.rocketmq.v2 import service_pb2_grpc
 from ferry.runtime.errors import ConfigError
 from ferry.runtime.tls import ClientTLS
 from services.broker.config import load_config
+from services.proxy.remoting_pops import PopHandle
 from tests.conftest import LoopThread, start_broker
 from tests.integration import support
 from tests.waiting import wait_for
@@ -100,6 +103,11 @@ def test_the_sdk_sends_and_receives_through_the_broker_itself(broker):
             i = sent[m.message_id]
             assert (m.body, m.tag, m.delivery_attempt) == (f"local {i}".encode(), f"Tag{i % 2}", 1)
         assert consumer.receive(32, 30) == []  # all acknowledged: nothing comes back
+        # Sent, popped and acknowledged through the broker's RocketMQ-protocol handlers,
+        # in-process: the handles are Apache-form, and nothing dialled the broker's port.
+        assert all(PopHandle.decode(m.receipt_handle) is not None for m in got)
+        assert broker.app.proxy.remoting_sends.stats.messages >= 10
+        assert not broker.app.remoting.connections
     finally:
         consumer.shutdown()
         producer.shutdown()
