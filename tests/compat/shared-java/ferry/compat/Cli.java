@@ -13,6 +13,8 @@ import java.util.Map;
 import java.util.TreeMap;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
+import org.apache.rocketmq.client.exception.MQClientException;
+import org.apache.rocketmq.client.producer.DefaultMQProducer;
 import org.apache.rocketmq.common.message.MessageClientExt;
 import org.apache.rocketmq.common.message.MessageExt;
 
@@ -153,5 +155,27 @@ final class Cli {
     out.put("storeTimestamp", m.getStoreTimestamp());
     out.put("properties", new TreeMap<>(m.getProperties()));
     return out;
+  }
+
+  /**
+   * Asks the name server for the topic's route until it answers, for at most `timeoutMs`.
+   * A first route request gets the client's 3 s API timeout, connect time included; on a
+   * loaded machine the JVM's own class loading once used most of it, and the first send,
+   * to a selected queue (never retried), failed with no route. A topic that never routes
+   * is left to the sends to report.
+   */
+  static void awaitRoute(DefaultMQProducer producer, String topic, long timeoutMs)
+      throws InterruptedException {
+    long deadline = System.currentTimeMillis() + timeoutMs;
+    while (System.currentTimeMillis() < deadline) {
+      try {
+        if (!producer.fetchPublishMessageQueues(topic).isEmpty()) {
+          return;
+        }
+      } catch (MQClientException e) {
+        // not routed yet, or the request timed out: ask again
+      }
+      Thread.sleep(100);
+    }
   }
 }

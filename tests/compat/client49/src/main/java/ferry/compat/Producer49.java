@@ -65,7 +65,7 @@ public final class Producer49 {
     producer.setPollNameServerInterval(1000);
     producer.setVipChannelEnabled(false);
     producer.start();
-    awaitRoute(producer, topic, producer.getSendMsgTimeout());
+    Cli.awaitRoute(producer, topic, producer.getSendMsgTimeout());
     Cli.emit(Cli.event("started"));
     Sender sender = new Sender(producer, cli, topic, mode, cli.integer("inflight", 64));
     try {
@@ -107,28 +107,6 @@ public final class Producer49 {
     done.put("failed", sender.failed);
     Cli.emit(done);
     System.exit(sender.failed == 0 ? 0 : 3);
-  }
-
-  /**
-   * Asks the name server for the topic's route until it answers, for at most `timeoutMs`.
-   * A first route request gets the client's 3 s API timeout, connect time included; on a
-   * loaded machine the JVM's own class loading once used most of it, and the first send,
-   * to a selected queue (never retried), failed with no route. A topic that never routes
-   * is left to the sends to report.
-   */
-  private static void awaitRoute(DefaultMQProducer producer, String topic, long timeoutMs)
-      throws InterruptedException {
-    long deadline = System.currentTimeMillis() + timeoutMs;
-    while (System.currentTimeMillis() < deadline) {
-      try {
-        if (!producer.fetchPublishMessageQueues(topic).isEmpty()) {
-          return;
-        }
-      } catch (MQClientException e) {
-        // not routed yet, or the request timed out: ask again
-      }
-      Thread.sleep(100);
-    }
   }
 
   private static final class Sender {
