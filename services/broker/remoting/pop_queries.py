@@ -24,9 +24,10 @@ from ferry.model import retry_topic
 from ferry.remoting import codes
 from ferry.remoting.codec import Command
 from ferry.remoting.server import Connection, Handler
-from ferry.runtime import errors
+from services.broker.pop import PopService
 from services.broker.remoting import convert
 from services.broker.remoting.deps import Deps
+from services.broker.remoting.pops import guarded
 
 MAX_PEEK_NUMS = 32
 # NOTIFICATION requests that may wait at once on one broker; more are answered
@@ -39,39 +40,22 @@ def handlers(deps: Deps) -> dict[int, Handler]:
     waiting = [0]  # NOTIFICATION requests waiting now
 
     async def peek(connection: Connection, command: Command) -> Command:
-        return await _guarded(deps, command, _peek)
+        return await guarded(deps, command, _peek)
 
     async def notification(connection: Connection, command: Command) -> Command:
-        async def handle(deps: Deps, command: Command) -> Command:
-            return await _notification(deps, command, waiting)
+        async def handle(deps: Deps, pops: PopService, command: Command) -> Command:
+            return await _notification(deps, pops, command, waiting)
 
-        return await _guarded(deps, command, handle)
+        return await guarded(deps, command, handle)
 
     async def polling_info(connection: Connection, command: Command) -> Command:
-        return await _guarded(deps, command, _polling_info)
+        return await guarded(deps, command, _polling_info)
 
     return {
         codes.PEEK_MESSAGE: peek,
         codes.NOTIFICATION: notification,
         codes.POLLING_INFO: polling_info,
     }
-
-
-async def _guarded(deps: Deps, command: Command, handle) -> Command:
-    try:
-        deps.gate.check()
-        if deps.pop is None:
-            raise errors.PermissionDenied(
-                f"broker {deps.config.broker_name} is a SLAVE: pop consumption is served by "
-                "its master"
-            )
-        return await handle(deps, command)
-    except convert.BadRequest as e:
-        return command.answer(codes.MESSAGE_ILLEGAL, e.message)
-    except errors.InvalidArgument as e:
-        return command.answer(codes.INVALID_PARAMETER, e.message)
-    except errors.FerryError as e:
-        return convert.error_answer(command, e)
 
 
 def _checked(deps: Deps, command: Command, group: str, topic: str, queue_id: int):
@@ -101,7 +85,7 @@ def _checked(deps: Deps, command: Command, group: str, topic: str, queue_id: int
 # ---------------------------------------------------------------- peek
 
 
-async def _peek(deps: Deps, command: Command) -> Command:
+async def _peek(deps: Deps, pops: PopService, command: Command) -> Command:
     ext = command.ext
     group = convert.text(ext, "consumerGroup")
     topic = convert.text(ext, "topic")
@@ -145,7 +129,9 @@ async def _peek(deps: Deps, command: Command) -> Command:
 # ---------------------------------------------------------------- notification
 
 
-async def _notification(deps: Deps, command: Command, waiting: list[int]) -> Command:
+async def _notification(
+    deps: Deps, pops: PopService, command: Command, waiting: list[int]
+) -> Command:
     ext = command.ext
     group = convert.text(ext, "consumerGroup")
     topic = convert.text(ext, "topic")
@@ -163,7 +149,7 @@ async def _notification(deps: Deps, command: Command, waiting: list[int]) -> Com
         return command.answer(codes.SUCCESS, ext={"hasMsg": "false", "pollingFull": "true"})
     waiting[0] += 1
     try:
-        has = await deps.pop.wait_message(group, topic, -1 if queue_id < 0 else queue_id, wait_ms)
+        has = await pops.wait_message(group, topic, -1 if queue_id < 0 else queue_id, wait_ms)
     finally:
         waiting[0] -= 1
     return command.answer(codes.SUCCESS, ext={"hasMsg": "true" if has else "false"})
@@ -172,7 +158,7 @@ async def _notification(deps: Deps, command: Command, waiting: list[int]) -> Com
 # ---------------------------------------------------------------- polling info
 
 
-async def _polling_info(deps: Deps, command: Command) -> Command:
+async def _polling_info(deps: Deps, pops: PopService, command: Command) -> Command:
     ext = command.ext
     group = convert.text(ext, "consumerGroup")
     topic = convert.text(ext, "topic")
@@ -180,5 +166,5 @@ async def _polling_info(deps: Deps, command: Command) -> Command:
     refused = _checked(deps, command, group, topic, queue_id)
     if refused is not None:
         return refused
-    count = deps.pop.polling(group, topic, -1 if queue_id < 0 else queue_id)
+    count = pops.polling(group, topic, -1 if queue_id < 0 else queue_id)
     return command.answer(codes.SUCCESS, ext={"pollingNum": count})

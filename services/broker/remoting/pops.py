@@ -62,16 +62,16 @@ _I32 = {"low": -(2**31), "high": 2**31 - 1}
 
 def handlers(deps: Deps) -> dict[int, Handler]:
     async def pop(connection: Connection, command: Command) -> Command:
-        return await _guarded(deps, command, _pop)
+        return await guarded(deps, command, _pop)
 
     async def ack(connection: Connection, command: Command) -> Command:
-        return await _guarded(deps, command, _ack)
+        return await guarded(deps, command, _ack)
 
     async def change(connection: Connection, command: Command) -> Command:
-        return await _guarded(deps, command, _change)
+        return await guarded(deps, command, _change)
 
     async def batch_ack(connection: Connection, command: Command) -> Command:
-        return await _guarded(deps, command, _batch_ack)
+        return await guarded(deps, command, _batch_ack)
 
     return {
         codes.POP_MESSAGE: pop,
@@ -81,7 +81,9 @@ def handlers(deps: Deps) -> dict[int, Handler]:
     }
 
 
-async def _guarded(deps: Deps, command: Command, handle) -> Command:
+async def guarded(deps: Deps, command: Command, handle) -> Command:
+    """`handle(deps, deps.pop, command)` on a master, with the pop codes' refusals
+    (a slave: 16; bad fields, bodies and selectors: Apache's codes)."""
     try:
         deps.gate.check()
         if deps.pop is None:
