@@ -20,7 +20,6 @@ table (`convert.error_code`).
 
 from __future__ import annotations
 
-import base64
 import time
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -29,10 +28,10 @@ import grpc
 
 from ferry import record
 from ferry.model import retry_topic
-from ferry.remoting import bodies, codes
+from ferry.remoting import bodies, codes, pop_formats
 from services.proxy.remoting_sends import RemotingSends, SendRefused, refusal_status
 
-RETRY_TOPIC_TYPE = "1"  # ReceiptHandle.RETRY_TOPIC: the group's pop retry topic
+RETRY_TOPIC_TYPE = pop_formats.RETRY_MARK  # ReceiptHandle.RETRY_TOPIC: the pop retry topic
 MAX_HANDLE_CHARS = 1024
 MAX_BATCH_BITS = 1 << 16  # a BatchAck's bit set past this: acknowledged one by one
 
@@ -123,7 +122,7 @@ class RemotingPops:
             raise _refused(answer.code, answer.remark)
         try:
             return _popped(answer.ext, answer.body, broker_name)
-        except (ValueError, record.RecordError) as exc:
+        except (KeyError, ValueError, record.RecordError) as exc:
             raise SendRefused(
                 grpc.StatusCode.INTERNAL, f"{addr} answered a pop this proxy cannot read: {exc}"
             ) from None
@@ -201,23 +200,19 @@ class RemotingPops:
 
 
 def batch_ack_body(group: str, topic: str, handles: Sequence[PopHandle]) -> dict:
-    """BatchAckMessageRequestBody in fastjson's short names (see the broker's
-    services/broker/remoting/pops.py): `t` is the topic the consumer asked for, `r`
-    says whether the offsets are of its pop retry topic."""
+    """BatchAckMessageRequestBody (ferry.remoting.pop_formats): one BatchAck per
+    (topic type, queue, start offset, pop), `t` the topic the consumer asked for."""
     runs: dict[tuple[str, int, int, int, int, int], list[int]] = {}
     for h in handles:
         key = (h.topic_type, h.queue_id, h.start_offset, h.retrieve_time, h.invisible_ms,
                h.revive_qid)  # fmt: skip
         runs.setdefault(key, []).append(h.offset - h.start_offset)
-    acks = []
-    for (kind, queue_id, start, pop_time, invisible, revive_qid), bits in runs.items():
-        raw = bytearray(max(bits) // 8 + 1)
-        for bit in bits:
-            raw[bit // 8] |= 1 << (bit % 8)
-        acks.append(
-            {"c": group, "t": topic, "r": kind, "so": start, "q": queue_id, "rq": revive_qid,
-             "pt": pop_time, "it": invisible, "b": base64.b64encode(bytes(raw)).decode()}
-        )  # fmt: skip
+    acks = [
+        pop_formats.BatchAck(
+            group, topic, kind, start, queue_id, revive_qid, pop_time, invisible, tuple(bits)
+        ).to_json()
+        for (kind, queue_id, start, pop_time, invisible, revive_qid), bits in runs.items()
+    ]
     return {"acks": acks}
 
 
@@ -257,15 +252,8 @@ def _popped(ext: dict[str, str], body: bytes, broker_name: str) -> list[Popped]:
     pop_time = int(ext["popTime"])
     invisible = int(ext["invisibleTime"])
     revive_qid = int(ext.get("reviveQid", "0"))
-    starts: dict[tuple[str, int], int] = {}
-    for item in filter(None, ext.get("startOffsetInfo", "").split(";")):
-        mark, queue_id, start = item.split(" ")
-        starts[(mark, int(queue_id))] = int(start)
-    orders: dict[tuple[str, int, int], int] = {}
-    for item in filter(None, ext.get("orderCountInfo", "").split(";")):
-        mark, queue_and_offset, count = item.split(" ")
-        queue_id, _, offset = queue_and_offset.removeprefix("qo").partition("%")
-        orders[(mark, int(queue_id), int(offset))] = int(count)
+    starts = pop_formats.decode_start_offsets(ext.get("startOffsetInfo", ""))
+    orders = pop_formats.decode_order_counts(ext.get("orderCountInfo", ""))
     out: list[Popped] = []
     pos = 0
     while pos < len(body):
@@ -274,7 +262,7 @@ def _popped(ext: dict[str, str], body: bytes, broker_name: str) -> list[Popped]:
             raise ValueError(f"no whole record at byte {pos} of the pop's body")
         m = record.decode_stored(body, pos, size)
         pos += size
-        mark = RETRY_TOPIC_TYPE if m.topic.startswith("%RETRY%") else "0"
+        mark = pop_formats.mark_of(m.topic)
         start = starts.get((mark, m.queue_id), m.queue_offset)
         handle = PopHandle(
             start, pop_time, invisible, revive_qid, mark, broker_name,

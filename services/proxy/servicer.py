@@ -765,21 +765,15 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     ) -> list[v2.Status]:
         """Each (Apache-form) handle's ack, per broker in one request: a
         BATCH_ACK_MESSAGE for several (one ACK_MESSAGE for one, or for a handle
-        whose offset does not fit a bit set). A handle past its invisible time is
-        refused here, as `_on_remoting_handle` refuses it."""
+        whose offset does not fit a bit set), each handle checked by
+        `_handle_target`."""
         outcomes: list[v2.Status | None] = [None] * len(handles)
         now_ms = time.time() * 1000
         by_addr: dict[str, list[int]] = {}
         for i, handle in enumerate(handles):
-            if handle.visible_at_ms <= now_ms:
-                outcomes[i] = status(Code.INVALID_RECEIPT_HANDLE, "receipt handle is expired")
-                continue
-            addr = await self._remoting_addr(handle.broker_name, topic)
-            if addr is None or self.remoting_pops is None:
-                outcomes[i] = status(
-                    Code.INVALID_RECEIPT_HANDLE,
-                    "not a receipt handle of a broker this proxy knows",
-                )
+            addr, refused = await self._handle_target(handle, topic, now_ms)
+            if addr is None:
+                outcomes[i] = refused
                 continue
             by_addr.setdefault(addr, []).append(i)
 
@@ -798,12 +792,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                         await pops.batch_ack(addr, group, topic, [handles[i] for i in group_of])
                     outcome = status(Code.OK, "OK")
                 except SendRefused as exc:
-                    code = (
-                        Code.INVALID_RECEIPT_HANDLE
-                        if exc.code() == grpc.StatusCode.FAILED_PRECONDITION
-                        else convert.error_code(exc)
-                    )
-                    outcome = status(code, exc.details())
+                    outcome = _handle_refusal(exc)
                 for i in group_of:
                     outcomes[i] = outcome
 
@@ -832,26 +821,35 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     ) -> tuple[Any, v2.Status]:
         """One in-flight message's request over RocketMQ's protocol, on the broker
         its (Apache-form) receipt handle names: (the result, OK), else (None, why
-        not). A handle past its invisible time is refused here, as RocketMQ's
-        proxy refuses it: the message may be on its way to another consumer."""
+        not), the handle checked by `_handle_target`."""
         group = convert.topic_name(request.group)
         topic = convert.topic_name(request.topic)
         bad = _bad_topic(topic) or _bad_group(group)
         if bad:
             return None, status(Code.BAD_REQUEST, bad)
-        if handle.visible_at_ms <= time.time() * 1000:
+        addr, refused = await self._handle_target(handle, topic, time.time() * 1000)
+        if addr is None:
+            return None, refused
+        try:
+            return await call(addr, group, topic), OK
+        except SendRefused as exc:
+            return None, _handle_refusal(exc)
+
+    async def _handle_target(
+        self, handle: PopHandle, topic: str, now_ms: float
+    ) -> tuple[str | None, v2.Status]:
+        """(the RocketMQ-protocol address of the broker an Apache-form handle
+        names, OK), or (None, why not). A handle past its invisible time is refused,
+        as RocketMQ's proxy refuses it: the message may be on its way to another
+        consumer."""
+        if handle.visible_at_ms <= now_ms:
             return None, status(Code.INVALID_RECEIPT_HANDLE, "receipt handle is expired")
         addr = await self._remoting_addr(handle.broker_name, topic)
         if addr is None or self.remoting_pops is None:
             return None, status(
                 Code.INVALID_RECEIPT_HANDLE, "not a receipt handle of a broker this proxy knows"
             )
-        try:
-            return await call(addr, group, topic), OK
-        except SendRefused as exc:
-            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:  # 208: not in flight
-                return None, status(Code.INVALID_RECEIPT_HANDLE, exc.details())
-            return None, status(convert.error_code(exc), exc.details())
+        return addr, OK
 
     async def _handle_addr(self, receipt_handle: str, topic: str) -> str | None:
         """The address of the broker a receipt handle names."""
@@ -927,6 +925,14 @@ def _ack_entry(entry: s.AckMessageEntry, code: int, text: str) -> s.AckMessageRe
     return s.AckMessageResultEntry(
         message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=status(code, text)
     )
+
+
+def _handle_refusal(exc: SendRefused) -> v2.Status:
+    """A broker's refusal of a request on an in-flight message: 208 (not in flight
+    under that handle) is the SDK's INVALID_RECEIPT_HANDLE."""
+    if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+        return status(Code.INVALID_RECEIPT_HANDLE, exc.details())
+    return status(convert.error_code(exc), exc.details())
 
 
 def _bad_topic(topic: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from ferry import record
-from ferry.remoting import codes
+from ferry.remoting import codes, pop_formats
 from ferry.v1 import broker_pb2
 from tests.integration.test_remoting_consumers import (
     TOPIC,
@@ -46,20 +46,14 @@ def records(body: bytes) -> list[record.StoredMessage]:
 
 def pop_ck(answer, message: record.StoredMessage) -> str:
     """The POP_CK the 5.x Java client builds for `message` from a pop answer."""
-    mark = "1" if message.topic.startswith("%RETRY%") else "0"
-    starts = {}
-    for item in answer.ext["startOffsetInfo"].split(";"):
-        m, qid, start = item.split(" ")
-        starts[f"{m}@{qid}"] = start
-    offsets = {}
-    for item in answer.ext["msgOffsetInfo"].split(";"):
-        m, qid, listed = item.split(" ")
-        offsets[f"{m}@{qid}"] = [int(o) for o in listed.split(",")]
-    key = f"{mark}@{message.queue_id}"
+    mark = pop_formats.mark_of(message.topic)
+    starts = pop_formats.decode_start_offsets(answer.ext["startOffsetInfo"])
+    offsets = pop_formats.decode_msg_offsets(answer.ext["msgOffsetInfo"])
+    key = (mark, message.queue_id)
     assert message.queue_offset in offsets[key]
     return " ".join(
         [
-            starts[key],
+            str(starts[key]),
             answer.ext["popTime"],
             answer.ext["invisibleTime"],
             answer.ext["reviveQid"],

@@ -6,9 +6,7 @@ BitSet.toByteArray in Base64)."""
 
 from __future__ import annotations
 
-import base64
-
-from ferry.remoting import codes
+from ferry.remoting import codes, pop_formats
 from tests.integration.test_remoting_consumers import TOPIC
 from tests.integration.test_remoting_pop import (
     BROKER,
@@ -23,41 +21,31 @@ from tests.waiting import wait_for
 
 def bitset(offsets: list[int], start: int) -> str:
     """Java's BitSet.toByteArray of (offset - start), in Base64."""
-    bits = [o - start for o in offsets]
-    raw = bytearray((max(bits) // 8 + 1) if bits else 0)
-    for b in bits:
-        raw[b // 8] |= 1 << (b % 8)
-    return base64.b64encode(bytes(raw)).decode()
+    return pop_formats.encode_bitset(o - start for o in offsets)
 
 
 def batch_ack_body(answer, messages, topic: str = TOPIC, group: str = GROUP) -> dict:
     """The body MQClientAPIImpl.batchAckMessageAsync builds from a pop's POP_CKs:
     one BatchAck per (retry, queue, start offset)."""
-    starts = {}
-    for item in answer.ext["startOffsetInfo"].split(";"):
-        mark, qid, start = item.split(" ")
-        starts[(mark, int(qid))] = int(start)
-    acks = {}
+    starts = pop_formats.decode_start_offsets(answer.ext["startOffsetInfo"])
+    acks: dict[tuple[str, int], list[int]] = {}
     for m in messages:
-        mark = "1" if m.topic.startswith("%RETRY%") else "0"
-        acks.setdefault((mark, m.queue_id), []).append(m.queue_offset)
-    return {
-        "brokerName": BROKER,
-        "acks": [
-            {
-                "c": group,
-                "t": topic,
-                "r": mark,
-                "so": starts[(mark, qid)],
-                "q": qid,
-                "rq": int(answer.ext["reviveQid"]),
-                "pt": int(answer.ext["popTime"]),
-                "it": int(answer.ext["invisibleTime"]),
-                "b": bitset(offsets, starts[(mark, qid)]),
-            }
-            for (mark, qid), offsets in acks.items()
-        ],
-    }
+        acks.setdefault((pop_formats.mark_of(m.topic), m.queue_id), []).append(m.queue_offset)
+    entries = [
+        pop_formats.BatchAck(
+            group,
+            topic,
+            mark,
+            starts[(mark, qid)],
+            qid,
+            int(answer.ext["reviveQid"]),
+            int(answer.ext["popTime"]),
+            int(answer.ext["invisibleTime"]),
+            tuple(o - starts[(mark, qid)] for o in offsets),
+        ).to_json()
+        for (mark, qid), offsets in acks.items()
+    ]
+    return {"brokerName": BROKER, "acks": entries}
 
 
 def test_batch_ack_acknowledges_the_offsets_its_bitset_names(door):  # noqa: F811

@@ -39,12 +39,10 @@ topic configured ordered does); `restNum` is 0.
 
 from __future__ import annotations
 
-import base64
-import binascii
 from collections.abc import Mapping, Sequence
 
-from ferry.model import RETRY_TOPIC_PREFIX, retry_topic
-from ferry.remoting import bodies, codes
+from ferry.model import retry_topic
+from ferry.remoting import bodies, codes, pop_formats
 from ferry.remoting.codec import Command
 from ferry.remoting.server import Connection, Handler
 from ferry.runtime import errors
@@ -56,7 +54,6 @@ from services.broker.remoting.deps import Deps
 MAX_POP_NUMS = 32  # Apache's limit on a pop's maxMsgNums
 ORDER_REVIVE_QID = 999  # reviveQid of an ordered pop (KeyBuilder.POP_ORDER_REVIVE_QUEUE)
 TIMEOUT_TOO_MUCH_MS = 500  # a pop this late past bornTime + pollTime: the client gave up
-MAX_BITSET_CHARS = 87_384  # Base64 of 64 KiB: 524,288 offsets in one BatchAck
 _I32 = {"low": -(2**31), "high": 2**31 - 1}
 
 
@@ -180,31 +177,24 @@ def _pop_header(
     }
 
 
-def _retry_mark(topic: str) -> str:
-    """ExtraInfoUtil's topic mark: 1 for a pop retry topic (ferry's are all of
-    Apache's first form, `%RETRY%<group>_<topic>`), 0 otherwise."""
-    return "1" if topic.startswith(RETRY_TOPIC_PREFIX) else "0"
-
-
 def _offset_infos(popped: Sequence[Popped]) -> tuple[str, str]:
     """startOffsetInfo and msgOffsetInfo of the messages, in the body's order."""
-    by_queue: dict[tuple[str, int], list[int]] = {}
-    for p in popped:
-        m = p.message
-        by_queue.setdefault((_retry_mark(m.topic), m.queue_id), []).append(m.queue_offset)
-    start = ";".join(f"{mark} {qid} {min(o)}" for (mark, qid), o in by_queue.items())
-    offsets = ";".join(
-        f"{mark} {qid} {','.join(map(str, o))}" for (mark, qid), o in by_queue.items()
+    return pop_formats.encode_offset_infos(
+        (pop_formats.mark_of(p.message.topic), p.message.queue_id, p.message.queue_offset)
+        for p in popped
     )
-    return start, offsets
 
 
 def _order_counts(popped: Sequence[Popped]) -> str:
-    """orderCountInfo: per message "<retry> qo<queueId>%<offset> <deliveries before>"
-    (the client takes it as the message's reconsume times)."""
-    return ";".join(
-        f"{_retry_mark(p.message.topic)} qo{p.message.queue_id}%{p.message.queue_offset} "
-        f"{max(p.delivery_attempt - 1, 0)}"
+    """orderCountInfo: per message its deliveries before this one (the client
+    takes it as the message's reconsume times)."""
+    return pop_formats.encode_order_counts(
+        (
+            pop_formats.mark_of(p.message.topic),
+            p.message.queue_id,
+            p.message.queue_offset,
+            max(p.delivery_attempt - 1, 0),
+        )
         for p in popped
     )
 
@@ -284,21 +274,20 @@ async def _batch_ack(deps: Deps, pops: PopService, command: Command) -> Command:
         return command.answer(codes.NO_MESSAGE)
     handles: dict[tuple[str, str], list[str]] = {}
     for entry in acks:
-        if not isinstance(entry, dict):
-            raise convert.BadRequest("acks", "each entry must be a BatchAck object")
-        group = _field_text(entry, "c")
-        topic = _field_text(entry, "t")
-        if str(entry.get("r", "0")) == "1":
+        try:
+            batch = pop_formats.BatchAck.from_json(entry)
+        except pop_formats.PopFieldError as exc:
+            raise convert.BadRequest(exc.field, exc.reason) from None
+        group, topic, queue_id = batch.group, batch.topic, batch.queue_id
+        if batch.mark == pop_formats.RETRY_MARK:
             topic = retry_topic(group, topic)
-        queue_id = _field_int(entry, "q")
-        start = _field_int(entry, "so")
-        until = _field_int(entry, "pt") + _field_int(entry, "it")
+        until = batch.pop_time + batch.invisible_ms
         config = deps.metadata.topics.get(topic)
         if config is None or not 0 <= queue_id < config.read_queue_nums:
             continue
         low, high = deps.pulls.queue_offsets(topic, queue_id)
-        for bit in _bits(entry.get("b")):
-            offset = start + bit
+        for bit in batch.bits:
+            offset = batch.start_offset + bit
             if not low <= offset <= high:
                 continue
             handle = pops.handle_at(group, topic, queue_id, offset, until)
@@ -307,36 +296,6 @@ async def _batch_ack(deps: Deps, pops: PopService, command: Command) -> Command:
     for (group, topic), named in handles.items():
         await pops.ack(group, topic, named)
     return command.answer(codes.SUCCESS)
-
-
-def _field_text(entry: Mapping[str, object], key: str) -> str:
-    value = entry.get(key)
-    if not isinstance(value, str) or not value:
-        raise convert.BadRequest(f"acks.{key}", "must be a non-empty string")
-    return value
-
-
-def _field_int(entry: Mapping[str, object], key: str) -> int:
-    value = entry.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or not -(2**63) <= value < 2**63:
-        raise convert.BadRequest(f"acks.{key}", f"must be an integer, not {value!r:.24}")
-    return value
-
-
-def _bits(encoded: object) -> list[int]:
-    """The set bits of a Java BitSet.toByteArray, Base64-encoded (little-endian:
-    bit i is bit i % 8 of byte i // 8)."""
-    if encoded is None or encoded == "":
-        return []
-    if not isinstance(encoded, str) or len(encoded) > MAX_BITSET_CHARS:
-        raise convert.BadRequest("acks.b", "must be a Base64 BitSet of at most 64 KiB")
-    try:
-        raw = base64.b64decode(encoded, validate=True)
-    except (binascii.Error, ValueError):
-        raise convert.BadRequest("acks.b", "is not Base64") from None
-    return [
-        at * 8 + bit for at, byte in enumerate(raw) if byte for bit in range(8) if byte >> bit & 1
-    ]
 
 
 async def _change(deps: Deps, pops: PopService, command: Command) -> Command:
