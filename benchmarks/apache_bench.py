@@ -149,6 +149,7 @@ BODY_SIZE = proxy_bench.BODY_SIZE
 PRELOAD_BATCH = proxy_bench.PRELOAD_BATCH
 SENDER_ID = "bench-sender"
 FERRY, APACHE = "ferry", "Apache"
+LOCAL = "ferry local mode"  # a broker with enableProxy: its own SDK door, no proxy process
 FLOOR = "empty grpc.aio server"
 TOOLS_TOPICS = {"ASYNC_MASTER": "BenchmarkAsync", "SYNC_MASTER": "BenchmarkSync"}
 SINGLES_TOPIC = "BenchmarkSingles"  # the Producer alone, then ferry.v1 unary (ferry's ASYNC)
@@ -476,6 +477,24 @@ def _ferry_side(workdir: Path, cpus) -> Iterator[tuple[Peer, str]]:
         yield peer, cluster.broker.target
 
 
+@contextlib.contextmanager
+def _local_side(workdir: Path, cpus) -> Iterator[tuple[Peer, str]]:
+    """A ferry broker in local mode (enableProxy, no name server) holding both topics,
+    on `cpus`: the SDKs call its native door (grpcServerPort), which calls the
+    broker's handlers in-process. Yields the peer and the broker's ferry.v1 target."""
+    with ServerProcess(
+        "services.broker",
+        _broker_args(workdir / "store", "enableProxy=true", "brokerName=broker-local"),
+        workdir,
+        "local",
+        cpus,
+    ) as broker:
+        for topic in (SEND_TOPIC, DRAIN_TOPIC):
+            _create_topic(broker.target, topic, QUEUES)
+        endpoint = f"127.0.0.1:{broker.info['proxy_port']}"
+        yield Peer(LOCAL, endpoint, {"broker with its proxy": broker.pid}), broker.target
+
+
 def _apache_side(workdir: Path, groups: Sequence[str]) -> tuple[ApacheNamesrv, ApacheProxy]:
     """Apache's 5.x name server and proxy (local mode: the broker in the proxy's JVM),
     unstarted, the benchmark's topics and groups in place for the broker to load."""
@@ -719,6 +738,9 @@ def proxy_figures(workdir: Path, plan: Plan, server_cpus, client_cpus) -> list[F
             ferry, ferry_broker = stack.enter_context(
                 _ferry_side(workdir / "ferry-v5", server_cpus)
             )
+            local, local_broker = stack.enter_context(
+                _local_side(workdir / "ferry-local", server_cpus)
+            )
             empty = stack.enter_context(
                 ServerProcess(
                     "benchmarks.empty_server",
@@ -730,7 +752,7 @@ def proxy_figures(workdir: Path, plan: Plan, server_cpus, client_cpus) -> list[F
             )
         apache = Peer(APACHE, proxy.endpoint, {"proxy+broker JVM": proxy.pid})
         floor = Peer(FLOOR, empty.target, {"empty server": empty.pid})
-        peers = {FERRY: ferry, APACHE: apache}
+        peers = {FERRY: ferry, APACHE: apache, LOCAL: local}
         stack.enter_context(pinned(client_cpus))
         _progress("both proxies up; warming Apache's JVM with sends")
         step_s = min(JIT_STEP_S, plan.jit_send_s)
@@ -750,9 +772,10 @@ def proxy_figures(workdir: Path, plan: Plan, server_cpus, client_cpus) -> list[F
             _progress(f"send round {r + 1}, {side}: {run.text()}")
             return run
 
-        sends = _alternate(plan.rounds, send_round, "send", then=[FLOOR])
+        sends = _alternate(plan.rounds, send_round, "send", then=[LOCAL, FLOOR])
 
         proxy_bench.preload(ferry_broker, plan)  # ferry.v1 batches straight to the broker
+        proxy_bench.preload(local_broker, plan)
         seconds = _preload_v2(apache.endpoint, plan.messages)
         _progress(f"preloaded Apache's topic with {plan.messages:,} messages in {seconds:.1f} s")
         drain_warmup = warm_jvm(
@@ -764,12 +787,17 @@ def proxy_figures(workdir: Path, plan: Plan, server_cpus, client_cpus) -> list[F
         )
 
         def drain_round(side: str, r: int) -> Drain:
-            drain = _drain(peers[side], plan.messages, f"bench-{side}-{r}", workdir)
+            group = f"bench-{side.replace(' ', '-')}-{r}"
+            drain = _drain(peers[side], plan.messages, group, workdir)
             _progress(f"drain round {r + 1}, {side}: {drain.text()}")
             return drain
 
-        drains = _alternate(plan.rounds, drain_round, "drain")
-    return _send_figures(sends, plan, send_warmup) + [_drain_figure(drains, plan, drain_warmup)]
+        drains = _alternate(plan.rounds, drain_round, "drain", then=[LOCAL])
+    return [
+        *_send_figures(sends, plan, send_warmup),
+        _drain_figure(drains, plan, drain_warmup),
+        *_local_figures(sends, drains, plan),
+    ]
 
 
 def _how(plan: Plan, what: str) -> str:
@@ -831,6 +859,57 @@ def _send_figures(pairs: list[dict], plan: Plan, warmup: Warmup) -> list[Figure]
         figure("p50 latency", lambda r: r.load.p50_ms, "ms", "<=", ""),
         figure("p99 latency", lambda r: r.load.p99_ms, "ms", "<=", ""),
         floor,
+    ]
+
+
+def _local_figures(sends: list[dict], drains: list[dict], plan: Plan) -> list[Figure]:
+    """Local mode (a broker with enableProxy) against Apache's proxy, which runs its
+    broker in the same JVM too: the same sends and drains, measured after each pair."""
+    shape = f"{SENDERS} concurrent callers, 1 x {BODY_SIZE} B per call"
+
+    def send_ratio(p: dict) -> float:
+        return p[LOCAL].load.rate / p[APACHE].load.rate
+
+    def drain_ratio(p: dict) -> float:
+        return p[LOCAL].rate / p[APACHE].rate
+
+    send, drain = _median_pair(sends, send_ratio), _median_pair(drains, drain_ratio)
+    how = (
+        f"Measured after each (ferry, Apache) pair of the figures above ({plan.rounds} "
+        "rounds), on the same core; the round with the median ratio to that pair's Apache "
+        "is shown."
+    )
+    return [
+        Figure(
+            name=f"v2 SendMessage to a broker in local mode (enableProxy, its native door), "
+            f"{shape}: throughput",
+            value=send[LOCAL].load.rate,
+            unit="msgs/s",
+            baseline=send[APACHE].load.rate,
+            baseline_label=f"Apache {ROCKETMQ5_VERSION}'s proxy (its broker in the same JVM), "
+            "same client, same round",
+            target=Target("ratio", ">=", 1.0),
+            detail=how + " The Go SDK's sender, as above, to the broker's grpcServerPort; "
+            "the broker serves the v2 call and stores the message in one process. Ratios by "
+            f"round: {_ratios(sends, send_ratio)}. By round: "
+            + "; ".join(p[LOCAL].text() for p in sends)
+            + ".",
+        ),
+        Figure(
+            name=f"v2 ReceiveMessage + AckMessage from a broker in local mode, {CONSUMERS} "
+            f"consumers, {BATCH}/receive, {plan.messages:,} x {BODY_SIZE} B over {QUEUES} queues",
+            value=drain[LOCAL].rate,
+            unit="msgs/s",
+            baseline=drain[APACHE].rate,
+            baseline_label=f"Apache {ROCKETMQ5_VERSION}'s proxy, same consumers, same round",
+            target=Target("ratio", ">=", 1.0),
+            detail=how + " The consumers above, pointed at the broker's grpcServerPort; its "
+            "topic preloaded with ferry.v1 batches. Ratios by round: "
+            + _ratios(drains, drain_ratio)
+            + ". By round: "
+            + "; ".join(p[LOCAL].text() for p in drains)
+            + ".",
+        ),
     ]
 
 

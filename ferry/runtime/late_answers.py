@@ -17,7 +17,8 @@ with the count since. Every other grpc record passes untouched.
 
 The count is the process's (grpc's logger is one per process); every ferry
 gRPC server registers `LateAnswersCollector` in its process's registry
-(`ferry.runtime.server.GrpcServer`).
+(`ferry.runtime.server.GrpcServer`, through `register`: once per registry, however
+many servers a process runs).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily
@@ -106,3 +108,14 @@ class LateAnswersCollector(Collector):
             "waiting (deadline passed or call cancelled); grpc dropped them.",
             value=LATE_ANSWERS.count,
         )
+
+
+_registered: weakref.WeakSet = weakref.WeakSet()
+
+
+def register(registry) -> None:
+    """`LateAnswersCollector` in `registry`, unless it is there already (a broker's
+    ferry.v1 server and its SDKs' door share one registry and one count)."""
+    if registry not in _registered:
+        registry.register(LateAnswersCollector())
+        _registered.add(registry)

@@ -115,7 +115,13 @@ class GrpcServer:
         self._conditions: set[str] = set()  # health names of the process's own, see set_health
         self.port = 0
         if registry is not None:
-            registry.register(late_answers.LateAnswersCollector())
+            late_answers.register(registry)
+
+    def door_stats(self) -> dict[str, int]:
+        """The native door's counters (connections, TLS and plaintext ones, refusals);
+        {} on grpcio's core."""
+        server = self._server
+        return server.stats() if self._native and server is not None else {}  # type: ignore[attr-defined]
 
     async def start(self) -> int:
         """Bind and start; health stays NOT_SERVING. Returns the bound port."""

@@ -99,6 +99,7 @@ from services.broker.servers import (
     listen_remoting,
     load_acl_file,
     metrics_endpoint,
+    proxy_door,
     remoting_server,
     rocketmq_v2_service,
 )
@@ -276,6 +277,7 @@ class BrokerApp:
         # enableProxy on a master: the SDKs' MessagingService and its routes.
         self.proxy: MessagingServicer | None = None
         self.local_routes: LocalRoutes | None = None
+        self.proxy_door: GrpcServer | None = None  # its native door on grpcServerPort
         self.permission = BrokerPermission(config.broker_permission)
         self._metrics_endpoint: MetricsEndpoint | None = None
         self._tasks: list[asyncio.Task] = []
@@ -291,6 +293,11 @@ class BrokerApp:
     def port(self) -> int:
         """The ferry.v1 gRPC port (bound)."""
         return self.server.port if self.server else 0
+
+    @property
+    def proxy_port(self) -> int:
+        """The SDKs' native door's port (enableProxy, bound); -1 when there is none."""
+        return self.proxy_door.port if self.proxy_door is not None else -1
 
     @property
     def remoting_port(self) -> int:
@@ -603,9 +610,23 @@ class BrokerApp:
             assert self.incarnation.serve_remoting is not None
             self.incarnation.serve_remoting(table, on_close)
             self._remoting_ports = (cfg.listen_port, cfg.fast_port)
+            if self.proxy is not None and cfg.grpc_server_port >= 0:
+                log.warning(
+                    "grpcServerPort is not served with enableFailover (partial): the SDKs "
+                    "reach this member's proxy on grpcListenPort, which moves with the leader"
+                )
         else:
             self.server = grpc_server(cfg, services, self.registry, acl)
             await self.server.start()
+            if self.proxy is not None and cfg.grpc_server_port >= 0:
+                self.proxy_door = proxy_door(cfg, self.proxy, self.registry, acl)
+                try:
+                    await self.proxy_door.start()
+                except OSError as exc:
+                    raise OSError(
+                        f"cannot listen on {cfg.bind_host}:{cfg.grpc_server_port} "
+                        f"(grpcServerPort, the SDKs' door of enableProxy): {exc.strerror or exc}"
+                    ) from None
             self.remoting = remoting_server(self.registry, table, on_close, acl)
             self._remoting_ports = await listen_remoting(cfg, self.remoting)
         # The store host in records is the advertised address with the real
@@ -694,6 +715,8 @@ class BrokerApp:
         assert self.server is not None
         self.gate.open = True
         await self.server.set_serving(None if self._mount is None else self._mount.servicers)
+        if self.proxy_door is not None:
+            await self.proxy_door.set_serving()
 
     async def _register(self, metadata: BrokerMetadata) -> None:
         """Register with every name server (and keep registering)."""
@@ -743,7 +766,7 @@ class BrokerApp:
         """The ready line, then the port file."""
         cfg = self.config
         log.info(
-            "broker ready: cluster=%s name=%s id=%d role=%s rocketmq=%s%s grpc=%s metrics=%d "
+            "broker ready: cluster=%s name=%s id=%d role=%s rocketmq=%s%s grpc=%s%s metrics=%d "
             "store=%s commit_log=[%d,%d)",
             cfg.cluster_name,
             cfg.broker_name,
@@ -752,6 +775,7 @@ class BrokerApp:
             self.remoting_addr,
             f" (vip {self.fast_port})" if self.fast_port >= 0 else "",
             self.addr,
+            f" sdk-door={cfg.broker_ip1}:{self.proxy_port}" if self.proxy_port >= 0 else "",
             self.metrics_port,
             cfg.store_root,
             store.min_offset,
@@ -766,6 +790,7 @@ class BrokerApp:
                 "metrics_port": self.metrics_port,
                 "ha_port": self.ha_master.port if self.ha_master else cfg.ha_listen_port,
                 "health_port": self.server.health_port,
+                "proxy_port": self.proxy_port,
                 "pid": os.getpid(),
             }
             atomic_write_bytes(Path(cfg.port_file), json.dumps(info).encode())
@@ -792,6 +817,8 @@ class BrokerApp:
         self.gate.open = False
         if self.server is not None:
             await self.server.set_not_serving()
+        if self.proxy_door is not None:
+            await self.proxy_door.set_not_serving()
         if self.registrar is not None:
             await self.registrar.stop()
         if self.slave_sync is not None:
@@ -810,6 +837,8 @@ class BrokerApp:
             await self.incarnation.switch.unmount(self._mount, grace_s)  # the server stays
         elif self.server is not None:
             await self.server.stop(grace_s)
+        if self.proxy_door is not None:
+            await self.proxy_door.stop(grace_s)
         if self.proxy is not None:
             await self.proxy.close()
         if self.local_routes is not None:
@@ -861,7 +890,7 @@ class BrokerApp:
         self.proxy = MessagingServicer(
             self.local_routes,
             ProxyOptions(
-                lambda: (cfg.broker_ip1, self.port),
+                lambda: (cfg.broker_ip1, self.proxy_port if self.proxy_port >= 0 else self.port),
                 cfg.max_message_size,
                 topic_message_type_check=cfg.enable_topic_message_type_check,
                 min_invisible_ms=cfg.min_invisible_time_ms_for_recv,

@@ -27,6 +27,7 @@ REGISTER_PERIOD_MAX_S = 60.0
 ENV_ROCKETMQ_HOME = "ROCKETMQ_HOME"
 ACL_FILE_NAME = "plain_acl.yml"
 GRPC_PORT_OFFSET = 4  # grpcListenPort's default: listenPort + 4 (10915)
+PROXY_GRPC_PORT = 8081  # grpcServerPort's default, as rmq-proxy.json's
 FAST_PORT_OFFSET = -2  # fastListenPort's default: listenPort - 2 (10909), as RocketMQ
 
 
@@ -132,6 +133,9 @@ class BrokerConfig:
     transaction_check_max: int = 15
     # RocketMQ 5 SDKs: apache.rocketmq.v2.MessagingService on the gRPC port (local mode).
     enable_proxy: bool = False
+    # With enableProxy: the SDKs' native door (ferry_native), as rmq-proxy.json's
+    # grpcServerPort (0: a free port, -1: none, v2 on grpcListenPort only).
+    grpc_server_listen_port: int | None = None
     enable_topic_message_type_check: bool = True  # local mode: sends match the topic's type
     enable_mixed_message_type: bool = False  # topics may be created +message.type=MIXED
     min_invisible_time_ms_for_recv: int = 10_000  # with enableProxy: a receive's least
@@ -165,6 +169,14 @@ class BrokerConfig:
         if self.fast_listen_port is not None:
             return self.fast_listen_port
         return self.listen_port + FAST_PORT_OFFSET if self.listen_port > 2 else 0
+
+    @property
+    def grpc_server_port(self) -> int:
+        """enableProxy's SDK door port: grpcServerPort, else RocketMQ's proxy's 8081
+        (a free port when listenPort is 0, as every other default port)."""
+        if self.grpc_server_listen_port is not None:
+            return self.grpc_server_listen_port
+        return PROXY_GRPC_PORT if self.listen_port else 0
 
     @property
     def grpc_port(self) -> int:
@@ -650,9 +662,17 @@ KNOWN_KEYS: dict[str, tuple[str, Callable[[str, str], Any], str]] = {
     "enableProxy": (
         "enable_proxy",
         _bool,
-        "also serve the RocketMQ 5 SDKs' apache.rocketmq.v2.MessagingService on grpcListenPort, "
-        "backed by this broker alone (RocketMQ's proxy in local mode); masters only, a SLAVE "
-        "ignores it",
+        "also serve the RocketMQ 5 SDKs' apache.rocketmq.v2.MessagingService, backed by this "
+        "broker alone (RocketMQ's proxy in local mode): on grpcServerPort (the native door) "
+        "and on grpcListenPort; masters only, a SLAVE ignores it",
+    ),
+    "grpcServerPort": (
+        "grpc_server_listen_port",
+        _int(-1, 65535),
+        "with enableProxy: the port of the SDKs' native door (HTTP/2 and TLS in ferry_native, "
+        "TLS and plaintext on one port), as RocketMQ's proxy's rmq-proxy.json key; -1: none "
+        "(the SDKs then use grpcListenPort, served by grpcio, slower); 0: a free port; default "
+        "8081 (a free port when listenPort is 0)",
     ),
     "enableTopicMessageTypeCheck": (
         "enable_topic_message_type_check",
@@ -840,6 +860,7 @@ def _check_ports(config: BrokerConfig) -> None:
         ("haListenPort", config.ha_listen_port),
         ("metricsPort", config.metrics_port),
         ("healthPort", config.health_port),
+        ("grpcServerPort", config.grpc_server_port if config.enable_proxy else -1),
     ]
     seen: dict[int, str] = {}
     for key, port in ports:

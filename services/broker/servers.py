@@ -172,6 +172,34 @@ def servable(cfg: BrokerConfig) -> dict[str, Callable[[Any, Any], None]]:
     return services
 
 
+def proxy_door(
+    cfg: BrokerConfig, servicer: Any, registry: CollectorRegistry, acl: AclFile | None
+) -> GrpcServer:
+    """enableProxy's native door on grpcServerPort: apache.rocketmq.v2 alone (with
+    health and reflection), served by ferry_native as the separate proxy's door is;
+    with tlsCert, TLS and plaintext on the one port as tlsServerMode says (no client
+    certificate asked, as RocketMQ's proxy); with aclEnable, RocketMQ's ACL."""
+    from services.proxy import auth as proxy_auth
+    from services.proxy.app import MAX_MESSAGE_BYTES, overload_answer
+
+    name, add = rocketmq_v2_service()
+    tls = None
+    if cfg.tls_cert and cfg.tls_server_mode != "disabled":
+        tls = ServerTLS.load(cfg.tls_cert, cfg.tls_key, None, keys=("tlsCert", "tlsKey"))
+    return GrpcServer(
+        [Service(name, servicer, add)],
+        cfg.bind_host,
+        cfg.grpc_server_port,
+        max(cfg.grpc_max_message_size, MAX_MESSAGE_BYTES),
+        interceptors=proxy_auth.interceptors("", "", acl=acl),
+        registry=registry,
+        tls=tls,
+        permissive=cfg.tls_server_mode == "permissive",
+        native=True,
+        overload_answer=overload_answer,
+    )
+
+
 def rocketmq_v2_service() -> tuple[str, Callable[[Any, Any], None]]:
     """apache.rocketmq.v2.MessagingService (enableProxy): its name and adder."""
     from apache.rocketmq.v2 import service_pb2, service_pb2_grpc

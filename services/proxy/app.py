@@ -91,7 +91,7 @@ class ProxyConfig:
             )
 
 
-def _overload_answer(path: str) -> bytes | None:
+def overload_answer(path: str) -> bytes | None:
     """A MessagingService method's answer when the door has too many calls open:
     its response with TOO_MANY_REQUESTS, which the SDKs retry after a backoff."""
     response_type = auth.RESPONSE_TYPES.get(path)
@@ -142,7 +142,7 @@ class ProxyApp:
             permissive=config.tls_mode == "permissive",
             peers=peers,
             native=native,
-            overload_answer=_overload_answer,
+            overload_answer=overload_answer,
         )
         self._metrics_endpoint: MetricsEndpoint | None = None
 

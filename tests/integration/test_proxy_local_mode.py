@@ -78,16 +78,23 @@ def _message(topic: str, body: bytes, tag: str) -> Message:
     return m
 
 
-def test_the_sdk_sends_and_receives_through_the_broker_itself(broker):
-    config = ClientConfiguration(broker.addr, Credentials(), request_timeout=10)
-    producer = Producer(config, (TOPIC,))
+@pytest.mark.parametrize("door", ["native", "grpcListenPort"])
+def test_the_sdk_sends_and_receives_through_the_broker_itself(broker, door):
+    """On grpcServerPort (the native door, as RocketMQ's proxy's 8081) and on the
+    broker's ferry.v1 port (grpcio), the one servicer behind both."""
+    endpoint = f"127.0.0.1:{broker.app.proxy_port}" if door == "native" else broker.addr
+    connections = broker.app.proxy_door.door_stats()["connections"]
+    topic = f"{TOPIC}-{door}"
+    support.create_topic(broker.channel, topic, 4)
+    config = ClientConfiguration(endpoint, Credentials(), request_timeout=10)
+    producer = Producer(config, (topic,))
     producer.startup()
-    consumer = SimpleConsumer(config, "local-group", {TOPIC: FilterExpression("*")}, 2)
+    consumer = SimpleConsumer(config, "local-group", {topic: FilterExpression("*")}, 2)
     consumer.startup()
     try:
         sent = {}
         for i in range(10):
-            receipt = producer.send(_message(TOPIC, f"local {i}".encode(), f"Tag{i % 2}"))
+            receipt = producer.send(_message(topic, f"local {i}".encode(), f"Tag{i % 2}"))
             sent[receipt.message_id] = i
         got = []
 
@@ -108,6 +115,8 @@ def test_the_sdk_sends_and_receives_through_the_broker_itself(broker):
         assert all(PopHandle.decode(m.receipt_handle) is not None for m in got)
         assert broker.app.proxy.remoting_sends.stats.messages >= 10
         assert not broker.app.remoting.connections
+        opened = broker.app.proxy_door.door_stats()["connections"] - connections
+        assert opened > 0 if door == "native" else opened == 0
     finally:
         consumer.shutdown()
         producer.shutdown()
@@ -116,11 +125,12 @@ def test_the_sdk_sends_and_receives_through_the_broker_itself(broker):
 def test_routes_come_from_the_brokers_own_topic_table(broker):
     route = _query_route(broker.channel, TOPIC)
     assert route.status.code == v2.OK, route.status.message
-    port = int(broker.addr.rsplit(":", 1)[1])
+    port = broker.app.proxy_port
     assert [(q.id, q.permission, q.broker.name) for q in route.message_queues] == [
         (i, v2.READ_WRITE, BROKER) for i in range(4)
     ]
-    # Asked without endpoints, the route names the broker's advertised address.
+    # Asked without endpoints, the route names the broker's advertised address and
+    # its SDK door's port (grpcServerPort), where RocketMQ's proxy sends its SDKs.
     assert {
         (a.host, a.port) for q in route.message_queues for a in q.broker.endpoints.addresses
     } == {("127.0.0.1", port)}
@@ -215,6 +225,7 @@ def test_a_slave_with_enable_proxy_does_not_serve_the_v2_api(tmp_path):
         with pytest.raises(grpc.RpcError) as caught:
             _query_route(slave.channel, TOPIC)
         assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert (master.app.proxy_port > 0, slave.app.proxy_port) == (True, -1)
     finally:
         if slave is not None:
             slave.stop()
@@ -241,10 +252,39 @@ def test_a_tls_broker_calls_its_own_port_over_mutual_tls(tmp_path):
         sent = _v2(channel).SendMessage(s.SendMessageRequest(messages=[message]), timeout=10)
         assert sent.status.code == v2.OK, sent.status.message
         assert [(e.status.code, e.message_id) for e in sent.entries] == [(v2.OK, "01TLS")]
+        # The SDKs' door, as RocketMQ's proxy: TLS without a client certificate, and
+        # plaintext, on the one port.
+        door = f"127.0.0.1:{b.app.proxy_port}"
+        server_only = grpc.ssl_channel_credentials((certs / "ca.pem").read_bytes())
+        over = {
+            "tls": grpc.secure_channel(
+                door, server_only, options=[("grpc.ssl_target_name_override", "localhost")]
+            ),
+            "plaintext": grpc.insecure_channel(door),
+        }
+        for kind, door_channel in over.items():
+            message.system_properties.message_id = f"01DOOR{kind.upper()}"
+            with door_channel:
+                answer = _v2(door_channel).SendMessage(
+                    s.SendMessageRequest(messages=[message]), timeout=10
+                )
+            assert answer.status.code == v2.OK, (kind, answer.status.message)
+        assert b.app.proxy_door.door_stats()["tls_connections"] >= 1
     finally:
         channel.close()
         loop.run(b.app.stop())
         loop.close()
+
+
+def test_the_sdk_door_port_is_rocketmqs_8081_unless_told():
+    def port(*keys: str) -> int:
+        return load_config(None, ["enableProxy=true", *keys], env={})[0].grpc_server_port
+
+    assert port() == 8081
+    assert port("listenPort=0") == 0  # free ports everywhere: a free one here too
+    assert port("grpcServerPort=-1") == -1
+    with pytest.raises(ConfigError, match="grpcServerPort"):
+        load_config(None, ["enableProxy=true", "grpcServerPort=10911"], env={})  # listenPort's
 
 
 def test_a_tls_broker_needs_tls_ca_to_call_itself(tmp_path):
