@@ -3,7 +3,8 @@ and benchmarks use to talk to a RocketMQ-protocol port. (Applications use
 RocketMQ's clients; this is not one of those.)
 
 `RemotingClient` pipelines requests on one connection and matches answers by
-opaque; requests the server sends (e.g. NOTIFY_CONSUMER_IDS_CHANGED) go to
+opaque; the requests made in one turn of the event loop go out in one write (one
+syscall, and the server reads them as one run); requests the server sends (e.g. NOTIFY_CONSUMER_IDS_CHANGED) go to
 `on_request`. `call` is the blocking one-shot form for command-line tools, and
 `recv_command` reads the next command off any blocking socket.
 """
@@ -42,6 +43,7 @@ class RemotingClient(asyncio.Protocol):
         self._opaque = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[Command]] = {}
         self._on_request = on_request
+        self._out: list[bytes] = []  # encoded requests of this loop turn, not written yet
         self.received: list[Command] = []  # requests from the server, when no on_request
         self.closed = asyncio.Event()
 
@@ -107,7 +109,7 @@ class RemotingClient(asyncio.Protocol):
         command.opaque = next(self._opaque)
         future: asyncio.Future[Command] = asyncio.get_running_loop().create_future()
         self._waiting[command.opaque] = future
-        self._transport.write(encode(command))
+        self._queue(encode(command))
         try:
             return await within(future, timeout)
         finally:
@@ -118,15 +120,27 @@ class RemotingClient(asyncio.Protocol):
             raise ConnectionError("not connected")
         command.opaque = next(self._opaque)
         command.flag |= FLAG_ONEWAY
-        self._transport.write(encode(command))
+        self._queue(encode(command))
+
+    def _queue(self, frame: bytes) -> None:
+        if not self._out:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._out.append(frame)
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        if out and self._transport is not None:
+            self._transport.write(out[0] if len(out) == 1 else b"".join(out))
 
     def write_raw(self, data: bytes) -> None:
-        """Bytes as they are (fuzzing)."""
+        """Bytes as they are (fuzzing), after the requests made before them."""
+        self._flush()
         if self._transport is not None:
             self._transport.write(data)
 
     def close(self) -> None:
         if self._transport is not None:
+            self._flush()
             self._transport.close()
 
 
