@@ -8,6 +8,12 @@ encoding (a broker's local-mode proxy calling its own broker, RocketMQ's local m
 handlers see one `LocalConnection` for the link's life, as they would see one socket.
 A handler that raises is answered SYSTEM_ERROR with the reason, as the server answers
 it; the request is counted in the server's metrics as a socket's would be.
+
+Runs, as on a socket (ferry.remoting.server): the requests of a `Batchable` code made
+in one turn of the event loop (the proxy's concurrent sends) go to its `many` in one
+call, as requests that arrived back to back in one read do: one task, one append and
+one settle for the run. A caller whose timeout passes stops waiting; the run goes on
+(as a request written to a socket does).
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from typing import Any
 from ferry.remoting import codes
 from ferry.remoting.codec import Command
 from ferry.remoting.metrics import RemotingMetrics
-from ferry.remoting.server import Handler
+from ferry.remoting.server import Batchable, Handler
+from ferry.runtime.clock import within
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +55,9 @@ class LocalLink:
         self._metrics = metrics
         self._connection = LocalConnection(remote)
         self.closed = self._connection.closed
+        # Requests of Batchable codes made this loop turn, by code, with their waiters.
+        self._runs: dict[int, tuple[Batchable, list[Command], list[asyncio.Future]]] = {}
+        self._run_tasks: set[asyncio.Task] = set()
 
     async def request(self, command: Command, timeout: float) -> Command:
         """The handler's answer. Raises ConnectionError once closed, TimeoutError after
@@ -55,6 +65,8 @@ class LocalLink:
         if self.closed.is_set():
             raise ConnectionError("the in-process link is closed")
         handler = self._handlers().get(command.code)
+        if type(handler) is Batchable:
+            return await within(self._queue(handler, command), timeout)
         if handler is None:
             answer = command.answer(
                 codes.REQUEST_CODE_NOT_SUPPORTED, f" request type {command.code} not supported"
@@ -76,5 +88,50 @@ class LocalLink:
             self._metrics.request(command.code, answer.code)
         return answer
 
+    def _queue(self, handler: Batchable, command: Command) -> asyncio.Future[Command]:
+        loop = asyncio.get_running_loop()
+        if not self._runs:
+            loop.call_soon(self._dispatch_runs)
+        future: asyncio.Future[Command] = loop.create_future()
+        run = self._runs.setdefault(command.code, (handler, [], []))
+        run[1].append(command)
+        run[2].append(future)
+        return future
+
+    def _dispatch_runs(self) -> None:
+        runs, self._runs = self._runs, {}
+        for handler, commands, futures in runs.values():
+            task = asyncio.get_running_loop().create_task(self._run(handler, commands, futures))
+            self._run_tasks.add(task)
+            task.add_done_callback(self._run_tasks.discard)
+
+    async def _run(
+        self, handler: Batchable, commands: list[Command], futures: list[asyncio.Future]
+    ) -> None:
+        try:
+            answers = await handler.many(self._connection, commands)  # type: ignore[arg-type]
+            if len(answers) != len(commands):
+                raise RuntimeError(f"{len(answers)} answers to {len(commands)} requests")
+        except asyncio.CancelledError:
+            for future in futures:
+                if not future.done():
+                    future.set_exception(ConnectionError("the in-process link is closed"))
+            raise
+        except Exception as e:  # a handler's bug fails this run only
+            log.exception("in-process run of %d requests of code %d failed",
+                          len(commands), commands[0].code)  # fmt: skip
+            answers = [c.answer(codes.SYSTEM_ERROR, f"{type(e).__name__}: {e}") for c in commands]
+        counts: dict[int, int] = {}
+        for command, answer, future in zip(commands, answers, futures, strict=True):
+            if answer is None:  # a oneway handler: nothing to say
+                answer = command.answer(codes.SUCCESS)
+            counts[answer.code] = counts.get(answer.code, 0) + 1
+            if not future.done():
+                future.set_result(answer)
+        if self._metrics is not None:
+            for code, n in counts.items():
+                self._metrics.request(commands[0].code, code, n)
+
     def close(self) -> None:
+        """Refuse new requests; runs under way finish (a send's append is not cut)."""
         self.closed.set()
