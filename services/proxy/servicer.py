@@ -112,7 +112,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self.remoting_pops = (
             RemotingPops(self.remoting_sends) if self.remoting_sends is not None else None
         )
-        self.transactions = transactions.ProxyTransactions(routes, f"ferry-proxy@{os.getpid()}")
+        self.transactions = transactions.ProxyTransactions(
+            routes, f"ferry-proxy@{os.getpid()}", self.remoting_sends
+        )
 
     async def close(self) -> None:
         """Ends the send batches still in flight (the server has stopped taking calls)."""
@@ -369,7 +371,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             transaction_id = sent_id if result.status == broker_pb2.SEND_OK else ""
             if transaction_id and transactional:  # EndTransaction asks there first
                 self.transactions.sent(
-                    topic, transaction_id, broker.broker_name, result.commit_offset
+                    topic,
+                    transaction_id,
+                    broker.broker_name,
+                    result.commit_offset,
+                    result.queue_offset,
                 )
             return s.SendResultEntry(
                 status=status(code, convert.SEND_TEXT.get(result.status, "unknown result")),
@@ -383,11 +389,12 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self, broker: BrokerQueues, request: broker_pb2.SendMessageRequest, transactional: bool
     ) -> broker_pb2.SendResult:
         """One message to `broker`: over RocketMQ's protocol where the route gives its
-        address in it (not a transaction's half), else over ferry.v1. Raises the
-        broker's refusal (grpc.aio.AioRpcError or SendRefused)."""
+        address in it (a transaction's half too: TRAN_MSG and PGROUP in its
+        properties), else over ferry.v1. Raises the broker's refusal
+        (grpc.aio.AioRpcError or SendRefused)."""
         remoting = self.remoting_sends
         addr = broker.remoting_addr
-        if remoting is None or not addr or transactional or addr in remoting.unsigned_refused:
+        if remoting is None or not addr or addr in remoting.unsigned_refused:
             return await self.sends.send(broker.addr, request, alone=transactional)
         try:
             return await remoting.send(addr, request)

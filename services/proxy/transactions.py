@@ -9,9 +9,12 @@ that id, and the committed message carries it as `__transactionId__`.
 
 Ending: `EndTransaction` names the topic and the transaction id. This proxy
 remembers, for each half it sent (and each check it handed on), the broker
-name that holds it and its commit offset (`_Sent`, bounded by
+name that holds it and its commit and queue offsets (`_Sent`, bounded by
 `REMEMBERED_MAX`), and ends it at the master now serving that name (after a
-failover, the new master, whose log holds the same offsets). When it does not
+failover, the new master, whose log holds the same offsets): in RocketMQ's
+protocol where the route gives the broker's address in it (END_TRANSACTION, 37,
+answered, not oneway as Java's producers send it: the proxy tells the SDK what
+happened), else over ferry.v1's Transactions. When it does not
 know the transaction (another proxy sent the half, this one restarted or
 forgot it), or that broker has no master now or does not know the half, it
 asks each master of the topic's current route to end the pending transaction
@@ -44,9 +47,11 @@ import grpc
 from apache.rocketmq.v2 import definition_pb2 as v2
 from apache.rocketmq.v2 import service_pb2 as s
 from ferry.model import PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_PREPARED
+from ferry.remoting import codes
 from ferry.v1 import broker_pb2, transactions_pb2
 from services.proxy import convert
 from services.proxy.convert import OK, Code, status
+from services.proxy.remoting_sends import RemotingSends, SendRefused
 from services.proxy.routes import NameServersDown, RouteSource, TopicNotFound
 
 log = logging.getLogger(__name__)
@@ -73,6 +78,15 @@ class _Sent:
 
     broker_name: str
     commit_offset: int
+    queue_offset: int = -1  # the half's; -1: not known, ended over ferry.v1
+
+
+# END_TRANSACTION's commitOrRollback (MessageSysFlag's transaction types).
+_SYS_FLAGS = {
+    transactions_pb2.COMMIT: "8",
+    transactions_pb2.ROLLBACK: "12",
+    transactions_pb2.UNKNOWN: "0",
+}
 
 
 class _NotHere(Exception):
@@ -82,7 +96,7 @@ class _NotHere(Exception):
 class _Refused(Exception):
     """A broker's refusal other than NOT_FOUND, as the SDK gets it."""
 
-    def __init__(self, broker_name: str, exc: grpc.aio.AioRpcError) -> None:
+    def __init__(self, broker_name: str, exc: grpc.aio.AioRpcError | SendRefused) -> None:
         super().__init__(f"{broker_name}: {exc.details() or exc.code().name}")
         code = convert.error_code(exc)
         self.code = Code.BAD_REQUEST if exc.code() == grpc.StatusCode.INVALID_ARGUMENT else code
@@ -98,9 +112,12 @@ class _Producers:
 
 
 class ProxyTransactions:
-    def __init__(self, routes: RouteSource, client_id: str) -> None:
+    def __init__(
+        self, routes: RouteSource, client_id: str, remoting: RemotingSends | None = None
+    ) -> None:
         self.routes = routes
         self.client_id = client_id  # how brokers name this proxy in their logs
+        self.remoting = remoting  # None: every end over ferry.v1
         self._topics: dict[str, _Producers] = {}
         self._sent: OrderedDict[tuple[str, str], _Sent] = OrderedDict()  # (topic, id) ->
         self.checks_forwarded = 0
@@ -108,10 +125,17 @@ class ProxyTransactions:
 
     # ------------------------------------------------------------ end
 
-    def sent(self, topic: str, transaction_id: str, broker_name: str, commit_offset: int) -> None:
+    def sent(
+        self,
+        topic: str,
+        transaction_id: str,
+        broker_name: str,
+        commit_offset: int,
+        queue_offset: int = -1,
+    ) -> None:
         """Remember where the half of `transaction_id` lies, for its EndTransaction."""
         key = (topic, transaction_id)
-        self._sent[key] = _Sent(broker_name, commit_offset)
+        self._sent[key] = _Sent(broker_name, commit_offset, queue_offset)
         self._sent.move_to_end(key)
         while len(self._sent) > REMEMBERED_MAX:
             self._sent.popitem(last=False)
@@ -135,6 +159,8 @@ class ProxyTransactions:
         tried = ""
         try:
             remembered = self._sent.get(key)
+            if remembered is not None and await self._end_remoting(topic, remembered, end):
+                return self._ended(key, end.resolution)
             if remembered is not None:
                 addr = await self._broker_addr(topic, remembered.broker_name)
                 if addr is not None:
@@ -193,6 +219,52 @@ class ProxyTransactions:
         if refused is not None:
             raise refused
         return False
+
+    async def _end_remoting(
+        self, topic: str, sent: _Sent, end: transactions_pb2.EndTransactionRequest
+    ) -> bool:
+        """End a half this proxy sent with END_TRANSACTION (37) on the RocketMQ-protocol
+        address of its broker: True when the broker ended it; False when that is not
+        possible here (no address, the queue offset not known) or the broker does not
+        know the half (ended before, or not in its log: the caller asks over ferry.v1).
+        Raises _Refused for another refusal."""
+        if self.remoting is None or sent.queue_offset < 0:
+            return False
+        addr = self.routes.remoting_addr(sent.broker_name)
+        if addr is None:
+            try:
+                await self.routes.get(topic, refresh=True)
+            except (TopicNotFound, NameServersDown):
+                return False
+            addr = self.routes.remoting_addr(sent.broker_name)
+        if addr is None or addr in self.remoting.unsigned_refused:
+            return False
+        ext = {
+            "producerGroup": topic,  # a v5 producer's group is its topic
+            "tranStateTableOffset": str(sent.queue_offset),
+            "commitLogOffset": str(sent.commit_offset),
+            "commitOrRollback": _SYS_FLAGS[end.resolution],
+            "fromTransactionCheck": "true" if end.from_check else "false",
+            "msgId": end.msg_id,
+            "transactionId": end.transaction_id,
+        }
+        try:
+            answer = await self.remoting.call(
+                addr, codes.END_TRANSACTION, ext, timeout_s=CALL_TIMEOUT_S, what="transaction end"
+            )
+        except SendRefused as exc:
+            raise _Refused(sent.broker_name, exc) from None
+        if answer.code == codes.SUCCESS:
+            return True
+        if answer.code == codes.SYSTEM_ERROR:  # Apache: "Find prepared transaction message failed"
+            return False
+        refused = SendRefused(
+            grpc.StatusCode.FAILED_PRECONDITION
+            if answer.code != codes.NO_PERMISSION
+            else grpc.StatusCode.PERMISSION_DENIED,
+            answer.remark or f"refused with code {answer.code}",
+        )
+        raise _Refused(sent.broker_name, refused)
 
     async def _end_at(
         self, broker_name: str, addr: str, end: transactions_pb2.EndTransactionRequest
@@ -293,7 +365,7 @@ class ProxyTransactions:
         message = convert.received_message(check.message, 0)
         message.system_properties.message_type = v2.TRANSACTION
         transaction_id = check.transaction_id or check.msg_id
-        self.sent(topic, transaction_id, broker_name, check.commit_offset)
+        self.sent(topic, transaction_id, broker_name, check.commit_offset, check.queue_offset)
         outbox.put_nowait(
             s.TelemetryCommand(
                 status=OK,

@@ -1,7 +1,7 @@
 """RocketMQ's proxy in local mode: a broker with `enableProxy=true` serves
-`apache.rocketmq.v2.MessagingService` on its own gRPC port, backed by itself,
-with no name server anywhere. The official Python SDK is pointed at the
-broker's port; raw v2 calls check routes, a broker without the key, a slave
+`apache.rocketmq.v2.MessagingService` on its native door (grpcServerPort) and its
+own gRPC port, backed by itself, with no name server anywhere. The official Python
+SDK is pointed at both; raw v2 calls check routes, a broker without the key, a slave
 and TLS (where the broker calls its own port over TLS). Sends, pops and acks go to
 the broker's RocketMQ-protocol handlers in-process (ferry.remoting.local), with no
 socket; the rest over its own ferry.v1 port."""

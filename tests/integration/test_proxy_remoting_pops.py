@@ -22,6 +22,7 @@ from tests.integration import support
 from tests.waiting import wait_for
 
 TOPICS = {"remoting": "RemotingPopped", "grpc": "GrpcPopped"}  # one per protocol: each its own
+TX_TOPICS = {"remoting": "RemotingTx", "grpc": "GrpcTx"}
 QUEUES = 2
 
 
@@ -33,6 +34,9 @@ def cluster(tmp_path_factory):
     b = start_broker(loop, d / "b", ns.remoting_addr, brokerName="broker-p")
     for topic in TOPICS.values():
         support.create_topic(b.channel, topic, QUEUES)
+        wait_for(lambda t=topic: support.has_route(ns.stub, t), 30, f"{topic}'s route")
+    for topic in TX_TOPICS.values():
+        support.create_topic(b.channel, topic, QUEUES, message_type="TRANSACTION")
         wait_for(lambda t=topic: support.has_route(ns.stub, t), 30, f"{topic}'s route")
     try:
         yield ns, b, loop
@@ -208,3 +212,48 @@ def test_a_handle_past_its_invisible_time_is_refused(proxy):
     assert answer.entries[0].status.code == v2.INVALID_RECEIPT_HANDLE
     assert "expired" in answer.entries[0].status.message
     assert _in_flight(proxy, group) == held  # nothing was acknowledged
+
+
+def _ends_over_remoting(broker) -> float:
+    """END_TRANSACTION (37) requests the broker's RocketMQ-protocol port answered."""
+    total = 0.0
+    for metric in broker.app.registry.collect():
+        for sample in metric.samples:
+            if (
+                sample.name == "ferry_remoting_requests_total"
+                and sample.labels.get("request_code") == "37"
+            ):
+                total += sample.value
+    return total
+
+
+def test_a_transaction_is_sent_and_ended_through_either_protocol(proxy):
+    """Over RocketMQ's protocol the half is a SEND_MESSAGE_V2 with TRAN_MSG and the end
+    an END_TRANSACTION (37) naming its offsets; over ferry.v1, its Transactions call.
+    Either way the committed message is delivered."""
+    topic = TX_TOPICS[proxy.protocol]
+    message = v2.Message(topic=v2.Resource(name=topic), body=b"tx")
+    message.system_properties.message_id = f"01TXEND{proxy.protocol.upper()}"
+    message.system_properties.message_type = v2.TRANSACTION
+    sent = proxy.stub.SendMessage(s.SendMessageRequest(messages=[message]), timeout=10)
+    assert sent.status.code == v2.OK, sent.status.message
+    [entry] = sent.entries
+    ends_before = _ends_over_remoting(proxy.broker)
+
+    def end() -> v2.Status:
+        request = s.EndTransactionRequest(
+            topic=v2.Resource(name=topic),
+            message_id=entry.message_id,
+            transaction_id=entry.transaction_id,
+            resolution=v2.COMMIT,
+            source=v2.SOURCE_CLIENT,
+        )
+        return proxy.stub.EndTransaction(request, timeout=10).status
+
+    ended = end()
+    assert ended.code == v2.OK, ended.message
+    over_remoting = _ends_over_remoting(proxy.broker) - ends_before
+    assert over_remoting == (1 if proxy.protocol == "remoting" else 0)
+    proxy.topic = topic
+    got = _receive_all(proxy, f"tx-{proxy.protocol}", {entry.message_id})
+    assert got[entry.message_id].body == b"tx"
