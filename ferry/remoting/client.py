@@ -26,7 +26,7 @@ from ferry.remoting.codec import (
     encode,
     next_frame,
 )
-from ferry.runtime.clock import within
+from ferry.runtime.clock import answer_within, within
 
 
 def split_addr(addr: str) -> tuple[str, int]:
@@ -111,7 +111,7 @@ class RemotingClient(asyncio.Protocol):
         self._waiting[command.opaque] = future
         self._queue(encode(command))
         try:
-            return await within(future, timeout)
+            return await answer_within(future, timeout)
         finally:
             self._waiting.pop(command.opaque, None)
 

@@ -27,7 +27,7 @@ from ferry.remoting import codes
 from ferry.remoting.codec import Command
 from ferry.remoting.metrics import RemotingMetrics
 from ferry.remoting.server import Batchable, Handler
-from ferry.runtime.clock import within
+from ferry.runtime.clock import answer_within
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class LocalLink:
             raise ConnectionError("the in-process link is closed")
         handler = self._handlers().get(command.code)
         if type(handler) is Batchable:
-            return await within(self._queue(handler, command), timeout)
+            return await answer_within(self._queue(handler, command), timeout)
         if handler is None:
             answer = command.answer(
                 codes.REQUEST_CODE_NOT_SUPPORTED, f" request type {command.code} not supported"

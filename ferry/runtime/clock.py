@@ -93,6 +93,24 @@ async def wait_future(future, timeout_s: float, on_timeout: object = None):
         timer.cancel()
 
 
+async def answer_within(future, timeout_s: float):
+    """Await `future`, which someone else resolves (an answer matched to its request);
+    TimeoutError when no one has after `timeout_s`. A plain timer, as `wait_future`:
+    cheaper than `within` for a wait made once per request."""
+    import asyncio
+
+    timer = asyncio.get_running_loop().call_later(timeout_s, _expire, future, timeout_s)
+    try:
+        return await future
+    finally:
+        timer.cancel()
+
+
+def _expire(future, timeout_s: float) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError(f"no answer within {timeout_s:g} s"))
+
+
 def resolve(future, value: object = None) -> None:
     """Set `future`'s result unless it is done (resolved, or cancelled) already."""
     if not future.done():
