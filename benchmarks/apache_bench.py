@@ -114,6 +114,7 @@ from benchmarks.procs import (
     namesrv_process,
     pinned,
     pinning_note,
+    wait_for_remoting_route,
     wait_for_route,
 )
 from benchmarks.report import BenchResult, Figure, Target
@@ -750,6 +751,10 @@ def proxy_figures(workdir: Path, plan: Plan, server_cpus, client_cpus) -> list[F
                     server_cpus,
                 )
             )
+        # The proxy's port opens before its broker has registered the topics: the SDK's
+        # first route lookup must find them.
+        for topic in (SEND_TOPIC, DRAIN_TOPIC):
+            wait_for_remoting_route(namesrv.address, topic)
         apache = Peer(APACHE, proxy.endpoint, {"proxy+broker JVM": proxy.pid})
         floor = Peer(FLOOR, empty.target, {"empty server": empty.pid})
         peers = {FERRY: ferry, APACHE: apache, LOCAL: local}

@@ -226,6 +226,28 @@ def namesrv_process(workdir: Path, cpus: set[int] | None = None, name: str = "na
     )
 
 
+def wait_for_remoting_route(namesrv: str, topic: str, timeout_s: float = 60.0) -> None:
+    """Wait until the name server at `namesrv` (host:port of its RocketMQ-protocol
+    port: Apache's or ferry's) answers GET_ROUTEINFO_BY_TOPIC for `topic`."""
+    from ferry.remoting import codes
+    from ferry.remoting.client import call
+    from ferry.remoting.codec import Command
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            answer = call(namesrv, Command(codes.GET_ROUTEINFO_BY_TOPIC, ext={"topic": topic}), 5)
+            if answer.code == codes.SUCCESS:
+                return
+        except (OSError, TimeoutError):
+            pass  # not listening yet
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"no route for {topic} on the name server {namesrv} after {timeout_s} s"
+            )
+        time.sleep(0.05)
+
+
 def wait_for_route(namesrv: str, topic: str, timeout_s: float = 30.0) -> None:
     """Wait until the name server at `namesrv` routes `topic` to some queue."""
     import grpc
