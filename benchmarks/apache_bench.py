@@ -901,8 +901,7 @@ def _local_figures(sends: list[dict], drains: list[dict], plan: Plan) -> list[Fi
             + ".",
         ),
         Figure(
-            name=f"v2 ReceiveMessage + AckMessage from a broker in local mode, {CONSUMERS} "
-            f"consumers, {BATCH}/receive, {plan.messages:,} x {BODY_SIZE} B over {QUEUES} queues",
+            name=f"v2 ReceiveMessage + AckMessage from a broker in local mode, {_drain_shape(plan)}",
             value=drain[LOCAL].rate,
             unit="msgs/s",
             baseline=drain[APACHE].rate,
@@ -918,14 +917,20 @@ def _local_figures(sends: list[dict], drains: list[dict], plan: Plan) -> list[Fi
     ]
 
 
+def _drain_shape(plan: Plan) -> str:
+    return (
+        f"{CONSUMERS} consumers, {BATCH}/receive, {plan.messages:,} x {BODY_SIZE} B over "
+        f"{QUEUES} queues"
+    )
+
+
 def _drain_figure(pairs: list[dict], plan: Plan, warmup: Warmup) -> Figure:
     def ratio(p: dict) -> float:
         return p[FERRY].rate / p[APACHE].rate
 
     pair = _median_pair(pairs, ratio)
     return Figure(
-        name=f"v2 ReceiveMessage + AckMessage through the proxy, {CONSUMERS} consumers, "
-        f"{BATCH}/receive, {plan.messages:,} x {BODY_SIZE} B over {QUEUES} queues",
+        name=f"v2 ReceiveMessage + AckMessage through the proxy, {_drain_shape(plan)}",
         value=pair[FERRY].rate,
         unit="msgs/s",
         baseline=pair[APACHE].rate,
