@@ -4,8 +4,8 @@ RocketMQ's clients; this is not one of those.)
 
 `RemotingClient` pipelines requests on one connection and matches answers by
 opaque; the requests made in one turn of the event loop go out in one write (one
-syscall, and the server reads them as one run); requests the server sends (e.g. NOTIFY_CONSUMER_IDS_CHANGED) go to
-`on_request`. `call` is the blocking one-shot form for command-line tools, and
+syscall, and the server reads them as one run); requests the server sends (e.g.
+NOTIFY_CONSUMER_IDS_CHANGED) go to `on_request`. `call` is the blocking one-shot form for command-line tools, and
 `recv_command` reads the next command off any blocking socket.
 """
 

@@ -26,7 +26,7 @@ from typing import Any
 from ferry.remoting import codes
 from ferry.remoting.codec import Command
 from ferry.remoting.metrics import RemotingMetrics
-from ferry.remoting.server import Batchable, Handler
+from ferry.remoting.server import Batchable, Handler, run_answers
 from ferry.runtime.clock import answer_within
 
 log = logging.getLogger(__name__)
@@ -109,18 +109,12 @@ class LocalLink:
         self, handler: Batchable, commands: list[Command], futures: list[asyncio.Future]
     ) -> None:
         try:
-            answers = await handler.many(self._connection, commands)  # type: ignore[arg-type]
-            if len(answers) != len(commands):
-                raise RuntimeError(f"{len(answers)} answers to {len(commands)} requests")
+            answers = await run_answers(handler, self._connection, commands, "in-process link")
         except asyncio.CancelledError:
             for future in futures:
                 if not future.done():
                     future.set_exception(ConnectionError("the in-process link is closed"))
             raise
-        except Exception as e:  # a handler's bug fails this run only
-            log.exception("in-process run of %d requests of code %d failed",
-                          len(commands), commands[0].code)  # fmt: skip
-            answers = [c.answer(codes.SYSTEM_ERROR, f"{type(e).__name__}: {e}") for c in commands]
         counts: dict[int, int] = {}
         for command, answer, future in zip(commands, answers, futures, strict=True):
             if answer is None:  # a oneway handler: nothing to say

@@ -107,6 +107,25 @@ class Batchable:
         return self.one(connection, command)
 
 
+async def run_answers(
+    handler: Batchable, connection: Any, commands: list[Command], where: str
+) -> list[Command | None]:
+    """`handler.many`'s answers to a run, one per request; a handler that raises (or
+    answers a wrong count) fails the run alone: SYSTEM_ERROR with the reason for each,
+    logged with `where`. Sockets' runs and the in-process link's (ferry.remoting.local)."""
+    try:
+        answers = await handler.many(connection, commands)
+        if len(answers) != len(commands):
+            raise RuntimeError(f"{len(answers)} answers to {len(commands)} requests")
+        return answers
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # a handler's bug must not take the connection down
+        log.exception("%s: a run of %d requests of code %d failed",
+                      where, len(commands), commands[0].code)  # fmt: skip
+        return [c.answer(codes.SYSTEM_ERROR, f"{type(e).__name__}: {e}") for c in commands]
+
+
 class Connection(asyncio.Protocol):
     """One client's socket. `state` is for handlers (e.g. the client id a
     heartbeat named); `closed` is set once the socket is gone."""
@@ -349,19 +368,9 @@ class Connection(asyncio.Protocol):
 
     async def _handle_run(self, handler: Batchable, commands: list[Command]) -> None:
         try:
-            try:
-                answers = await handler.many(self, commands)
-                if len(answers) != len(commands):
-                    raise RuntimeError(f"{len(answers)} answers to {len(commands)} requests")
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # a handler's bug must not take the connection down
-                log.exception("remoting %s: a run of %d requests of code %d from %s failed",
-                              self._server.name, len(commands), commands[0].code,
-                              self.remote)  # fmt: skip
-                answers = [
-                    c.answer(codes.SYSTEM_ERROR, f"{type(e).__name__}: {e}") for c in commands
-                ]
+            answers = await run_answers(
+                handler, self, commands, f"remoting {self._server.name}: from {self.remote}"
+            )
             out = []
             counts: dict[tuple[int, int | None], int] = {}  # one counter step per kind
             for command, answer in zip(commands, answers, strict=True):
