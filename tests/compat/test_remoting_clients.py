@@ -447,14 +447,14 @@ def test_go_producer_and_push_consumer(cluster, tmp_path, names):
     # its group's %RETRY% topic, which the broker creates on its first heartbeat, only then.)
     consumer = clients.go(
         "consume",
-        ["-namesrv", cluster.namesrv, "-topic", topic, "-group", group],
+        ["-namesrv", cluster.namesrv, "-topic", topic, "-group", group, "-log-level", "info"],
         tmp_path / "go-consume",
     ).start()  # fmt: skip
     try:
         consumer.wait(
             lambda c: {e["keys"] for e in successes(c)} >= set(every),
             45,
-            "every Go message at the Go consumer",
+            lambda c: _missing_at_go_consumer(c, every, tmp_path / "go-consume"),
         )
     finally:
         consumer.stop()
@@ -469,6 +469,29 @@ def test_go_producer_and_push_consumer(cluster, tmp_path, names):
         assert m["msgId"] == (s["msgId"] or s["offsetMsgId"])
         assert (m["tags"], m["body"]) == ("TagGo", f"{key} payload")
         assert user_properties(m["properties"]) == {"seq": str(s["i"]), "colour": "grün"}
+
+
+def _missing_at_go_consumer(consumer: Client, every: dict[str, dict], workdir) -> str:
+    """What a Go consumer that did not see every message lacks: each missing key with the
+    queue and offset its send was answered with (a oneway send has none), what each queue
+    delivered, and the end of the Go client's own log."""
+    seen = successes(consumer)
+    keys = {e["keys"] for e in seen}
+    missing = {
+        k: (s.get("queueId"), s.get("queueOffset"), s["mode"])
+        for k, s in sorted(every.items())
+        if k not in keys
+    }
+    per_queue = defaultdict(list)
+    for e in seen:
+        per_queue[e["queueId"]].append(e["queueOffset"])
+    delivered = {q: (len(o), min(o), max(o)) for q, o in sorted(per_queue.items())}
+    log = workdir / "go-client.log"
+    tail = log.read_text(errors="replace")[-2000:] if log.exists() else "(no go-client.log)"
+    return (
+        f"every Go message at the Go consumer; missing (queueId, queueOffset, mode): {missing}; "
+        f"delivered per queue (count, first, last offset): {delivered}; go-client.log: {tail}"
+    )
 
 
 def test_java_reads_what_go_sent_and_go_reads_what_java_sent(cluster, tmp_path, names):

@@ -34,6 +34,7 @@ func main() {
 	laterKeys := flag.String("later-keys", "", "regular expression of keys to answer ConsumeRetryLater")
 	laterTimes := flag.Int("later-times", -1, "... while reconsumeTimes is below this (-1: always)")
 	maxReconsume := flag.Int("max-reconsume", 16, "WithMaxReconsumeTimes")
+	logLevel := flag.String("log-level", "warn", "the Go client's log level in go-client.log (debug, info, warn, error)")
 	flag.Parse()
 	if *namesrv == "" || *topic == "" || *group == "" {
 		flag.Usage()
@@ -44,7 +45,7 @@ func main() {
 		later = regexp.MustCompile("^(?:" + *laterKeys + ")$")
 	}
 	rlog.SetOutputPath("go-client.log")
-	rlog.SetLogLevel("warn")
+	rlog.SetLogLevel(*logLevel)
 
 	instance := fmt.Sprintf("go-c-%d", os.Getpid())
 	c, err := rocketmq.NewPushConsumer(
