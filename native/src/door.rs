@@ -33,7 +33,7 @@ use std::os::unix::net::UnixStream;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes};
@@ -571,6 +571,122 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Replay<T> {
     }
 }
 
+/// What hyper writes to a connection, held until it flushes, and a flush that waits
+/// one turn of the scheduler before it writes.
+///
+/// Python answers calls in batches: one `reply` wakes the task of every call it
+/// answers. Each of those tasks hands its response to the connection's task, and tokio
+/// runs a task woken by a running one next (its LIFO slot), so without this each
+/// answer of a batch would be written by a system call of its own, and a client would
+/// read one TCP segment per answer. Here the first flush with bytes waiting wakes the
+/// connection's task and returns Pending: a task that wakes itself goes to the back of
+/// the run queue, behind the other answers of the batch, and the next flush writes
+/// them all at once. A write larger than `COALESCE_MAX` goes straight to the socket.
+struct Coalesce<T> {
+    io: T,
+    buf: Vec<u8>,
+    written: usize,
+    yielded: bool,
+}
+
+const COALESCE_MAX: usize = 64 * 1024;
+
+impl<T> Coalesce<T> {
+    fn new(io: T) -> Self {
+        Coalesce {
+            io,
+            buf: Vec::new(),
+            written: 0,
+            yielded: false,
+        }
+    }
+}
+
+impl<T: AsyncWrite + Unpin> Coalesce<T> {
+    /// Writes what is held; Ready once all of it is in the socket.
+    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.written < self.buf.len() {
+            let n = ready!(Pin::new(&mut self.io).poll_write(cx, &self.buf[self.written..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.written += n;
+        }
+        self.buf.clear();
+        self.written = 0;
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Coalesce<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Coalesce<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if this.buf.len() + data.len() > COALESCE_MAX {
+            ready!(this.poll_drain(cx))?;
+            if data.len() >= COALESCE_MAX {
+                return Pin::new(&mut this.io).poll_write(cx, data);
+            }
+        }
+        this.buf.extend_from_slice(data);
+        Poll::Ready(Ok(data.len()))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        if this.buf.len() + total > COALESCE_MAX {
+            ready!(this.poll_drain(cx))?;
+            if total >= COALESCE_MAX {
+                return Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+            }
+        }
+        for b in bufs {
+            this.buf.extend_from_slice(b);
+        }
+        Poll::Ready(Ok(total))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.buf.len() > this.written && !this.yielded {
+            this.yielded = true;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        ready!(this.poll_drain(cx))?;
+        this.yielded = false;
+        Pin::new(&mut this.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_drain(cx))?;
+        Pin::new(&mut this.io).poll_shutdown(cx)
+    }
+}
+
 #[derive(Clone, Copy, PartialEq)]
 enum TlsMode {
     Disabled,
@@ -626,7 +742,7 @@ async fn serve<T>(
         let peer = svc_peer.clone();
         async move { Ok::<_, Infallible>(route(shared, peer, request).await) }
     });
-    let connection = builder.serve_connection(TokioIo::new(io), service);
+    let connection = builder.serve_connection(TokioIo::new(Coalesce::new(io)), service);
     tokio::pin!(connection);
     let result = tokio::select! {
         r = connection.as_mut() => r,
