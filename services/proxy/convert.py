@@ -48,7 +48,20 @@ from ferry.model import (
 )
 from ferry.v1 import broker_pb2
 
-Code = v2.Code
+
+class EnumInts:
+    """A protobuf enum's values as plain int attributes, with its `Name` and `Value`:
+    an attribute of protobuf's enum wrapper (EnumTypeWrapper.__getattr__) costs about a
+    microsecond, and one send reads several codes."""
+
+    def __init__(self, wrapper) -> None:
+        for name, value in wrapper.items():
+            setattr(self, name, value)
+        self.Name = wrapper.Name
+        self.Value = wrapper.Value
+
+
+Code = EnumInts(v2.Code)
 PROPERTY_UNIQ_KEY = "UNIQ_KEY"
 # RocketMQ's system properties (MessageConst.STRING_HASH_SET of 5.5.0, which
 # __SHARDINGKEY is not; tests/compat checks this list against Apache's jar): what

@@ -65,11 +65,12 @@ class ProxyMetrics:
         latency.observe(seconds)
 
 
+_CODE_NAMES = {value: name for name, value in v2.Code.items()}
+
+
 def _code_name(status: v2.Status) -> str:
-    try:
-        return v2.Code.Name(status.code)
-    except ValueError:
-        return str(status.code)
+    code = status.code
+    return _CODE_NAMES.get(code) or str(code)
 
 
 def _internal(rpc: str, response_type: Any) -> Any:

@@ -35,6 +35,8 @@ from ferry.v1 import broker_pb2_grpc, namesrv_pb2, namesrv_pb2_grpc, transaction
 log = logging.getLogger(__name__)
 
 CALL_TIMEOUT_S = 3.0
+# LocalRoutes keeps the route it made for this many topics, then starts again.
+MADE_ROUTES_KEPT = 4096
 
 
 class TopicNotFound(Exception):
@@ -224,6 +226,7 @@ class LocalRoutes:
         # This broker's RocketMQ-protocol address, once its proxy calls it through an
         # in-process link there (`attach_remoting`); "" until then: ferry.v1 only.
         self.remoting = ""
+        self._made: dict[str, tuple[tuple, TopicRoute]] = {}
 
     @property
     def addr(self) -> str:
@@ -243,6 +246,22 @@ class LocalRoutes:
         if broker_perm & PERM_READ_WRITE != PERM_READ_WRITE:
             perm &= broker_perm
         addr = self.addr
+        # The route of the last call for this topic when nothing it is made of has
+        # changed since: a send asks for it every time.
+        key = (
+            config, perm, config.read_queue_nums, config.write_queue_nums, config.order,
+            config.message_type, addr, self.remoting,
+        )  # fmt: skip
+        known = self._made.get(topic)
+        if known is not None and known[0] == key:
+            return known[1]
+        route = self._route(topic, config, perm, addr)
+        if len(self._made) >= MADE_ROUTES_KEPT:
+            self._made.clear()
+        self._made[topic] = (key, route)
+        return route
+
+    def _route(self, topic: str, config, perm: int, addr: str) -> TopicRoute:
         queues = BrokerQueues(
             self.broker_name, addr, config.read_queue_nums, config.write_queue_nums, perm,
             self.remoting,

@@ -7,9 +7,7 @@ no grpc; the servicer calls `send_refusal` per message and `system_topic` per re
 from __future__ import annotations
 
 from apache.rocketmq.v2 import definition_pb2 as v2
-from services.proxy.convert import ROCKETMQ_SYSTEM_PROPERTIES, delivery_ms, status
-
-Code = v2.Code
+from services.proxy.convert import ROCKETMQ_SYSTEM_PROPERTIES, Code, delivery_ms, status
 
 # ProxyConfig's defaults (RocketMQ 5.5.0).
 MAX_USER_PROPERTIES = 128  # userPropertyMaxNum
