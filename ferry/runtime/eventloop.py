@@ -16,7 +16,10 @@ asyncio, 3,528 and 3,374 on uvloop; pipelined 256 each: 5,109 and 5,076
 against 5,175 and 4,695), no difference beyond the noise. A bare grpc.aio echo
 server does gain from uvloop (about 174 against 111 µs of CPU per streamed
 message), but the broker's time goes to its own work per message, not to the
-loop. `--event-loop uvloop` (or $FERRY_EVENT_LOOP) runs it on uvloop.
+loop. `--event-loop uvloop` (or $FERRY_EVENT_LOOP) runs it on uvloop. A broker that
+serves the RocketMQ 5 SDKs itself (enableProxy) is the exception, on uvloop by default:
+there the loop's own Python is a share of each call (services/broker/cli.py has the
+figures).
 """
 
 from __future__ import annotations
