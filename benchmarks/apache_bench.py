@@ -120,6 +120,7 @@ from benchmarks.procs import (
 from benchmarks.report import BenchResult, Figure, Target
 from ferry.remoting import batch, codes
 from ferry.remoting.client import RemotingClient
+from ferry.remoting.client import call as remoting_call
 from ferry.remoting.codec import Command
 from ferry.v1 import broker_pb2, ha_admin_pb2, ha_admin_pb2_grpc
 from services.proxy.convert import timestamp
@@ -133,6 +134,7 @@ from tests.apache import (
     JavaProcess,
     free_port_pair,
 )
+from tests.compat import clients as compat_clients
 
 TITLE = (
     f"apache — ferry against Apache RocketMQ ({ROCKETMQ5_VERSION}'s proxy, "
@@ -207,6 +209,11 @@ FULL = Plan(
 )
 QUICK = Plan(1, 0.3, 1.0, 1.0, 1.0, 2_000, 64 << 20, 1, 1.0, 1, 1, 1, 20_480, True)
 WARM_DRAINS = 12
+# Apache warm-up pop drains at most (each a JVM's start and a whole backlog).
+WARM_POPS = 4
+POP_BATCH = 32  # PopConsumer5's --batch: setPopBatchNums, RocketMQ's largest
+POP_START_TIMEOUT_S = 120.0
+POP_DRAIN_TIMEOUT_S = 300.0
 
 
 _STARTED = time.monotonic()
@@ -469,13 +476,13 @@ def _cpu_text(cpu: dict[str, float], messages: int, client_s: float) -> str:
 
 
 @contextlib.contextmanager
-def _ferry_side(workdir: Path, cpus) -> Iterator[tuple[Peer, str]]:
+def _ferry_side(workdir: Path, cpus) -> Iterator[tuple[Peer, proxy_bench.Cluster]]:
     """ferry's name server, broker and proxy (proxy_bench's cluster), all on `cpus`."""
     with proxy_bench._cluster(workdir, cpus, cpus) as cluster:
         peer = Peer(
             FERRY, cluster.proxy.target, {"broker": cluster.broker.pid, "proxy": cluster.proxy.pid}
         )
-        yield peer, cluster.broker.target
+        yield peer, cluster
 
 
 @contextlib.contextmanager
@@ -687,6 +694,117 @@ def _drain(peer: Peer, messages: int, group: str, workdir: Path) -> Drain:
     )
 
 
+@dataclass(frozen=True)
+class PopSide:
+    """A broker for the pop drain: its name server and RocketMQ-protocol address, and the
+    processes whose CPU it is charged (label → pid)."""
+
+    name: str
+    namesrv: str
+    master: str
+    pids: dict[str, int]
+
+    def cpu(self) -> dict[str, float]:
+        return {label: cpu_seconds(pid) for label, pid in self.pids.items()}
+
+
+@dataclass(frozen=True)
+class PopDrain:
+    messages: int
+    seconds: float
+    server_cpu: dict[str, float]
+    client_cpu_s: float
+
+    @property
+    def rate(self) -> float:
+        return self.messages / self.seconds
+
+    def text(self) -> str:
+        return (
+            f"{self.rate:,.0f} msgs/s ({self.seconds:.2f} s; "
+            + _cpu_text(self.server_cpu, self.messages, self.client_cpu_s)
+            + ")"
+        )
+
+
+def _pop_drain(side: PopSide, messages: int, group: str, workdir: Path) -> PopDrain:
+    """One drain of the preloaded topic by a fresh `group` in POP mode: RocketMQ 5's Java
+    client (tests/compat/rocketmq5's PopConsumer5, DefaultMQPushConsumer with
+    clientRebalance off) asks the broker for its queues, pops them POP_BATCH at a time
+    and acknowledges each message. Checked: `messages` deliveries of as many distinct
+    messages. The time is the client's own, from its start's return to the last."""
+    body = json.dumps(
+        {"consumerGroup": group, "mode": "POP", "popShareQueueNum": 0, "topic": DRAIN_TOPIC}
+    ).encode()
+    answer = remoting_call(side.master, Command(codes.SET_MESSAGE_REQUEST_MODE, body=body), 10)
+    if answer.code != codes.SUCCESS:
+        raise RuntimeError(
+            f"{side.name} refused POP mode for {group} (code {answer.code}): {answer.remark}"
+        )
+    consumer = compat_clients.java(
+        "PopConsumer5",
+        ["--namesrv", side.namesrv, "--group", group, "--topic", DRAIN_TOPIC,
+         "--count", str(messages), "--batch", str(POP_BATCH), "--summary", "--stdin-stop"],
+        workdir / f"pop-{group}",
+        f"pop-{group}",
+        kit="rocketmq5",
+    )  # fmt: skip
+    consumer.start()
+    try:
+        consumer.wait(lambda c: c.of("started"), POP_START_TIMEOUT_S, "the pop consumer's start")
+        before, client_before = side.cpu(), cpu_seconds(consumer.pid)
+        consumer.wait(
+            lambda c: c.of("drained"),
+            POP_DRAIN_TIMEOUT_S,
+            f"{messages:,} messages popped by {group} from {side.name}",
+        )
+        after, client_after = side.cpu(), cpu_seconds(consumer.pid)
+    finally:
+        consumer.stop()
+    [drained] = consumer.of("drained")
+    if drained["distinct"] != messages:
+        raise AssertionError(
+            f"{side.name}: {group} consumed {drained['consumed']:,} deliveries of "
+            f"{drained['distinct']:,} distinct messages; {messages:,} were preloaded"
+        )
+    return PopDrain(
+        messages=messages,
+        seconds=drained["seconds"],
+        server_cpu={k: after[k] - before[k] for k in before},
+        client_cpu_s=client_after - client_before,
+    )
+
+
+def _pop_figure(pairs: list[dict], plan: Plan, warmup: Warmup) -> Figure:
+    def ratio(p: dict) -> float:
+        return p[FERRY].rate / p[APACHE].rate
+
+    pair = _median_pair(pairs, ratio)
+    return Figure(
+        name=f"RocketMQ 5's Java pop consumer over RocketMQ's protocol, 1 consumer, "
+        f"{POP_BATCH}/pop, {plan.messages:,} x {BODY_SIZE} B over {QUEUES} queues",
+        value=pair[FERRY].rate,
+        unit="msgs/s",
+        baseline=pair[APACHE].rate,
+        baseline_label=f"Apache {ROCKETMQ5_VERSION}'s broker (in its proxy's JVM), same "
+        "client, same round",
+        target=Target("ratio", ">=", 1.0),
+        detail=_how(plan, "one drain each, a fresh group in POP mode each")
+        + "Ratios by round: "
+        + _ratios(pairs, ratio)
+        + ". ferry: "
+        + "; ".join(p[FERRY].text() for p in pairs)
+        + ". Apache: "
+        + "; ".join(p[APACHE].text() for p in pairs)
+        + f". Before the rounds Apache's JVM ran {warmup.text()}. The consumer is "
+        f"rocketmq-client {ROCKETMQ5_VERSION}'s DefaultMQPushConsumer with clientRebalance "
+        "off (tests/compat/rocketmq5's PopConsumer5): QUERY_ASSIGNMENT, then POP_MESSAGE "
+        "and one ACK_MESSAGE per message, after SET_MESSAGE_REQUEST_MODE put its group in "
+        "POP mode; its time runs from its start's return to the last delivery. The "
+        "backlogs are those the receive rows drained (ferry's broker behind its proxy).",
+    )
+
+
 def _preload_v2(endpoint: str, messages: int) -> float:
     """`messages` messages (proxy_bench's bodies and ids) through v2 `SendMessage`
     batches of PRELOAD_BATCH; returns seconds."""
@@ -731,14 +849,17 @@ def _preload_v2(endpoint: str, messages: int) -> float:
 
 def proxy_figures(workdir: Path, plan: Plan, server_cpus, client_cpus) -> list[Figure]:
     warm_groups = [f"bench-{APACHE}-warmup-{i}" for i in range(WARM_DRAINS)]
-    groups = [f"bench-{APACHE}-{r}" for r in range(plan.rounds)] + warm_groups
+    warm_pops = [f"pop-{APACHE}-warmup-{i}" for i in range(WARM_POPS)]
+    pop_groups = [f"pop-{APACHE}-{r}" for r in range(plan.rounds)] + warm_pops
+    groups = [f"bench-{APACHE}-{r}" for r in range(plan.rounds)] + warm_groups + pop_groups
     requests, _ = proxy_bench._send_pools()
     namesrv, proxy = _apache_side(workdir / "apache-v5", groups)
     with contextlib.ExitStack() as stack:
         with starting(stack, [(namesrv, server_cpus), (proxy, server_cpus)]):
-            ferry, ferry_broker = stack.enter_context(
+            ferry, ferry_cluster = stack.enter_context(
                 _ferry_side(workdir / "ferry-v5", server_cpus)
             )
+            ferry_broker = ferry_cluster.broker.target
             local, local_broker = stack.enter_context(
                 _local_side(workdir / "ferry-local", server_cpus)
             )
@@ -798,10 +919,39 @@ def proxy_figures(workdir: Path, plan: Plan, server_cpus, client_cpus) -> list[F
             return drain
 
         drains = _alternate(plan.rounds, drain_round, "drain", then=[LOCAL])
+
+        # The same backlogs, drained by RocketMQ 5's Java pop consumer over RocketMQ's
+        # protocol: the brokers alone (Apache's in its proxy's JVM), no proxy in the way.
+        pop_sides = {
+            FERRY: PopSide(
+                FERRY, ferry_cluster.namesrv.remoting_target,
+                ferry_cluster.broker.remoting_target, {"broker": ferry_cluster.broker.pid},
+            ),
+            APACHE: PopSide(
+                APACHE, namesrv.address, f"127.0.0.1:{proxy.broker_port}",
+                {"proxy+broker JVM": proxy.pid},
+            ),
+        }  # fmt: skip
+        pop_warmup = warm_jvm(
+            proxy.pid,
+            lambda i: _pop_drain(pop_sides[APACHE], plan.messages, warm_pops[i], workdir),
+            "pop drain",
+            plan.jit_drain_s,
+            WARM_POPS,
+        )
+
+        def pop_round(side: str, r: int) -> PopDrain:
+            group = f"pop-{side}-{r}"
+            drain = _pop_drain(pop_sides[side], plan.messages, group, workdir)
+            _progress(f"pop drain round {r + 1}, {side}: {drain.text()}")
+            return drain
+
+        pops = _alternate(plan.rounds, pop_round, "pop drain")
     return [
         *_send_figures(sends, plan, send_warmup),
         _drain_figure(drains, plan, drain_warmup),
         *_local_figures(sends, drains, plan),
+        _pop_figure(pops, plan, pop_warmup),
     ]
 
 

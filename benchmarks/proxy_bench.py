@@ -132,6 +132,7 @@ def _message_id(seq: int) -> str:
 class Cluster:
     broker: ServerProcess
     proxy: ServerProcess
+    namesrv: ServerProcess
 
     def cpu(self) -> tuple[float, float]:
         """CPU-seconds used so far by (broker, proxy)."""
@@ -191,7 +192,7 @@ def _cluster(workdir: Path, broker_cpus, proxy_cpus) -> Iterator[Cluster]:
                 proxy_cpus,
             )
         )
-        yield Cluster(broker, proxy)
+        yield Cluster(broker, proxy, namesrv)
 
 
 def _paired(rounds: int, measure: Callable[[str, int], object], ratio, label: str) -> list:

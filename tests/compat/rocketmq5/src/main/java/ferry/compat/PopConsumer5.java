@@ -1,6 +1,8 @@
 package ferry.compat;
 
 import java.util.Map;
+import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
@@ -31,12 +33,17 @@ import org.apache.rocketmq.common.message.MessageExt;
  * successful deliveries, after --timeout-ms, or when stdin closes (--stdin-stop).
  * --invisible-ms is setPopInvisibleTime (the client takes 5000..300000), --batch
  * setPopBatchNums (1..32).
+ *
+ * <p>--summary (a benchmark's drain, with --count N) prints no line per delivery: after
+ * {"event": "started"} it prints {"event": "drained", "consumed", "distinct", "seconds"} once N
+ * deliveries were consumed (distinct: how many message ids among them; seconds: from the
+ * consumer's start returning to the Nth), then "stopped".
  */
 public final class PopConsumer5 {
   private static final String USAGE =
       "PopConsumer5 --namesrv ADDR --group G --topic T [--sub EXPR] [--instance NAME]"
           + " [--count N] [--timeout-ms MS] [--stdin-stop] [--later-keys REGEX --later-times N]"
-          + " [--invisible-ms MS] [--batch N]";
+          + " [--invisible-ms MS] [--batch N] [--summary]";
 
   public static void main(String[] args) throws Exception {
     Cli cli = new Cli(args, USAGE);
@@ -45,8 +52,11 @@ public final class PopConsumer5 {
     long timeout = cli.integer("timeout-ms", 0);
     Pattern laterKeys = Pattern.compile(cli.text("later-keys", "(?!)"));
     int laterTimes = cli.integer("later-times", 0);
+    boolean summary = cli.flag("summary");
     AtomicInteger consumed = new AtomicInteger();
     CountDownLatch enough = new CountDownLatch(1);
+    Set<String> ids = ConcurrentHashMap.newKeySet();
+    long[] nanos = new long[2]; // the start's return, the Nth delivery
 
     DefaultMQPushConsumer consumer = new DefaultMQPushConsumer(cli.required("group"));
     consumer.setNamesrvAddr(cli.required("namesrv"));
@@ -77,17 +87,23 @@ public final class PopConsumer5 {
                 if (later) {
                   status = ConsumeConcurrentlyStatus.RECONSUME_LATER;
                 }
-                Map<String, Object> out = Cli.event("msg");
-                out.put("instance", instance);
-                out.put("status", later ? "LATER" : "SUCCESS");
-                Cli.emit(Cli.describe(out, m));
+                if (summary) {
+                  ids.add(m.getMsgId());
+                } else {
+                  Map<String, Object> out = Cli.event("msg");
+                  out.put("instance", instance);
+                  out.put("status", later ? "LATER" : "SUCCESS");
+                  Cli.emit(Cli.describe(out, m));
+                }
                 if (!later && consumed.incrementAndGet() == count) {
+                  nanos[1] = System.nanoTime();
                   enough.countDown();
                 }
               }
               return status;
             });
     consumer.start();
+    nanos[0] = System.nanoTime();
     Map<String, Object> started = Cli.event("started");
     started.put("instance", instance);
     Cli.emit(started);
@@ -95,6 +111,14 @@ public final class PopConsumer5 {
     long deadline = timeout > 0 ? System.currentTimeMillis() + timeout : Long.MAX_VALUE;
     while (enough.getCount() > 0 && !cli.stdinClosed() && System.currentTimeMillis() < deadline) {
       enough.await(50, TimeUnit.MILLISECONDS);
+    }
+    if (summary && enough.getCount() == 0) {
+      Map<String, Object> drained = Cli.event("drained");
+      drained.put("instance", instance);
+      drained.put("consumed", consumed.get());
+      drained.put("distinct", ids.size());
+      drained.put("seconds", (nanos[1] - nanos[0]) / 1e9);
+      Cli.emit(drained);
     }
     consumer.shutdown();
     Map<String, Object> stopped = Cli.event("stopped");
