@@ -935,7 +935,7 @@ def proxy_figures(workdir: Path, plan: Plan, server_cpus, client_cpus) -> list[F
         pop_warmup = warm_jvm(
             proxy.pid,
             lambda i: _pop_drain(pop_sides[APACHE], plan.messages, warm_pops[i], workdir),
-            "pop drain",
+            "drain by pop",  # text() makes it "drains by pop"
             plan.jit_drain_s,
             WARM_POPS,
         )
@@ -2106,7 +2106,16 @@ NOTES: list[str] = [
     "door's hand-off, a task, the servicer's validation and conversion, metrics) and the "
     "broker's cost per short run (8 senders: runs of at most 8). The empty-method row is "
     "grpcio's floor (~250 µs of CPU per call), which ferry's door is under. The load is "
-    "RocketMQ 5's Go SDK at ~55-70 µs of client CPU per message, far from its core's bound.",
+    "RocketMQ 5's Go SDK at ~55-70 µs of client CPU per message, far from its core's bound. "
+    "On 2026-12-07 17:01 UTC, after the door's writes were coalesced (one write per reply "
+    "batch: 0.80 instead of 1.31 sendto calls per call) and a local-mode broker moved to "
+    "uvloop, local mode spent 114-130 µs per message in all, at or under Apache's 125-174 in "
+    "the same rounds.",
+    "Pop consumer (2026-12-07 17:01 UTC): one rocketmq-client 5.5.0 JVM per drain, started "
+    "fresh, pops 32 at a time and acks each message with its own ACK_MESSAGE; at ~4,000 "
+    "msgs/s it spends ~175-230 µs of its own core per message, so both brokers (ferry's "
+    "~100-115 µs per message, Apache's ~100-155) wait on it and the ratio says more about "
+    "the same client than about either broker.",
     "Receive + ack (ferry level in local mode, behind through the proxy): the proxy pops "
     "each broker over RocketMQ's protocol (POP_MESSAGE of up to 32), converts each record "
     "to the SDK's Message and streams it, and acknowledges with one BATCH_ACK_MESSAGE per "
