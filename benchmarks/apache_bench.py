@@ -659,7 +659,7 @@ def _go_env() -> dict[str, str]:
 class Drain:
     messages: int
     seconds: float
-    calls: int
+    calls: int | None  # None: not counted (the pop consumer's drain)
     server_cpu: dict[str, float]
     client_cpu_s: float
 
@@ -668,8 +668,9 @@ class Drain:
         return self.messages / self.seconds
 
     def text(self) -> str:
+        calls = "" if self.calls is None else f", {self.calls:,} calls"
         return (
-            f"{self.rate:,.0f} msgs/s ({self.seconds:.2f} s, {self.calls:,} calls; "
+            f"{self.rate:,.0f} msgs/s ({self.seconds:.2f} s{calls}; "
             + _cpu_text(self.server_cpu, self.messages, self.client_cpu_s)
             + ")"
         )
@@ -694,56 +695,24 @@ def _drain(peer: Peer, messages: int, group: str, workdir: Path) -> Drain:
     )
 
 
-@dataclass(frozen=True)
-class PopSide:
-    """A broker for the pop drain: its name server and RocketMQ-protocol address, and the
-    processes whose CPU it is charged (label → pid)."""
-
-    name: str
-    namesrv: str
-    master: str
-    pids: dict[str, int]
-
-    def cpu(self) -> dict[str, float]:
-        return {label: cpu_seconds(pid) for label, pid in self.pids.items()}
-
-
-@dataclass(frozen=True)
-class PopDrain:
-    messages: int
-    seconds: float
-    server_cpu: dict[str, float]
-    client_cpu_s: float
-
-    @property
-    def rate(self) -> float:
-        return self.messages / self.seconds
-
-    def text(self) -> str:
-        return (
-            f"{self.rate:,.0f} msgs/s ({self.seconds:.2f} s; "
-            + _cpu_text(self.server_cpu, self.messages, self.client_cpu_s)
-            + ")"
-        )
-
-
-def _pop_drain(side: PopSide, messages: int, group: str, workdir: Path) -> PopDrain:
+def _pop_drain(side: Peer, namesrv: str, messages: int, group: str, workdir: Path) -> Drain:
     """One drain of the preloaded topic by a fresh `group` in POP mode: RocketMQ 5's Java
     client (tests/compat/rocketmq5's PopConsumer5, DefaultMQPushConsumer with
     clientRebalance off) asks the broker for its queues, pops them POP_BATCH at a time
     and acknowledges each message. Checked: `messages` deliveries of as many distinct
-    messages. The time is the client's own, from its start's return to the last."""
+    messages. `side.endpoint` is the broker's RocketMQ-protocol address, `namesrv` its
+    name server's. The time is the client's own, from its start's return to the last."""
     body = json.dumps(
         {"consumerGroup": group, "mode": "POP", "popShareQueueNum": 0, "topic": DRAIN_TOPIC}
     ).encode()
-    answer = remoting_call(side.master, Command(codes.SET_MESSAGE_REQUEST_MODE, body=body), 10)
+    answer = remoting_call(side.endpoint, Command(codes.SET_MESSAGE_REQUEST_MODE, body=body), 10)
     if answer.code != codes.SUCCESS:
         raise RuntimeError(
             f"{side.name} refused POP mode for {group} (code {answer.code}): {answer.remark}"
         )
     consumer = compat_clients.java(
         "PopConsumer5",
-        ["--namesrv", side.namesrv, "--group", group, "--topic", DRAIN_TOPIC,
+        ["--namesrv", namesrv, "--group", group, "--topic", DRAIN_TOPIC,
          "--count", str(messages), "--batch", str(POP_BATCH), "--summary", "--stdin-stop"],
         workdir / f"pop-{group}",
         f"pop-{group}",
@@ -767,9 +736,10 @@ def _pop_drain(side: PopSide, messages: int, group: str, workdir: Path) -> PopDr
             f"{side.name}: {group} consumed {drained['consumed']:,} deliveries of "
             f"{drained['distinct']:,} distinct messages; {messages:,} were preloaded"
         )
-    return PopDrain(
+    return Drain(
         messages=messages,
         seconds=drained["seconds"],
+        calls=None,
         server_cpu={k: after[k] - before[k] for k in before},
         client_cpu_s=client_after - client_before,
     )
@@ -922,27 +892,28 @@ def proxy_figures(workdir: Path, plan: Plan, server_cpus, client_cpus) -> list[F
 
         # The same backlogs, drained by RocketMQ 5's Java pop consumer over RocketMQ's
         # protocol: the brokers alone (Apache's in its proxy's JVM), no proxy in the way.
-        pop_sides = {
-            FERRY: PopSide(
-                FERRY, ferry_cluster.namesrv.remoting_target,
-                ferry_cluster.broker.remoting_target, {"broker": ferry_cluster.broker.pid},
+        pop_sides = {  # (the broker's RocketMQ-protocol address as the peer, its name server)
+            FERRY: (
+                Peer(FERRY, ferry_cluster.broker.remoting_target,
+                     {"broker": ferry_cluster.broker.pid}),
+                ferry_cluster.namesrv.remoting_target,
             ),
-            APACHE: PopSide(
-                APACHE, namesrv.address, f"127.0.0.1:{proxy.broker_port}",
-                {"proxy+broker JVM": proxy.pid},
+            APACHE: (
+                Peer(APACHE, f"127.0.0.1:{proxy.broker_port}", {"proxy+broker JVM": proxy.pid}),
+                namesrv.address,
             ),
         }  # fmt: skip
         pop_warmup = warm_jvm(
             proxy.pid,
-            lambda i: _pop_drain(pop_sides[APACHE], plan.messages, warm_pops[i], workdir),
+            lambda i: _pop_drain(*pop_sides[APACHE], plan.messages, warm_pops[i], workdir),
             "drain by pop",  # text() makes it "drains by pop"
             plan.jit_drain_s,
             WARM_POPS,
         )
 
-        def pop_round(side: str, r: int) -> PopDrain:
+        def pop_round(side: str, r: int) -> Drain:
             group = f"pop-{side}-{r}"
-            drain = _pop_drain(pop_sides[side], plan.messages, group, workdir)
+            drain = _pop_drain(*pop_sides[side], plan.messages, group, workdir)
             _progress(f"pop drain round {r + 1}, {side}: {drain.text()}")
             return drain
 
