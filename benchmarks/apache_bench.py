@@ -745,34 +745,55 @@ def _pop_drain(side: Peer, namesrv: str, messages: int, group: str, workdir: Pat
     )
 
 
-def _pop_figure(pairs: list[dict], plan: Plan, warmup: Warmup) -> Figure:
+def _drain_pairs_figure(
+    pairs: list[dict],
+    plan: Plan,
+    warmup: Warmup,
+    name: str,
+    baseline_label: str,
+    each: str,
+    about: str,
+) -> Figure:
+    """A drain row (rate, ferry against Apache, ≥ 1.0×) from paired rounds of Drains:
+    the median pair, every round's ratio and figures, Apache's warm-up, then `about`."""
+
     def ratio(p: dict) -> float:
         return p[FERRY].rate / p[APACHE].rate
 
     pair = _median_pair(pairs, ratio)
     return Figure(
-        name=f"RocketMQ 5's Java pop consumer over RocketMQ's protocol, 1 consumer, "
-        f"{POP_BATCH}/pop, {plan.messages:,} x {BODY_SIZE} B over {QUEUES} queues",
+        name=name,
         value=pair[FERRY].rate,
         unit="msgs/s",
         baseline=pair[APACHE].rate,
-        baseline_label=f"Apache {ROCKETMQ5_VERSION}'s broker (in its proxy's JVM), same "
-        "client, same round",
+        baseline_label=baseline_label,
         target=Target("ratio", ">=", 1.0),
-        detail=_how(plan, "one drain each, a fresh group in POP mode each")
+        detail=_how(plan, each)
         + "Ratios by round: "
         + _ratios(pairs, ratio)
         + ". ferry: "
         + "; ".join(p[FERRY].text() for p in pairs)
         + ". Apache: "
         + "; ".join(p[APACHE].text() for p in pairs)
-        + f". Before the rounds Apache's JVM ran {warmup.text()}. The consumer is "
-        f"rocketmq-client {ROCKETMQ5_VERSION}'s DefaultMQPushConsumer with clientRebalance "
-        "off (tests/compat/rocketmq5's PopConsumer5): QUERY_ASSIGNMENT, then POP_MESSAGE "
-        "and one ACK_MESSAGE per message, after SET_MESSAGE_REQUEST_MODE put its group in "
-        "POP mode; its time runs from its start's return to the last delivery. The "
-        "backlogs are those the receive rows drained (ferry's broker behind its proxy).",
-    )
+        + f". Before the rounds Apache's JVM ran {warmup.text()}. "
+        + about,
+    )  # fmt: skip
+
+
+def _pop_figure(pairs: list[dict], plan: Plan, warmup: Warmup) -> Figure:
+    return _drain_pairs_figure(
+        pairs, plan, warmup,
+        name=f"RocketMQ 5's Java pop consumer over RocketMQ's protocol, 1 consumer, "
+        f"{POP_BATCH}/pop, {plan.messages:,} x {BODY_SIZE} B over {QUEUES} queues",
+        baseline_label=f"Apache {ROCKETMQ5_VERSION}'s broker (in its proxy's JVM), same "
+        "client, same round",
+        each="one drain each, a fresh group in POP mode each",
+        about=f"The consumer is rocketmq-client {ROCKETMQ5_VERSION}'s DefaultMQPushConsumer "
+        "with clientRebalance off (tests/compat/rocketmq5's PopConsumer5): QUERY_ASSIGNMENT, "
+        "then POP_MESSAGE and one ACK_MESSAGE per message, after SET_MESSAGE_REQUEST_MODE put "
+        "its group in POP mode; its time runs from its start's return to the last delivery. "
+        "The backlogs are those the receive rows drained (ferry's broker behind its proxy).",
+    )  # fmt: skip
 
 
 def _preload_v2(endpoint: str, messages: int) -> float:
@@ -1046,30 +1067,16 @@ def _drain_shape(plan: Plan) -> str:
 
 
 def _drain_figure(pairs: list[dict], plan: Plan, warmup: Warmup) -> Figure:
-    def ratio(p: dict) -> float:
-        return p[FERRY].rate / p[APACHE].rate
-
-    pair = _median_pair(pairs, ratio)
-    return Figure(
+    return _drain_pairs_figure(
+        pairs, plan, warmup,
         name=f"v2 ReceiveMessage + AckMessage through the proxy, {_drain_shape(plan)}",
-        value=pair[FERRY].rate,
-        unit="msgs/s",
-        baseline=pair[APACHE].rate,
         baseline_label=f"Apache {ROCKETMQ5_VERSION}'s proxy, same consumers, same round",
-        target=Target("ratio", ">=", 1.0),
-        detail=_how(plan, "one drain each, a fresh group each")
-        + "Ratios by round: "
-        + _ratios(pairs, ratio)
-        + ". ferry: "
-        + "; ".join(p[FERRY].text() for p in pairs)
-        + ". Apache: "
-        + "; ".join(p[APACHE].text() for p in pairs)
-        + f". Before the rounds Apache's JVM ran {warmup.text()}. Each consumer is a "
-        "process with one channel, one call at a time (synchronous "
+        each="one drain each, a fresh group each",
+        about="Each consumer is a process with one channel, one call at a time (synchronous "
         "grpc), with its own client id and a Telemetry stream, as an SDK's SimpleConsumer. "
         "ferry's topic is preloaded with ferry.v1 batches to the broker, Apache's with v2 "
         "batches through its proxy: the same bodies and message ids.",
-    )
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------- 2. replication

@@ -35,14 +35,17 @@ DEFAULT_LOOP = "uvloop"
 ENV = "FERRY_EVENT_LOOP"
 
 
-def add_argument(parser: argparse.ArgumentParser, default: str = DEFAULT_LOOP) -> None:
-    """`--event-loop`, defaulting to $FERRY_EVENT_LOOP, else `default`."""
+def add_argument(
+    parser: argparse.ArgumentParser, default: str | None = DEFAULT_LOOP, default_text: str = ""
+) -> None:
+    """`--event-loop`, defaulting to $FERRY_EVENT_LOOP, else `default` (None: the
+    program decides later, as `default_text` tells the help)."""
     parser.add_argument(
         "--event-loop",
         choices=LOOPS,
         default=os.environ.get(ENV) or default,
         help=f"the asyncio event loop: uvloop (less CPU per call) or asyncio (Python's own); "
-        f"default {default}; ${ENV}",
+        f"default {default_text or default}; ${ENV}",
     )
 
 

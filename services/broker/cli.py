@@ -10,7 +10,6 @@ import argparse
 import dataclasses
 import gc
 import logging
-import os
 from pathlib import Path
 
 from ferry.runtime import auth, eventloop
@@ -84,12 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--help-keys", action="store_true", help="list every broker.conf key with its default"
     )
-    parser.add_argument(
-        "--event-loop",
-        choices=eventloop.LOOPS,
-        default=os.environ.get(eventloop.ENV) or None,
-        help=f"the asyncio event loop: uvloop (less CPU per call) or asyncio (Python's own); "
-        f"default {BROKER_LOOP}, {LOCAL_MODE_LOOP} with enableProxy; ${eventloop.ENV}",
+    eventloop.add_argument(
+        parser, None, default_text=f"{BROKER_LOOP}, {LOCAL_MODE_LOOP} with enableProxy"
     )
     parser.add_argument(
         "--log-level",

@@ -247,11 +247,8 @@ class LocalRoutes:
             perm &= broker_perm
         addr = self.addr
         # The route of the last call for this topic when nothing it is made of has
-        # changed since: a send asks for it every time.
-        key = (
-            config, perm, config.read_queue_nums, config.write_queue_nums, config.order,
-            config.message_type, addr, self.remoting,
-        )  # fmt: skip
+        # changed since (a TopicConfig is immutable): a send asks for it every time.
+        key = (config, perm, addr, self.remoting)
         known = self._made.get(topic)
         if known is not None and known[0] == key:
             return known[1]
