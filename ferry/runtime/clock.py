@@ -69,6 +69,29 @@ async def wait_event(event, timeout_s: float) -> bool:
         return False
 
 
+class Ticker:
+    """Sets an `asyncio.Event` every `period_s` until `stop()` (one timer, re-armed as
+    it fires): a task that waits on the event with a plain `event.wait()` still runs
+    at least that often. For the waits made once per append (the dispatcher's, the
+    index's): `wait_event`'s timeout costs ~5 µs more a wait than the plain wait.
+    Made on the running loop."""
+
+    def __init__(self, event, period_s: float) -> None:
+        import asyncio
+
+        self._event = event
+        self._period_s = period_s
+        self._loop = asyncio.get_running_loop()
+        self._handle = self._loop.call_later(period_s, self._tick)
+
+    def _tick(self) -> None:
+        self._event.set()
+        self._handle = self._loop.call_later(self._period_s, self._tick)
+
+    def stop(self) -> None:
+        self._handle.cancel()
+
+
 async def within(awaitable, timeout_s: float | None):
     """`await awaitable` for at most `timeout_s` (TimeoutError after, the awaitable
     cancelled). What `asyncio.wait_for` does, except that on Python 3.11 wait_for

@@ -206,3 +206,37 @@ def test_peek_distrusts_its_input():
         record.peek(b"\x00\x00\x00\x80\x00\x00\x00\x00")
     with pytest.raises(RecordError, match="minimum"):
         record.peek((10).to_bytes(4, "big") + record.MESSAGE_MAGIC.to_bytes(4, "big"))
+
+
+def _file_bytes(log: CommitLog, offset: int, size: int) -> bytes:
+    """What the files hold at `offset`, read past the log's own memory of its tail."""
+    return log.read_raw(offset, size)[:size]
+
+
+def test_reads_of_what_was_just_written_match_the_files(tmp_path, monkeypatch):
+    log = CommitLog(tmp_path / "commitlog", FILE_SIZE)
+    offsets = [put(log, rec(30 + i, queue_offset=i)) for i in range(40)]  # across files
+    last, first = offsets[-1], offsets[0]
+    newest = _file_bytes(log, last, log.max_offset - last)
+    oldest = _file_bytes(log, first, 40)
+    preads = []
+    real_pread = os.pread
+    monkeypatch.setattr(os, "pread", lambda *a: preads.append(a) or real_pread(*a))
+    assert log.read(last, log.max_offset - last) == newest
+    assert preads == [], "the newest record was read from the files, not from memory"
+    assert log.read(first, 40) == oldest
+    assert len(preads) == 1  # an old record is still read from its file
+    log.close()
+
+
+def test_a_discarded_tail_is_never_read_back_from_memory(tmp_path):
+    log = CommitLog(tmp_path / "commitlog", FILE_SIZE * 4)
+    offsets = [put(log, rec(100, queue_offset=i)) for i in range(5)]
+    log.set_write_offset(offsets[3])
+    replacement = put(log, rec(60, queue_offset=99))
+    assert replacement == offsets[3]
+    size = log.max_offset - replacement
+    assert log.read(replacement, size) == _file_bytes(log, replacement, size)
+    with pytest.raises(CommitLogError):
+        log.read(offsets[4], 10)  # past the write position now
+    log.close()

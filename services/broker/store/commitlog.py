@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 NAME_DIGITS = 20
 _NAME = re.compile(r"\d{20}")
 _ZERO_CHUNK = bytes(4 << 20)
+# At most this many of the bytes written last are kept to answer reads (`CommitLog._tail`).
+TAIL_BYTES = 4 << 20
 
 
 class CommitLogError(Exception):
@@ -103,6 +105,12 @@ class CommitLog:
         self.inline_allocations = 0  # files the appender had to create itself
         # Until recovery says otherwise, everything in the files counts as written.
         self._write_offset = self._segments[-1].start + file_size if self._segments else 0
+        # The bytes written last, from their offset (`_write`): the dispatcher and the
+        # index read each run of records right after it is written, and this answers
+        # them without a pread. Extended in place (its earlier bytes never change
+        # while it is current) or replaced, never shrunk, so a reader in a thread
+        # that took the pair still reads what is in the files.
+        self._tail: tuple[int, bytearray] = (self._write_offset, bytearray())
 
     # ------------------------------------------------------------ state
 
@@ -143,6 +151,7 @@ class CommitLog:
             end = self.files_end if zero_to is None else min(zero_to, self.files_end)
             self._zero(self._segments[-1], offset - start, end - start)
         self._write_offset = offset
+        self._tail = (offset, bytearray())
 
     # ------------------------------------------------------------ writes
 
@@ -206,6 +215,7 @@ class CommitLog:
                 f"offset {offset} is not the start of a file of {self.file_size} bytes"
             )
         self._write_offset = offset
+        self._tail = (offset, bytearray())
 
     def append_raw(self, data: bytes) -> int:
         """Append replicated bytes as they are (a slave); they must not cross the
@@ -227,6 +237,7 @@ class CommitLog:
         self._segments = []
         self._dirty = []
         self._write_offset = 0
+        self._tail = (0, bytearray())
         self.discard_spare()
 
     # ------------------------------------------------------------ retention
@@ -361,8 +372,13 @@ class CommitLog:
     # ------------------------------------------------------------ reads
 
     def read(self, offset: int, size: int) -> bytes:
-        """`size` bytes at `offset`, inside one file and below the write position."""
+        """`size` bytes at `offset`, inside one file and below the write position:
+        from the bytes written last when they hold them (no pread), else the file."""
         segment = self._checked_segment(offset, size)
+        tail_start, tail = self._tail
+        i = offset - tail_start
+        if i >= 0 and i + size <= len(tail):
+            return bytes(tail[i : i + size])
         return os.pread(segment.fd, size, offset - segment.start)
 
     def _checked_segment(self, offset: int, size: int) -> _Segment:
@@ -471,6 +487,13 @@ class CommitLog:
         except OSError as exc:
             exc.filename = exc.filename or str(segment.path)  # name the file in what is logged
             raise
+        tail_start, tail = self._tail
+        if start == tail_start + len(tail) and len(tail) + len(data) <= TAIL_BYTES:
+            tail += data
+        elif len(data) <= TAIL_BYTES:
+            self._tail = (start, bytearray(data))
+        else:
+            self._tail = (start + len(data), bytearray())
 
     def _create(self, start: int) -> None:
         spare = self._spare

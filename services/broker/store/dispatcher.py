@@ -22,7 +22,7 @@ from collections.abc import Callable
 from ferry import record
 from ferry.model import DELAY_LEVELS_S, SCHEDULE_TOPIC
 from ferry.record import RecordError
-from ferry.runtime.clock import wait_event
+from ferry.runtime.clock import Ticker
 from ferry.runtime.errors import StorageFault
 from services.broker.store.commitlog import CommitLog
 from services.broker.store.consumequeue import ConsumeQueues
@@ -147,37 +147,43 @@ class Dispatcher:
         if self._wake is None:
             self._wake = asyncio.Event()
         failing = False
-        while True:
-            await wait_event(self._wake, idle_wait_s)
-            self._wake.clear()
-            try:
-                # Short slices: an HA slave catching up, gRPC calls and sends
-                # get their turns between them.
-                while self.dispatch_some(step=BACKGROUND_STEP_BYTES):
-                    if self.offset >= self.commit_log.max_offset:
-                        break  # caught up: nothing to yield for
-                    await self._yield()
-            except DispatchError:
-                await asyncio.sleep(1.0)
-            except OSError as exc:
-                if not is_full_disk(exc):
-                    where = exc.filename or f"a consume queue under {self.queues.root}"
-                    fault = StorageFault("pwrite", str(where), exc)
-                    log.error("dispatch stopped: %s", fault)
-                    if self.on_fault is not None:
-                        self.on_fault(fault)
-                    return
-                # A full disk (consume-queue files grow as they fill): the
-                # entries are written again from the same commit-log offset
-                # once there is room; consumers wait for them meanwhile.
-                if not failing:
-                    log.error("dispatch cannot write consume queues: %s; retrying every 1 s", exc)
-                failing = True
-                await asyncio.sleep(1.0)
-            else:
-                if failing:
-                    log.info("dispatch writes consume queues again")
-                failing = False
+        ticker = Ticker(self._wake, idle_wait_s)
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                try:
+                    # Short slices: an HA slave catching up, gRPC calls and sends
+                    # get their turns between them.
+                    while self.dispatch_some(step=BACKGROUND_STEP_BYTES):
+                        if self.offset >= self.commit_log.max_offset:
+                            break  # caught up: nothing to yield for
+                        await self._yield()
+                except DispatchError:
+                    await asyncio.sleep(1.0)
+                except OSError as exc:
+                    if not is_full_disk(exc):
+                        where = exc.filename or f"a consume queue under {self.queues.root}"
+                        fault = StorageFault("pwrite", str(where), exc)
+                        log.error("dispatch stopped: %s", fault)
+                        if self.on_fault is not None:
+                            self.on_fault(fault)
+                        return
+                    # A full disk (consume-queue files grow as they fill): the
+                    # entries are written again from the same commit-log offset
+                    # once there is room; consumers wait for them meanwhile.
+                    if not failing:
+                        log.error(
+                            "dispatch cannot write consume queues: %s; retrying every 1 s", exc
+                        )
+                    failing = True
+                    await asyncio.sleep(1.0)
+                else:
+                    if failing:
+                        log.info("dispatch writes consume queues again")
+                    failing = False
+        finally:
+            ticker.stop()
 
     async def _yield(self) -> None:
         """Between slices: one event-loop turn; longer while `busy()` says a

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ferry import record
-from ferry.runtime.clock import wait_event
+from ferry.runtime.clock import Ticker
 from services.broker.store.commitlog import CommitLog, CommitLogError
 from services.broker.store.indexfile import (
     IndexFile,
@@ -275,33 +275,37 @@ class MessageIndex:
         """Index whenever woken (appends wake it) and at least every IDLE_WAIT_S."""
         self._wake = asyncio.Event()
         failing = False
-        while True:
-            await wait_event(self._wake, IDLE_WAIT_S)
-            self._wake.clear()
-            try:
-                while True:
-                    moved = self.build_some()
-                    if moved is None:
-                        await self._roll()
-                        continue
-                    if not moved or self.offset >= self.commit_log.max_offset:
-                        break
-                    await asyncio.sleep(0)
-            except (record.RecordError, CommitLogError) as exc:
-                if not failing:
-                    self.error = f"commit offset {self.offset}: {exc}"
-                    log.error("index stopped at commit offset %d: %s", self.offset, exc)
-                failing = True
-                await asyncio.sleep(1.0)
-            except OSError as exc:
-                if not failing:
-                    log.error("index cannot write its files: %s; retrying every 1 s", exc)
-                failing = True
-                await asyncio.sleep(1.0)
-            else:
-                if failing:
-                    log.info("index builds again from commit offset %d", self.offset)
-                failing, self.error = False, None
+        ticker = Ticker(self._wake, IDLE_WAIT_S)
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                try:
+                    while True:
+                        moved = self.build_some()
+                        if moved is None:
+                            await self._roll()
+                            continue
+                        if not moved or self.offset >= self.commit_log.max_offset:
+                            break
+                        await asyncio.sleep(0)
+                except (record.RecordError, CommitLogError) as exc:
+                    if not failing:
+                        self.error = f"commit offset {self.offset}: {exc}"
+                        log.error("index stopped at commit offset %d: %s", self.offset, exc)
+                    failing = True
+                    await asyncio.sleep(1.0)
+                except OSError as exc:
+                    if not failing:
+                        log.error("index cannot write its files: %s; retrying every 1 s", exc)
+                    failing = True
+                    await asyncio.sleep(1.0)
+                else:
+                    if failing:
+                        log.info("index builds again from commit offset %d", self.offset)
+                    failing, self.error = False, None
+        finally:
+            ticker.stop()
 
     # ------------------------------------------------------------ lookups
 
