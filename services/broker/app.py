@@ -86,6 +86,7 @@ from services.broker.remoting import connection_closed as remoting_connection_cl
 from services.broker.remoting import handlers as remoting_handlers
 from services.broker.remoting import housekeeping as remoting_housekeeping
 from services.broker.remoting.deps import Deps
+from services.broker.remoting.sends import InProcessSends, Sends
 from services.broker.schedule.delay import DelayScheduler
 from services.broker.schedule.timer import TimerService
 from services.broker.servers import (
@@ -637,10 +638,14 @@ class BrokerApp:
             # Local mode: the proxy calls this broker's RocketMQ-protocol handlers
             # in-process (no loopback socket), under the broker's own address.
             assert self.local_routes is not None
-            link = LocalLink(
-                lambda: table, self.remoting.metrics if self.remoting is not None else None
-            )
+            metrics = self.remoting.metrics if self.remoting is not None else None
+            link = LocalLink(lambda: table, metrics)
             self.proxy.remoting_sends.attach(self.remoting_addr, link)  # type: ignore[arg-type]
+            # Sends skip even the in-process link's header and answer: they go to
+            # the send door's own steps.
+            self.proxy.remoting_sends.attach_local(
+                self.remoting_addr, InProcessSends(Sends(deps), metrics)
+            )
             self.local_routes.attach_remoting(self.remoting_addr)
         self.registry.register(
             BrokerStateCollector(

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any, Protocol
 
 import grpc
 
@@ -86,13 +87,19 @@ def refusal_status(code: int, remark: str) -> grpc.StatusCode:
     return _STATUS_OF_REFUSAL.get(code, grpc.StatusCode.INTERNAL)
 
 
-def header(request: broker_pb2.SendMessageRequest, producer_group: str) -> dict[str, str]:
-    """SEND_MESSAGE_V2's header (its one-letter names) for one ferry send."""
+def properties_of(request: broker_pb2.SendMessageRequest) -> dict[str, str]:
+    """A ferry send's properties as a RocketMQ send carries them: tags and keys among them."""
     properties = dict(request.properties)
     if request.tags:
         properties[record.PROPERTY_TAGS] = request.tags
     if request.keys:
         properties[record.PROPERTY_KEYS] = request.keys
+    return properties
+
+
+def header(request: broker_pb2.SendMessageRequest, producer_group: str) -> dict[str, str]:
+    """SEND_MESSAGE_V2's header (its one-letter names) for one ferry send."""
+    properties = properties_of(request)
     return {
         "a": producer_group,
         "b": request.topic,
@@ -117,9 +124,46 @@ def offset_of(msg_id: str) -> int:
         return 0
 
 
+def _result(
+    code: int, remark: str, msg_id: str, queue_id: int, queue_offset: int
+) -> broker_pb2.SendResult:
+    """A broker's answer to one send as its SendResult; raises SendRefused for a
+    refusal."""
+    status = _STATUS_BY_CODE.get(code)
+    if status is None:
+        remark = remark or f"refused with code {code}"
+        raise SendRefused(refusal_status(code, remark), remark)
+    return broker_pb2.SendResult(
+        status=status,
+        msg_id=msg_id,
+        queue_id=queue_id,
+        queue_offset=queue_offset,
+        commit_offset=offset_of(msg_id),
+        message_count=1,
+    )
+
+
+class InProcess(Protocol):
+    """A broker's send door in this process (local mode: services.broker.remoting.
+    sends.InProcessSends): a send's (code, remark, outcome) as its RocketMQ-protocol
+    port would answer them, without the wire."""
+
+    async def send(
+        self,
+        producer_group: str,
+        topic: str,
+        properties: dict[str, str],
+        body: bytes,
+        born_timestamp: int,
+        flag: int,
+        timeout_s: float,
+    ) -> tuple[int, str, Any]: ...
+
+
 class RemotingSends:
     """One pipelined RocketMQ-protocol connection per broker, made on first use
-    and again after it drops."""
+    and again after it drops; sends to a broker in this process go to its
+    in-process door (`attach_local`)."""
 
     def __init__(self, timeout_s: float, access_key: str = "", secret_key: str = "") -> None:
         self._timeout_s = timeout_s
@@ -132,6 +176,7 @@ class RemotingSends:
         # ferry.v1 port took: its ACL is on and this proxy has no account for it.
         self.unsigned_refused: set[str] = set()
         self._clients: dict[str, RemotingClient] = {}
+        self._local: dict[str, InProcess] = {}
         self._connecting: dict[str, asyncio.Future[RemotingClient]] = {}
         self.stats = SendStats()
 
@@ -167,14 +212,16 @@ class RemotingSends:
         self, addr: str, request: broker_pb2.SendMessageRequest
     ) -> broker_pb2.SendResult:
         """The broker's result for one message; raises SendRefused."""
-        ext = header(request, request.producer_group or DEFAULT_PRODUCER_GROUP)
+        group = request.producer_group or DEFAULT_PRODUCER_GROUP
         self.stats.calls += 1
         self.stats.messages += 1
-        answer = await self.call(addr, codes.SEND_MESSAGE_V2, ext, request.body, what="send")
-        status = _STATUS_BY_CODE.get(answer.code)
-        if status is None:
-            remark = answer.remark or f"refused with code {answer.code}"
-            raise SendRefused(refusal_status(answer.code, remark), remark)
+        local = self._local.get(addr)
+        if local is not None:
+            self.stats.in_process += 1
+            return await self._send_in_process(addr, local, group, request)
+        answer = await self.call(
+            addr, codes.SEND_MESSAGE_V2, header(request, group), request.body, what="send"
+        )
         ext = answer.ext
         msg_id = ext.get("msgId", "")
         try:
@@ -183,17 +230,45 @@ class RemotingSends:
                 int(ext.get("queueOffset", "-1")),
             )
         except ValueError:
+            if answer.code in _STATUS_BY_CODE:
+                raise SendRefused(
+                    grpc.StatusCode.INTERNAL,
+                    f"{addr} answered a send with a header it cannot mean",
+                ) from None
+            queue_id = queue_offset = -1
+        return _result(answer.code, answer.remark, msg_id, queue_id, queue_offset)
+
+    async def _send_in_process(
+        self, addr: str, local: InProcess, group: str, request: broker_pb2.SendMessageRequest
+    ) -> broker_pb2.SendResult:
+        timeout_s = self._timeout_s
+        try:
+            code, remark, outcome = await local.send(
+                group,
+                request.topic,
+                properties_of(request),
+                request.body,
+                request.born_timestamp,
+                request.flag,
+                timeout_s,
+            )
+        except ConnectionError as exc:
+            raise SendRefused(grpc.StatusCode.UNAVAILABLE, f"{addr}: {exc}") from None
+        except TimeoutError:
             raise SendRefused(
-                grpc.StatusCode.INTERNAL, f"{addr} answered a send with a header it cannot mean"
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"{addr} did not answer the send within {timeout_s:g} s",
             ) from None
-        return broker_pb2.SendResult(
-            status=status,
-            msg_id=msg_id,
-            queue_id=queue_id,
-            queue_offset=queue_offset,
-            commit_offset=offset_of(msg_id),
-            message_count=1,
+        if outcome is None:
+            return _result(code, remark, "", -1, -1)
+        return _result(
+            code, remark, ",".join(outcome.msg_ids), outcome.queue_id, outcome.queue_offset
         )
+
+    def attach_local(self, addr: str, door: InProcess) -> None:
+        """Send to `addr` through `door`, a broker's send door in this process
+        (local mode), its other requests going as `attach` says."""
+        self._local[addr] = door
 
     def attach(self, addr: str, client: RemotingClient) -> None:
         """Call `addr` through `client` from now on, never dialling it: a broker's

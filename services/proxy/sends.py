@@ -70,6 +70,7 @@ class _Lane:
 class SendStats:
     calls: int = 0  # calls made to brokers
     messages: int = 0  # messages they carried
+    in_process: int = 0  # of them, to a broker's send door in this process (local mode)
 
 
 class SendCoalescer:

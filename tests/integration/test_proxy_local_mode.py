@@ -2,9 +2,10 @@
 `apache.rocketmq.v2.MessagingService` on its native door (grpcServerPort) and its
 own gRPC port, backed by itself, with no name server anywhere. The official Python
 SDK is pointed at both; raw v2 calls check routes, a broker without the key, a slave
-and TLS (where the broker calls its own port over TLS). Sends, pops and acks go to
-the broker's RocketMQ-protocol handlers in-process (ferry.remoting.local), with no
-socket; the rest over its own ferry.v1 port."""
+and TLS (where the broker calls its own port over TLS). Sends go to the broker's
+RocketMQ-protocol send door's own steps in-process (InProcessSends: no header, no
+answer to encode), pops and acks to its RocketMQ-protocol handlers in-process
+(ferry.remoting.local), with no socket; the rest over its own ferry.v1 port."""
 
 from __future__ import annotations
 
@@ -23,9 +24,14 @@ from rocketmq import (
 from apache.rocketmq.v2 import definition_pb2 as v2
 from apache.rocketmq.v2 import service_pb2 as s
 from apache.rocketmq.v2 import service_pb2_grpc
+from ferry.remoting import codes
+from ferry.remoting.client import RemotingClient
+from ferry.remoting.codec import Command
 from ferry.runtime.errors import ConfigError
 from ferry.runtime.tls import ClientTLS
+from ferry.v1 import broker_pb2
 from services.broker.config import load_config
+from services.proxy import remoting_sends
 from services.proxy.remoting_pops import PopHandle
 from tests.conftest import LoopThread, start_broker
 from tests.integration import support
@@ -114,6 +120,7 @@ def test_the_sdk_sends_and_receives_through_the_broker_itself(broker, door):
         # in-process: the handles are Apache-form, and nothing dialled the broker's port.
         assert all(PopHandle.decode(m.receipt_handle) is not None for m in got)
         assert broker.app.proxy.remoting_sends.stats.messages >= 10
+        assert broker.app.proxy.remoting_sends.stats.in_process >= 10
         assert not broker.app.remoting.connections
         opened = broker.app.proxy_door.door_stats()["connections"] - connections
         assert opened > 0 if door == "native" else opened == 0
@@ -293,3 +300,50 @@ def test_a_tls_broker_needs_tls_ca_to_call_itself(tmp_path):
         load_config(None, keys, env={})
     config, _ = load_config(None, [*keys, "tlsCa=ca.pem"], env={})
     assert config.enable_proxy
+
+
+def test_the_in_process_send_door_answers_as_the_brokers_socket_does(broker):
+    """A send the local-mode proxy makes in-process (InProcessSends) gets the code and
+    remark the broker's RocketMQ-protocol port gives the same SEND_MESSAGE_V2 over a
+    socket, taken or refused, and its stored message reads back the same."""
+    app = broker.app
+    door = app.proxy.remoting_sends._local[app.remoting_addr]
+    cases = {
+        "stored": (TOPIC, {"KEYS": "k1", "TAGS": "t"}, b"twin"),
+        "unknown topic": ("NoSuchTopicHere", {}, b"x"),
+        "too large": (TOPIC, {}, b"x" * (app.config.max_message_size + 1)),
+        "bad delay": (TOPIC, {"DELAY": "soon"}, b"x"),
+    }
+
+    async def both(topic, properties, body):
+        code, remark, outcome = await door.send("DEFAULT_PRODUCER", topic, dict(properties),
+                                                body, 1_700_000_000_000, 0, 10.0)  # fmt: skip
+        ext = remoting_sends.header(
+            broker_pb2.SendMessageRequest(topic=topic, body=body, properties=properties),
+            "DEFAULT_PRODUCER",
+        )
+        ext["g"] = "1700000000000"
+        client = await RemotingClient.connect(app.remoting_addr, timeout=5)
+        try:
+            answer = await client.request(Command(codes.SEND_MESSAGE_V2, ext=ext, body=body), 10)
+        finally:
+            client.close()
+        return (code, remark, outcome), answer
+
+    for name, case in cases.items():
+        (code, remark, outcome), answer = broker.loop.run(both(*case))
+        assert (code, remark) == (answer.code, answer.remark or ""), name
+        if name == "stored":
+            assert code == codes.SUCCESS and outcome is not None
+            here = broker.loop.run(app.store.read_full(outcome.commit_offset))
+            there = broker.loop.run(app.store.read_full(int(answer.ext["msgId"][-16:], 16)))
+            assert here is not None and there is not None
+            alike = ("topic", "body", "properties", "flag", "sys_flag", "born_timestamp")
+            assert [getattr(here, f) for f in alike] == [getattr(there, f) for f in alike]
+        else:
+            assert code != codes.SUCCESS and outcome is None, name
+    # What the wire cannot carry, the door refuses, storing nothing.
+    code, remark, outcome = broker.loop.run(
+        door.send("DEFAULT_PRODUCER", TOPIC, {"a": "b\x02c"}, b"x", 1, 0, 10.0)
+    )
+    assert (code, outcome) == (codes.MESSAGE_ILLEGAL, None) and "separator" in remark

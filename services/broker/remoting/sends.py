@@ -30,8 +30,10 @@ others go on.
 
 from __future__ import annotations
 
+import asyncio
 import functools
-from collections.abc import Mapping
+import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ferry import record
@@ -39,16 +41,26 @@ from ferry.model import check_name
 from ferry.native import native as _native
 from ferry.remoting import batch, codes
 from ferry.remoting.codec import Command
+from ferry.remoting.metrics import RemotingMetrics
 from ferry.remoting.server import Batchable, Connection, Handler
+from ferry.runtime.clock import answer_within
 from ferry.runtime.errors import FerryError
 from services.broker.messaging.outgoing import (
     OutgoingMessage,
     SendOutcome,
     SendStatus,
-    Staged,
 )
-from services.broker.remoting.convert import BadRequest, boolean, error_answer, integer, text
+from services.broker.remoting.convert import (
+    BadRequest,
+    boolean,
+    code_of,
+    error_answer,
+    integer,
+    text,
+)
 from services.broker.remoting.deps import Deps
+
+log = logging.getLogger(__name__)
 
 INT32 = (-(2**31), 2**31 - 1)
 
@@ -272,9 +284,10 @@ def wait_store_msg_ok(properties: dict[str, str]) -> bool:
 
 
 def messages_of(
-    request: Command, header: SendHeader, remote: str, cluster: str = ""
+    body: bytes, batch_code: bool, header: SendHeader, remote: str, cluster: str = ""
 ) -> tuple[list[OutgoingMessage], bool, bool]:
-    """The messages a send request carries, whether the answer waits for the
+    """The messages a send request carries (its `body`; `batch_code`: it came as
+    SEND_BATCH_MESSAGE), whether the answer waits for the
     store, and whether they are a batch. Each gets CLUSTER = `cluster` (the
     broker's brokerClusterName) when given, as Apache's broker stamps every
     message it stores from a send.
@@ -288,10 +301,10 @@ def messages_of(
     if cluster:
         properties[PROPERTY_CLUSTER] = cluster
     host = born_host(remote)
-    is_batch = header.batch or request.code == codes.SEND_BATCH_MESSAGE
+    is_batch = header.batch or batch_code
     if not is_batch:
         message = OutgoingMessage(  # positional: once per send (see parse_header)
-            request.body,
+            body,
             "",
             "",
             properties,
@@ -304,7 +317,7 @@ def messages_of(
         )
         return [message], wait, False
     try:
-        entries = batch.decode(request.body)
+        entries = batch.decode(body)
     except batch.BatchError as exc:
         raise BadRequest("body", str(exc)) from None
     messages = []
@@ -343,7 +356,11 @@ class Sends:
             self.deps.gate.check()
             header = parse_header(request.ext, names)
             messages, wait, is_batch = messages_of(
-                request, header, connection.remote, self.deps.config.cluster_name
+                request.body,
+                request.code == codes.SEND_BATCH_MESSAGE,
+                header,
+                connection.remote,
+                self.deps.config.cluster_name,
             )
             await self._auto_create(request, header, names)
             outcome = await self.deps.sends.send(
@@ -372,56 +389,170 @@ class Sends:
     async def send_many(
         self, connection: Connection, requests: list[Command]
     ) -> list[Command | None]:
-        """A run of sends (one code): each checked alone, staged together
-        (`SendService.stage_many`, halves included), settled once. The
-        answers, in the requests' order."""
+        """A run of sends (one code): each checked alone, staged together and
+        settled once (`store`). The answers, in the requests' order."""
         names = LONG_NAMES if requests[0].code == codes.SEND_MESSAGE else SHORT_NAMES
-        use_case = self.deps.sends
         try:
             self.deps.gate.check()
         except FerryError as exc:
             return [error_answer(r, exc, ANSWER_EXT) for r in requests]
         answers: list[Command | None] = [None] * len(requests)
-        parsed: list[tuple[int, SendHeader, bool]] = []
-        sends: list[tuple[str, int | None, list[OutgoingMessage], bool, str]] = []
+        parsed: list[tuple[int, SendHeader]] = []
+        sends: list[Checked] = []
+        cluster = self.deps.config.cluster_name
         for i, request in enumerate(requests):
             try:
                 header = parse_header(request.ext, names)
                 messages, wait, is_batch = messages_of(
-                    request, header, connection.remote, self.deps.config.cluster_name
+                    request.body,
+                    request.code == codes.SEND_BATCH_MESSAGE,
+                    header,
+                    connection.remote,
+                    cluster,
                 )
             except FerryError as exc:
                 answers[i] = error_answer(request, exc, ANSWER_EXT)
                 continue
             await self._auto_create(request, header, names)
-            parsed.append((i, header, wait))
-            sends.append((header.topic, header.queue_id, messages, is_batch, header.producer_group))
-        try:
-            results = use_case.stage_many(sends)
-        except FerryError as exc:  # a storage fault, a fence: every one unanswered
-            return [
-                a or error_answer(r, exc, ANSWER_EXT)
-                for a, r in zip(answers, requests, strict=True)
-            ]
-        staged: dict[int, tuple[Staged, SendHeader, bool]] = {}
-        for (i, header, wait), result in zip(parsed, results, strict=True):
-            if isinstance(result, FerryError):
-                answers[i] = error_answer(requests[i], result, ANSWER_EXT)
+            parsed.append((i, header))
+            sends.append((header, messages, wait, is_batch))
+        for (i, header), outcome in zip(parsed, await self.store(sends), strict=True):
+            if isinstance(outcome, FerryError):
+                answers[i] = error_answer(requests[i], outcome, ANSWER_EXT)
             else:
-                staged[i] = (result, header, wait)
+                answers[i] = answer(requests[i], header, outcome)
+        return answers
+
+    async def store(self, sends: Sequence[Checked]) -> list[SendOutcome | FerryError]:
+        """Checked sends as they arrived back to back: staged together
+        (`SendService.stage_many`, halves included), then settled once for those
+        whose producer waits for the store and once for the others. Each one's
+        outcome, or the error that refused it, in their order; a storage fault or
+        a fence while staging refuses them all."""
+        use_case = self.deps.sends
+        try:
+            results: list = use_case.stage_many(
+                [(h.topic, h.queue_id, m, b, h.producer_group) for h, m, _, b in sends]
+            )
+        except FerryError as exc:
+            return [exc] * len(sends)
         for wait in (False, True):
-            members = [i for i, (_, _, w) in staged.items() if w is wait]
+            members = [
+                i
+                for i, result in enumerate(results)
+                if sends[i][2] is wait and not isinstance(result, FerryError)
+            ]
             if not members:
                 continue
             try:
-                status = await use_case.settle([staged[i][0] for i in members], wait)
+                status = await use_case.settle([results[i] for i in members], wait)
             except FerryError as exc:
                 for i in members:
-                    answers[i] = error_answer(requests[i], exc, ANSWER_EXT)
+                    results[i] = exc
                 continue
             for i in members:
-                one, header, _ = staged[i]
-                answers[i] = answer(requests[i], header, one.outcome(status))
+                results[i] = results[i].outcome(status)
+        return results
+
+
+# A send checked and turned into messages: its header, its messages, whether its
+# producer waits for the store, whether it is a batch.
+Checked = tuple[SendHeader, list[OutgoingMessage], bool, bool]
+
+
+class InProcessSends:
+    """Sends from a proxy in this process (local mode, enableProxy): the steps of
+    this door (`messages_of`, `Sends.store`) without its wire, so no header is
+    encoded and parsed and no answer built and read for a message that never
+    leaves the process. The sends asked for in one turn of the event loop go
+    together as one run, as requests that arrive back to back on a socket do.
+    Counted in the RocketMQ-protocol metrics as SEND_MESSAGE_V2s, which is what the
+    proxy sends a broker that is not its own."""
+
+    def __init__(
+        self, sends: Sends, metrics: RemotingMetrics | None = None, remote: str = "127.0.0.1:0"
+    ) -> None:
+        """`remote`: the born host the messages get (the proxy's own address)."""
+        self._sends = sends
+        self._metrics = metrics
+        self._remote = remote
+        self._pending: list[tuple[SendHeader, bytes, asyncio.Future]] = []
+        self._runs: set[asyncio.Task] = set()
+
+    async def send(
+        self,
+        producer_group: str,
+        topic: str,
+        properties: dict[str, str],
+        body: bytes,
+        born_timestamp: int,
+        flag: int,
+        timeout_s: float,
+    ) -> tuple[int, str, SendOutcome | None]:
+        """One message, the broker picking its queue (hashing a message group): the
+        code and remark the RocketMQ-protocol door would answer it with, and the
+        outcome when stored (SUCCESS, or a flush or slave wait that timed out).
+        TimeoutError when the run has not ended after `timeout_s` (it goes on)."""
+        header = SendHeader(
+            producer_group, topic, None, 0, born_timestamp, flag, properties, 0, None, False
+        )
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        if not self._pending:
+            loop.call_soon(self._dispatch)
+        self._pending.append((header, body, future))
+        return await answer_within(future, timeout_s)
+
+    def _dispatch(self) -> None:
+        run, self._pending = self._pending, []
+        task = asyncio.get_running_loop().create_task(self._run(run))
+        self._runs.add(task)
+        task.add_done_callback(self._runs.discard)
+
+    async def _run(self, run: list[tuple[SendHeader, bytes, asyncio.Future]]) -> None:
+        answers: list[tuple[int, str, SendOutcome | None] | None] = [None] * len(run)
+        try:
+            answers = await self._answers(run)
+        except Exception as exc:  # a bug fails this run only, as a socket's run_answers does
+            log.exception("in-process sends: a run of %d failed", len(run))
+            answers = [(codes.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}", None)] * len(run)
+        finally:
+            for (_, _, future), answer_ in zip(run, answers, strict=True):
+                if answer_ is not None and not future.done():
+                    future.set_result(answer_)
+                elif not future.done():  # cancelled with the broker
+                    future.set_exception(ConnectionError("the broker is stopping"))
+        if self._metrics is not None:
+            counts: dict[int, int] = {}
+            for code, _, _ in answers:  # type: ignore[misc]
+                counts[code] = counts.get(code, 0) + 1
+            for code, n in counts.items():
+                self._metrics.request(codes.SEND_MESSAGE_V2, code, n)
+
+    async def _answers(
+        self, run: list[tuple[SendHeader, bytes, asyncio.Future]]
+    ) -> list[tuple[int, str, SendOutcome | None] | None]:
+        try:
+            self._sends.deps.gate.check()
+        except FerryError as exc:
+            return [(code_of(exc), exc.message, None)] * len(run)
+        answers: list[tuple[int, str, SendOutcome | None] | None] = [None] * len(run)
+        checked: list[int] = []
+        sends: list[Checked] = []
+        cluster = self._sends.deps.config.cluster_name
+        for i, (header, body, _) in enumerate(run):
+            try:
+                messages, wait, is_batch = messages_of(body, False, header, self._remote, cluster)
+            except FerryError as exc:
+                answers[i] = (code_of(exc), exc.message, None)
+                continue
+            checked.append(i)
+            sends.append((header, messages, wait, is_batch))
+        for i, outcome in zip(checked, await self._sends.store(sends), strict=True):
+            if isinstance(outcome, FerryError):
+                answers[i] = (code_of(outcome), outcome.message, None)
+            else:
+                answers[i] = (STATUS_CODES[outcome.status], "", outcome)
         return answers
 
 
