@@ -43,6 +43,13 @@ V1 = {
 V2 = {SHORT_NAMES[k]: v for k, v in V1.items()}
 
 
+def _messages_of(request: Command, header, remote: str, cluster: str = ""):
+    """`messages_of` for a request as it came: its body, and its code saying a batch."""
+    return messages_of(
+        request.body, request.code == codes.SEND_BATCH_MESSAGE, header, remote, cluster
+    )
+
+
 def test_both_header_forms_mean_the_same():
     long_form = parse_header(V1, LONG_NAMES)
     assert long_form == parse_header(V2, SHORT_NAMES)
@@ -136,7 +143,7 @@ def test_the_plain_path_takes_the_common_header():
 def test_what_a_record_keeps_of_the_request():
     request = Command(codes.SEND_MESSAGE_V2, ext=V2, body=b"zipped")
     header = parse_header(V2, SHORT_NAMES)
-    (message,), wait, is_batch = messages_of(request, header, "10.1.2.3:4567")
+    (message,), wait, is_batch = _messages_of(request, header, "10.1.2.3:4567")
     assert not wait and not is_batch  # WAIT=false: answer without waiting for the store
     assert message.properties == {"TAGS": "a", "UNIQ_KEY": "ID"}
     assert (message.body, message.flag, message.sys_flag) == (b"zipped", 5, 1)
@@ -149,14 +156,14 @@ def test_the_broker_stamps_its_cluster_on_every_message_it_stores():
     """Apache's SendMessageProcessor puts CLUSTER = brokerClusterName on each send, and a
     batch's own properties reach every message of it."""
     single = Command(codes.SEND_MESSAGE_V2, ext=V2, body=b"b")
-    (message,), _, _ = messages_of(single, parse_header(V2, SHORT_NAMES), "", "C1")
+    (message,), _, _ = _messages_of(single, parse_header(V2, SHORT_NAMES), "", "C1")
     assert message.properties == {"TAGS": "a", "UNIQ_KEY": "ID", "CLUSTER": "C1"}
     as_batch = Command(
         codes.SEND_BATCH_MESSAGE,
         ext=V2,
         body=batch.encode([batch.BatchEntry(0, b"x", b"k\x01v"), batch.BatchEntry(0, b"y", b"")]),
     )
-    messages, _, is_batch = messages_of(as_batch, parse_header(V2, SHORT_NAMES), "", "C1")
+    messages, _, is_batch = _messages_of(as_batch, parse_header(V2, SHORT_NAMES), "", "C1")
     assert is_batch and [m.properties["CLUSTER"] for m in messages] == ["C1", "C1"]
 
 
@@ -193,7 +200,7 @@ def test_a_batch_merges_the_batch_properties_into_each_message():
     )
     ext = {**V2, "m": "true", "f": "1", "i": "WAIT\x01true\x02shared\x01s"}
     request = Command(codes.SEND_BATCH_MESSAGE, ext=ext, body=body)
-    messages, wait, is_batch = messages_of(request, parse_header(ext, SHORT_NAMES), "1.2.3.4:5")
+    messages, wait, is_batch = _messages_of(request, parse_header(ext, SHORT_NAMES), "1.2.3.4:5")
     assert wait and is_batch
     assert [m.properties for m in messages] == [
         {"UNIQ_KEY": "A", "KEYS": "k1", "shared": "s"},
@@ -205,10 +212,10 @@ def test_a_batch_merges_the_batch_properties_into_each_message():
 def test_a_batch_is_told_by_its_code_or_its_flag():
     body = batch.encode([batch.BatchEntry(0, b"x", b"")])
     as_320 = Command(codes.SEND_BATCH_MESSAGE, ext=V2, body=body)
-    assert messages_of(as_320, parse_header(V2, SHORT_NAMES), "")[2]
+    assert _messages_of(as_320, parse_header(V2, SHORT_NAMES), "")[2]
     flagged = {**V2, "m": "true"}
     as_310 = Command(codes.SEND_MESSAGE_V2, ext=flagged, body=body)
-    assert messages_of(as_310, parse_header(flagged, SHORT_NAMES), "")[2]
+    assert _messages_of(as_310, parse_header(flagged, SHORT_NAMES), "")[2]
 
 
 @pytest.mark.parametrize(
@@ -218,5 +225,5 @@ def test_a_batch_is_told_by_its_code_or_its_flag():
 def test_bad_batch_bodies_are_bad_requests(body):
     request = Command(codes.SEND_BATCH_MESSAGE, ext=V2, body=body)
     with pytest.raises(FerryError) as info:
-        messages_of(request, parse_header(V2, SHORT_NAMES), "")
+        _messages_of(request, parse_header(V2, SHORT_NAMES), "")
     assert isinstance(info.value, BadRequest)
