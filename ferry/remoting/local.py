@@ -28,6 +28,7 @@ from ferry.remoting.codec import Command
 from ferry.remoting.metrics import RemotingMetrics
 from ferry.remoting.server import Batchable, Handler, run_answers
 from ferry.runtime.clock import answer_within
+from ferry.runtime.turns import TurnRuns
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +56,10 @@ class LocalLink:
         self._metrics = metrics
         self._connection = LocalConnection(remote)
         self.closed = self._connection.closed
-        # Requests of Batchable codes made this loop turn, by code, with their waiters.
-        self._runs: dict[int, tuple[Batchable, list[Command], list[asyncio.Future]]] = {}
-        self._run_tasks: set[asyncio.Task] = set()
+        # Requests of Batchable codes made in one loop turn, by (code, handler).
+        self._runs: TurnRuns[tuple[int, Batchable], Command, Command] = TurnRuns(
+            self._run, "the in-process link is closed"
+        )
 
     async def request(self, command: Command, timeout: float) -> Command:
         """The handler's answer. Raises ConnectionError once closed, TimeoutError after
@@ -66,7 +68,7 @@ class LocalLink:
             raise ConnectionError("the in-process link is closed")
         handler = self._handlers().get(command.code)
         if type(handler) is Batchable:
-            return await answer_within(self._queue(handler, command), timeout)
+            return await answer_within(self._runs.submit((command.code, handler), command), timeout)
         if handler is None:
             answer = command.answer(
                 codes.REQUEST_CODE_NOT_SUPPORTED, f" request type {command.code} not supported"
@@ -88,43 +90,17 @@ class LocalLink:
             self._metrics.request(command.code, answer.code)
         return answer
 
-    def _queue(self, handler: Batchable, command: Command) -> asyncio.Future[Command]:
-        loop = asyncio.get_running_loop()
-        if not self._runs:
-            loop.call_soon(self._dispatch_runs)
-        future: asyncio.Future[Command] = loop.create_future()
-        run = self._runs.setdefault(command.code, (handler, [], []))
-        run[1].append(command)
-        run[2].append(future)
-        return future
-
-    def _dispatch_runs(self) -> None:
-        runs, self._runs = self._runs, {}
-        for handler, commands, futures in runs.values():
-            task = asyncio.get_running_loop().create_task(self._run(handler, commands, futures))
-            self._run_tasks.add(task)
-            task.add_done_callback(self._run_tasks.discard)
-
-    async def _run(
-        self, handler: Batchable, commands: list[Command], futures: list[asyncio.Future]
-    ) -> None:
-        try:
-            answers = await run_answers(handler, self._connection, commands, "in-process link")
-        except asyncio.CancelledError:
-            for future in futures:
-                if not future.done():
-                    future.set_exception(ConnectionError("the in-process link is closed"))
-            raise
-        counts: dict[int, int] = {}
-        for command, answer, future in zip(commands, answers, futures, strict=True):
-            if answer is None:  # a oneway handler: nothing to say
-                answer = command.answer(codes.SUCCESS)
-            counts[answer.code] = counts.get(answer.code, 0) + 1
-            if not future.done():
-                future.set_result(answer)
+    async def _run(self, key: tuple[int, Batchable], commands: list[Command]) -> list[Command]:
+        answers = await run_answers(key[1], self._connection, commands, "in-process link")
+        # a oneway handler's None: nothing to say
+        out = [a or c.answer(codes.SUCCESS) for c, a in zip(commands, answers, strict=True)]
         if self._metrics is not None:
+            counts: dict[int, int] = {}
+            for answer in out:
+                counts[answer.code] = counts.get(answer.code, 0) + 1
             for code, n in counts.items():
                 self._metrics.request(commands[0].code, code, n)
+        return out
 
     def close(self) -> None:
         """Refuse new requests; runs under way finish (a send's append is not cut)."""

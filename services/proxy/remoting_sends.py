@@ -124,6 +124,19 @@ def offset_of(msg_id: str) -> int:
         return 0
 
 
+def _link_refusal(
+    addr: str, exc: ConnectionError | TimeoutError, what: str, timeout_s: float
+) -> SendRefused:
+    """A request the link lost (UNAVAILABLE) or the broker did not answer in time
+    (DEADLINE_EXCEEDED): a link error, retried on another broker."""
+    if isinstance(exc, ConnectionError):
+        return SendRefused(grpc.StatusCode.UNAVAILABLE, f"{addr}: {exc}")
+    return SendRefused(
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        f"{addr} did not answer the {what} within {timeout_s:g} s",
+    )
+
+
 def _result(
     code: int, remark: str, msg_id: str, queue_id: int, queue_offset: int
 ) -> broker_pb2.SendResult:
@@ -199,14 +212,10 @@ class RemotingSends:
         timeout_s = self._timeout_s if timeout_s is None else timeout_s
         try:
             return await client.request(Command(code, ext=ext, body=body), timeout_s)
-        except ConnectionError as exc:
-            self._forget(addr, client)
-            raise SendRefused(grpc.StatusCode.UNAVAILABLE, f"{addr}: {exc}") from None
-        except TimeoutError:
-            raise SendRefused(
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-                f"{addr} did not answer the {what} within {timeout_s:g} s",
-            ) from None
+        except (ConnectionError, TimeoutError) as exc:
+            if isinstance(exc, ConnectionError):
+                self._forget(addr, client)
+            raise _link_refusal(addr, exc, what, timeout_s) from None
 
     async def send(
         self, addr: str, request: broker_pb2.SendMessageRequest
@@ -252,13 +261,8 @@ class RemotingSends:
                 request.flag,
                 timeout_s,
             )
-        except ConnectionError as exc:
-            raise SendRefused(grpc.StatusCode.UNAVAILABLE, f"{addr}: {exc}") from None
-        except TimeoutError:
-            raise SendRefused(
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-                f"{addr} did not answer the send within {timeout_s:g} s",
-            ) from None
+        except (ConnectionError, TimeoutError) as exc:
+            raise _link_refusal(addr, exc, "send", timeout_s) from None
         if outcome is None:
             return _result(code, remark, "", -1, -1)
         return _result(

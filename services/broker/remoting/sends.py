@@ -30,7 +30,6 @@ others go on.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 from collections.abc import Mapping, Sequence
@@ -45,6 +44,7 @@ from ferry.remoting.metrics import RemotingMetrics
 from ferry.remoting.server import Batchable, Connection, Handler
 from ferry.runtime.clock import answer_within
 from ferry.runtime.errors import FerryError
+from ferry.runtime.turns import TurnRuns
 from services.broker.messaging.outgoing import (
     OutgoingMessage,
     SendOutcome,
@@ -458,6 +458,9 @@ class Sends:
 # A send checked and turned into messages: its header, its messages, whether its
 # producer waits for the store, whether it is a batch.
 Checked = tuple[SendHeader, list[OutgoingMessage], bool, bool]
+# An in-process send's answer: the code and remark the socket would give, the
+# outcome when stored.
+Answered = tuple[int, str, SendOutcome | None]
 
 
 class InProcessSends:
@@ -476,8 +479,9 @@ class InProcessSends:
         self._sends = sends
         self._metrics = metrics
         self._remote = remote
-        self._pending: list[tuple[SendHeader, bytes, asyncio.Future]] = []
-        self._runs: set[asyncio.Task] = set()
+        self._runs: TurnRuns[None, tuple[SendHeader, bytes], Answered] = TurnRuns(
+            self._run, "the broker is stopping"
+        )
 
     async def send(
         self,
@@ -488,7 +492,7 @@ class InProcessSends:
         born_timestamp: int,
         flag: int,
         timeout_s: float,
-    ) -> tuple[int, str, SendOutcome | None]:
+    ) -> Answered:
         """One message, the broker picking its queue (hashing a message group): the
         code and remark the RocketMQ-protocol door would answer it with, and the
         outcome when stored (SUCCESS, or a flush or slave wait that timed out).
@@ -496,51 +500,32 @@ class InProcessSends:
         header = SendHeader(
             producer_group, topic, None, 0, born_timestamp, flag, properties, 0, None, False
         )
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        if not self._pending:
-            loop.call_soon(self._dispatch)
-        self._pending.append((header, body, future))
-        return await answer_within(future, timeout_s)
+        return await answer_within(self._runs.submit(None, (header, body)), timeout_s)
 
-    def _dispatch(self) -> None:
-        run, self._pending = self._pending, []
-        task = asyncio.get_running_loop().create_task(self._run(run))
-        self._runs.add(task)
-        task.add_done_callback(self._runs.discard)
-
-    async def _run(self, run: list[tuple[SendHeader, bytes, asyncio.Future]]) -> None:
-        answers: list[tuple[int, str, SendOutcome | None] | None] = [None] * len(run)
+    async def _run(self, _: None, run: list[tuple[SendHeader, bytes]]) -> list[Answered]:
         try:
             answers = await self._answers(run)
         except Exception as exc:  # a bug fails this run only, as a socket's run_answers does
             log.exception("in-process sends: a run of %d failed", len(run))
             answers = [(codes.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}", None)] * len(run)
-        finally:
-            for (_, _, future), answer_ in zip(run, answers, strict=True):
-                if answer_ is not None and not future.done():
-                    future.set_result(answer_)
-                elif not future.done():  # cancelled with the broker
-                    future.set_exception(ConnectionError("the broker is stopping"))
         if self._metrics is not None:
             counts: dict[int, int] = {}
-            for code, _, _ in answers:  # type: ignore[misc]
+            for code, _, _ in answers:
                 counts[code] = counts.get(code, 0) + 1
             for code, n in counts.items():
                 self._metrics.request(codes.SEND_MESSAGE_V2, code, n)
+        return answers
 
-    async def _answers(
-        self, run: list[tuple[SendHeader, bytes, asyncio.Future]]
-    ) -> list[tuple[int, str, SendOutcome | None] | None]:
+    async def _answers(self, run: list[tuple[SendHeader, bytes]]) -> list[Answered]:
         try:
             self._sends.deps.gate.check()
         except FerryError as exc:
             return [(code_of(exc), exc.message, None)] * len(run)
-        answers: list[tuple[int, str, SendOutcome | None] | None] = [None] * len(run)
+        answers: list[Answered] = [(codes.SYSTEM_ERROR, "unanswered", None)] * len(run)
         checked: list[int] = []
         sends: list[Checked] = []
         cluster = self._sends.deps.config.cluster_name
-        for i, (header, body, _) in enumerate(run):
+        for i, (header, body) in enumerate(run):
             try:
                 messages, wait, is_batch = messages_of(body, False, header, self._remote, cluster)
             except FerryError as exc:
