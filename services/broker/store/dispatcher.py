@@ -62,6 +62,8 @@ class Dispatcher:
         self.busy = busy
         self.on_fault = on_fault  # a consume-queue write failed (not a full disk)
         self._wake = asyncio.Event() if _has_loop() else None
+        self._idle = False  # `run` waits to be woken (not catching up, not failing)
+        self._faulted = False  # a consume-queue write failed: dispatch has stopped
         self.error: str | None = None
         self._topic_names: dict[bytes, str] = {}
         self._tag_hashes: dict[bytes, int] = {}
@@ -141,6 +143,30 @@ class Dispatcher:
         if self._wake is not None:
             self._wake.set()
 
+    def follow(self) -> None:
+        """New records are in the log: dispatch them now, on the caller's turn,
+        when one short step catches up and `run` is idle; otherwise (catching up,
+        failing, a bulk transfer under way, more than a step behind) wake `run`,
+        which owns the slicing and the error handling. The store calls this once
+        per loop turn that appended: a plain callback, where waking `run` for
+        every append costs a task step and a new waiter each time."""
+        if self._faulted:
+            return
+        if not self._idle or self.error is not None or (self.busy is not None and self.busy()):
+            self.wake()
+            return
+        try:
+            self.dispatch_some(step=BACKGROUND_STEP_BYTES)
+        except DispatchError:
+            pass  # `run` meets it again: it logs once and retries every second
+        except OSError as exc:
+            if not is_full_disk(exc):
+                self._storage_fault(exc)
+                return
+            # A full disk: `run` meets it again and retries until there is room.
+        if self.offset < self.commit_log.max_offset or self.error is not None:
+            self.wake()
+
     async def run(self, idle_wait_s: float = 0.2) -> None:
         """Dispatch whenever woken (the appender and the HA slave call `wake`),
         and at least every `idle_wait_s`."""
@@ -150,8 +176,14 @@ class Dispatcher:
         ticker = Ticker(self._wake, idle_wait_s)
         try:
             while True:
-                await self._wake.wait()
+                self._idle = not failing
+                try:
+                    await self._wake.wait()
+                finally:
+                    self._idle = False
                 self._wake.clear()
+                if self._faulted:
+                    return
                 try:
                     # Short slices: an HA slave catching up, gRPC calls and sends
                     # get their turns between them.
@@ -163,11 +195,7 @@ class Dispatcher:
                     await asyncio.sleep(1.0)
                 except OSError as exc:
                     if not is_full_disk(exc):
-                        where = exc.filename or f"a consume queue under {self.queues.root}"
-                        fault = StorageFault("pwrite", str(where), exc)
-                        log.error("dispatch stopped: %s", fault)
-                        if self.on_fault is not None:
-                            self.on_fault(fault)
+                        self._storage_fault(exc)
                         return
                     # A full disk (consume-queue files grow as they fill): the
                     # entries are written again from the same commit-log offset
@@ -198,6 +226,16 @@ class Dispatcher:
             await asyncio.sleep(0.005)
 
     # ------------------------------------------------------------ internals
+
+    def _storage_fault(self, exc: OSError) -> None:
+        """A consume-queue write failed (not for a full disk): dispatch stops for
+        good and the store fails stop."""
+        self._faulted = True
+        where = exc.filename or f"a consume queue under {self.queues.root}"
+        fault = StorageFault("pwrite", str(where), exc)
+        log.error("dispatch stopped: %s", fault)
+        if self.on_fault is not None:
+            self.on_fault(fault)
 
     def _put(self, key: tuple[str, int], group: tuple[int, list[tuple[int, int, int]]]) -> None:
         self.queues.get_or_create(*key).put(group[0], group[1])

@@ -91,6 +91,7 @@ class MessageIndex:
         self.skip = 0  # keys of the record at `offset` already in
         self.error: str | None = None
         self._wake: asyncio.Event | None = None
+        self._idle = False  # `run` waits to be woken (not catching up, not failing)
 
     # ------------------------------------------------------------ state
 
@@ -198,6 +199,22 @@ class MessageIndex:
         if self._wake is not None:
             self._wake.set()
 
+    def follow(self) -> None:
+        """New records are in the log: index them now, on the caller's turn, when
+        one step catches up and `run` is idle; otherwise (catching up, failing, a
+        file to roll, more than a step behind) wake `run`, which owns the rolling
+        and the error handling. The store calls this once per loop turn that
+        appended (as `Dispatcher.follow`)."""
+        if not self._idle:
+            self.wake()
+            return
+        try:
+            moved = self.build_some()
+        except (record.RecordError, CommitLogError, OSError):
+            moved = None  # `run` meets it again: it logs once and retries every second
+        if moved is None or self.offset < self.commit_log.max_offset:
+            self.wake()
+
     def build_some(self, step: int = STEP_BYTES) -> int | None:
         """Index records from `offset` (at most `step` bytes); the bytes consumed, or
         None when the newest file is full (or missing): `roll` first.
@@ -278,7 +295,11 @@ class MessageIndex:
         ticker = Ticker(self._wake, IDLE_WAIT_S)
         try:
             while True:
-                await self._wake.wait()
+                self._idle = not failing
+                try:
+                    await self._wake.wait()
+                finally:
+                    self._idle = False
                 self._wake.clear()
                 try:
                     while True:

@@ -268,7 +268,12 @@ class MessageStore:
         )
         self.long_polls = LongPolls(self.reads.visible_at)
         self.allocator = SegmentAllocator(self.commit_log, config.preallocate, lambda: self._opened)
-        self._grown = asyncio.Event()  # replaced after each append: wait_for_growth
+        # What `wait_for_growth` waits on: made by the first waiter, set and
+        # dropped by the next append.
+        self._grown: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop `start` ran on
+        self._follow_due = False  # `_follow` is scheduled for this turn
+        self._dispatch_due = False  # an append of this turn wants its queues dispatched
         self._tasks: list[asyncio.Task] = []
         self._opened = False
         self.put_message_count = 0
@@ -307,7 +312,8 @@ class MessageStore:
     async def start(self) -> None:
         """Start the dispatcher, flusher, allocator and retention tasks."""
         self.reader.start()
-        self._grown = asyncio.Event()
+        self._grown = None
+        self._loop = asyncio.get_running_loop()
         self._tasks = [
             asyncio.create_task(self.dispatcher.run(), name="dispatcher"),
             asyncio.create_task(self.flusher.run(), name="flusher"),
@@ -323,6 +329,7 @@ class MessageStore:
         nothing is flushed and the abort marker stays: recovery runs next time."""
         await cancel_and_wait(*self._tasks)
         self._tasks = []
+        self._loop = None
         if not self._opened:
             return
         if self.failstop.tripped:
@@ -666,15 +673,28 @@ class MessageStore:
         return self.failstop.refusal()
 
     def _appended(self, files_before: int, dispatch_now: bool = True) -> None:
-        if dispatch_now:
-            self.dispatcher.wake()
-        if self.index is not None:
-            self.index.wake()
-        grown, self._grown = self._grown, asyncio.Event()
-        grown.set()
+        self._dispatch_due |= dispatch_now
+        if self._loop is None:  # not started (recovery, tests): nothing runs to wake
+            self._follow()
+        elif not self._follow_due:
+            self._follow_due = True
+            self._loop.call_soon(self._follow)
+        grown, self._grown = self._grown, None
+        if grown is not None:
+            grown.set()
         if self.commit_log.files_end != files_before:
             self.allocator.wake()  # a new file: allocate the next, run retention
             self.retention.wake()
+
+    def _follow(self) -> None:
+        """Once per loop turn that appended, after the appends: the dispatcher and
+        the index take the new records (on this turn when they are caught up)."""
+        self._follow_due = False
+        if self._dispatch_due:
+            self._dispatch_due = False
+            self.dispatcher.follow()
+        if self.index is not None:
+            self.index.follow()
 
     # ------------------------------------------------------------ waits
 
@@ -709,6 +729,8 @@ class MessageStore:
         if self.max_offset > offset:
             return True
         grown = self._grown
+        if grown is None:
+            grown = self._grown = asyncio.Event()
         await wait_event(grown, timeout_s)
         return self.max_offset > offset
 
