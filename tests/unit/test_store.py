@@ -219,6 +219,36 @@ def test_long_poll_returns_when_a_message_is_dispatched(harness):
     assert result.status is GetStatus.FOUND and result.records[0].body == b"hello"
 
 
+def test_the_appends_of_one_loop_turn_are_dispatched_and_indexed_in_one_pass_after_it(harness):
+    store = harness.open()
+    harness.put("W", 0, [msg(b"warm")])  # the index makes its first file
+    harness.run(wait_for_async(lambda: store.index.offset == store.max_offset, what="indexed"))
+    passes = {"dispatch": 0, "index": 0}
+    dispatch_some, build_some = store.dispatcher.dispatch_some, store.index.build_some
+
+    def counted(name, step):
+        def wrapper(*args, **kwargs):
+            passes[name] += 1
+            return step(*args, **kwargs)
+
+        return wrapper
+
+    store.dispatcher.dispatch_some = counted("dispatch", dispatch_some)
+    store.index.build_some = counted("index", build_some)
+
+    async def scenario():
+        for queue_id in range(3):  # one turn, three appends
+            store.append_sends("T", queue_id, [msg(body(queue_id))])
+        before = [store.queue_max_offset("T", q) for q in range(3)]
+        await asyncio.sleep(0)  # the next turn
+        return before, [store.queue_max_offset("T", q) for q in range(3)]
+
+    before, after = harness.run(scenario())
+    assert before == [0, 0, 0] and after == [1, 1, 1]
+    assert passes == {"dispatch": 1, "index": 1}
+    assert store.index.offset == store.max_offset
+
+
 def test_a_sync_masters_long_poll_waits_for_its_own_message_to_be_confirmed(harness):
     """With confirmed visibility (a SYNC_MASTER), a pull waiting at offset 1 returns only
     once the message at offset 1 is confirmed: not when a later one is dispatched, and
