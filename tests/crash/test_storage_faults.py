@@ -328,8 +328,10 @@ def run_fault_scenario(
             f"{ACKED_BEFORE_FAULT} acknowledged sends before the fault",
         )
         watch = LogWatch(server.log_path)
-        trigger.touch()
+        # The time first: a send that ended before it ended before the fault was armed
+        # (one ending between the two lines may already have met the fault).
         triggered_at = time.monotonic()
+        trigger.touch()
 
         assert server.proc is not None
         try:
