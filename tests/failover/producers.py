@@ -3,7 +3,8 @@
 (`Attempt`): the message key, the attempt's own body, when the send started and when its
 answer came back (one monotonic clock for all), where it went, the status and what the
 broker said it stored (msg id, queue id, queue offset, commit offset). A message is
-retried, with a new body, until it is SEND_OK.
+retried, with a new body, until it is SEND_OK or the broker says it stored it short of
+that (FLUSH_SLAVE_TIMEOUT and the like: Apache's producer does not resend those either).
 
 The records are the history `history.check_history` judges; nothing here asserts on
 the group.
@@ -25,6 +26,12 @@ import grpc
 from ferry.v1 import broker_pb2, broker_pb2_grpc
 from tests.failover.config import CHANNEL_OPTIONS, PACE_S, PATIENCE_S, SEND_TIMEOUT_S, TOPIC
 from tests.waiting import wait_for
+
+# Answers that say the message is stored but not as durably as asked (its flush or its
+# slaves did not confirm in time): the producer moves on, it does not resend.
+STORED_UNACKNOWLEDGED = frozenset(
+    {"FLUSH_DISK_TIMEOUT", "FLUSH_SLAVE_TIMEOUT", "SLAVE_NOT_AVAILABLE"}
+)
 
 
 @dataclass
@@ -171,7 +178,10 @@ class Producers:
                     a.queue_offset, a.commit_offset = r.queue_offset, r.commit_offset
                 with self._lock:
                     self.attempts.append(a)
-                if a.ok:
+                if a.ok or a.status in STORED_UNACKNOWLEDGED:
+                    # As Apache's producer by default (retryAnotherBrokerWhenNotStoreOK
+                    # off): a message the broker says it stored, short of the promise,
+                    # is not sent again; resending it would store it twice by choice.
                     key = ""
                     self._stop.wait(PACE_S)
                     continue
