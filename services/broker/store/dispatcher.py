@@ -158,13 +158,14 @@ class Dispatcher:
         try:
             self.dispatch_some(step=BACKGROUND_STEP_BYTES)
         except DispatchError:
-            pass  # `run` meets it again: it logs once and retries every second
+            self.wake()  # `run` meets it again: it logs once and retries every second
+            return
         except OSError as exc:
             if not is_full_disk(exc):
                 self._storage_fault(exc)
                 return
             # A full disk: `run` meets it again and retries until there is room.
-        if self.offset < self.commit_log.max_offset or self.error is not None:
+        if self.offset < self.commit_log.max_offset:
             self.wake()
 
     async def run(self, idle_wait_s: float = 0.2) -> None:

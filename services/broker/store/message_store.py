@@ -314,6 +314,7 @@ class MessageStore:
         self.reader.start()
         self._grown = None
         self._loop = asyncio.get_running_loop()
+        self._follow_due = False  # a callback of an earlier loop never ran
         self._tasks = [
             asyncio.create_task(self.dispatcher.run(), name="dispatcher"),
             asyncio.create_task(self.flusher.run(), name="flusher"),
